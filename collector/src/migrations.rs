@@ -1,0 +1,61 @@
+//! Versioned schema migrations, embedded in the binary and applied at start.
+//!
+//! All pending migrations run in one transaction under a transaction-scoped advisory lock, so
+//! collectors starting together apply each migration exactly once, and a failed migration
+//! leaves the schema as it was.
+
+use tokio_postgres::Client;
+
+/// Arbitrary, fixed: the advisory lock key that serialises migrations ("clicks" in ASCII).
+const LOCK_KEY: i64 = 0x636c_6963_6b73;
+
+/// (version, name, SQL), in order. Never edit one that has shipped; add the next.
+const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "schema", include_str!("../migrations/0001_schema.sql"))];
+
+/// The latest schema version this build knows.
+pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// Applies the migrations the database lacks; returns the versions it applied.
+pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await?;
+    let done: Vec<i32> = tx
+        .query("SELECT version FROM schema_migrations", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut applied = Vec::new();
+    for &(version, name, sql) in MIGRATIONS.iter().filter(|m| !done.contains(&m.0)) {
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[&version, &name],
+        )
+        .await?;
+        tracing::info!("applied migration {version} ({name})");
+        applied.push(version);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// A fresh database of the test cluster with every migration applied, for tests.
+#[cfg(feature = "testkit")]
+pub async fn test_db() -> shared::pgtest::TestDb {
+    let db = shared::pgtest::cluster().fresh_database().await;
+    let mut client = shared::pgtest::connect(&db.url).await;
+    apply(&mut client)
+        .await
+        .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name));
+    db
+}

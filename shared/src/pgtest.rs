@@ -1,0 +1,187 @@
+//! A private PostgreSQL cluster for tests: one per test binary, started on first use with
+//! `initdb` in a temp dir, reachable only through a Unix socket in that dir, and stopped
+//! (and its dir removed) when the test binary exits, even if it is killed.
+//!
+//! The cluster is supervised by a small shell process whose stdin is a pipe from the test
+//! binary: when the test binary exits for any reason the pipe closes, and the shell stops
+//! PostgreSQL and removes the directory. PostgreSQL refuses to run as root, so as root the
+//! shell runs as the `postgres` user (or `$PGTEST_USER`).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// The server binaries a cluster needs.
+const NEEDED: [&str; 2] = ["initdb", "pg_ctl"];
+
+const SUPERVISOR: &str = r#"
+set -e
+"$BIN/initdb" -D "$DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
+  || { cat "$DIR/initdb.log"; exit 1; }
+"$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 \
+  -o "-k $DIR -c listen_addresses= -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+  start >/dev/null || { cat "$DIR/server.log"; exit 1; }
+echo ready
+read _ || true
+"$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+rm -rf "$DIR"
+"#;
+
+/// A running private cluster.
+pub struct Cluster {
+    dir: PathBuf,
+    next_db: AtomicU32,
+    /// Held so the supervisor's stdin stays open for as long as the test binary lives.
+    _supervisor: Mutex<Child>,
+}
+
+/// A fresh, empty database of its own for one test.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    pub name: String,
+    /// A libpq key=value connection string for it.
+    pub url: String,
+}
+
+/// The cluster of this test binary, started on first call.
+pub fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| Cluster::start().unwrap_or_else(|msg| panic!("{msg}")))
+}
+
+impl Cluster {
+    fn start() -> Result<Cluster, String> {
+        let bin = find_bindir().ok_or_else(|| {
+            format!(
+                "PostgreSQL server binaries ({}) were not found on PATH, in `pg_config --bindir`, \
+                 or under /usr/lib/postgresql/*/bin. Install them: `apt-get install postgresql` \
+                 (Debian) and run the tests again.",
+                NEEDED.join(", ")
+            )
+        })?;
+        let dir = tempfile::Builder::new()
+            .prefix("pgtest-")
+            .tempdir()
+            .map_err(|e| format!("creating the cluster's temp dir: {e}"))?
+            .keep();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", SUPERVISOR])
+            .env("BIN", &bin)
+            .env("DIR", &dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        run_unprivileged(&mut cmd, &dir)?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("starting the PostgreSQL supervisor shell: {e}"))?;
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut first = String::new();
+        let _ = out.read_line(&mut first);
+        if first.trim() != "ready" {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+            return Err(format!("PostgreSQL did not start:\n{first}{rest}"));
+        }
+        Ok(Cluster {
+            dir,
+            next_db: AtomicU32::new(0),
+            _supervisor: Mutex::new(child),
+        })
+    }
+
+    /// The directory holding the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A libpq key=value connection string for database `db` as the superuser `postgres`.
+    pub fn url(&self, db: &str) -> String {
+        format!("host={} user=postgres dbname={db}", self.dir.display())
+    }
+
+    /// Creates a new empty database that no other test uses.
+    pub async fn fresh_database(&self) -> TestDb {
+        let name = format!("test_{}", self.next_db.fetch_add(1, Ordering::Relaxed));
+        let admin = self.connect("postgres").await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+        TestDb {
+            url: self.url(&name),
+            name,
+        }
+    }
+
+    /// A client of database `db`, its connection driven by a spawned task.
+    pub async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        connect(&self.url(db)).await
+    }
+}
+
+/// Connects to `url`, panicking with the reason if it cannot; for tests.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// As root, hands `dir` to an unprivileged user and makes `cmd` run as that user.
+fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let name = std::env::var("PGTEST_USER").unwrap_or_else(|_| "postgres".into());
+    let user = nix::unistd::User::from_name(&name)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "running as root, and PostgreSQL refuses to: no user `{name}` to run it as. \
+                 Create one (Debian's postgresql package does) or set PGTEST_USER."
+            )
+        })?;
+    nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
+        .map_err(|e| format!("chown {} to {name}: {e}", dir.display()))?;
+    cmd.uid(user.uid.as_raw())
+        .gid(user.gid.as_raw())
+        .current_dir(dir);
+    Ok(())
+}
+
+/// Where `initdb` and `pg_ctl` are: PATH, then `pg_config --bindir`, then the newest
+/// `/usr/lib/postgresql/*/bin`.
+pub fn find_bindir() -> Option<PathBuf> {
+    let has_all = |dir: &Path| NEEDED.iter().all(|b| dir.join(b).is_file());
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
+    let pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let mut versioned: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .collect();
+    versioned.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    on_path
+        .chain(pg_config)
+        .chain(versioned.into_iter().rev())
+        .find(|d| has_all(d))
+        .map(|d| std::fs::canonicalize(&d).unwrap_or(d))
+}

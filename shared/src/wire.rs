@@ -1,0 +1,308 @@
+//! Version 1 of the click datagram: one postcard-encoded [`Batch`] per datagram.
+//!
+//! Decoding borrows every code from the receive buffer and rejects a datagram whole, by a
+//! named [`Reject`] reason, if anything in it is wrong. Encoding goes through [`Encoder`],
+//! which writes postcard's bytes directly (no intermediate `Batch`) and never passes its
+//! size limit; the property tests hold it byte-identical to the serde derivation.
+
+use serde::{Deserialize, Serialize};
+
+/// The version byte this crate writes and the only one it accepts.
+pub const VERSION: u8 = 1;
+/// Longest click code, in bytes.
+pub const MAX_CODE_LEN: usize = 64;
+/// No datagram is ever larger than this.
+pub const MAX_DATAGRAM: usize = 60 * 1024;
+/// Smallest size limit an [`Encoder`] accepts: one header plus one longest click.
+pub const MIN_DATAGRAM: usize = HEADER_MAX + MAX_CLICK_LEN;
+/// Default datagram size limit. Chosen by `cargo bench -p shared --bench datagram_size`:
+/// throughput in clicks/s is flat from 8 KiB up, while ten queued datagrams of this size
+/// (the receiver's default `max_dgram_qlen`) still fit the sender's default 208 KiB SO_SNDBUF.
+pub const DEFAULT_DATAGRAM: usize = 16 * 1024;
+/// First timestamp a click may carry: 0001-01-01T00:00:00Z, in microseconds since the Unix epoch.
+pub const MIN_CLICKED_AT_US: i64 = -62_135_596_800_000_000;
+/// Timestamps must be before 10000-01-01T00:00:00Z, well inside PostgreSQL's range.
+pub const END_CLICKED_AT_US: i64 = 253_402_300_800_000_000;
+
+/// How far before its first click an encoder puts a datagram's `base_us`, so that clicks
+/// pushed slightly out of order by concurrent request threads still get a non-negative
+/// offset. Offsets between 2^14 and 2^21 us take three varint bytes either way.
+const BASE_SLACK_US: i64 = 1_000_000;
+const VARINT_MAX: usize = 10;
+/// version + sender + seq + base_us + click count.
+const HEADER_MAX: usize = 1 + 3 * VARINT_MAX + 5;
+/// code length byte + code + offset varint.
+const MAX_CLICK_LEN: usize = 1 + MAX_CODE_LEN + 5;
+
+/// One datagram: clicks from one sender, numbered by `seq` (0, 1, 2, ... per sender).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch<'a> {
+    pub version: u8,
+    pub sender: u64,
+    pub seq: u64,
+    pub base_us: i64,
+    #[serde(borrow)]
+    pub clicks: Vec<Click<'a>>,
+}
+
+/// One followed link: its code and when, as an offset from the batch's `base_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Click<'a> {
+    pub code: &'a str,
+    pub offset_us: u32,
+}
+
+impl Batch<'_> {
+    /// Each click's code with its absolute time in microseconds since the Unix epoch.
+    /// Only meaningful on a batch that [`decode`] accepted (which checked the sums).
+    pub fn clicks_at(&self) -> impl Iterator<Item = (&str, i64)> + '_ {
+        self.clicks
+            .iter()
+            .map(|c| (c.code, self.base_us + i64::from(c.offset_us)))
+    }
+}
+
+/// Why a code is not a valid click code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CodeError {
+    #[error("empty code")]
+    Empty,
+    #[error("code is {0} bytes, over the {MAX_CODE_LEN}-byte limit")]
+    TooLong(usize),
+    #[error("byte {byte:#04x} at position {at} is outside [A-Za-z0-9_-]")]
+    BadByte { at: usize, byte: u8 },
+}
+
+/// Checks that `code` is 1 to 64 bytes of `[A-Za-z0-9_-]`.
+pub fn validate_code(code: &[u8]) -> Result<(), CodeError> {
+    if code.is_empty() {
+        return Err(CodeError::Empty);
+    }
+    if code.len() > MAX_CODE_LEN {
+        return Err(CodeError::TooLong(code.len()));
+    }
+    match code
+        .iter()
+        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    {
+        Some(at) => Err(CodeError::BadByte { at, byte: code[at] }),
+        None => Ok(()),
+    }
+}
+
+/// Why a datagram was rejected. Every variant rejects the whole datagram.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    #[error("undecodable: {0}")]
+    Undecodable(String),
+    #[error("wrong version {0}, this build reads version {VERSION}")]
+    WrongVersion(u8),
+    #[error("click {index}: {error}")]
+    BadCode { index: usize, error: CodeError },
+    #[error("click {index}: timestamp {at_us} us is outside years 1 to 9999")]
+    BadTimestamp { index: usize, at_us: i128 },
+    #[error("{0} trailing bytes after the batch")]
+    TrailingBytes(usize),
+}
+
+impl Reject {
+    /// Every value [`Reject::reason`] can return, for metrics that list all labels.
+    pub const REASONS: [&'static str; 5] = [
+        "undecodable",
+        "wrong_version",
+        "bad_code",
+        "bad_timestamp",
+        "trailing_bytes",
+    ];
+
+    /// A short, stable name for metrics labels and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reject::Undecodable(_) => "undecodable",
+            Reject::WrongVersion(_) => "wrong_version",
+            Reject::BadCode { .. } => "bad_code",
+            Reject::BadTimestamp { .. } => "bad_timestamp",
+            Reject::TrailingBytes(_) => "trailing_bytes",
+        }
+    }
+}
+
+/// Decodes and validates one datagram, borrowing the codes from `buf`. Never panics.
+pub fn decode(buf: &[u8]) -> Result<Batch<'_>, Reject> {
+    match buf.first() {
+        None => return Err(Reject::Undecodable("empty datagram".into())),
+        Some(&v) if v != VERSION => return Err(Reject::WrongVersion(v)),
+        Some(_) => {}
+    }
+    let (batch, rest): (Batch<'_>, &[u8]) =
+        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(Reject::TrailingBytes(rest.len()));
+    }
+    for (index, click) in batch.clicks.iter().enumerate() {
+        validate_code(click.code.as_bytes()).map_err(|error| Reject::BadCode { index, error })?;
+        let at_us = i128::from(batch.base_us) + i128::from(click.offset_us);
+        if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
+            return Err(Reject::BadTimestamp { index, at_us });
+        }
+    }
+    Ok(batch)
+}
+
+/// Why [`Encoder::push`] did not take a click.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    /// The click would pass the size limit or the `u32` offset: send this datagram, then push
+    /// the click again. An empty encoder never answers this.
+    #[error("datagram full")]
+    Full,
+    #[error("bad code: {0}")]
+    BadCode(#[from] CodeError),
+    #[error("timestamp {0} us is outside years 1 to 9999")]
+    BadTimestamp(i64),
+}
+
+/// A size limit outside [`MIN_DATAGRAM`]..=[`MAX_DATAGRAM`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("datagram size {0} is outside {MIN_DATAGRAM}..={MAX_DATAGRAM} bytes")]
+pub struct BadLimit(pub usize);
+
+/// Builds the datagrams of one sender: push clicks until [`PushError::Full`], send
+/// [`Encoder::datagram`] (as often as it takes), then [`Encoder::next`].
+///
+/// The header is written last, right-aligned into space reserved at the front of the buffer,
+/// so the datagram is one contiguous slice and the click bytes are never copied.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    limit: usize,
+    sender: u64,
+    seq: u64,
+    base_us: i64,
+    clicks: u32,
+    /// `HEADER_MAX` reserved bytes, then the encoded clicks.
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    pub fn new(sender: u64, limit: usize) -> Result<Self, BadLimit> {
+        if !(MIN_DATAGRAM..=MAX_DATAGRAM).contains(&limit) {
+            return Err(BadLimit(limit));
+        }
+        let mut buf = Vec::with_capacity(limit + HEADER_MAX);
+        buf.resize(HEADER_MAX, 0);
+        Ok(Self {
+            limit,
+            sender,
+            seq: 0,
+            base_us: 0,
+            clicks: 0,
+            buf,
+        })
+    }
+
+    pub fn sender(&self) -> u64 {
+        self.sender
+    }
+
+    /// The sequence number of the datagram being filled.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Clicks in the datagram being filled.
+    pub fn len(&self) -> usize {
+        self.clicks as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clicks == 0
+    }
+
+    /// Size of the datagram as it stands, header included.
+    pub fn encoded_len(&self) -> usize {
+        self.header_len(self.clicks) + self.body_len()
+    }
+
+    /// Adds a click at `at_us` (microseconds since the Unix epoch).
+    pub fn push(&mut self, code: &str, at_us: i64) -> Result<(), PushError> {
+        validate_code(code.as_bytes())?;
+        if !(MIN_CLICKED_AT_US..END_CLICKED_AT_US).contains(&at_us) {
+            return Err(PushError::BadTimestamp(at_us));
+        }
+        if self.clicks == 0 {
+            self.base_us = at_us.saturating_sub(BASE_SLACK_US).max(MIN_CLICKED_AT_US);
+        }
+        let offset = u32::try_from(at_us - self.base_us).map_err(|_| PushError::Full)?;
+        let click_len = 1 + code.len() + varint_len(u64::from(offset));
+        if self.header_len(self.clicks + 1) + self.body_len() + click_len > self.limit {
+            return Err(PushError::Full);
+        }
+        self.buf.push(code.len() as u8);
+        self.buf.extend_from_slice(code.as_bytes());
+        put_varint(&mut self.buf, u64::from(offset));
+        self.clicks += 1;
+        Ok(())
+    }
+
+    /// The finished datagram for the clicks pushed so far. Calling it again returns the same
+    /// bytes, so a datagram that could not be sent is resent unchanged.
+    pub fn datagram(&mut self) -> &[u8] {
+        let mut header = [0u8; HEADER_MAX];
+        let mut len = 0;
+        let mut put = |v: u64| len += write_varint(&mut header[len..], v);
+        put(u64::from(VERSION));
+        put(self.sender);
+        put(self.seq);
+        put(zigzag(self.base_us));
+        put(u64::from(self.clicks));
+        let start = HEADER_MAX - len;
+        self.buf[start..HEADER_MAX].copy_from_slice(&header[..len]);
+        &self.buf[start..]
+    }
+
+    /// Forgets the current clicks and moves on to the next sequence number.
+    pub fn next(&mut self) {
+        self.buf.truncate(HEADER_MAX);
+        self.clicks = 0;
+        self.seq += 1;
+    }
+
+    fn body_len(&self) -> usize {
+        self.buf.len() - HEADER_MAX
+    }
+
+    fn header_len(&self, clicks: u32) -> usize {
+        1 + varint_len(self.sender)
+            + varint_len(self.seq)
+            + varint_len(zigzag(self.base_us))
+            + varint_len(u64::from(clicks))
+    }
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn write_varint(out: &mut [u8], mut v: u64) -> usize {
+    let mut i = 0;
+    while v >= 0x80 {
+        out[i] = (v as u8) | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+    out[i] = v as u8;
+    i + 1
+}
+
+fn put_varint(out: &mut Vec<u8>, v: u64) {
+    let mut tmp = [0u8; VARINT_MAX];
+    let n = write_varint(&mut tmp, v);
+    out.extend_from_slice(&tmp[..n]);
+}
+
+#[cfg(test)]
+mod tests;
