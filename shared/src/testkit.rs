@@ -52,3 +52,105 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A real binary run by a test: its stderr is collected line by line (and echoed, so a failing
+/// test shows it), and it is killed if the test ends without waiting for it.
+pub struct Service {
+    name: String,
+    child: std::process::Child,
+    lines: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+impl Service {
+    /// Starts `cmd` with stderr captured.
+    pub fn spawn(name: &str, mut cmd: Command) -> Service {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let stderr = child.stderr.take().expect("piped");
+        let lines = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let tag = name.to_owned();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                eprintln!("[{tag}] {line}");
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Service {
+            name: name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Every stderr line so far.
+    pub fn log(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits until a stderr line contains `needle`; returns that line.
+    pub async fn wait_for_log(&self, needle: &str, limit: Duration) -> String {
+        let what = format!("{} to log {needle:?}", self.name);
+        eventually(&what, limit, || async {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        })
+        .await
+    }
+
+    /// Waits for a line containing `marker` and parses the socket address right after it, as
+    /// in `admin listening on 127.0.0.1:40123`.
+    pub async fn addr_after(&self, marker: &str, limit: Duration) -> std::net::SocketAddr {
+        let line = self.wait_for_log(marker, limit).await;
+        let rest = &line[line.find(marker).expect("found") + marker.len()..];
+        let token = rest.split_whitespace().next().unwrap_or_default();
+        token
+            .trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != ']')
+            .parse()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: no address after {marker:?} in {line:?}: {e}",
+                    self.name
+                )
+            })
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), signal)
+            .unwrap_or_else(|e| panic!("signalling {}: {e}", self.name));
+    }
+
+    /// Waits for the process to exit, for at most `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let what = format!("{} to exit", self.name);
+        let child = Mutex::new(&mut self.child);
+        eventually(&what, limit, || {
+            let status = child.lock().unwrap().try_wait().ok().flatten();
+            async move { status }
+        })
+        .await
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
