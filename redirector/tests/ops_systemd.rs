@@ -1,0 +1,354 @@
+//! The systemd units in `systemd/`: their hardening scores, `systemd-analyze verify`, and the
+//! README's install steps followed in a temp root, as far as they go without a running systemd.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const SERVICES: [&str; 2] = ["collector.service", "redirector.service"];
+const UNITS: [&str; 3] = [
+    "collector.socket",
+    "collector.service",
+    "redirector.service",
+];
+const BINARIES: [&str; 2] = ["collector", "redirector"];
+/// The bound on `systemd-analyze security --offline=yes` (the design allows 2.0).
+const MAX_EXPOSURE: f64 = 1.5;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate lives in the workspace")
+        .to_owned()
+}
+
+fn unit_dir() -> PathBuf {
+    repo().join("systemd")
+}
+
+/// Runs a systemd tool, returning whether it succeeded and its stdout and stderr together.
+fn run<S: AsRef<OsStr>>(tool: &str, args: &[S]) -> (bool, String) {
+    let out = Command::new(tool).args(args).output().unwrap_or_else(|e| {
+        panic!("running {tool}: {e}. Install it: `apt-get install systemd` (Debian).")
+    });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The figure on `systemd-analyze security`'s "Overall exposure level for UNIT: 1.3 OK" line.
+fn exposure(report: &str, unit: &str) -> f64 {
+    let marker = format!("Overall exposure level for {unit}: ");
+    let line = report
+        .lines()
+        .find(|l| l.contains(&marker))
+        .unwrap_or_else(|| panic!("no {marker:?} line in:\n{report}"));
+    let after = &line[line.find(&marker).expect("found") + marker.len()..];
+    let figure = after.split_whitespace().next().unwrap_or_default();
+    figure
+        .parse()
+        .unwrap_or_else(|e| panic!("exposure {figure:?} in {line:?}: {e}"))
+}
+
+/// `systemd-analyze verify` lines other than the one each service gets while its binary is
+/// not installed.
+fn unexpected_verify_lines(report: &str) -> Vec<&str> {
+    let missing_binary = |l: &str| {
+        BINARIES.iter().any(|b| {
+            l.contains(&format!("Command /usr/local/bin/{b} is not executable"))
+                && l.contains("No such file or directory")
+        })
+    };
+    report
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !missing_binary(l))
+        .collect()
+}
+
+#[test]
+fn each_service_is_exposed_at_most_1_5_in_offline_security_analysis() {
+    for unit in SERVICES {
+        let (ok, report) = run(
+            "systemd-analyze",
+            &[
+                OsStr::new("security"),
+                OsStr::new("--offline=yes"),
+                unit_dir().join(unit).as_os_str(),
+            ],
+        );
+        assert!(ok, "systemd-analyze security {unit} failed:\n{report}");
+        let level = exposure(&report, unit);
+        assert!(
+            level <= MAX_EXPOSURE,
+            "{unit} is exposed at {level}, above {MAX_EXPOSURE}:\n{report}"
+        );
+    }
+}
+
+#[test]
+fn verify_reports_nothing_but_the_binaries_not_yet_installed() {
+    let paths: Vec<PathBuf> = UNITS.iter().map(|u| unit_dir().join(u)).collect();
+    let mut args = vec![OsStr::new("verify")];
+    args.extend(paths.iter().map(|p| p.as_os_str()));
+    let (_, report) = run("systemd-analyze", &args);
+    let unexpected = unexpected_verify_lines(&report);
+    assert!(
+        unexpected.is_empty(),
+        "systemd-analyze verify reported more than the missing binaries:\n{}",
+        unexpected.join("\n")
+    );
+}
+
+/// The `Key=value` settings of a unit file, every value of a key in file order.
+fn settings(unit: &Path) -> HashMap<String, Vec<String>> {
+    let text = fs::read_to_string(unit).unwrap_or_else(|e| panic!("{}: {e}", unit.display()));
+    let mut map: HashMap<String, Vec<String>> = HashMap::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with(['#', ';', '[']) {
+            continue;
+        }
+        if let Some((key, value)) = line.split_once('=') {
+            map.entry(key.trim().to_owned())
+                .or_default()
+                .push(value.trim().to_owned());
+        }
+    }
+    map
+}
+
+fn setting(map: &HashMap<String, Vec<String>>, key: &str) -> String {
+    map.get(key)
+        .and_then(|v| v.last())
+        .unwrap_or_else(|| panic!("no {key}= in the unit"))
+        .clone()
+}
+
+/// Copies `from` to `to` (a file path) with `mode`, creating the directories, like `install -D`.
+fn install(from: &Path, to: &Path, mode: u32) {
+    fs::create_dir_all(to.parent().expect("a file path")).expect("mkdir -p");
+    fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+    fs::set_permissions(to, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir -p");
+    for entry in fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let entry = entry.expect("dir entry");
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type().expect("file type");
+        if kind.is_dir() {
+            copy_tree(&src, &dst);
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(&src).expect("readlink"), &dst)
+                .expect("symlink");
+        } else {
+            fs::copy(&src, &dst).expect("copy");
+        }
+    }
+}
+
+/// Names in an /etc/group-style file, with the members of each.
+fn groups(root: &Path) -> HashMap<String, Vec<String>> {
+    let text = fs::read_to_string(root.join("etc/group")).expect("etc/group in the root");
+    text.lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(':').collect();
+            let members = fields.get(3)?.split(',').filter(|m| !m.is_empty());
+            Some((fields[0].to_owned(), members.map(str::to_owned).collect()))
+        })
+        .collect()
+}
+
+fn users(root: &Path) -> Vec<String> {
+    let text = fs::read_to_string(root.join("etc/passwd")).expect("etc/passwd in the root");
+    text.lines()
+        .filter_map(|l| l.split(':').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The install section of the README, step by step, with `/` replaced by a temp root. What needs
+/// a running systemd (`daemon-reload`, `start`) is left out; `systemctl --root enable` and
+/// `systemd-analyze verify --root` stand in for it.
+#[test]
+fn install_steps_in_a_temp_root_give_users_enabled_units_and_a_clean_verify() {
+    let root = tempfile::tempdir().expect("temp root");
+    let root = root.path();
+    let units = unit_dir();
+    // The target system's own units (sysinit.target, sockets.target, ...) ours hook into.
+    copy_tree(
+        Path::new("/usr/lib/systemd/system"),
+        &root.join("usr/lib/systemd/system"),
+    );
+
+    // install -m 0755 target/release/collector target/release/redirector /usr/local/bin/
+    for bin in BINARIES {
+        let built = shared::testkit::binary(bin);
+        install(&built, &root.join("usr/local/bin").join(bin), 0o755);
+    }
+    // install -m 0644 systemd/clicks.conf /usr/lib/sysusers.d/clicks.conf && systemd-sysusers
+    install(
+        &units.join("clicks.conf"),
+        &root.join("usr/lib/sysusers.d/clicks.conf"),
+        0o644,
+    );
+    fs::create_dir_all(root.join("etc")).expect("mkdir etc");
+    let root_arg = format!("--root={}", root.display());
+    let (ok, out) = run("systemd-sysusers", &[&root_arg]);
+    assert!(ok, "systemd-sysusers failed:\n{out}");
+    // install -m 0644 systemd/*.socket systemd/*.service /etc/systemd/system/
+    for unit in UNITS {
+        install(
+            &units.join(unit),
+            &root.join("etc/systemd/system").join(unit),
+            0o644,
+        );
+    }
+    // install -m 0600 systemd/X.env.example /etc/clicks/X.env
+    for bin in BINARIES {
+        install(
+            &units.join(format!("{bin}.env.example")),
+            &root.join(format!("etc/clicks/{bin}.env")),
+            0o600,
+        );
+    }
+    // systemctl enable collector.socket collector.service redirector.service
+    let mut enable = vec![root_arg.as_str(), "enable"];
+    enable.extend(UNITS);
+    let (ok, out) = run("systemctl", &enable);
+    assert!(ok, "systemctl enable failed:\n{out}");
+
+    for (wants, unit) in [
+        ("sockets.target.wants", "collector.socket"),
+        ("multi-user.target.wants", "collector.service"),
+        ("multi-user.target.wants", "redirector.service"),
+    ] {
+        let link = root.join("etc/systemd/system").join(wants).join(unit);
+        assert!(
+            link.is_symlink(),
+            "enable did not create {}",
+            link.display()
+        );
+    }
+
+    let mut verify = vec![OsStr::new("verify"), OsStr::new(&root_arg)];
+    verify.extend(UNITS.iter().map(OsStr::new));
+    let (ok, out) = run("systemd-analyze", &verify);
+    assert!(
+        ok && out.trim().is_empty(),
+        "systemd-analyze verify of the installed units is not clean:\n{out}"
+    );
+
+    let mut security = vec!["security", "--offline=yes", &root_arg];
+    security.extend(SERVICES);
+    let (ok, report) = run("systemd-analyze", &security);
+    assert!(ok, "systemd-analyze security failed:\n{report}");
+    for unit in SERVICES {
+        let level = exposure(&report, unit);
+        assert!(
+            level <= MAX_EXPOSURE,
+            "installed {unit} is exposed at {level}"
+        );
+    }
+
+    check_identities(root);
+    for bin in BINARIES {
+        check_environment_file(root, bin);
+    }
+}
+
+/// Every user and group the units name exists after `systemd-sysusers`, and the redirector is
+/// in the group that may write to the collector's socket.
+fn check_identities(root: &Path) {
+    let system = root.join("etc/systemd/system");
+    let socket = settings(&system.join("collector.socket"));
+    let redirector = settings(&system.join("redirector.service"));
+    let collector = settings(&system.join("collector.service"));
+    let (users, groups) = (users(root), groups(root));
+
+    for (unit, map) in [("collector", &collector), ("redirector", &redirector)] {
+        let user = setting(map, "User");
+        assert!(users.contains(&user), "{unit} runs as {user}, not created");
+        let group = setting(map, "Group");
+        assert!(
+            groups.contains_key(&group),
+            "{unit}'s group {group} not created"
+        );
+    }
+    let socket_user = setting(&socket, "SocketUser");
+    assert!(
+        users.contains(&socket_user),
+        "socket owner {socket_user} not created"
+    );
+    let socket_group = setting(&socket, "SocketGroup");
+    let members = groups
+        .get(&socket_group)
+        .unwrap_or_else(|| panic!("socket group {socket_group} not created"));
+    assert!(
+        setting(&redirector, "SupplementaryGroups")
+            .split_whitespace()
+            .any(|g| g == socket_group),
+        "redirector.service does not join the socket's group {socket_group}"
+    );
+    assert!(
+        members.contains(&setting(&redirector, "User")),
+        "the redirector's user is not a member of {socket_group} in etc/group: {members:?}"
+    );
+    assert_eq!(setting(&socket, "SocketMode"), "0660");
+    assert_eq!(setting(&socket, "RemoveOnStop"), "no");
+}
+
+/// The unit reads the env file the install step put in place, and every variable the example
+/// sets is one the binary takes (its `--help` names it), so a typo cannot go unnoticed.
+fn check_environment_file(root: &Path, bin: &str) {
+    let unit = settings(&root.join(format!("etc/systemd/system/{bin}.service")));
+    let file = setting(&unit, "EnvironmentFile");
+    let file = root.join(file.trim_start_matches('-').trim_start_matches('/'));
+    let text = fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{bin}.service reads {}: {e}", file.display()));
+    let (ok, help) = run(
+        shared::testkit::binary(bin).to_str().expect("utf-8"),
+        &["--help"],
+    );
+    assert!(ok, "{bin} --help failed:\n{help}");
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, _) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{}: not KEY=value: {line:?}", file.display()));
+        assert!(
+            key == "RUST_LOG" || help.contains(&format!("[env: {key}=")),
+            "{} sets {key}, which `{bin} --help` does not list",
+            file.display()
+        );
+    }
+    if bin == "redirector" {
+        check_stop_timeout_above_drain(&unit, &help);
+    }
+}
+
+/// systemd must not kill the redirector while it is still draining its ring.
+fn check_stop_timeout_above_drain(unit: &HashMap<String, Vec<String>>, help: &str) {
+    let flag = help
+        .find("--drain-timeout")
+        .expect("--drain-timeout in --help");
+    let rest = &help[flag..];
+    let start = rest
+        .find("[default: ")
+        .expect("a default for --drain-timeout")
+        + 10;
+    let end = start + rest[start..].find(']').expect("closing ]");
+    let drain: Duration = humantime::parse_duration(&rest[start..end]).expect("drain default");
+    let stop = humantime::parse_duration(&setting(unit, "TimeoutStopSec")).expect("TimeoutStopSec");
+    assert!(
+        stop > drain,
+        "TimeoutStopSec={stop:?} does not leave room for the {drain:?} drain"
+    );
+}
