@@ -1,0 +1,177 @@
+//! The redirector's counters and their Prometheus rendering for the admin listener.
+
+use std::sync::{Arc, LazyLock};
+
+use shared::metrics::{Counter, Gauge, LabeledCounter, Text};
+use shared::socket::SendErrorKind;
+
+use crate::links::LinkTable;
+use crate::ring::Ring;
+
+/// Why a click that was served did not reach the collector.
+pub mod reason {
+    /// The ring was full (the collector away or slow for longer than the ring holds).
+    pub const RING_FULL: &str = "ring_full";
+    /// Still in the ring or the unsent datagram when the drain timeout ran out at shutdown.
+    pub const SHUTDOWN: &str = "shutdown";
+    /// The encoder refused the click (a bad timestamp: the clock is outside years 1 to 9999).
+    pub const INVALID: &str = "invalid";
+    /// `--clicks direct`: the INSERT failed.
+    pub const DIRECT_FAILED: &str = "direct_failed";
+    pub const ALL: [&str; 4] = [RING_FULL, SHUTDOWN, INVALID, DIRECT_FAILED];
+}
+
+static SEND_ERROR_KINDS: LazyLock<[&'static str; SendErrorKind::ALL.len()]> =
+    LazyLock::new(|| SendErrorKind::ALL.map(SendErrorKind::as_str));
+
+/// Everything the redirector counts. Hot paths only do relaxed atomic adds.
+#[derive(Debug)]
+pub struct Metrics {
+    /// GET requests answered with a redirect: each one is a click, sent or dropped.
+    pub redirects: Counter,
+    /// HEAD requests answered with a redirect (not clicks).
+    pub head_redirects: Counter,
+    pub not_found: Counter,
+    pub method_not_allowed: Counter,
+    /// Redirect requests refused with 503 because no link table was loaded yet.
+    pub not_ready: Counter,
+    pub clicks_queued: Counter,
+    pub clicks_sent: Counter,
+    pub clicks_dropped: LabeledCounter,
+    pub datagrams_sent: Counter,
+    pub send_errors: LabeledCounter,
+    /// Links in the table being served.
+    pub links: Gauge,
+    pub link_loads: Counter,
+    pub link_load_errors: Counter,
+    /// Rows of the last load left out because their code or URL is unusable.
+    pub links_skipped: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            redirects: Counter::default(),
+            head_redirects: Counter::default(),
+            not_found: Counter::default(),
+            method_not_allowed: Counter::default(),
+            not_ready: Counter::default(),
+            clicks_queued: Counter::default(),
+            clicks_sent: Counter::default(),
+            clicks_dropped: LabeledCounter::new(&reason::ALL),
+            datagrams_sent: Counter::default(),
+            send_errors: LabeledCounter::new(&*SEND_ERROR_KINDS),
+            links: Gauge::default(),
+            link_loads: Counter::default(),
+            link_load_errors: Counter::default(),
+            links_skipped: Gauge::default(),
+        }
+    }
+}
+
+/// What `/metrics` and `/healthz` read.
+pub struct AdminView {
+    pub metrics: Arc<Metrics>,
+    pub ring: Option<Arc<Ring>>,
+    pub links: Arc<LinkTable>,
+}
+
+impl shared::admin::Admin for AdminView {
+    fn metrics(&self) -> String {
+        let m = &self.metrics;
+        let (depth, capacity) = self
+            .ring
+            .as_ref()
+            .map_or((0, 0), |r| (r.len() as i64, r.capacity() as i64));
+        let counters = [
+            (
+                "redirects_total",
+                "GET requests answered 302 (each one a click).",
+                &m.redirects,
+            ),
+            (
+                "head_redirects_total",
+                "HEAD requests answered 302 (not clicks).",
+                &m.head_redirects,
+            ),
+            (
+                "not_found_total",
+                "Requests for an unknown or malformed code (404).",
+                &m.not_found,
+            ),
+            (
+                "method_not_allowed_total",
+                "Methods other than GET or HEAD (405).",
+                &m.method_not_allowed,
+            ),
+            (
+                "not_ready_total",
+                "Answered 503 before the first link table load.",
+                &m.not_ready,
+            ),
+            (
+                "clicks_queued_total",
+                "Clicks pushed into the ring.",
+                &m.clicks_queued,
+            ),
+            (
+                "clicks_sent_total",
+                "Clicks in datagrams the kernel accepted.",
+                &m.clicks_sent,
+            ),
+            (
+                "datagrams_sent_total",
+                "Datagrams the kernel accepted.",
+                &m.datagrams_sent,
+            ),
+            (
+                "link_loads_total",
+                "Successful loads of the link table.",
+                &m.link_loads,
+            ),
+            (
+                "link_load_errors_total",
+                "Failed connections or loads of the link table.",
+                &m.link_load_errors,
+            ),
+        ];
+        let gauges = [
+            ("ring_depth", "Clicks waiting in the ring.", depth),
+            ("ring_capacity", "Clicks the ring holds.", capacity),
+            ("links", "Links being served.", m.links.get()),
+            (
+                "links_skipped",
+                "Rows of the last load skipped for a bad code or URL.",
+                m.links_skipped.get(),
+            ),
+        ];
+        let mut text = Text::default();
+        for (name, help, counter) in counters {
+            text.counter(&format!("redirector_{name}"), help, counter.get());
+        }
+        for (name, help, value) in gauges {
+            text.gauge(&format!("redirector_{name}"), help, value);
+        }
+        text.labeled(
+            "redirector_clicks_dropped_total",
+            "Clicks served but not sent, by reason.",
+            "reason",
+            &m.clicks_dropped,
+        )
+        .labeled(
+            "redirector_send_errors_total",
+            "Failed datagram sends, by kind.",
+            "kind",
+            &m.send_errors,
+        )
+        .finish()
+    }
+
+    fn health(&self) -> Result<(), String> {
+        if self.links.is_loaded() {
+            Ok(())
+        } else {
+            Err("link table not loaded yet".into())
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Wiring: starts the listeners, the link table task and the drain task, serves until told to
+//! stop, then shuts down in order so that every redirect served is a click sent or counted as
+//! dropped.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::{ClickMode, Config};
+use crate::direct::Direct;
+use crate::drain::{self, Drain};
+use crate::http::{self, App, Clicks, Limits};
+use crate::links::{self, LinkTable};
+use crate::metrics::{reason, AdminView, Metrics};
+use crate::ring::Ring;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("binding the {what} listener on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("--datagram-size: {0}")]
+    DatagramSize(#[from] shared::wire::BadLimit),
+    #[error("--clicks direct: connecting to the database: {0:?}")]
+    Direct(tokio_postgres::Error),
+    /// Serving on would hand clicks to a ring nobody empties, so the process stops instead.
+    #[error("the drain task stopped unexpectedly: {0}")]
+    DrainDied(String),
+    #[error("the http server task failed: {0}")]
+    Server(tokio::task::JoinError),
+}
+
+/// The final counts, as logged at exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub sent: u64,
+    pub dropped: u64,
+}
+
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed before it returns, so
+/// a signal that arrives before the future is awaited is not lost.
+pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
+
+/// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests
+/// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
+    let metrics = Arc::new(Metrics::default());
+    let table = Arc::new(LinkTable::default());
+    let ring = (cfg.clicks == ClickMode::Pipeline).then(|| new_ring(&cfg));
+
+    let http_listener = bind("http", cfg.listen).await?;
+    let admin_listener = bind("admin", cfg.admin_listen).await?;
+    shared::admin::spawn(
+        admin_listener,
+        Arc::new(AdminView {
+            metrics: metrics.clone(),
+            ring: ring.clone(),
+            links: table.clone(),
+        }),
+    );
+    tokio::spawn(links::keep_loaded(
+        cfg.database_url.clone(),
+        table.clone(),
+        metrics.clone(),
+        cfg.reload_interval,
+    ));
+
+    let (stop_drain, drain_stopped) = watch::channel(None);
+    let mut drain = match &ring {
+        Some(ring) => Some(tokio::spawn(
+            Drain::new(
+                ring.clone(),
+                metrics.clone(),
+                cfg.socket.clone(),
+                drain::random_sender(),
+                cfg.datagram_size,
+            )?
+            .run(cfg.flush_interval, drain_stopped),
+        )),
+        None => None,
+    };
+    let clicks = match (&ring, cfg.clicks) {
+        (Some(ring), _) => Clicks::Pipeline(ring.clone()),
+        (None, ClickMode::Direct) => Clicks::Direct(Arc::new(
+            Direct::connect(&cfg.database_url, cfg.direct_connections as usize)
+                .await
+                .map_err(Error::Direct)?,
+        )),
+        (None, _) => Clicks::Off,
+    };
+    let app = Arc::new(App {
+        links: table.clone(),
+        clicks,
+        metrics: metrics.clone(),
+    });
+    let limits = Limits {
+        header_read_timeout: cfg.header_read_timeout,
+        grace: cfg.drain_timeout,
+    };
+    let (stop_http, http_stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(http::serve(http_listener, app, limits, async {
+        let _ = http_stopped.await;
+    }));
+    let ready = tokio::spawn(async move {
+        table.wait_loaded().await;
+        shared::systemd::notify_or_log("READY=1");
+    });
+
+    tokio::select! {
+        _ = shutdown => {}
+        why = died(&mut drain) => return Err(Error::DrainDied(why)),
+    }
+    shared::systemd::notify_or_log("STOPPING=1");
+    ready.abort();
+    let _ = stop_http.send(());
+    server.await.map_err(Error::Server)?;
+    // No handler runs any more: what the ring holds now is all there is to send.
+    let _ = stop_drain.send(Some(Instant::now() + cfg.drain_timeout));
+    let left = match drain {
+        Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
+        None => 0,
+    };
+    metrics.clicks_dropped.add(reason::SHUTDOWN, left);
+    let summary = Summary {
+        sent: metrics.clicks_sent.get(),
+        dropped: metrics.clicks_dropped.total(),
+    };
+    tracing::info!(
+        "redirector: {} clicks sent, {} dropped",
+        summary.sent,
+        summary.dropped
+    );
+    Ok(summary)
+}
+
+fn new_ring(cfg: &Config) -> Arc<Ring> {
+    let ring = Ring::new(cfg.ring_capacity as usize);
+    tracing::info!(
+        "ring: {} clicks x {} B = {:.1} MiB, allocated now",
+        ring.capacity(),
+        Ring::SLOT_SIZE,
+        ring.memory() as f64 / (1024.0 * 1024.0)
+    );
+    Arc::new(ring)
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    let bind_err = |source| Error::Bind { what, addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
+    let local = listener.local_addr().map_err(bind_err)?;
+    tracing::info!("{what} listening on {local}");
+    Ok(listener)
+}
+
+/// Resolves only if the drain task ends before it was told to stop; never without one.
+async fn died(drain: &mut Option<JoinHandle<u64>>) -> String {
+    match drain {
+        Some(handle) => match handle.await {
+            Ok(_) => "it returned before shutdown".into(),
+            Err(e) => e.to_string(),
+        },
+        None => std::future::pending().await,
+    }
+}
