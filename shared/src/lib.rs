@@ -7,6 +7,7 @@ pub mod metrics;
 pub mod pgtest;
 pub mod socket;
 pub mod systemd;
+pub mod tap;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod wire;

@@ -1,0 +1,147 @@
+//! `clicktap`: looks at the click socket from outside. `listen` binds a path (as a stand-in
+//! collector or as the collector's `--mirror` target) and prints what arrives, `send` acts as a
+//! redirector, `decode` explains one datagram's bytes.
+//!
+//! Everything here is synchronous on std sockets: one socket, one loop, nothing to schedule.
+
+mod decode;
+mod hex;
+mod listen;
+mod send;
+mod show;
+mod signals;
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::socket::{BindError, SendErrorKind};
+use crate::wire::PushError;
+
+/// Socket-level inspection of the click pipeline's datagram socket.
+#[derive(Debug, Parser)]
+#[command(
+    name = "clicktap",
+    version,
+    after_help = "Examples:\n  \
+        clicktap listen --socket /tmp/tap.sock --stats\n  \
+        clicktap send --socket /tmp/tap.sock --code abc --code xyz --count 10000 --rate 2000\n  \
+        echo 01b960070902057365656431000178ac02 | clicktap decode --hex"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Bind a socket path and print every datagram that arrives, decoded (or why it was
+    /// rejected), or per-second totals with --stats. Removes the socket file on exit.
+    Listen(listen::Args),
+    /// Act as a redirector: send clicks as well-formed datagrams (or --raw bytes) to a
+    /// listening socket, then print what was sent and the send errors by kind.
+    Send(send::Args),
+    /// Decode one datagram's bytes and print its fields, or say exactly why it is invalid
+    /// (exit status 1).
+    Decode(decode::Args),
+}
+
+/// Why a subcommand failed; printed as one line, exit status 1.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("{path}: {problem}", path = .path.display())]
+    Peer { path: PathBuf, problem: PeerProblem },
+    #[error("invalid datagram of {len} bytes: {error} (reason: {reason}); first bytes: {head}")]
+    Invalid {
+        len: usize,
+        reason: &'static str,
+        error: String,
+        head: String,
+    },
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+    #[error(transparent)]
+    Hex(#[from] hex::HexError),
+    #[error("cannot encode click {index}: {error}")]
+    Encode { index: u64, error: PushError },
+    #[error("interrupted by a signal")]
+    Interrupted,
+}
+
+impl TapError {
+    fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> TapError {
+        let what = what.into();
+        move |source| TapError::Io { what, source }
+    }
+}
+
+/// What is wrong with the socket `send` talks to.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerProblem {
+    #[error("exists but is not a socket")]
+    NotASocket,
+    #[error("is a socket of another type (not a datagram socket)")]
+    WrongType,
+    #[error("nobody is listening: {0}")]
+    NobodyListening(&'static str),
+    #[error("permission denied: this user may not write to the socket (check its mode and group)")]
+    PermissionDenied,
+    #[error("the receiver refused a datagram of {0} bytes as too large")]
+    TooLarge(usize),
+    #[error("{0}")]
+    Other(io::Error),
+}
+
+impl PeerProblem {
+    /// Names a failed connect or send by what the user should check.
+    fn of(err: io::Error, len: usize) -> PeerProblem {
+        if err.raw_os_error() == Some(nix::libc::EPROTOTYPE) {
+            return PeerProblem::WrongType;
+        }
+        match SendErrorKind::of(&err) {
+            SendErrorKind::NotFound => PeerProblem::NobodyListening("no socket at this path"),
+            SendErrorKind::Refused => {
+                PeerProblem::NobodyListening("the socket file is there but nobody is bound to it")
+            }
+            SendErrorKind::NotConnected => PeerProblem::NobodyListening("the listener went away"),
+            SendErrorKind::PermissionDenied => PeerProblem::PermissionDenied,
+            SendErrorKind::TooLarge => PeerProblem::TooLarge(len),
+            SendErrorKind::QueueFull | SendErrorKind::Other => PeerProblem::Other(err),
+        }
+    }
+}
+
+/// Runs one `clicktap` command.
+pub fn run(cli: Cli) -> Result<(), TapError> {
+    match cli.command {
+        Command::Listen(args) => listen::run(&args),
+        Command::Send(args) => send::run(&args),
+        Command::Decode(args) => decode::run(&args),
+    }
+}
+
+/// All bytes of a file, or of stdin for `-`.
+fn read_all(source: &Path) -> Result<Vec<u8>, TapError> {
+    if source == Path::new("-") {
+        let mut bytes = Vec::new();
+        io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(TapError::io("reading stdin"))?;
+        return Ok(bytes);
+    }
+    std::fs::read(source).map_err(TapError::io(format!("reading {}", source.display())))
+}
+
+/// Prints a line to stdout and flushes it. A closed pipe (`| head`) is not an error.
+fn say(text: &str) -> Result<(), TapError> {
+    let mut out = io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(TapError::io("writing to stdout")(e))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,35 @@
+//! `clicktap decode`: one datagram's bytes, explained.
+
+use std::path::PathBuf;
+
+use super::show::{self, Verdict};
+use super::{hex, read_all, say, TapError};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// File holding one datagram's bytes; `-` (the default) reads stdin.
+    #[arg(default_value = "-", value_name = "FILE|-")]
+    input: PathBuf,
+    /// The input is hex text (whitespace and a leading 0x ignored, as from `xxd -p`), not
+    /// raw bytes.
+    #[arg(long)]
+    hex: bool,
+}
+
+pub fn run(args: &Args) -> Result<(), TapError> {
+    let input = read_all(&args.input)?;
+    let bytes = if args.hex {
+        hex::parse(&String::from_utf8_lossy(&input))?
+    } else {
+        input
+    };
+    match show::judge(&bytes, bytes.len()) {
+        Verdict::Batch(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
+        Verdict::Rejected { reason, error } => Err(TapError::Invalid {
+            len: bytes.len(),
+            reason,
+            error,
+            head: hex::head(&bytes),
+        }),
+    }
+}

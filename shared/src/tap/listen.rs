@@ -1,0 +1,328 @@
+//! `clicktap listen`: bind a path and print what arrives, one line per datagram or per second.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::MsgFlags;
+use serde_json::json;
+
+use super::show::{self, SeqNote, Verdict};
+use super::{signals, TapError};
+use crate::socket::bind_datagram;
+use crate::wire::{Batch, MAX_DATAGRAM};
+
+/// How long one `recv` blocks: bounds how late a `--stats` line or a signal is noticed when a
+/// signal lands just before the call (otherwise `EINTR` wakes it at once).
+const RECV_WAIT: Duration = Duration::from_millis(50);
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Socket path to bind: a stand-in for the collector's socket, or the target of the
+    /// collector's --mirror. A stale socket file nobody is bound to is replaced; anything else
+    /// at the path (a live socket, a regular file) is refused.
+    #[arg(long, env = "CLICKS_SOCKET")]
+    socket: PathBuf,
+    /// Print one JSON object per line (per datagram, or per second with --stats) instead of
+    /// text. Rejected datagrams carry "reason" and "error".
+    #[arg(long)]
+    json: bool,
+    /// Instead of a line per datagram, print one line per second: datagrams/s, clicks/s,
+    /// bytes/s, rejected datagrams, and sequence gaps (missing datagrams) per sender.
+    #[arg(long)]
+    stats: bool,
+    /// File mode of the socket, in octal; senders need write permission on it.
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    mode: u32,
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o7777 => Ok(mode),
+        _ => Err(format!("{text:?} is not an octal file mode such as 660")),
+    }
+}
+
+pub fn run(args: &Args) -> Result<(), TapError> {
+    let stop = signals::stop_flag().map_err(TapError::io("installing signal handlers"))?;
+    let socket = bind_datagram(&args.socket, args.mode)?;
+    let _remove = RemoveOnExit::new(&args.socket);
+    socket
+        .set_read_timeout(Some(RECV_WAIT))
+        .map_err(TapError::io("setting the receive timeout"))?;
+    tracing::info!("listening on {}", args.socket.display());
+    let mut listener = Listener {
+        args,
+        out: io::stdout().lock(),
+        tally: Tally::default(),
+    };
+    let result = listener.receive(&socket, stop);
+    tracing::info!("{}", listener.tally.all.summary());
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(TapError::io("listening")),
+    }
+}
+
+struct Listener<'a> {
+    args: &'a Args,
+    out: io::StdoutLock<'static>,
+    tally: Tally,
+}
+
+impl Listener<'_> {
+    fn receive(&mut self, socket: &UnixDatagram, stop: &AtomicBool) -> io::Result<()> {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut second_start = Instant::now();
+        while !signals::stopping(stop) {
+            match receive_one(socket, &mut buf) {
+                Ok(len) => self.show(&buf[..len.min(buf.len())], len)?,
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let elapsed = second_start.elapsed();
+            if self.args.stats && elapsed >= STATS_EVERY {
+                let totals = std::mem::take(&mut self.tally.second);
+                self.print(&stats_line(&totals, elapsed, self.args.json))?;
+                second_start = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a datagram and, unless only per-second totals are asked for, prints it.
+    fn show(&mut self, bytes: &[u8], len: usize) -> io::Result<()> {
+        let (now, json, quiet) = (crate::now_us(), self.args.json, self.args.stats);
+        match show::judge(bytes, len) {
+            Verdict::Batch(batch) => {
+                let note = self.tally.batch(&batch, len);
+                if quiet {
+                    return Ok(());
+                }
+                let line = if json {
+                    show::batch_json(&batch, len, now, note).to_string()
+                } else {
+                    show::batch_line(&batch, len, now, note)
+                };
+                self.print(&line)
+            }
+            Verdict::Rejected { reason, error } => {
+                self.tally.reject(len);
+                if quiet {
+                    return Ok(());
+                }
+                let line = if json {
+                    show::rejected_json(bytes, len, reason, &error).to_string()
+                } else {
+                    show::rejected_line(bytes, len, reason, &error)
+                };
+                self.print(&line)
+            }
+        }
+    }
+
+    /// One line, flushed at once so that a pipe reader sees it now.
+    fn print(&mut self, line: &str) -> io::Result<()> {
+        writeln!(self.out, "{line}")?;
+        self.out.flush()
+    }
+}
+
+/// Receives one datagram; returns its real length even when it was longer than `buf`.
+fn receive_one(socket: &UnixDatagram, buf: &mut [u8]) -> nix::Result<usize> {
+    nix::sys::socket::recv(socket.as_raw_fd(), buf, MsgFlags::MSG_TRUNC)
+}
+
+/// Counts of one stats second, or of the whole run.
+#[derive(Debug, Default)]
+struct Totals {
+    datagrams: u64,
+    clicks: u64,
+    bytes: u64,
+    rejects: u64,
+    /// Missing datagrams by sender.
+    gaps: BTreeMap<u64, u64>,
+}
+
+impl Totals {
+    fn add(&mut self, len: usize, clicks: usize) {
+        self.datagrams += 1;
+        self.clicks += clicks as u64;
+        self.bytes += len as u64;
+    }
+
+    fn gap_total(&self) -> u64 {
+        self.gaps.values().sum()
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "received {} datagrams ({} clicks, {} bytes), {} rejected, {} missing by sequence",
+            self.datagrams,
+            self.clicks,
+            self.bytes,
+            self.rejects,
+            self.gap_total()
+        )
+    }
+}
+
+/// Each sender's last seq, and the counts of the current second and of the whole run.
+#[derive(Debug, Default)]
+struct Tally {
+    last_seq: HashMap<u64, u64>,
+    second: Totals,
+    all: Totals,
+}
+
+impl Tally {
+    fn batch(&mut self, batch: &Batch<'_>, len: usize) -> SeqNote {
+        let note = match self.last_seq.get(&batch.sender) {
+            None => SeqNote::default(),
+            Some(&last) if batch.seq > last => SeqNote {
+                missing: batch.seq - last - 1,
+                repeat: false,
+            },
+            Some(_) => SeqNote {
+                missing: 0,
+                repeat: true,
+            },
+        };
+        if !note.repeat {
+            self.last_seq.insert(batch.sender, batch.seq);
+        }
+        for totals in [&mut self.second, &mut self.all] {
+            totals.add(len, batch.clicks.len());
+            if note.missing > 0 {
+                *totals.gaps.entry(batch.sender).or_default() += note.missing;
+            }
+        }
+        note
+    }
+
+    fn reject(&mut self, len: usize) {
+        for totals in [&mut self.second, &mut self.all] {
+            totals.add(len, 0);
+            totals.rejects += 1;
+        }
+    }
+}
+
+/// The `--stats` line for one second's `totals`, as rates over `elapsed`.
+fn stats_line(totals: &Totals, elapsed: Duration, json: bool) -> String {
+    let secs = elapsed.as_secs_f64();
+    let rate = |n: u64| (n as f64 / secs).round() as u64;
+    let now = show::format_time(crate::now_us());
+    if json {
+        let gaps: serde_json::Map<String, serde_json::Value> = totals
+            .gaps
+            .iter()
+            .map(|(sender, n)| (sender.to_string(), json!(n)))
+            .collect();
+        return json!({
+            "time": now,
+            "seconds": secs,
+            "datagrams": totals.datagrams,
+            "clicks": totals.clicks,
+            "bytes": totals.bytes,
+            "rejects": totals.rejects,
+            "datagrams_per_s": rate(totals.datagrams),
+            "clicks_per_s": rate(totals.clicks),
+            "bytes_per_s": rate(totals.bytes),
+            "gaps": gaps,
+        })
+        .to_string();
+    }
+    let mut line = format!(
+        "{} datagrams/s={} clicks/s={} bytes/s={} rejects={} gaps={}",
+        &now[11..19],
+        rate(totals.datagrams),
+        rate(totals.clicks),
+        rate(totals.bytes),
+        totals.rejects,
+        totals.gap_total()
+    );
+    if !totals.gaps.is_empty() {
+        let per_sender: Vec<String> = totals
+            .gaps
+            .iter()
+            .map(|(sender, n)| format!("sender {sender}: {n}"))
+            .collect();
+        line.push_str(&format!(" ({})", per_sender.join(", ")));
+    }
+    line
+}
+
+/// Removes the socket file on the way out, unless something else has replaced it since.
+struct RemoveOnExit {
+    path: PathBuf,
+    identity: Option<(u64, u64)>,
+}
+
+impl RemoveOnExit {
+    fn new(path: &Path) -> Self {
+        RemoveOnExit {
+            path: path.to_owned(),
+            identity: file_identity(path),
+        }
+    }
+}
+
+impl Drop for RemoveOnExit {
+    fn drop(&mut self) {
+        if self.identity.is_some() && file_identity(&self.path) == self.identity {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!("removing {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(sender: u64, seq: u64) -> Batch<'static> {
+        Batch {
+            version: 1,
+            sender,
+            seq,
+            base_us: 0,
+            clicks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn gaps_and_repeats_are_counted_per_sender() {
+        let mut tally = Tally::default();
+        assert_eq!(tally.batch(&batch(1, 5), 10), SeqNote::default());
+        assert_eq!(tally.batch(&batch(2, 0), 10), SeqNote::default());
+        assert_eq!(tally.batch(&batch(1, 8), 10).missing, 2);
+        assert!(tally.batch(&batch(1, 8), 10).repeat);
+        assert_eq!(tally.batch(&batch(2, 1), 10), SeqNote::default());
+        assert_eq!(tally.all.gaps, BTreeMap::from([(1, 2)]));
+        let line = stats_line(&tally.second, Duration::from_secs(1), false);
+        assert!(line.ends_with("rejects=0 gaps=2 (sender 1: 2)"), "{line}");
+    }
+
+    #[test]
+    fn modes_are_octal() {
+        assert_eq!(parse_mode("660"), Ok(0o660));
+        assert_eq!(parse_mode("0o600"), Ok(0o600));
+        assert!(parse_mode("999").is_err());
+    }
+}

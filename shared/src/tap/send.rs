@@ -1,0 +1,283 @@
+//! `clicktap send`: act as a redirector, or send arbitrary bytes to see how a receiver treats them.
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use super::{hex, read_all, say, signals, PeerProblem, TapError};
+use crate::socket::SendErrorKind;
+use crate::wire::{self, Encoder, PushError, DEFAULT_DATAGRAM};
+
+/// Pause before resending when the receiver's queue is full.
+const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);
+/// Longest single sleep while pacing, so a signal is noticed promptly.
+const PACING_SLICE: Duration = Duration::from_millis(50);
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Socket path to send to: the collector's socket, or a `clicktap listen`.
+    #[arg(long, env = "CLICKS_SOCKET")]
+    socket: PathBuf,
+    /// Click codes, cycled through in order: --code a b c, --code a,b,c or --code a --code b.
+    /// Each is 1 to 64 bytes of [A-Za-z0-9_-].
+    #[arg(
+        long = "code",
+        value_name = "CODE",
+        num_args = 1..,
+        value_delimiter = ',',
+        value_parser = parse_code,
+        required_unless_present = "raw"
+    )]
+    codes: Vec<String>,
+    /// Clicks to send in all.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Clicks per second (fractions allowed); without it, as fast as the receiver takes them.
+    /// Each click is stamped with its scheduled time; a datagram leaves when its last click is due.
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<f64>,
+    /// Clicks per datagram (fewer when a datagram reaches the 16 KiB default size first).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// Sender id written into every datagram (seq starts at 0); random by default, like a
+    /// redirector's start.
+    #[arg(long)]
+    sender: Option<u64>,
+    /// Instead of clicks, send these bytes as one datagram: hex digits, or `-` to read raw
+    /// bytes from stdin.
+    #[arg(
+        long,
+        value_name = "HEX|-",
+        conflicts_with_all = ["codes", "count", "rate", "batch", "sender"]
+    )]
+    raw: Option<String>,
+}
+
+fn parse_code(text: &str) -> Result<String, String> {
+    wire::validate_code(text.as_bytes())
+        .map(|()| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.001 => Ok(rate),
+        _ => Err(format!("{text:?} is not a rate of at least 0.001 clicks/s")),
+    }
+}
+
+pub fn run(args: &Args) -> Result<(), TapError> {
+    let stop = signals::stop_flag().map_err(TapError::io("installing signal handlers"))?;
+    if let Some(raw) = &args.raw {
+        return send_raw(args, raw, stop);
+    }
+    let mut link = Link::connect(&args.socket, stop)?;
+    let mut sent = Sent::new(args.sender.unwrap_or_else(random_sender));
+    let result = send_clicks(args, &mut link, &mut sent);
+    say(&format!(
+        "{} to {}; send errors: {}",
+        sent.summary(),
+        args.socket.display(),
+        link.errors()
+    ))?;
+    result
+}
+
+fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), TapError> {
+    let bytes = match raw {
+        "-" => read_all(Path::new("-"))?,
+        hex_text => hex::parse(hex_text)?,
+    };
+    let mut link = Link::connect(&args.socket, stop)?;
+    let result = link.send(&bytes);
+    let verb = if result.is_ok() {
+        "sent"
+    } else {
+        "did not send"
+    };
+    say(&format!(
+        "{verb} 1 raw datagram of {} bytes to {}; send errors: {}",
+        bytes.len(),
+        args.socket.display(),
+        link.errors()
+    ))?;
+    result
+}
+
+fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapError> {
+    let mut encoder =
+        Encoder::new(sent.sender, DEFAULT_DATAGRAM).expect("DEFAULT_DATAGRAM is a valid limit");
+    let start_us = crate::now_us();
+    let stamp = |k: u64| match args.rate {
+        Some(rate) => start_us + (k as f64 * 1e6 / rate) as i64,
+        None => crate::now_us(),
+    };
+    let mut pushed = 0;
+    while pushed < args.count {
+        while encoder.len() < args.batch as usize && pushed < args.count {
+            let code = &args.codes[(pushed % args.codes.len() as u64) as usize];
+            match encoder.push(code, stamp(pushed)) {
+                Ok(()) => pushed += 1,
+                Err(PushError::Full) if !encoder.is_empty() => break,
+                Err(error) => {
+                    return Err(TapError::Encode {
+                        index: pushed,
+                        error,
+                    })
+                }
+            }
+        }
+        if let Some(rate) = args.rate {
+            let due = sent.started + Duration::from_secs_f64((pushed - 1) as f64 / rate);
+            wait_until(due, link.stop)?;
+        }
+        link.send(encoder.datagram())?;
+        sent.record(encoder.seq(), encoder.len());
+        encoder.next();
+    }
+    Ok(())
+}
+
+fn wait_until(due: Instant, stop: &AtomicBool) -> Result<(), TapError> {
+    loop {
+        if signals::stopping(stop) {
+            return Err(TapError::Interrupted);
+        }
+        let left = due.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(PACING_SLICE));
+    }
+}
+
+/// A random sender id, as a redirector picks one per start. Kept below 2^63 so that it stays
+/// positive in a `bigint` column.
+fn random_sender() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_i64(crate::now_us());
+    hasher.finish() >> 1
+}
+
+/// A socket connected to the receiver, counting send errors by kind.
+struct Link<'a> {
+    socket: UnixDatagram,
+    path: &'a Path,
+    errors: [u64; SendErrorKind::ALL.len()],
+    stop: &'static AtomicBool,
+}
+
+impl<'a> Link<'a> {
+    fn connect(path: &'a Path, stop: &'static AtomicBool) -> Result<Self, TapError> {
+        let peer = |problem| TapError::Peer {
+            path: path.to_owned(),
+            problem,
+        };
+        // connect(2) to a regular file says ECONNREFUSED, as if a socket nobody is bound to.
+        if std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_socket()) {
+            return Err(peer(PeerProblem::NotASocket));
+        }
+        let socket = UnixDatagram::unbound().map_err(TapError::io("creating a socket"))?;
+        socket
+            .connect(path)
+            .map_err(|e| peer(PeerProblem::of(e, 0)))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(TapError::io("making the socket non-blocking"))?;
+        Ok(Link {
+            socket,
+            path,
+            errors: [0; SendErrorKind::ALL.len()],
+            stop,
+        })
+    }
+
+    /// Sends one datagram. A full receiver queue is waited out and the datagram resent, never
+    /// dropped; any other error ends the run.
+    fn send(&mut self, bytes: &[u8]) -> Result<(), TapError> {
+        loop {
+            let Err(err) = self.socket.send(bytes) else {
+                return Ok(());
+            };
+            let kind = SendErrorKind::of(&err);
+            if let Some(i) = SendErrorKind::ALL.iter().position(|&k| k == kind) {
+                self.errors[i] += 1;
+            }
+            if kind != SendErrorKind::QueueFull {
+                return Err(TapError::Peer {
+                    path: self.path.to_owned(),
+                    problem: PeerProblem::of(err, bytes.len()),
+                });
+            }
+            if signals::stopping(self.stop) {
+                return Err(TapError::Interrupted);
+            }
+            std::thread::sleep(QUEUE_FULL_WAIT);
+        }
+    }
+
+    /// The send errors by kind, e.g. `queue_full=12 (waited and resent)`, or `none`.
+    fn errors(&self) -> String {
+        let named: Vec<String> = SendErrorKind::ALL
+            .iter()
+            .zip(self.errors)
+            .filter(|&(_, n)| n > 0)
+            .map(|(kind, n)| match kind {
+                SendErrorKind::QueueFull => format!("{}={n} (waited and resent)", kind.as_str()),
+                _ => format!("{}={n}", kind.as_str()),
+            })
+            .collect();
+        if named.is_empty() {
+            "none".to_owned()
+        } else {
+            named.join(", ")
+        }
+    }
+}
+
+/// What has been sent so far.
+struct Sent {
+    sender: u64,
+    started: Instant,
+    datagrams: u64,
+    clicks: u64,
+    seqs: Option<(u64, u64)>,
+}
+
+impl Sent {
+    fn new(sender: u64) -> Self {
+        Sent {
+            sender,
+            started: Instant::now(),
+            datagrams: 0,
+            clicks: 0,
+            seqs: None,
+        }
+    }
+
+    fn record(&mut self, seq: u64, clicks: usize) {
+        self.datagrams += 1;
+        self.clicks += clicks as u64;
+        let first = self.seqs.map_or(seq, |(first, _)| first);
+        self.seqs = Some((first, seq));
+    }
+
+    fn summary(&self) -> String {
+        let secs = self.started.elapsed().as_secs_f64();
+        let seqs = match self.seqs {
+            Some((first, last)) => format!("seq {first}..={last}"),
+            None => "no seq".to_owned(),
+        };
+        format!(
+            "sent {} datagrams, {} clicks ({seqs}) as sender {} in {secs:.2}s ({:.0} clicks/s)",
+            self.datagrams,
+            self.clicks,
+            self.sender,
+            self.clicks as f64 / secs.max(1e-9)
+        )
+    }
+}

@@ -1,0 +1,254 @@
+//! How a received datagram is judged and shown: one text line or JSON object per datagram for
+//! `listen`, the full field list for `decode`.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use serde_json::{json, Map, Value};
+
+use super::hex;
+use crate::wire::{self, Batch, MAX_DATAGRAM};
+
+/// Codes listed on a `listen` line before the rest is summarised as "+N more".
+const CODES_SHOWN: usize = 5;
+
+/// A datagram accepted whole, or the reason it was rejected.
+pub enum Verdict<'a> {
+    Batch(Batch<'a>),
+    Rejected { reason: &'static str, error: String },
+}
+
+/// Judges a datagram of `len` bytes of which `bytes` were kept: a receiver's buffer holds
+/// [`MAX_DATAGRAM`] bytes, so anything longer is rejected as `oversize` before decoding.
+pub fn judge(bytes: &[u8], len: usize) -> Verdict<'_> {
+    if len > MAX_DATAGRAM {
+        return Verdict::Rejected {
+            reason: "oversize",
+            error: format!("{len} bytes, over the {MAX_DATAGRAM}-byte limit"),
+        };
+    }
+    match wire::decode(bytes) {
+        Ok(batch) => Verdict::Batch(batch),
+        Err(reject) => Verdict::Rejected {
+            reason: reject.reason(),
+            error: reject.to_string(),
+        },
+    }
+}
+
+/// The distinct codes of a batch with their click counts, in order of first appearance.
+pub fn code_counts<'a>(batch: &Batch<'a>) -> Vec<(&'a str, usize)> {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for click in &batch.clicks {
+        let i = *index.entry(click.code).or_insert_with(|| {
+            counts.push((click.code, 0));
+            counts.len() - 1
+        });
+        counts[i].1 += 1;
+    }
+    counts
+}
+
+/// Microseconds between the batch's oldest click and `now_us` (negative if the sender's
+/// clock is ahead); `None` for a batch without clicks.
+pub fn oldest_age_us(batch: &Batch<'_>, now_us: i64) -> Option<i64> {
+    batch
+        .clicks_at()
+        .map(|(_, at)| at)
+        .min()
+        .map(|oldest| now_us.saturating_sub(oldest))
+}
+
+/// What `listen` tracked about this datagram's place in its sender's sequence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeqNote {
+    /// Datagrams missing between this sender's previous seq and this one.
+    pub missing: u64,
+    /// The seq is at or below one already seen from this sender.
+    pub repeat: bool,
+}
+
+/// One `listen` line for an accepted datagram.
+pub fn batch_line(batch: &Batch<'_>, len: usize, now_us: i64, note: SeqNote) -> String {
+    let mut line = format!(
+        "sender={} seq={} clicks={} bytes={len}",
+        batch.sender,
+        batch.seq,
+        batch.clicks.len()
+    );
+    if let Some(age) = oldest_age_us(batch, now_us) {
+        let _ = write!(line, " oldest_age={}", format_age(age));
+    }
+    if note.missing > 0 {
+        let _ = write!(line, " missing_before={}", note.missing);
+    }
+    if note.repeat {
+        line.push_str(" repeated_seq");
+    }
+    let counts = code_counts(batch);
+    let shown: Vec<String> = counts
+        .iter()
+        .take(CODES_SHOWN)
+        .map(|&(code, n)| {
+            if n > 1 {
+                format!("{code}:{n}")
+            } else {
+                code.to_owned()
+            }
+        })
+        .collect();
+    let _ = write!(line, " codes={}", shown.join(","));
+    if counts.len() > CODES_SHOWN {
+        let _ = write!(line, " +{} more", counts.len() - CODES_SHOWN);
+    }
+    line
+}
+
+/// One `listen` line for a rejected datagram.
+pub fn rejected_line(bytes: &[u8], len: usize, reason: &str, error: &str) -> String {
+    format!(
+        "REJECTED bytes={len} reason={reason} error={error:?} head={}",
+        hex::head(bytes)
+    )
+}
+
+/// The JSON object `listen --json` prints for an accepted datagram: every code, not abbreviated.
+pub fn batch_json(batch: &Batch<'_>, len: usize, now_us: i64, note: SeqNote) -> Value {
+    let codes: Map<String, Value> = code_counts(batch)
+        .into_iter()
+        .map(|(code, n)| (code.to_owned(), json!(n)))
+        .collect();
+    json!({
+        "sender": batch.sender,
+        "seq": batch.seq,
+        "clicks": batch.clicks.len(),
+        "bytes": len,
+        "base_us": batch.base_us,
+        "oldest_age_us": oldest_age_us(batch, now_us),
+        "missing_before": note.missing,
+        "repeated_seq": note.repeat,
+        "codes": codes,
+    })
+}
+
+/// The JSON object `listen --json` prints for a rejected datagram.
+pub fn rejected_json(bytes: &[u8], len: usize, reason: &str, error: &str) -> Value {
+    json!({ "bytes": len, "reason": reason, "error": error, "head": hex::head(bytes) })
+}
+
+/// Every field of an accepted datagram, one per line, for `decode`.
+pub fn batch_details(batch: &Batch<'_>, len: usize) -> String {
+    let mut out = format!(
+        "valid datagram, {len} bytes\nversion: {}\nsender:  {}\nseq:     {}\nbase:    {} (base_us {})\nclicks:  {}\n",
+        batch.version,
+        batch.sender,
+        batch.seq,
+        format_time(batch.base_us),
+        batch.base_us,
+        batch.clicks.len()
+    );
+    for (i, (click, (_, at))) in batch.clicks.iter().zip(batch.clicks_at()).enumerate() {
+        let _ = writeln!(
+            out,
+            "  {i:>4}  {:<20} {} (+{} us)",
+            click.code,
+            format_time(at),
+            click.offset_us
+        );
+    }
+    out
+}
+
+/// A duration in microseconds, short: `850us`, `12.3ms`, `1.25s`; negative when the clock
+/// that stamped the click is ahead of ours.
+pub fn format_age(us: i64) -> String {
+    let sign = if us < 0 { "-" } else { "" };
+    let abs = us.unsigned_abs();
+    match abs {
+        0..=999 => format!("{sign}{abs}us"),
+        1_000..=999_999 => format!("{sign}{:.1}ms", abs as f64 / 1e3),
+        _ => format!("{sign}{:.2}s", abs as f64 / 1e6),
+    }
+}
+
+/// RFC 3339 UTC with microseconds, for any time the wire format allows (years 1 to 9999).
+pub fn format_time(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
+    let of_day = secs.rem_euclid(86_400);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    )
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{END_CLICKED_AT_US, MIN_CLICKED_AT_US};
+
+    #[test]
+    fn times_cover_the_whole_wire_range() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(format_time(-5), "1969-12-31T23:59:59.999995Z");
+        assert_eq!(
+            format_time(951_782_400_000_001),
+            "2000-02-29T00:00:00.000001Z"
+        );
+        assert_eq!(
+            format_time(MIN_CLICKED_AT_US),
+            "0001-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            format_time(END_CLICKED_AT_US - 1),
+            "9999-12-31T23:59:59.999999Z"
+        );
+    }
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(format_age(850), "850us");
+        assert_eq!(format_age(12_340), "12.3ms");
+        assert_eq!(format_age(1_250_000), "1.25s");
+        assert_eq!(format_age(-2_000), "-2.0ms");
+    }
+
+    #[test]
+    fn long_code_lists_are_abbreviated() {
+        let mut enc = wire::Encoder::new(1, wire::DEFAULT_DATAGRAM).unwrap();
+        for code in ["a", "b", "a", "c", "d", "e", "f", "g"] {
+            enc.push(code, 1_000_000).unwrap();
+        }
+        let bytes = enc.datagram().to_vec();
+        let batch = wire::decode(&bytes).unwrap();
+        let line = batch_line(&batch, bytes.len(), 1_000_000, SeqNote::default());
+        assert!(line.ends_with("codes=a:2,b,c,d,e +2 more"), "{line}");
+        assert!(line.contains("oldest_age=0us"), "{line}");
+    }
+
+    #[test]
+    fn oversize_is_rejected_before_decoding() {
+        let Verdict::Rejected { reason, .. } = judge(&[1], MAX_DATAGRAM + 1) else {
+            panic!("an oversize datagram was accepted");
+        };
+        assert_eq!(reason, "oversize");
+    }
+}
