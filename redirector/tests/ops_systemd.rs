@@ -324,7 +324,7 @@ fn check_environment_file(root: &Path, bin: &str) {
             .split_once('=')
             .unwrap_or_else(|| panic!("{}: not KEY=value: {line:?}", file.display()));
         assert!(
-            key == "RUST_LOG" || help.contains(&format!("[env: {key}=")),
+            key == "RUST_LOG" || names_env(&help, key),
             "{} sets {key}, which `{bin} --help` does not list",
             file.display()
         );
@@ -332,6 +332,12 @@ fn check_environment_file(root: &Path, bin: &str) {
     if bin == "redirector" {
         check_stop_timeout_above_drain(&unit, &help);
     }
+}
+
+/// Whether clap's `--help` lists `key` as an environment fallback: `[env: KEY=value]`, or
+/// `[env: KEY]` when the value is hidden.
+fn names_env(help: &str, key: &str) -> bool {
+    help.contains(&format!("[env: {key}=")) || help.contains(&format!("[env: {key}]"))
 }
 
 /// systemd must not kill the redirector while it is still draining its ring.
@@ -350,5 +356,62 @@ fn check_stop_timeout_above_drain(unit: &HashMap<String, Vec<String>>, help: &st
     assert!(
         stop > drain,
         "TimeoutStopSec={stop:?} does not leave room for the {drain:?} drain"
+    );
+}
+
+/// psql beside the server binaries the harness uses, or else on PATH.
+fn psql() -> PathBuf {
+    shared::pgtest::find_bindir()
+        .map(|dir| dir.join("psql"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "psql".into())
+}
+
+/// The README's database step (`psql < systemd/database.sql` as the superuser), then the
+/// collector's migrations as its own role: the redirector's role can read links and nothing
+/// more.
+#[tokio::test]
+async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links() {
+    let cluster = shared::pgtest::cluster();
+    let sql = fs::File::open(unit_dir().join("database.sql")).expect("systemd/database.sql");
+    let out = Command::new(psql())
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            &cluster.url("postgres"),
+        ])
+        .stdin(sql)
+        .output()
+        .expect("running psql");
+    assert!(
+        out.status.success(),
+        "psql < database.sql failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let url = |role: &str| format!("{} user={role}", cluster.url("clicks"));
+    let mut collector = shared::pgtest::connect(&url("clicks-collector")).await;
+    collector::migrations::apply(&mut collector)
+        .await
+        .expect("migrations as clicks-collector");
+    collector
+        .batch_execute("INSERT INTO links (code, url) VALUES ('a', 'https://example.com/a')")
+        .await
+        .expect("the collector's role owns the tables");
+
+    let redirector = shared::pgtest::connect(&url("clicks-redirector")).await;
+    let row = redirector
+        .query_one("SELECT url FROM links WHERE code = 'a'", &[])
+        .await
+        .expect("the redirector's role reads links");
+    assert_eq!(row.get::<_, String>(0), "https://example.com/a");
+    let write = redirector
+        .batch_execute("INSERT INTO clicks (code, clicked_at) VALUES ('a', now())")
+        .await;
+    assert!(
+        write.is_err(),
+        "the redirector's role must not write clicks"
     );
 }
