@@ -21,8 +21,7 @@ const SUPERVISOR: &str = r#"
 set -e
 "$BIN/initdb" -D "$DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
   || { cat "$DIR/initdb.log"; exit 1; }
-"$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 \
-  -o "-k $DIR -c listen_addresses= -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+"$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS" \
   start >/dev/null || { cat "$DIR/server.log"; exit 1; }
 echo ready
 read _ || true
@@ -30,8 +29,14 @@ read _ || true
 rm -rf "$DIR"
 "#;
 
+/// The server's options besides its socket directory; [`Cluster::start_server`] restarts with
+/// the same ones.
+const SERVER_OPTIONS: &str = "-c listen_addresses= -c fsync=off -c synchronous_commit=off \
+     -c full_page_writes=off -c max_connections=300";
+
 /// A running private cluster.
 pub struct Cluster {
+    bin: PathBuf,
     dir: PathBuf,
     next_db: AtomicU32,
     /// Held so the supervisor's stdin stays open for as long as the test binary lives.
@@ -71,6 +76,7 @@ impl Cluster {
         cmd.args(["-c", SUPERVISOR])
             .env("BIN", &bin)
             .env("DIR", &dir)
+            .env("SERVER_OPTIONS", SERVER_OPTIONS)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -87,10 +93,47 @@ impl Cluster {
             return Err(format!("PostgreSQL did not start:\n{first}{rest}"));
         }
         Ok(Cluster {
+            bin,
             dir,
             next_db: AtomicU32::new(0),
             _supervisor: Mutex::new(child),
         })
+    }
+
+    /// Stops the server (fast shutdown: open connections are cut), as an outage for tests of
+    /// what happens while the database is away. Blocks until it is down.
+    pub fn stop_server(&self) {
+        self.pg_ctl(r#""$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop"#);
+    }
+
+    /// Starts the server again after [`Cluster::stop_server`], with the options it first had.
+    /// Blocks until it accepts connections.
+    pub fn start_server(&self) {
+        self.pg_ctl(
+            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS" start"#,
+        );
+    }
+
+    /// Runs a `pg_ctl` command line as the user the supervisor runs as; panics with its output
+    /// if it fails.
+    fn pg_ctl(&self, script: &str) {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script])
+            .env("BIN", &self.bin)
+            .env("DIR", &self.dir)
+            .env("SERVER_OPTIONS", SERVER_OPTIONS)
+            .stdin(Stdio::null());
+        run_unprivileged(&mut cmd, &self.dir).unwrap_or_else(|e| panic!("{e}"));
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running pg_ctl: {e}"));
+        assert!(
+            out.status.success(),
+            "{script}: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The directory holding the server's Unix socket.

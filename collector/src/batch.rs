@@ -1,0 +1,194 @@
+//! One batch being filled: its clicks already encoded as binary COPY rows, its counts per
+//! (code, UTC day), and the highest seq of each sender in it.
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::copy;
+
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// `clicks` COPY rows, without header and trailer.
+    rows: BytesMut,
+    clicks: usize,
+    /// Clicks per day, then per code: looked up by `&str`, so a code is allocated only the
+    /// first time it appears in a batch.
+    counts: HashMap<i32, HashMap<Box<str>, i64>>,
+    delta_count: usize,
+    senders: HashMap<u64, u64>,
+    /// When its first datagram arrived.
+    started: Option<Instant>,
+}
+
+impl Batch {
+    /// Adds an accepted datagram's clicks.
+    pub fn push(&mut self, datagram: &shared::wire::Batch<'_>) {
+        for (code, at_us) in datagram.clicks_at() {
+            copy::put_click(&mut self.rows, code, at_us);
+            self.count(code, copy::pg_day(at_us));
+        }
+        self.clicks += datagram.clicks.len();
+    }
+
+    fn count(&mut self, code: &str, day: i32) {
+        let codes = self.counts.entry(day).or_default();
+        match codes.get_mut(code) {
+            Some(n) => *n += 1,
+            None => {
+                codes.insert(code.into(), 1);
+                self.delta_count += 1;
+            }
+        }
+    }
+
+    /// Records that `sender`'s datagram `seq` is in this batch.
+    pub fn note_sender(&mut self, sender: u64, seq: u64) {
+        self.started.get_or_insert_with(Instant::now);
+        let last = self.senders.entry(sender).or_insert(seq);
+        *last = (*last).max(seq);
+    }
+
+    /// Clicks in the batch.
+    pub fn len(&self) -> usize {
+        self.clicks
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clicks == 0
+    }
+
+    /// When its first datagram arrived; `None` while there is nothing to commit. A datagram
+    /// without clicks counts: its seq must still be committed.
+    pub fn started(&self) -> Option<Instant> {
+        self.started
+    }
+
+    /// The COPY rows, leaving the buffer empty; its memory is reused by the next batch once
+    /// the returned bytes are dropped.
+    pub fn take_rows(&mut self) -> Bytes {
+        self.rows.split().freeze()
+    }
+
+    /// Distinct (code, day) pairs: the rows this batch adds to click_count_deltas.
+    pub fn delta_count(&self) -> usize {
+        self.delta_count
+    }
+
+    /// (code, day as PostgreSQL's date, clicks) per distinct pair.
+    pub fn deltas(&self) -> impl Iterator<Item = (&str, i32, i64)> {
+        self.counts
+            .iter()
+            .flat_map(|(&day, codes)| codes.iter().map(move |(code, &n)| (&**code, day, n)))
+    }
+
+    /// Senders and their highest seq, as bigint columns (the u64 bits reinterpreted).
+    pub fn sender_columns(&self) -> (Vec<i64>, Vec<i64>) {
+        self.senders
+            .iter()
+            .map(|(&sender, &seq)| (sender as i64, seq as i64))
+            .unzip()
+    }
+
+    /// Empties the batch, keeping its memory.
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.clicks = 0;
+        self.counts.clear();
+        self.delta_count = 0;
+        self.senders.clear();
+        self.started = None;
+    }
+}
+
+/// The receiver's ends of the two channels batches travel on: full ones to the writer,
+/// emptied ones back.
+pub struct Handoff {
+    pub full: mpsc::Sender<Batch>,
+    pub empty: mpsc::Receiver<Batch>,
+}
+
+/// The writer's ends.
+pub struct WriterEnds {
+    pub full: mpsc::Receiver<Batch>,
+    pub empty: mpsc::Sender<Batch>,
+}
+
+/// The channels, with a second batch waiting in the empty one (the receiver starts with the
+/// first). Two batches exist in all, so neither channel ever fills.
+pub fn handoff() -> (Handoff, WriterEnds) {
+    let (full_tx, full_rx) = mpsc::channel(2);
+    let (empty_tx, empty_rx) = mpsc::channel(2);
+    let _ = empty_tx.try_send(Batch::default());
+    let receiver = Handoff {
+        full: full_tx,
+        empty: empty_rx,
+    };
+    let writer = WriterEnds {
+        full: full_rx,
+        empty: empty_tx,
+    };
+    (receiver, writer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::wire::{Batch as Datagram, Click};
+
+    const DAY: i64 = 86_400_000_000;
+
+    fn datagram(clicks: &[(&'static str, u32)], base_us: i64) -> Datagram<'static> {
+        Datagram {
+            version: 1,
+            sender: 9,
+            seq: 0,
+            base_us,
+            clicks: clicks
+                .iter()
+                .map(|&(code, offset_us)| Click { code, offset_us })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn counts_per_code_and_utc_day() {
+        let mut b = Batch::default();
+        let midnight = 20_000 * DAY;
+        b.push(&datagram(&[("a", 0), ("a", 1), ("b", 2)], midnight - 1));
+        b.push(&datagram(&[("a", 0)], midnight + 5));
+        assert_eq!(b.len(), 4);
+        let mut deltas: Vec<_> = b.deltas().map(|(c, d, n)| (c.to_owned(), d, n)).collect();
+        deltas.sort();
+        let day = copy::pg_day(midnight);
+        assert_eq!(
+            deltas,
+            [
+                ("a".into(), day - 1, 1),
+                ("a".into(), day, 2),
+                ("b".into(), day, 1)
+            ]
+        );
+        assert_eq!(b.delta_count(), 3);
+    }
+
+    #[test]
+    fn keeps_each_senders_highest_seq_and_clears() {
+        let mut b = Batch::default();
+        b.note_sender(u64::MAX, 3);
+        b.note_sender(u64::MAX, 2);
+        b.note_sender(1, 0);
+        let (mut senders, mut seqs) = b.sender_columns();
+        senders.sort();
+        seqs.sort();
+        assert_eq!((senders, seqs), (vec![-1, 1], vec![0, 3]));
+        assert!(b.started().is_some() && b.is_empty());
+        b.push(&datagram(&[("x", 0)], 0));
+        let rows = b.take_rows();
+        assert!(!rows.is_empty());
+        b.clear();
+        assert!(b.started().is_none() && b.deltas().next().is_none());
+    }
+}

@@ -1,0 +1,62 @@
+//! Folding click_count_deltas into click_counts, on a connection of its own, so the batch
+//! path only appends and each (code, day) key is upserted once per interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::db::{describe, Db};
+use crate::metrics::Metrics;
+
+/// One statement: moves every committed delta, sums per key, upserts in key order (so two
+/// compactions never deadlock), and returns how many delta rows it moved.
+const COMPACT: &str = "
+    WITH moved AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
+    folded AS (
+        INSERT INTO click_counts (code, day, clicks)
+        SELECT code, day, sum(clicks) FROM moved GROUP BY code, day ORDER BY code, day
+        ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
+    SELECT count(*) FROM moved";
+
+/// Delta rows waiting to be folded, for the gauge's starting value.
+pub async fn pending(client: &Client) -> Result<i64, tokio_postgres::Error> {
+    let row = client
+        .query_one("SELECT count(*) FROM click_count_deltas", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Compacts every `interval` until aborted; a failed compaction is logged, counted and tried
+/// again at the next tick on a new connection.
+pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Metrics>) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn = None;
+    loop {
+        ticks.tick().await;
+        match tokio::time::timeout(timeout, compact(&db, &mut conn)).await {
+            Ok(Ok(moved)) => {
+                metrics.compactions.inc();
+                metrics.deltas_pending.add(-moved);
+            }
+            failed => {
+                match failed {
+                    Ok(Err(e)) => tracing::warn!("compacting click_count_deltas: {}", describe(&e)),
+                    _ => tracing::warn!("compacting click_count_deltas took over {timeout:?}"),
+                }
+                conn = None;
+                metrics.db_errors.inc();
+            }
+        }
+    }
+}
+
+/// One compaction on `conn`, opened first if needed.
+async fn compact(db: &Db, conn: &mut Option<Client>) -> Result<i64, tokio_postgres::Error> {
+    let client = match conn {
+        Some(client) => client,
+        slot => slot.insert(db.connect().await?),
+    };
+    Ok(client.query_one(COMPACT, &[]).await?.get(0))
+}

@@ -1,0 +1,210 @@
+//! Command line and environment: every flag has an environment fallback.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "collector",
+    version,
+    about = "Receives click datagrams on a Unix socket and writes them to PostgreSQL with binary COPY"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// PostgreSQL to write to (required): a libpq key=value string
+    /// (`host=/run/postgresql dbname=clicks`) or a postgres:// URL.
+    // Optional to clap only so that it can be global (`collector migrate --database-url ..`);
+    // `database_url()` requires it.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true,
+        global = true
+    )]
+    database_url: Option<String>,
+
+    #[command(flatten)]
+    pub run: Config,
+}
+
+impl Cli {
+    /// The database URL, or the usage error clap would give for a missing required flag.
+    pub fn database_url(&self) -> Result<&str, clap::Error> {
+        self.database_url.as_deref().ok_or_else(|| {
+            <Self as clap::CommandFactory>::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--database-url (or DATABASE_URL) is required",
+            )
+        })
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the schema migrations the database lacks, then exit.
+    Migrate,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Unix datagram socket to receive clicks on. Ignored under systemd socket activation
+    /// (LISTEN_FDS), which passes the socket instead.
+    #[arg(
+        long,
+        env = "CLICKS_SOCKET",
+        value_name = "PATH",
+        default_value = "/run/clicks/collector.sock"
+    )]
+    pub socket: PathBuf,
+
+    /// File mode of the socket when the collector binds it (octal). Senders need write access.
+    #[arg(
+        long,
+        env = "COLLECTOR_SOCKET_MODE",
+        value_name = "OCTAL",
+        default_value = "0660",
+        value_parser = parse_mode
+    )]
+    pub socket_mode: u32,
+
+    /// Address of the admin listener: GET /metrics (Prometheus) and GET /healthz.
+    #[arg(
+        long,
+        env = "COLLECTOR_ADMIN_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9181"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// Write a batch once it holds this many clicks. Bigger batches cost less per click in
+    /// PostgreSQL; two batches of this size are in memory at most.
+    #[arg(
+        long,
+        env = "COLLECTOR_BATCH_ROWS",
+        value_name = "N",
+        default_value = "20000",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub batch_rows: u32,
+
+    /// Write a batch at the latest this long after its first click arrived (e.g. `100ms`).
+    #[arg(
+        long,
+        env = "COLLECTOR_FLUSH_INTERVAL",
+        value_name = "DURATION",
+        default_value = "100ms",
+        value_parser = parse_duration
+    )]
+    pub flush_interval: Duration,
+
+    /// Fold the per-batch counts (click_count_deltas) into click_counts this often.
+    #[arg(
+        long,
+        env = "COLLECTOR_COMPACT_INTERVAL",
+        value_name = "DURATION",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    pub compact_interval: Duration,
+
+    /// Give up on one attempt to write a batch (connect, COPY, commit) after this long; the
+    /// connection is dropped and the same batch is retried on a new one.
+    #[arg(
+        long,
+        env = "COLLECTOR_WRITE_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    pub write_timeout: Duration,
+
+    /// Also forward every received datagram, unchanged and without waiting, to this socket
+    /// (e.g. `clicktap listen`). Dropped and counted when nobody listens there.
+    #[arg(long, env = "COLLECTOR_MIRROR", value_name = "PATH")]
+    pub mirror: Option<PathBuf>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not octal: {e}"))?;
+    if mode > 0o777 {
+        return Err(format!("{s} is above 0777"));
+    }
+    Ok(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("collector").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_parse_with_units_and_octal() {
+        let cli = parse(&[
+            "--database-url",
+            "host=/tmp",
+            "--flush-interval",
+            "250ms",
+            "--socket-mode",
+            "0620",
+            "--batch-rows",
+            "7",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.database_url().unwrap(), "host=/tmp");
+        assert_eq!(cli.run.flush_interval, Duration::from_millis(250));
+        assert_eq!(cli.run.socket_mode, 0o620);
+        assert_eq!(cli.run.batch_rows, 7);
+        assert_eq!(cli.run.compact_interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn rejects_bad_values_with_the_reason() {
+        let url = ["--database-url", "x"];
+        for (flag, value, why) in [
+            ("--socket-mode", "9", "not octal"),
+            ("--socket-mode", "1777", "above 0777"),
+            ("--flush-interval", "0s", "more than zero"),
+            ("--batch-rows", "0", "0"),
+        ] {
+            let err = parse(&[url[0], url[1], flag, value])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{flag} {value}: {err}");
+        }
+    }
+
+    #[test]
+    fn migrate_needs_only_the_database() {
+        let cli = parse(&["migrate", "--database-url", "host=/tmp"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Migrate)));
+        assert_eq!(cli.database_url().unwrap(), "host=/tmp");
+    }
+
+    #[test]
+    fn the_database_url_is_required() {
+        if std::env::var_os("DATABASE_URL").is_some() {
+            return;
+        }
+        let err = parse(&[]).unwrap().database_url().unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--database-url"), "{err}");
+    }
+}

@@ -1,0 +1,209 @@
+//! PostgreSQL's binary COPY format, and the transaction that writes one batch: its clicks,
+//! its per-(code, day) counts and its senders' last seq, committed together.
+
+use std::pin::pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::SinkExt;
+use tokio_postgres::{Client, Statement};
+
+use crate::batch::{Batch, WriterEnds};
+use crate::db::{describe, Backoff, Db};
+use crate::metrics::Metrics;
+
+/// Signature, flags (no OIDs) and an empty header extension.
+const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+/// A field count of -1 ends the data.
+const TRAILER: &[u8] = &(-1i16).to_be_bytes();
+/// 2000-01-01T00:00:00Z, PostgreSQL's epoch for timestamps and dates, in Unix microseconds.
+const PG_EPOCH_US: i64 = 946_684_800_000_000;
+/// 2000-01-01 in days since the Unix epoch.
+const PG_EPOCH_DAYS: i32 = 10_957;
+const DAY_US: i64 = 86_400_000_000;
+
+const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
+const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";
+/// Keeps each sender's highest seq; GREATEST so a late, lower one never moves it back.
+const UPSERT_SENDERS: &str = "
+    INSERT INTO click_senders (sender, last_seq, updated_at)
+    SELECT sender, last_seq, now() FROM unnest($1::bigint[], $2::bigint[]) AS s(sender, last_seq)
+    ON CONFLICT (sender) DO UPDATE
+       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
+           updated_at = EXCLUDED.updated_at";
+
+/// The UTC day of `at_us` (Unix microseconds), as PostgreSQL's binary `date`.
+pub fn pg_day(at_us: i64) -> i32 {
+    // Valid clicks lie in years 1..=9999, whose days all fit an i32.
+    at_us.div_euclid(DAY_US) as i32 - PG_EPOCH_DAYS
+}
+
+/// Appends one `clicks` row: (code text, clicked_at timestamptz).
+pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
+    buf.reserve(2 + 4 + code.len() + 4 + 8);
+    buf.put_i16(2);
+    put_text(buf, code);
+    buf.put_i32(8);
+    buf.put_i64(at_us - PG_EPOCH_US);
+}
+
+/// Appends one `click_count_deltas` row: (code text, day date, clicks bigint).
+fn put_delta(buf: &mut BytesMut, code: &str, day: i32, clicks: i64) {
+    buf.put_i16(3);
+    put_text(buf, code);
+    buf.put_i32(4);
+    buf.put_i32(day);
+    buf.put_i32(8);
+    buf.put_i64(clicks);
+}
+
+fn put_text(buf: &mut BytesMut, s: &str) {
+    // Codes are at most 64 bytes.
+    buf.put_i32(s.len() as i32);
+    buf.put_slice(s.as_bytes());
+}
+
+/// The statements of one connection, prepared once when it opens.
+struct Conn {
+    client: Client,
+    copy_clicks: Statement,
+    copy_deltas: Statement,
+    upsert_senders: Statement,
+}
+
+impl Conn {
+    async fn open(db: &Db) -> Result<Conn, tokio_postgres::Error> {
+        let client = db.connect().await?;
+        Ok(Conn {
+            copy_clicks: client.prepare(COPY_CLICKS).await?,
+            copy_deltas: client.prepare(COPY_DELTAS).await?,
+            upsert_senders: client.prepare(UPSERT_SENDERS).await?,
+            client,
+        })
+    }
+
+    /// One transaction: clicks, deltas, senders, commit. Dropping it midway rolls it back.
+    async fn write(&mut self, batch: &Batch, rows: &Bytes) -> Result<(), tokio_postgres::Error> {
+        let tx = self.client.transaction().await?;
+        let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
+        debug_assert_eq!(written, batch.len() as u64);
+        copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
+        let (senders, seqs) = batch.sender_columns();
+        tx.execute(&self.upsert_senders, &[&senders, &seqs]).await?;
+        tx.commit().await
+    }
+}
+
+/// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.
+async fn copy_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    statement: &Statement,
+    rows: Bytes,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut sink = pin!(tx.copy_in::<_, Bytes>(statement).await?);
+    sink.feed(Bytes::from_static(HEADER)).await?;
+    sink.feed(rows).await?;
+    sink.feed(Bytes::from_static(TRAILER)).await?;
+    sink.as_mut().finish().await
+}
+
+fn delta_rows(batch: &Batch) -> Bytes {
+    let mut buf = BytesMut::with_capacity(batch.delta_count() * 40);
+    for (code, day, clicks) in batch.deltas() {
+        put_delta(&mut buf, code, day, clicks);
+    }
+    buf.freeze()
+}
+
+/// Writes batches one at a time on its own connection, retrying each until it commits.
+pub struct Writer {
+    db: Db,
+    timeout: Duration,
+    conn: Option<Conn>,
+    metrics: Arc<Metrics>,
+}
+
+impl Writer {
+    pub fn new(db: Db, timeout: Duration, metrics: Arc<Metrics>) -> Writer {
+        Writer {
+            db,
+            timeout,
+            conn: None,
+            metrics,
+        }
+    }
+
+    /// Writes the batches that come full and hands each back emptied, until the receiver
+    /// closes its end.
+    pub async fn run(mut self, mut ends: WriterEnds) {
+        while let Some(mut batch) = ends.full.recv().await {
+            let started = Instant::now();
+            let rows = batch.take_rows();
+            self.write(&batch, &rows).await;
+            drop(rows);
+            let m = &self.metrics;
+            m.batch_seconds.observe(started.elapsed());
+            m.batches.inc();
+            m.clicks_written.add(batch.len() as u64);
+            m.pending_clicks.add(-(batch.len() as i64));
+            m.deltas_pending.add(batch.delta_count() as i64);
+            batch.clear();
+            // The receiver is gone only at shutdown, after its last batch.
+            let _ = ends.empty.send(batch).await;
+        }
+    }
+
+    /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
+    /// waits (capped exponential backoff), reconnects and writes the same batch again.
+    async fn write(&mut self, batch: &Batch, rows: &Bytes) {
+        let mut backoff = Backoff::new();
+        loop {
+            match tokio::time::timeout(self.timeout, self.attempt(batch, rows)).await {
+                Ok(Ok(())) => {
+                    self.metrics.db_reachable.store(true, Relaxed);
+                    return;
+                }
+                Ok(Err(e)) => tracing::warn!(
+                    "writing a batch of {} clicks: {}; retrying",
+                    batch.len(),
+                    describe(&e)
+                ),
+                Err(_) => tracing::warn!(
+                    "writing a batch of {} clicks took over {:?}; retrying on a new connection",
+                    batch.len(),
+                    self.timeout
+                ),
+            }
+            self.conn = None;
+            self.metrics.db_errors.inc();
+            self.metrics.db_reachable.store(false, Relaxed);
+            backoff.wait().await;
+        }
+    }
+
+    async fn attempt(&mut self, batch: &Batch, rows: &Bytes) -> Result<(), tokio_postgres::Error> {
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            slot => slot.insert(Conn::open(&self.db).await?),
+        };
+        conn.write(batch, rows).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_timestamps_count_from_2000_utc() {
+        assert_eq!(pg_day(PG_EPOCH_US), 0);
+        assert_eq!(pg_day(PG_EPOCH_US - 1), -1);
+        assert_eq!(pg_day(PG_EPOCH_US + DAY_US - 1), 0);
+        assert_eq!(pg_day(0), -PG_EPOCH_DAYS);
+        let mut buf = BytesMut::new();
+        put_click(&mut buf, "ab", PG_EPOCH_US + 5);
+        assert_eq!(&buf[..], b"\0\x02\0\0\0\x02ab\0\0\0\x08\0\0\0\0\0\0\0\x05");
+    }
+}

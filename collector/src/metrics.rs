@@ -1,0 +1,141 @@
+//! The collector's counters, its health, and their rendering for the admin listener.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter, Text};
+use shared::wire::Reject;
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub datagrams_received: Counter,
+    pub datagrams_rejected: LabeledCounter,
+    pub datagrams_duplicate: Counter,
+    pub datagrams_lost: Counter,
+    pub clicks_received: Counter,
+    pub clicks_written: Counter,
+    pub batches: Counter,
+    pub batch_seconds: Histogram,
+    pub db_errors: Counter,
+    /// Clicks accepted but not committed yet.
+    pub pending_clicks: Gauge,
+    pub compactions: Counter,
+    /// Rows of click_count_deltas not folded into click_counts yet.
+    pub deltas_pending: Gauge,
+    pub mirror_sent: Counter,
+    pub mirror_failed: Counter,
+    /// The socket is open and the database was reached at start.
+    pub started: AtomicBool,
+    /// The writer's last attempt reached the database.
+    pub db_reachable: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            datagrams_received: Counter::default(),
+            datagrams_rejected: LabeledCounter::new(&Reject::REASONS),
+            datagrams_duplicate: Counter::default(),
+            datagrams_lost: Counter::default(),
+            clicks_received: Counter::default(),
+            clicks_written: Counter::default(),
+            batches: Counter::default(),
+            batch_seconds: Histogram::default(),
+            db_errors: Counter::default(),
+            pending_clicks: Gauge::default(),
+            compactions: Counter::default(),
+            deltas_pending: Gauge::default(),
+            mirror_sent: Counter::default(),
+            mirror_failed: Counter::default(),
+            started: AtomicBool::new(false),
+            db_reachable: AtomicBool::new(false),
+        }
+    }
+}
+
+impl shared::admin::Admin for Metrics {
+    fn metrics(&self) -> String {
+        Text::default()
+            .counter(
+                "collector_datagrams_received_total",
+                "Datagrams received, valid or not.",
+                self.datagrams_received.get(),
+            )
+            .labeled(
+                "collector_datagrams_rejected_total",
+                "Datagrams rejected whole, by reason.",
+                "reason",
+                &self.datagrams_rejected,
+            )
+            .counter(
+                "collector_datagrams_duplicate_total",
+                "Datagrams skipped because their sender's seq was already accepted.",
+                self.datagrams_duplicate.get(),
+            )
+            .counter(
+                "collector_datagrams_lost_total",
+                "Datagrams missing from gaps in a sender's seq.",
+                self.datagrams_lost.get(),
+            )
+            .counter(
+                "collector_clicks_received_total",
+                "Clicks accepted into a batch.",
+                self.clicks_received.get(),
+            )
+            .counter(
+                "collector_clicks_written_total",
+                "Clicks committed to PostgreSQL.",
+                self.clicks_written.get(),
+            )
+            .counter(
+                "collector_batches_total",
+                "Batches committed.",
+                self.batches.get(),
+            )
+            .histogram(
+                "collector_batch_seconds",
+                "Time to write one batch, retries included.",
+                &self.batch_seconds,
+            )
+            .counter(
+                "collector_db_errors_total",
+                "Failed database attempts (connect, write, compaction).",
+                self.db_errors.get(),
+            )
+            .gauge(
+                "collector_pending_clicks",
+                "Clicks accepted and not committed yet.",
+                self.pending_clicks.get(),
+            )
+            .counter(
+                "collector_compactions_total",
+                "Compactions of click_count_deltas into click_counts.",
+                self.compactions.get(),
+            )
+            .gauge(
+                "collector_deltas_pending",
+                "Rows of click_count_deltas not folded into click_counts yet.",
+                self.deltas_pending.get(),
+            )
+            .counter(
+                "collector_mirror_sent_total",
+                "Datagrams forwarded to the mirror socket.",
+                self.mirror_sent.get(),
+            )
+            .counter(
+                "collector_mirror_failed_total",
+                "Datagrams the mirror socket did not take.",
+                self.mirror_failed.get(),
+            )
+            .finish()
+    }
+
+    fn health(&self) -> Result<(), String> {
+        if !self.started.load(Relaxed) {
+            return Err("starting: socket or database not ready".into());
+        }
+        if !self.db_reachable.load(Relaxed) {
+            return Err("the database is unreachable; batches are kept and retried".into());
+        }
+        Ok(())
+    }
+}

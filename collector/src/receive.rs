@@ -1,0 +1,260 @@
+//! The receive loop: datagrams from the socket into the batch being filled, decoded and
+//! judged by sender seq; full or due batches handed to the writer; and the drain at stop.
+//!
+//! Exactly two batches exist: one being written while the other fills. When the filling one
+//! is due and the writer still has the other, the loop stops reading, so the kernel queue
+//! fills and senders keep their clicks (backpressure).
+
+use std::future::Future;
+use std::io;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::batch::{Batch, Handoff};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::senders::{Senders, Verdict};
+use crate::socket::{Datagram, Inbox};
+
+/// Larger than any valid datagram (60 KiB), so a larger one is seen as truncated.
+const BUF_SIZE: usize = 64 * 1024;
+
+/// Lets a log line through at most once per second and says how many it held back.
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    /// `Some(lines held back since the last one)` if a line may be logged now.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+/// The writer stopped taking batches (it only does if it panicked).
+#[derive(Debug, thiserror::Error)]
+#[error("the database writer stopped; cannot write further batches")]
+pub struct WriterGone;
+
+pub struct Receiver {
+    inbox: Inbox,
+    buf: Box<[u8]>,
+    senders: Senders,
+    mirror: Option<Mirror>,
+    metrics: Arc<Metrics>,
+    batch_rows: usize,
+    flush_interval: Duration,
+    handoff: Handoff,
+    /// The batch being filled; `None` while both are with the writer.
+    current: Option<Batch>,
+    reject_log: Throttle,
+    lost_log: Throttle,
+    mirror_log: Throttle,
+}
+
+/// What woke the loop.
+enum Event {
+    Stop,
+    Due,
+    Refill(Option<Batch>),
+    Received(io::Result<Option<Datagram>>),
+}
+
+pub struct Settings {
+    pub batch_rows: usize,
+    pub flush_interval: Duration,
+}
+
+impl Receiver {
+    pub fn new(
+        inbox: Inbox,
+        senders: Senders,
+        mirror: Option<Mirror>,
+        metrics: Arc<Metrics>,
+        settings: Settings,
+        handoff: Handoff,
+    ) -> Receiver {
+        Receiver {
+            inbox,
+            buf: vec![0; BUF_SIZE].into_boxed_slice(),
+            senders,
+            mirror,
+            metrics,
+            batch_rows: settings.batch_rows,
+            flush_interval: settings.flush_interval,
+            handoff,
+            current: Some(Batch::default()),
+            reject_log: Throttle::default(),
+            lost_log: Throttle::default(),
+            mirror_log: Throttle::default(),
+        }
+    }
+
+    /// Receives until `stop` completes, then fences the socket, drains what is queued (if
+    /// the socket is ours to drain) and hands over the last batch.
+    pub async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
+        let mut stop = pin!(stop);
+        loop {
+            match self.next_event(stop.as_mut()).await {
+                Event::Stop => break,
+                Event::Due => self.hand_over()?,
+                Event::Refill(batch) => self.current = Some(batch.ok_or(WriterGone)?),
+                Event::Received(Ok(Some(datagram))) => self.take(datagram)?,
+                Event::Received(Ok(None)) => {}
+                Event::Received(Err(e)) => {
+                    tracing::warn!("receiving: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        self.inbox.fence();
+        if self.inbox.drains_at_stop() {
+            self.drain().await?;
+        }
+        if self.current.as_ref().is_some_and(|b| b.started().is_some()) {
+            self.hand_over()?;
+        }
+        Ok(())
+    }
+
+    async fn next_event(&mut self, stop: std::pin::Pin<&mut impl Future<Output = ()>>) -> Event {
+        let Some(batch) = &self.current else {
+            // Both batches are with the writer: read nothing until one comes back.
+            return tokio::select! {
+                biased;
+                () = stop => Event::Stop,
+                batch = self.handoff.empty.recv() => Event::Refill(batch),
+            };
+        };
+        let due = batch.started().map(|t| t + self.flush_interval);
+        tokio::select! {
+            biased;
+            () = stop => Event::Stop,
+            () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Event::Due,
+            r = self.inbox.recv(&mut self.buf) => Event::Received(r),
+        }
+    }
+
+    /// Reads what is queued on the fenced socket until it is empty.
+    async fn drain(&mut self) -> Result<(), WriterGone> {
+        loop {
+            if self.current.is_none() {
+                let batch = self.handoff.empty.recv().await.ok_or(WriterGone)?;
+                self.current = Some(batch);
+            }
+            match self.inbox.try_recv(&mut self.buf) {
+                Ok(Some(datagram)) => self.take(datagram)?,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!("draining the socket: {e}; what is still queued stays unread");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Handles one datagram in the buffer; hands the batch over if it is full.
+    fn take(&mut self, datagram: Datagram) -> Result<(), WriterGone> {
+        self.metrics.datagrams_received.inc();
+        let bytes = &self.buf[..datagram.len];
+        if let Some(mirror) = &self.mirror {
+            self.metrics.mirror_sent.inc();
+            if let Err(e) = mirror.forward(bytes) {
+                self.metrics.mirror_failed.inc();
+                if let Some(held) = self.mirror_log.allow() {
+                    tracing::warn!("mirror: {e} ({held} more failures not logged)");
+                }
+            }
+        }
+        if datagram.truncated {
+            let why = format!("over {BUF_SIZE} bytes, cut by the receive buffer");
+            self.reject("undecodable", &why);
+            return Ok(());
+        }
+        let decoded = match shared::wire::decode(bytes) {
+            Ok(decoded) => decoded,
+            Err(reject) => {
+                let why = reject.to_string();
+                self.reject(reject.reason(), &why);
+                return Ok(());
+            }
+        };
+        let lost = match self.senders.accept(decoded.sender, decoded.seq) {
+            Verdict::Duplicate => {
+                self.metrics.datagrams_duplicate.inc();
+                return Ok(());
+            }
+            Verdict::Accept { lost } => lost,
+        };
+        if lost > 0 {
+            self.metrics.datagrams_lost.add(lost);
+            if let Some(held) = self.lost_log.allow() {
+                tracing::warn!(
+                    "sender {:016x}: {lost} datagrams lost before seq {} ({held} more gaps not logged)",
+                    decoded.sender,
+                    decoded.seq
+                );
+            }
+        }
+        let batch = self
+            .current
+            .as_mut()
+            .expect("take runs only with a batch to fill");
+        batch.push(&decoded);
+        batch.note_sender(decoded.sender, decoded.seq);
+        let clicks = decoded.clicks.len();
+        self.metrics.clicks_received.add(clicks as u64);
+        self.metrics.pending_clicks.add(clicks as i64);
+        if batch.len() >= self.batch_rows {
+            self.hand_over()?;
+        }
+        Ok(())
+    }
+
+    fn reject(&mut self, reason: &'static str, why: &str) {
+        self.metrics.datagrams_rejected.inc(reason);
+        if let Some(held) = self.reject_log.allow() {
+            tracing::warn!(
+                "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"
+            );
+        }
+    }
+
+    /// Sends the current batch to the writer; the loop then waits for an empty one.
+    fn hand_over(&mut self) -> Result<(), WriterGone> {
+        let Some(batch) = self.current.take() else {
+            return Ok(());
+        };
+        // Only two batches exist and the channel holds two: it never is full.
+        self.handoff.full.try_send(batch).map_err(|_| WriterGone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn throttle_lets_one_line_a_second_through_and_counts_the_rest() {
+        let mut t = Throttle::default();
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(t.allow(), Some(2));
+    }
+}

@@ -1,0 +1,171 @@
+//! The collector process: start-up order, the tasks, signals and the lossless stop.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::Config;
+use crate::copy::Writer;
+use crate::db::{describe, Backoff, Db};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::receive::{Receiver, Settings};
+use crate::senders::Senders;
+use crate::socket::Inbox;
+use crate::{batch, compact, migrations};
+
+/// Why the collector could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    #[error("--database-url: {}", describe(.0))]
+    Url(tokio_postgres::Error),
+    #[error("database: {}", describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("admin listener on {addr}: {source}")]
+    Admin {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("socket: {0}")]
+    Socket(#[from] crate::socket::OpenError),
+    #[error("--mirror: {0}")]
+    Mirror(std::io::Error),
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error(transparent)]
+    WriterGone(#[from] crate::receive::WriterGone),
+}
+
+/// `collector migrate`: applies what is missing and returns.
+pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
+    let db = Db::parse(database_url).map_err(Fatal::Url)?;
+    let mut client = db.connect().await?;
+    let applied = migrations::apply(&mut client).await?;
+    tracing::info!(
+        "schema at version {} ({} applied now)",
+        migrations::LATEST,
+        applied.len()
+    );
+    Ok(())
+}
+
+/// What start-up reads from the database before the first datagram is taken.
+struct Start {
+    senders: Senders,
+    deltas_pending: i64,
+}
+
+/// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns.
+pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
+    let db = Db::parse(database_url).map_err(Fatal::Url)?;
+    let metrics = Arc::new(Metrics::default());
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(|source| Fatal::Admin {
+            addr: config.admin_listen,
+            source,
+        })?;
+    let addr = admin.local_addr().map_err(|source| Fatal::Admin {
+        addr: config.admin_listen,
+        source,
+    })?;
+    tracing::info!("admin listening on {addr}");
+    shared::admin::spawn(admin, metrics.clone());
+    let mirror = config
+        .mirror
+        .clone()
+        .map(Mirror::new)
+        .transpose()
+        .map_err(Fatal::Mirror)?;
+    let mut stop = stop_signal().map_err(Fatal::Signals)?;
+    let inbox = Inbox::open(&config.socket, config.socket_mode)?;
+
+    let start = tokio::select! {
+        start = prepare(&db, &metrics) => start,
+        name = &mut stop => {
+            tracing::info!("{name} before the database was reached; nothing received");
+            inbox.fence();
+            return Ok(());
+        }
+    };
+    metrics.deltas_pending.set(start.deltas_pending);
+    metrics.db_reachable.store(true, Relaxed);
+    metrics.started.store(true, Relaxed);
+    tracing::info!("ready: {} known senders", start.senders.len());
+    shared::systemd::notify_or_log("READY=1");
+
+    let (handoff, writer_ends) = batch::handoff();
+    let writer = Writer::new(db.clone(), config.write_timeout, metrics.clone());
+    let writer = tokio::spawn(writer.run(writer_ends));
+    let compactor = tokio::spawn(compact::run(
+        db,
+        config.compact_interval,
+        config.write_timeout,
+        metrics.clone(),
+    ));
+    let settings = Settings {
+        batch_rows: config.batch_rows as usize,
+        flush_interval: config.flush_interval,
+    };
+    let receiver = Receiver::new(
+        inbox,
+        start.senders,
+        mirror,
+        metrics.clone(),
+        settings,
+        handoff,
+    );
+    let stopping = async {
+        let name = stop.await;
+        tracing::info!("{name}: draining the socket, writing what is pending");
+        shared::systemd::notify_or_log("STOPPING=1");
+    };
+    let received = receiver.run(stopping).await;
+    // The receiver is gone, so the writer ends after the last batch.
+    if let Err(e) = writer.await {
+        tracing::error!("the database writer failed: {e}");
+    }
+    compactor.abort();
+    tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
+    received.map_err(Fatal::from)
+}
+
+/// Connects (retrying with backoff while the database is away), migrates, and loads the
+/// senders' seqs.
+async fn prepare(db: &Db, metrics: &Metrics) -> Start {
+    let mut backoff = Backoff::new();
+    loop {
+        match try_prepare(db).await {
+            Ok(start) => return start,
+            Err(e) => {
+                metrics.db_errors.inc();
+                tracing::warn!("database not ready: {}; retrying", describe(&e));
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+async fn try_prepare(db: &Db) -> Result<Start, tokio_postgres::Error> {
+    let mut client = db.connect().await?;
+    migrations::apply(&mut client).await?;
+    Ok(Start {
+        senders: Senders::load(&client).await?,
+        deltas_pending: compact::pending(&client).await?,
+    })
+}
+
+/// Completes with the signal's name on the first SIGTERM or SIGINT.
+fn stop_signal(
+) -> std::io::Result<std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    }))
+}

@@ -1,0 +1,148 @@
+//! The receiving socket: taken from systemd or bound at a path, read one datagram at a time,
+//! and fenced at stop so that nothing new arrives while the queue is drained.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixDatagram as StdDatagram;
+use std::path::{Path, PathBuf};
+
+use nix::sys::socket::{self, sockopt, ControlMessageOwned, MsgFlags, Shutdown, SockType};
+use tokio::io::Interest;
+use tokio::net::UnixDatagram;
+
+/// Where the socket came from decides what a stop does to it.
+#[derive(Debug)]
+enum Origin {
+    /// Bound by this process at this path: unlinked and shut at stop, its queue drained.
+    Bound(PathBuf),
+    /// Passed by systemd, which keeps it (and its queue) for the next start: left alone.
+    Activated,
+}
+
+/// The socket clicks arrive on.
+#[derive(Debug)]
+pub struct Inbox {
+    sock: UnixDatagram,
+    origin: Origin,
+}
+
+/// One received datagram's size in the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram {
+    pub len: usize,
+    /// It was larger than the buffer: the bytes are cut and must not be decoded.
+    pub truncated: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Bind(#[from] shared::socket::BindError),
+    #[error("systemd passed {0} sockets; the collector takes exactly one datagram socket")]
+    FdCount(usize),
+    #[error("the socket systemd passed is not a Unix datagram socket: {0}")]
+    NotDatagram(String),
+    #[error("setting up the socket: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl Inbox {
+    /// Takes the socket systemd passed (LISTEN_FDS) or else binds `path` with `mode`.
+    pub fn open(path: &Path, mode: u32) -> Result<Inbox, OpenError> {
+        let mut fds = shared::systemd::take_listen_fds();
+        match fds.len() {
+            0 => {
+                let sock = shared::socket::bind_datagram(path, mode)?;
+                tracing::info!("bound {} (mode {mode:o})", path.display());
+                Self::new(sock.into(), Origin::Bound(path.to_owned()))
+            }
+            1 => {
+                let fd = fds.pop().expect("one");
+                check_datagram(&fd)?;
+                tracing::info!("using the socket passed by systemd");
+                Self::new(fd, Origin::Activated)
+            }
+            n => Err(OpenError::FdCount(n)),
+        }
+    }
+
+    fn new(fd: OwnedFd, origin: Origin) -> Result<Inbox, OpenError> {
+        // Credentials mark every real datagram, so that after the fence an empty read that
+        // carries none can be told apart from an empty datagram (see `recv_into`).
+        socket::setsockopt(&fd, sockopt::PassCred, &true).map_err(io::Error::from)?;
+        let std = StdDatagram::from(fd);
+        std.set_nonblocking(true)?;
+        Ok(Inbox {
+            sock: UnixDatagram::from_std(std)?,
+            origin,
+        })
+    }
+
+    /// Whether stopping drains the queue (a bound socket) or leaves it to systemd.
+    pub fn drains_at_stop(&self) -> bool {
+        matches!(self.origin, Origin::Bound(_))
+    }
+
+    /// Waits for the next datagram and reads it into `buf`.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
+        self.sock
+            .async_io(Interest::READABLE, || recv_into(self.sock.as_fd(), buf))
+            .await
+    }
+
+    /// The next datagram already queued, without waiting: `None` once the queue is empty.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
+        match recv_into(self.sock.as_fd(), buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            other => other,
+        }
+    }
+
+    /// Stops new datagrams from arriving on a socket this process bound: unlinks the path (new
+    /// senders get ENOENT) and shuts the reading side (connected senders, which do not look at
+    /// the path again, get EPIPE and keep their datagram). What is queued can still be read.
+    pub fn fence(&self) {
+        let Origin::Bound(path) = &self.origin else {
+            return;
+        };
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::warn!("unlinking {}: {e}", path.display());
+        }
+        if let Err(e) = socket::shutdown(self.sock.as_raw_fd(), Shutdown::Read) {
+            tracing::warn!("shutting the socket's reading side: {e}");
+        }
+    }
+}
+
+/// Reads one datagram. `Ok(None)` is the end of a fenced socket's queue (a read with no
+/// credentials, which every queued datagram carries); older kernels answer it with 0 bytes,
+/// newer ones with EAGAIN.
+fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
+    let mut cmsg = nix::cmsg_space!(socket::UnixCredentials);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(
+        fd.as_fd().as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )?;
+    let has_creds = msg
+        .cmsgs()
+        .is_ok_and(|mut c| c.any(|m| matches!(m, ControlMessageOwned::ScmCredentials(_))));
+    if msg.bytes == 0 && !has_creds {
+        return Ok(None);
+    }
+    Ok(Some(Datagram {
+        len: msg.bytes,
+        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+    }))
+}
+
+fn check_datagram(fd: &OwnedFd) -> Result<(), OpenError> {
+    let kind = socket::getsockopt(fd, sockopt::SockType).map_err(io::Error::from)?;
+    let name = socket::getsockname::<socket::UnixAddr>(fd.as_raw_fd());
+    if kind != SockType::Datagram || name.is_err() {
+        return Err(OpenError::NotDatagram(format!("{kind:?}")));
+    }
+    Ok(())
+}
