@@ -1,0 +1,567 @@
+//! Drives the real `clicktap` binary against real Unix sockets in temp dirs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use shared::socket::{bind_datagram, SendErrorKind};
+use shared::testkit::{eventually, Service};
+use shared::wire::{self, Encoder, DEFAULT_DATAGRAM};
+
+const LIMIT: Duration = Duration::from_secs(20);
+/// The design's golden vector: sender 12345, seq 7, base_us -5, clicks ("seed1", 0), ("x", 300).
+const GOLDEN: &str = "01b960070902057365656431000178ac02";
+
+fn clicktap() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_clicktap"))
+}
+
+/// Runs a clicktap command that ends by itself, feeding it `stdin`.
+fn run(mut cmd: Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting clicktap");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(stdin)
+        .expect("writing clicktap's stdin");
+    child.wait_with_output().expect("waiting for clicktap")
+}
+
+fn run_args(args: &[&str]) -> Output {
+    let mut cmd = clicktap();
+    cmd.args(args);
+    run(cmd, b"")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts a clean failure: exit status 1, `needle` in the one-line error, no panic.
+fn assert_fails_with(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in stderr: {err}");
+    assert!(!err.contains("panicked"), "clicktap panicked: {err}");
+}
+
+/// Runs the command as `nobody` when the tests run as root, whom permissions do not stop.
+fn unprivileged(mut cmd: Command) -> Command {
+    if nix::unistd::geteuid().is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    cmd
+}
+
+fn world_readable_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    set_mode(dir.path(), 0o755);
+    dir
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The complete lines written to `path` so far.
+fn complete_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
+    lines.pop(); // after the last newline: empty, or a line still being written
+    lines
+}
+
+/// A running `clicktap listen` whose stdout goes to a file next to its socket.
+struct Listen {
+    service: Service,
+    out: PathBuf,
+}
+
+impl Listen {
+    async fn start(socket: &Path, flags: &[&str]) -> Listen {
+        Listen::start_as(clicktap(), socket, flags).await
+    }
+
+    async fn start_as(mut cmd: Command, socket: &Path, flags: &[&str]) -> Listen {
+        let out = socket.with_extension("out");
+        let file = std::fs::File::create(&out).expect("creating listen's output file");
+        cmd.arg("listen")
+            .arg("--socket")
+            .arg(socket)
+            .args(flags)
+            .stdout(file);
+        let service = Service::spawn("listen", cmd);
+        service.wait_for_log("listening on", LIMIT).await;
+        Listen { service, out }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        complete_lines(&self.out)
+    }
+
+    fn json(&self) -> Vec<Value> {
+        self.lines()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    /// Waits until the JSON lines satisfy `done`; returns them.
+    async fn json_until(&self, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        eventually(what, LIMIT, || {
+            let lines = self.json();
+            let ready = done(&lines);
+            async move { ready.then_some(lines) }
+        })
+        .await
+    }
+
+    async fn stop(mut self, signal: Signal) -> ExitStatus {
+        self.service.signal(signal);
+        self.service.wait_exit(LIMIT).await
+    }
+}
+
+/// Runs `clicktap send` to its end (bounded, as it may wait on a full queue); returns its
+/// exit status and stdout.
+async fn send(socket: &Path, flags: &[&str]) -> (ExitStatus, String) {
+    let out = socket.with_extension("send");
+    let mut cmd = clicktap();
+    cmd.arg("send")
+        .arg("--socket")
+        .arg(socket)
+        .args(flags)
+        .stdout(std::fs::File::create(&out).expect("creating send's output file"));
+    let mut service = Service::spawn("send", cmd);
+    let status = service.wait_exit(LIMIT).await;
+    (status, complete_lines(&out).join("\n"))
+}
+
+fn sum(values: &[Value], field: &str) -> u64 {
+    values.iter().filter_map(|v| v[field].as_u64()).sum()
+}
+
+#[tokio::test]
+async fn send_into_listen_shows_every_click() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &["--json"]).await;
+
+    let (status, summary) = send(
+        &socket,
+        &[
+            "--code", "a", "b", "c", "--count", "1000", "--batch", "64", "--sender", "42",
+        ],
+    )
+    .await;
+    assert!(status.success(), "send failed: {summary}");
+    assert!(
+        summary.contains("sent 16 datagrams, 1000 clicks (seq 0..=15) as sender 42"),
+        "{summary}"
+    );
+    let errors = summary.split("send errors: ").nth(1).unwrap_or_default();
+    assert!(
+        errors == "none" || (errors.starts_with("queue_full=") && !errors.contains(',')),
+        "only a full queue (waited out) may delay a send: {summary}"
+    );
+
+    let lines = listen
+        .json_until("listen to show 1000 clicks", |l| sum(l, "clicks") >= 1000)
+        .await;
+    assert_eq!(sum(&lines, "clicks"), 1000, "{lines:?}");
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (0..16).collect::<Vec<_>>());
+    assert!(lines
+        .iter()
+        .all(|l| l["sender"] == 42 && l["missing_before"] == 0));
+    let mut per_code: BTreeMap<String, u64> = BTreeMap::new();
+    for line in &lines {
+        for (code, n) in line["codes"].as_object().unwrap() {
+            *per_code.entry(code.clone()).or_default() += n.as_u64().unwrap();
+        }
+    }
+    let expected = BTreeMap::from([("a".into(), 334), ("b".into(), 333), ("c".into(), 333)]);
+    assert_eq!(per_code, expected);
+    assert!(lines
+        .iter()
+        .all(|l| l["oldest_age_us"].as_i64().unwrap() >= 0));
+
+    let status = listen.stop(Signal::SIGTERM).await;
+    assert!(status.success(), "listen exited with {status}");
+    assert!(!socket.exists(), "listen left its socket file behind");
+}
+
+#[tokio::test]
+async fn listen_text_lines_abbreviate_codes_and_show_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &[]).await;
+
+    let codes = "c1,c2,c3,c4,c5,c6,c7";
+    let (status, summary) = send(
+        &socket,
+        &[
+            "--code", codes, "--count", "8", "--batch", "8", "--sender", "9",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{summary}");
+    let with_trailing_byte = format!("{GOLDEN}00");
+    let (status, summary) = send(&socket, &["--raw", &with_trailing_byte]).await;
+    assert!(status.success(), "{summary}");
+    assert!(
+        summary.contains("sent 1 raw datagram of 18 bytes"),
+        "{summary}"
+    );
+
+    let lines = eventually("listen to print two lines", LIMIT, || {
+        let lines = listen.lines();
+        async move { (lines.len() >= 2).then_some(lines) }
+    })
+    .await;
+    assert!(
+        lines[0].starts_with("sender=9 seq=0 clicks=8 bytes="),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].ends_with(" codes=c1:2,c2,c3,c4,c5 +2 more"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains(" oldest_age="), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with("REJECTED bytes=18 reason=trailing_bytes "),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[1].ends_with(&format!("head={with_trailing_byte}")),
+        "{}",
+        lines[1]
+    );
+
+    let status = listen.stop(Signal::SIGINT).await;
+    assert!(status.success(), "listen exited with {status}");
+    assert!(!socket.exists(), "listen left its socket file behind");
+}
+
+/// Sends a well-formed datagram from `sender` with sequence number `seq`.
+fn send_seq(to: &Path, sender: u64, seq: u64) {
+    let mut encoder = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+    for _ in 0..seq {
+        encoder.next();
+    }
+    encoder.push("gap", shared::now_us()).unwrap();
+    UnixDatagram::unbound()
+        .unwrap()
+        .send_to(encoder.datagram(), to)
+        .expect("sending to listen");
+}
+
+#[tokio::test]
+async fn listen_stats_totals_clicks_rejects_and_gaps_per_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &["--stats", "--json"]).await;
+
+    let (status, summary) = send(
+        &socket,
+        &[
+            "--code", "x", "--count", "200", "--rate", "400", "--batch", "10", "--sender", "5",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{summary}");
+    send_seq(&socket, 77, 0);
+    send_seq(&socket, 77, 3);
+    let (status, summary) = send(&socket, &["--raw", "01ff"]).await;
+    assert!(status.success(), "{summary}");
+
+    let lines = listen
+        .json_until("stats lines to total 202 clicks and 1 reject", |l| {
+            sum(l, "clicks") >= 202 && sum(l, "rejects") >= 1
+        })
+        .await;
+    assert_eq!(sum(&lines, "clicks"), 202, "{lines:?}");
+    assert_eq!(sum(&lines, "datagrams"), 20 + 2 + 1, "{lines:?}");
+    assert_eq!(sum(&lines, "rejects"), 1, "{lines:?}");
+    let gaps: Vec<&Value> = lines
+        .iter()
+        .map(|l| &l["gaps"])
+        .filter(|g| g.as_object().is_some_and(|g| !g.is_empty()))
+        .collect();
+    assert_eq!(
+        gaps,
+        [&serde_json::json!({"77": 2})],
+        "only sender 77 skipped seqs 1 and 2"
+    );
+    for line in &lines {
+        for field in ["datagrams_per_s", "clicks_per_s", "bytes_per_s"] {
+            assert!(line[field].is_u64(), "{field} missing in {line}");
+        }
+    }
+    assert!(listen.stop(Signal::SIGTERM).await.success());
+}
+
+#[tokio::test]
+async fn send_waits_out_a_full_queue_and_drops_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("slow.sock");
+    let receiver = bind_datagram(&socket, 0o600).unwrap();
+    let out = dir.path().join("send.out");
+    let mut cmd = clicktap();
+    cmd.arg("send")
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--code", "q", "--count", "200", "--batch", "1", "--sender", "3",
+        ])
+        .stdout(std::fs::File::create(&out).unwrap());
+    let mut sender = Service::spawn("send", cmd);
+
+    // The receive queue holds a few datagrams (net.unix.max_dgram_qlen); once a probe finds it
+    // full, the sender, with 200 datagrams to send, must have found it full too.
+    let probe = UnixDatagram::unbound().unwrap();
+    probe.set_nonblocking(true).unwrap();
+    eventually("the receive queue to fill up", LIMIT, || {
+        let full = probe
+            .send_to(b"", &socket)
+            .is_err_and(|e| SendErrorKind::of(&e) == SendErrorKind::QueueFull);
+        async move { full.then_some(()) }
+    })
+    .await;
+
+    receiver.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut buf = vec![0u8; wire::MAX_DATAGRAM];
+    let mut seqs = Vec::new();
+    while seqs.len() < 200 {
+        let len = receiver
+            .recv(&mut buf)
+            .expect("a datagram within the limit");
+        if len > 0 {
+            seqs.push(wire::decode(&buf[..len]).expect("well-formed").seq);
+        }
+    }
+    assert_eq!(
+        seqs,
+        (0..200).collect::<Vec<_>>(),
+        "every datagram, in order"
+    );
+    assert!(sender.wait_exit(LIMIT).await.success());
+    let summary = complete_lines(&out).join("\n");
+    assert!(
+        summary.contains("sent 200 datagrams, 200 clicks"),
+        "{summary}"
+    );
+    assert!(summary.contains("queue_full="), "{summary}");
+}
+
+#[test]
+fn decode_prints_the_golden_vector_fields() {
+    let mut hex = clicktap();
+    hex.args(["decode", "--hex"]);
+    let from_hex = run(hex, format!("{GOLDEN}\n").as_bytes());
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("golden.bin");
+    std::fs::write(&file, bytes_of_hex(GOLDEN)).unwrap();
+    let from_file = run_args(&["decode", file.to_str().unwrap()]);
+
+    for out in [from_hex, from_file] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        let fields: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        for expected in [
+            vec!["version:", "1"],
+            vec!["sender:", "12345"],
+            vec!["seq:", "7"],
+            vec!["clicks:", "2"],
+        ] {
+            assert!(fields.contains(&expected), "no {expected:?} in:\n{text}");
+        }
+        assert!(text.contains("(base_us -5)"), "{text}");
+        let clicks: Vec<(&str, &str)> = fields
+            .iter()
+            .filter(|f| f.len() == 5 && f[4] == "us)")
+            .map(|f| (f[1], f[0]))
+            .collect();
+        assert_eq!(clicks, [("seed1", "0"), ("x", "1")], "{text}");
+        assert!(
+            text.contains("1970-01-01T00:00:00.000295Z (+300 us)"),
+            "{text}"
+        );
+    }
+}
+
+/// Hex text to bytes, for writing binary fixtures.
+fn bytes_of_hex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn decode_of_garbage_fails_with_the_reason() {
+    let bad_code = GOLDEN.replace("0178ac02", "0121ac02"); // "x" -> "!"
+    let trailing = format!("{GOLDEN}00");
+    let cases = [
+        ("01ff", "undecodable: "),
+        ("", "undecodable: empty datagram"),
+        ("02b960", "wrong version 2"),
+        (
+            trailing.as_str(),
+            "1 trailing bytes after the batch (reason: trailing_bytes)",
+        ),
+        (
+            bad_code.as_str(),
+            "click 1: byte 0x21 at position 0 is outside [A-Za-z0-9_-] (reason: bad_code)",
+        ),
+        ("01zz", "not hex: 'z' at character 2"),
+    ];
+    for (input, reason) in cases {
+        let mut cmd = clicktap();
+        cmd.args(["decode", "--hex"]);
+        let out = run(cmd, input.as_bytes());
+        assert_fails_with(&out, reason);
+        assert!(
+            stdout(&out).is_empty(),
+            "an invalid datagram printed fields"
+        );
+    }
+    let out = run_args(&["decode", "/nonexistent/datagram.bin"]);
+    assert_fails_with(&out, "reading /nonexistent/datagram.bin: No such file");
+}
+
+#[test]
+fn send_says_clearly_when_nobody_listens() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.sock");
+    let out = run_args(&["send", "--socket", missing.to_str().unwrap(), "--code", "a"]);
+    assert_fails_with(&out, "nobody is listening: no socket at this path");
+
+    let stale = dir.path().join("stale.sock");
+    drop(bind_datagram(&stale, 0o600).unwrap());
+    let out = run_args(&["send", "--socket", stale.to_str().unwrap(), "--code", "a"]);
+    assert_fails_with(
+        &out,
+        "nobody is listening: the socket file is there but nobody is bound to it",
+    );
+
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"not a socket").unwrap();
+    let out = run_args(&["send", "--socket", file.to_str().unwrap(), "--raw", "00"]);
+    assert_fails_with(&out, "exists but is not a socket");
+
+    let out = run_args(&[
+        "send",
+        "--socket",
+        missing.to_str().unwrap(),
+        "--code",
+        "no/slash",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "a bad code is a usage error");
+    assert!(
+        stderr(&out).contains("outside [A-Za-z0-9_-]"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn listen_refuses_a_regular_file_and_a_path_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"keep me").unwrap();
+    let out = run_args(&["listen", "--socket", file.to_str().unwrap()]);
+    assert_fails_with(&out, "exists and is not a socket; refusing to remove it");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+    let socket = dir.path().join("tap.sock");
+    let first = Listen::start(&socket, &[]).await;
+    let out = run_args(&["listen", "--socket", socket.to_str().unwrap()]);
+    assert_fails_with(&out, "is in use: another process is bound to it");
+    assert!(
+        socket.exists(),
+        "the second listen removed the first one's socket"
+    );
+    assert!(first.stop(Signal::SIGTERM).await.success());
+}
+
+#[tokio::test]
+async fn permission_denied_is_named() {
+    let dir = world_readable_tempdir();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &["--mode", "400"]).await;
+    let mut cmd = unprivileged(clicktap());
+    cmd.args(["send", "--socket", socket.to_str().unwrap(), "--code", "a"]);
+    let out = run(cmd, b"");
+    assert_fails_with(
+        &out,
+        "permission denied: this user may not write to the socket",
+    );
+    assert!(listen.stop(Signal::SIGTERM).await.success());
+
+    let read_only = dir.path().join("ro");
+    std::fs::create_dir(&read_only).unwrap();
+    set_mode(&read_only, 0o555);
+    let mut cmd = unprivileged(clicktap());
+    cmd.args([
+        "listen",
+        "--socket",
+        read_only.join("tap.sock").to_str().unwrap(),
+    ]);
+    let out = run(cmd, b"");
+    assert_fails_with(&out, "Permission denied");
+}
+
+#[test]
+fn help_explains_every_subcommand_and_flag() {
+    let top = stdout(&run_args(&["--help"]));
+    for word in ["listen", "send", "decode"] {
+        assert!(top.contains(word), "--help does not mention {word}:\n{top}");
+    }
+    let flags: [(&str, &[&str]); 3] = [
+        (
+            "listen",
+            &["--socket", "--json", "--stats", "--mode", "CLICKS_SOCKET"],
+        ),
+        (
+            "send",
+            &[
+                "--socket", "--code", "--count", "--rate", "--batch", "--sender", "--raw",
+            ],
+        ),
+        ("decode", &["FILE|-", "--hex"]),
+    ];
+    for (command, flags) in flags {
+        let help = stdout(&run_args(&[command, "--help"]));
+        for flag in flags {
+            assert!(
+                help.contains(flag),
+                "{command} --help lacks {flag}:\n{help}"
+            );
+        }
+    }
+}
