@@ -1,0 +1,122 @@
+//! `clicktap listen` on the collector's `--mirror` target shows the live traffic while the
+//! collector keeps writing every click, and the collector carries on when the tap goes away.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use shared::testkit::{binary, eventually, Service};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn clicktap(args: &[&str], socket: &Path) -> Command {
+    let mut cmd = Command::new(binary("clicktap"));
+    cmd.args(args).arg("--socket").arg(socket);
+    cmd
+}
+
+/// Runs `clicktap send` to its end and checks it sent `count` clicks.
+async fn send(socket: &Path, sender: &str, count: usize) {
+    let count = count.to_string();
+    let flags = [
+        "send", "--code", "m1,m2,m3", "--count", &count, "--batch", "50", "--sender", sender,
+    ];
+    let mut service = Service::spawn("clicktap send", clicktap(&flags, socket));
+    let status = service.wait_exit(LIMIT).await;
+    assert!(
+        status.success(),
+        "clicktap send failed: {:?}",
+        service.log()
+    );
+}
+
+/// The clicks listen has shown so far: the sum of `clicks=N` over its complete lines.
+fn tapped_clicks(out: &Path) -> usize {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete
+        .lines()
+        .map(|line| {
+            assert!(line.starts_with("sender="), "not a datagram line: {line}");
+            line.split_whitespace()
+                .find_map(|field| field.strip_prefix("clicks="))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("no clicks=N in {line}"))
+        })
+        .sum()
+}
+
+async fn await_rows(client: &tokio_postgres::Client, n: i64) {
+    let what = format!("{n} rows in clicks");
+    let count = || async {
+        let row = client.query_one("SELECT count(*) FROM clicks", &[]).await;
+        row.unwrap().get::<_, i64>(0)
+    };
+    eventually(&what, LIMIT, || async {
+        (count().await >= n).then_some(())
+    })
+    .await;
+    assert_eq!(count().await, n, "clicks holds more rows than were sent");
+}
+
+async fn await_tapped(out: &Path, n: usize) {
+    let what = format!("clicktap listen to show {n} clicks");
+    eventually(&what, LIMIT, || async {
+        (tapped_clicks(out) >= n).then_some(())
+    })
+    .await;
+    assert_eq!(
+        tapped_clicks(out),
+        n,
+        "the tap showed more clicks than were sent"
+    );
+}
+
+#[tokio::test]
+async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let tap = dir.path().join("tap.sock");
+    let tap_out: PathBuf = dir.path().join("tap.out");
+
+    let mut listen_cmd = clicktap(&["listen"], &tap);
+    listen_cmd.stdout(std::fs::File::create(&tap_out).unwrap());
+    let mut listen = Service::spawn("clicktap listen", listen_cmd);
+    listen.wait_for_log("listening on", LIMIT).await;
+
+    let mut collector_cmd = Command::new(binary("collector"));
+    collector_cmd
+        .arg("--database-url")
+        .arg(&db.url)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--mirror")
+        .arg(&tap)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env_remove("LISTEN_FDS")
+        .env_remove("NOTIFY_SOCKET");
+    let mut collector = Service::spawn("collector", collector_cmd);
+    collector.wait_for_log("ready:", LIMIT).await;
+
+    // Two rounds, each seen by the tap and written by the collector before the next starts.
+    send(&socket, "11", 500).await;
+    await_tapped(&tap_out, 500).await;
+    await_rows(&client, 500).await;
+    send(&socket, "12", 300).await;
+    await_tapped(&tap_out, 800).await;
+    await_rows(&client, 800).await;
+
+    listen.signal(Signal::SIGTERM);
+    assert!(listen.wait_exit(LIMIT).await.success());
+    assert!(!tap.exists(), "clicktap listen left its socket behind");
+
+    // With nobody on the mirror, the collector still writes everything.
+    send(&socket, "13", 200).await;
+    await_rows(&client, 1000).await;
+
+    collector.signal(Signal::SIGTERM);
+    assert!(collector.wait_exit(LIMIT).await.success());
+}
