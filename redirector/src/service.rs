@@ -41,6 +41,8 @@ pub enum Error {
 /// The final counts, as logged at exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Summary {
+    /// GET requests answered with a redirect: each one a click.
+    pub redirects: u64,
     pub sent: u64,
     pub dropped: u64,
 }
@@ -140,13 +142,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     };
     metrics.clicks_dropped.add(reason::SHUTDOWN, left);
     let summary = Summary {
+        redirects: metrics.redirects.get(),
         sent: metrics.clicks_sent.get(),
         dropped: metrics.clicks_dropped.total(),
     };
     tracing::info!(
-        "redirector: {} clicks sent, {} dropped",
+        "redirector: {} clicks sent, {} dropped ({} redirects served)",
         summary.sent,
-        summary.dropped
+        summary.dropped,
+        summary.redirects
     );
     Ok(summary)
 }

@@ -1,0 +1,155 @@
+//! What the redirector's integration tests share: running the real binaries, reading their
+//! metrics and the database, and the load generator.
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+pub mod load;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use shared::testkit::Service;
+
+/// Upper bound for anything awaited in these tests.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// A running `redirector` binary and where it listens.
+pub struct Redirector {
+    pub service: Service,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// Starts the redirector on free ports; `extra` flags go last.
+pub async fn redirector(database_url: &str, socket: &Path, extra: &[&str]) -> Redirector {
+    let mut cmd = Command::new(shared::testkit::binary("redirector"));
+    cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--database-url")
+        .arg(database_url)
+        .arg("--socket")
+        .arg(socket)
+        .args(extra)
+        .env("RUST_LOG", "info");
+    let service = Service::spawn("redirector", cmd);
+    let http = service.addr_after("http listening on ", LIMIT).await;
+    let admin = service.addr_after("admin listening on ", LIMIT).await;
+    Redirector {
+        service,
+        http,
+        admin,
+    }
+}
+
+impl Redirector {
+    /// Waits until the link table is loaded (`/healthz` says 200).
+    pub async fn ready(&self) {
+        shared::testkit::eventually("redirector /healthz 200", LIMIT, || async {
+            let (status, _) = shared::admin::get(self.admin, "/healthz").await.ok()?;
+            (status == 200).then_some(())
+        })
+        .await;
+    }
+
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric(self.admin, series).await
+    }
+}
+
+/// Starts the real collector on `socket` and waits until it listens.
+pub async fn collector(database_url: &str, socket: &Path) -> Service {
+    let mut cmd = Command::new(shared::testkit::binary("collector"));
+    cmd.args(["--admin-listen", "127.0.0.1:0"])
+        .arg("--database-url")
+        .arg(database_url)
+        .arg("--socket")
+        .arg(socket)
+        .env("RUST_LOG", "info");
+    let service = Service::spawn("collector", cmd);
+    service.addr_after("admin listening on ", LIMIT).await;
+    service
+}
+
+/// One sample of a process's `/metrics`; panics if the series is missing.
+pub async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    let (status, body) = shared::admin::get(admin, "/metrics")
+        .await
+        .expect("GET /metrics");
+    assert_eq!(status, 200, "{body}");
+    shared::metrics::sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+}
+
+pub async fn add_link(db: &tokio_postgres::Client, code: &str, url: &str) {
+    db.execute(
+        "INSERT INTO links (code, url) VALUES ($1, $2)",
+        &[&code, &url],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("adding link {code}: {e:?}"));
+}
+
+/// Rows in `clicks` for `code`, or for every code if `None`.
+pub async fn rows(db: &tokio_postgres::Client, code: Option<&str>) -> u64 {
+    let row = db
+        .query_one(
+            "SELECT count(*) FROM clicks WHERE $1::text IS NULL OR code = $1",
+            &[&code],
+        )
+        .await
+        .expect("counting clicks");
+    row.get::<_, i64>(0) as u64
+}
+
+/// Waits until `clicks` holds exactly `expected` rows for `code` (and never more).
+pub async fn await_rows(db: &tokio_postgres::Client, code: Option<&str>, expected: u64) {
+    let what = format!("{expected} rows in clicks for {code:?}");
+    let got = shared::testkit::eventually(&what, LIMIT, || async {
+        let n = rows(db, code).await;
+        (n >= expected).then_some(n)
+    })
+    .await;
+    assert_eq!(got, expected, "more rows than clicks");
+}
+
+/// A process's resident memory, in KiB.
+pub fn rss_kib(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// Parses the redirector's last line, `redirector: N clicks sent, M dropped`.
+pub fn final_counts(log: &[String]) -> (u64, u64) {
+    let line = log
+        .iter()
+        .rev()
+        .find(|l| l.contains("redirector: ") && l.contains(" clicks sent, "))
+        .unwrap_or_else(|| panic!("no final count line in {log:#?}"));
+    let after = &line[line.find("redirector: ").unwrap() + "redirector: ".len()..];
+    let mut numbers = after
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap())
+}
+
+/// One request on a fresh connection; the answer with its body discarded.
+pub async fn request(addr: SocketAddr, method: hyper::Method, path: &str) -> hyper::Response<()> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("valid request");
+    let response = sender.send_request(request).await.expect("an answer");
+    response.map(|_| ())
+}

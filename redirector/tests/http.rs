@@ -1,0 +1,118 @@
+//! The redirect endpoint of the real binary: status codes, headers, what counts as a click,
+//! and the not-ready state before the first link table load.
+
+mod common;
+
+use common::{add_link, load::Load, redirector};
+use hyper::Method;
+
+#[tokio::test]
+async fn answers_redirects_not_found_and_wrong_methods() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "home", "https://example.com/home?x=1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    r.ready().await;
+
+    let response = common::request(r.http, Method::GET, "/home").await;
+    assert_eq!(response.status(), 302);
+    assert_eq!(
+        response.headers()["location"],
+        "https://example.com/home?x=1"
+    );
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    let head = common::request(r.http, Method::HEAD, "/home").await;
+    assert_eq!(head.status(), 302);
+    assert_eq!(head.headers()["location"], "https://example.com/home?x=1");
+    for path in [
+        "/nope",
+        "/",
+        "/bad%20code",
+        "/home/more",
+        &format!("/{}", "a".repeat(65)),
+    ] {
+        let status = common::request(r.http, Method::GET, path).await.status();
+        assert_eq!(status, 404, "GET {path}");
+    }
+    for method in [Method::POST, Method::PUT, Method::DELETE] {
+        let status = common::request(r.http, method.clone(), "/home")
+            .await
+            .status();
+        assert_eq!(status, 405, "{method} /home");
+    }
+
+    assert_eq!(r.metric("redirector_redirects_total").await, 1.0);
+    assert_eq!(r.metric("redirector_clicks_queued_total").await, 1.0);
+    assert_eq!(r.metric("redirector_head_redirects_total").await, 1.0);
+    assert_eq!(r.metric("redirector_not_found_total").await, 5.0);
+    assert_eq!(r.metric("redirector_method_not_allowed_total").await, 3.0);
+    assert_eq!(r.metric("redirector_links").await, 1.0);
+}
+
+#[tokio::test]
+async fn head_requests_and_unknown_codes_queue_no_clicks_under_load() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "known", "https://example.com/").await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    r.ready().await;
+    let head = Load::get(r.http, "/known")
+        .method(Method::HEAD)
+        .run(1_000)
+        .await;
+    let unknown = Load::get(r.http, "/unknown").run(1_000).await;
+    assert_eq!(head.count(302), 1_000, "{head:?}");
+    assert_eq!(unknown.count(404), 1_000, "{unknown:?}");
+    assert_eq!(r.metric("redirector_clicks_queued_total").await, 0.0);
+    assert_eq!(r.metric("redirector_redirects_total").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_request_head_over_the_limit_is_refused() {
+    let db = collector::migrations::test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    r.ready().await;
+    let long = format!("/{}", "a".repeat(20_000));
+    let status = common::request(r.http, Method::GET, &long).await.status();
+    assert_eq!(
+        status, 431,
+        "a 20 kB request line is refused before routing"
+    );
+    assert_eq!(r.metric("redirector_not_found_total").await, 0.0);
+}
+
+#[tokio::test]
+async fn until_the_first_load_answers_503_and_is_not_healthy() {
+    // A database that does not exist yet: the link table cannot load until it is created.
+    let cluster = shared::pgtest::cluster();
+    let name = format!("late_{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(&cluster.url(&name), &dir.path().join("c.sock"), &[]).await;
+
+    let response = common::request(r.http, Method::GET, "/soon").await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let (status, body) = shared::admin::get(r.admin, "/healthz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(!r
+        .service
+        .log()
+        .iter()
+        .any(|l| l.contains("link table loaded")));
+
+    let admin = cluster.connect("postgres").await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let mut client = cluster.connect(&name).await;
+    collector::migrations::apply(&mut client).await.unwrap();
+    add_link(&client, "soon", "https://example.com/soon").await;
+    r.ready().await;
+    let response = common::request(r.http, Method::GET, "/soon").await;
+    assert_eq!(response.status(), 302);
+    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+}

@@ -1,0 +1,157 @@
+//! The link table follows the database without a restart, and survives losing it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{add_link, redirector, LIMIT};
+use hyper::Method;
+use shared::testkit::eventually;
+
+/// Waits until `GET /code` answers `status` (and, for a redirect, `location`).
+async fn await_answer(
+    http: std::net::SocketAddr,
+    code: &str,
+    status: u16,
+    location: &str,
+    limit: Duration,
+) {
+    let what = format!("GET /{code} to answer {status} {location}");
+    eventually(&what, limit, || async {
+        let response = common::request(http, Method::GET, &format!("/{code}")).await;
+        let got = response
+            .headers()
+            .get("location")
+            .map_or("", |v| v.to_str().unwrap_or_default());
+        (response.status() == status && got == location).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_link_inserted_with_sql_redirects_within_a_second() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    let dir = tempfile::tempdir().unwrap();
+    // A long periodic reload, so only the notification can explain a quick change.
+    let r = redirector(
+        &db.url,
+        &dir.path().join("c.sock"),
+        &["--reload-interval", "1h"],
+    )
+    .await;
+    r.ready().await;
+    assert_eq!(
+        common::request(r.http, Method::GET, "/fresh")
+            .await
+            .status(),
+        404
+    );
+
+    add_link(&client, "fresh", "https://example.com/fresh").await;
+    await_answer(
+        r.http,
+        "fresh",
+        302,
+        "https://example.com/fresh",
+        Duration::from_secs(1),
+    )
+    .await;
+
+    client
+        .execute(
+            "UPDATE links SET url = 'https://example.com/moved' WHERE code = 'fresh'",
+            &[],
+        )
+        .await
+        .unwrap();
+    await_answer(
+        r.http,
+        "fresh",
+        302,
+        "https://example.com/moved",
+        Duration::from_secs(1),
+    )
+    .await;
+
+    client
+        .execute("DELETE FROM links WHERE code = 'fresh'", &[])
+        .await
+        .unwrap();
+    await_answer(r.http, "fresh", 404, "", Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "steady", "https://example.com/steady").await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(
+        &db.url,
+        &dir.path().join("c.sock"),
+        &["--reload-interval", "1h"],
+    )
+    .await;
+    r.ready().await;
+
+    // Cut the redirector's connection from the server side, and refuse new ones for a while.
+    let admin = shared::pgtest::cluster().connect("postgres").await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';",
+            db.name
+        ))
+        .await
+        .unwrap();
+    eventually(
+        "the redirector to notice the lost connection",
+        LIMIT,
+        || async { (r.metric("redirector_link_load_errors_total").await >= 2.0).then_some(()) },
+    )
+    .await;
+    let response = common::request(r.http, Method::GET, "/steady").await;
+    assert_eq!(response.status(), 302, "the last table is still served");
+
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "after", "https://example.com/after").await;
+    // Reconnected and listening again (backoff is capped at 5 s).
+    await_answer(r.http, "after", 302, "https://example.com/after", LIMIT).await;
+}
+
+#[tokio::test]
+async fn rows_with_an_unusable_url_are_skipped_and_counted() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "good", "https://example.com/good").await;
+    // Passes the table's CHECK, but a newline cannot go in a Location header.
+    add_link(&client, "broken", "https://example.com/a\nb").await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    r.ready().await;
+    assert_eq!(r.metric("redirector_links").await, 1.0);
+    assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
+    assert_eq!(
+        common::request(r.http, Method::GET, "/broken")
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        common::request(r.http, Method::GET, "/good").await.status(),
+        302
+    );
+    assert!(r
+        .service
+        .log()
+        .iter()
+        .any(|l| l.contains("skipping link \"broken\"")));
+}
