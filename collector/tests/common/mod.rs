@@ -1,0 +1,195 @@
+//! What the end-to-end tests share: starting the real binary, a test sender that speaks the
+//! wire format, and reading the tables back.
+
+#![allow(dead_code)] // Each test binary uses its own part of this module.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use shared::pgtest::TestDb;
+use shared::testkit::{binary, eventually, Service};
+use shared::wire::{Encoder, PushError, DEFAULT_DATAGRAM};
+
+pub const LIMIT: Duration = Duration::from_secs(60);
+const DAY_US: i64 = 86_400_000_000;
+
+/// A running collector binary and where to reach it.
+pub struct Collector {
+    pub service: Service,
+    pub admin: SocketAddr,
+}
+
+impl Collector {
+    /// Starts the binary on `socket` for `db` with `extra` flags, and waits until its admin
+    /// listener is bound and /healthz says it is ready.
+    pub async fn start(db: &TestDb, socket: &Path, extra: &[&str]) -> Collector {
+        let collector = Collector::spawn(command(db, socket, extra)).await;
+        collector.ready().await;
+        collector
+    }
+
+    /// Spawns `cmd` and learns the admin address from the log.
+    pub async fn spawn(cmd: Command) -> Collector {
+        let service = Service::spawn("collector", cmd);
+        let admin = service.addr_after("admin listening on ", LIMIT).await;
+        Collector { service, admin }
+    }
+
+    pub async fn ready(&self) {
+        eventually("collector /healthz to answer 200", LIMIT, || async {
+            let (status, _) = shared::admin::get(self.admin, "/healthz").await.ok()?;
+            (status == 200).then_some(())
+        })
+        .await;
+    }
+
+    pub async fn metrics(&self) -> String {
+        shared::admin::get(self.admin, "/metrics").await.unwrap().1
+    }
+
+    /// One sample of /metrics, e.g. `collector_datagrams_duplicate_total`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics().await;
+        shared::metrics::sample(&text, series)
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+    }
+
+    /// Waits until the metric reaches `value`.
+    pub async fn await_metric(&self, series: &str, value: f64) {
+        let what = format!("{series} to reach {value}");
+        eventually(&what, LIMIT, || async {
+            (self.metric(series).await >= value).then_some(())
+        })
+        .await;
+        assert_eq!(self.metric(series).await, value, "{series}");
+    }
+}
+
+/// The collector command line for `db` and `socket`, admin on an ephemeral port.
+pub fn command(db: &TestDb, socket: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(binary("collector"));
+    cmd.arg("--database-url")
+        .arg(&db.url)
+        .arg("--socket")
+        .arg(socket)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .env_remove("CLICKS_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .env_remove("NOTIFY_SOCKET");
+    cmd
+}
+
+/// A temp dir and a socket path inside it.
+pub fn socket_path() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run/collector.sock");
+    (dir, path)
+}
+
+/// `n` clicks with distinct timestamps from `start_us`, `step_us` apart, over `codes` codes.
+pub fn clicks(n: usize, codes: usize, start_us: i64, step_us: i64) -> Vec<(String, i64)> {
+    (0..n)
+        .map(|i| {
+            let code = format!("c{}-{}", (i * 7919) % codes, i % 3);
+            (code, start_us + i as i64 * step_us)
+        })
+        .collect()
+}
+
+/// The datagrams of one sender for `clicks`, seq 0, 1, 2, ...
+pub fn datagrams(sender: u64, clicks: &[(String, i64)]) -> Vec<Vec<u8>> {
+    let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+    let mut out = Vec::new();
+    for (code, at) in clicks {
+        if let Err(PushError::Full) = enc.push(code, *at) {
+            out.push(enc.datagram().to_vec());
+            enc.next();
+            enc.push(code, *at).unwrap();
+        }
+    }
+    if !enc.is_empty() {
+        out.push(enc.datagram().to_vec());
+    }
+    out
+}
+
+/// A sender connected to `path`, as a redirector is: a full queue makes `send` wait.
+pub fn connect(path: &Path) -> UnixDatagram {
+    let sock = UnixDatagram::unbound().unwrap();
+    sock.connect(path)
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()));
+    sock.set_write_timeout(Some(LIMIT)).unwrap();
+    sock
+}
+
+/// Sends every datagram in order on a connected socket, waiting whenever the queue is full.
+pub async fn send_all(path: &Path, datagrams: Vec<Vec<u8>>) {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let sock = connect(&path);
+        for d in &datagrams {
+            sock.send(d).unwrap_or_else(|e| panic!("sending: {e}"));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+pub async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Waits until `clicks` holds `n` rows (and checks it holds no more).
+pub async fn await_rows(client: &tokio_postgres::Client, n: i64) {
+    let what = format!("{n} rows in clicks");
+    eventually(&what, LIMIT, || async {
+        (count(client, "SELECT count(*) FROM clicks").await >= n).then_some(())
+    })
+    .await;
+    assert_eq!(count(client, "SELECT count(*) FROM clicks").await, n);
+}
+
+/// Every row of `clicks` as (code, Unix microseconds), sorted.
+pub async fn stored_clicks(client: &tokio_postgres::Client) -> Vec<(String, i64)> {
+    let sql = "SELECT code, (extract(epoch FROM clicked_at) * 1000000)::int8 FROM clicks";
+    let mut rows: Vec<(String, i64)> = client
+        .query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Clicks per (code, days since 1970-01-01 UTC).
+pub type Totals = BTreeMap<(String, i32), i64>;
+
+pub fn expected_totals(clicks: &[(String, i64)]) -> Totals {
+    let mut totals = Totals::new();
+    for (code, at) in clicks {
+        *totals
+            .entry((code.clone(), at.div_euclid(DAY_US) as i32))
+            .or_default() += 1;
+    }
+    totals
+}
+
+/// `source` (click_totals or click_counts) as [`Totals`].
+pub async fn totals(client: &tokio_postgres::Client, source: &str) -> Totals {
+    let sql = format!("SELECT code, (day - date '1970-01-01'), clicks FROM {source}");
+    client
+        .query(&sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect()
+}

@@ -1,0 +1,353 @@
+//! The real collector binary against real sockets and the private PostgreSQL.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Instant;
+
+use common::*;
+use nix::sys::signal::Signal;
+use shared::pgtest;
+use shared::socket::SendErrorKind;
+use shared::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
+
+/// 2026-03-01T22:00:00Z: the clicks below run over several UTC midnights.
+const START_US: i64 = 1_772_402_400_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_clicks_land_exactly_with_totals() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    let c = Collector::start(&db, &path, &["--compact-interval", "3s"]).await;
+    // ~3 s apart: 100,000 clicks span about 3.5 days.
+    let sent = clicks(100_000, 997, START_US, 3_000_017);
+    let grams = datagrams(0xfeed, &sent);
+    let started = Instant::now();
+    send_all(&path, grams.clone()).await;
+    await_rows(&client, 100_000).await;
+    let took = started.elapsed();
+    let expected = expected_totals(&sent);
+    assert_eq!(totals(&client, "click_totals").await, expected);
+    eprintln!(
+        "100,000 clicks in {} datagrams written in {took:?} ({:.0} clicks/s, debug build)",
+        grams.len(),
+        100_000.0 / took.as_secs_f64()
+    );
+    let mut want = sent.clone();
+    want.sort();
+    assert_eq!(stored_clicks(&client).await, want);
+    eventually_counts(&client, &expected).await;
+    assert_eq!(
+        count(
+            &client,
+            "SELECT last_seq FROM click_senders WHERE sender = 65261"
+        )
+        .await,
+        grams.len() as i64 - 1
+    );
+    c.await_metric("collector_clicks_written_total", 100_000.0)
+        .await;
+    assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
+    assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
+    assert!(c.metric("collector_compactions_total").await >= 1.0);
+    assert_eq!(
+        c.metric("collector_batch_seconds_count").await,
+        c.metric("collector_batches_total").await
+    );
+}
+
+/// Waits until click_counts alone (after a compaction) holds `expected`.
+async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
+    shared::testkit::eventually("click_counts to match after compaction", LIMIT, || async {
+        (totals(client, "click_counts").await == *expected).then_some(())
+    })
+    .await;
+    assert_eq!(
+        count(client, "SELECT count(*) FROM click_count_deltas").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_is_exposed_and_health_says_ready() {
+    let db = collector::migrations::test_db().await;
+    let (_dir, path) = socket_path();
+    let c = Collector::start(&db, &path, &[]).await;
+    let text = c.metrics().await;
+    for name in [
+        "collector_datagrams_received_total",
+        "collector_datagrams_duplicate_total",
+        "collector_datagrams_lost_total",
+        "collector_clicks_received_total",
+        "collector_clicks_written_total",
+        "collector_batches_total",
+        "collector_batch_seconds_count",
+        "collector_db_errors_total",
+        "collector_pending_clicks",
+        "collector_compactions_total",
+        "collector_deltas_pending",
+        "collector_mirror_failed_total",
+    ] {
+        assert!(
+            shared::metrics::sample(&text, name).is_some(),
+            "{name} missing:\n{text}"
+        );
+    }
+    for reason in Reject::REASONS {
+        let series = format!("collector_datagrams_rejected_total{{reason=\"{reason}\"}}");
+        assert_eq!(
+            shared::metrics::sample(&text, &series),
+            Some(0.0),
+            "{series}"
+        );
+    }
+    assert_eq!(
+        shared::admin::get(c.admin, "/healthz").await.unwrap().0,
+        200
+    );
+}
+
+/// Datagrams that are wrong in each way the wire format names, plus an empty one and one
+/// larger than any valid datagram.
+fn garbage() -> Vec<Vec<u8>> {
+    let mut enc = Encoder::new(77, DEFAULT_DATAGRAM).unwrap();
+    enc.push("abc", START_US).unwrap();
+    let good = enc.datagram().to_vec();
+    let mut wrong_version = good.clone();
+    wrong_version[0] = 2;
+    let mut bad_code = good.clone();
+    let at = bad_code.windows(3).position(|w| w == b"abc").unwrap();
+    bad_code[at + 1] = b'/';
+    let mut trailing = good.clone();
+    trailing.push(0);
+    // A fixed xorshift stream, version byte 1 so it gets past the version check.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut random: Vec<u8> = (0..200)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    random[0] = 1;
+    vec![
+        random,
+        wrong_version,
+        bad_code,
+        trailing,
+        Vec::new(),
+        vec![1; 70 * 1024],
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    let c = Collector::start(&db, &path, &[]).await;
+    let bad = garbage();
+    let mut want = std::collections::BTreeMap::<&str, f64>::new();
+    for g in &bad[..bad.len() - 1] {
+        *want
+            .entry(shared::wire::decode(g).unwrap_err().reason())
+            .or_default() += 1.0;
+    }
+    // The oversized one is cut by the receive buffer and counted as undecodable.
+    *want.entry("undecodable").or_default() += 1.0;
+    for reason in ["undecodable", "wrong_version", "bad_code", "trailing_bytes"] {
+        assert!(want.contains_key(reason), "the garbage covers {reason}");
+    }
+    let good = clicks(10, 3, START_US, 1_000);
+    let mut all = bad;
+    all.extend(datagrams(5, &good));
+    send_all(&path, all).await;
+    await_rows(&client, 10).await;
+    let mut sorted = good.clone();
+    sorted.sort();
+    assert_eq!(stored_clicks(&client).await, sorted);
+    for (reason, n) in &want {
+        let series = format!("collector_datagrams_rejected_total{{reason=\"{reason}\"}}");
+        assert_eq!(c.metric(&series).await, *n, "{series}");
+    }
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM click_senders").await,
+        1
+    );
+    assert_eq!(c.metric("collector_datagrams_received_total").await, 7.0);
+    assert!(c
+        .service
+        .log()
+        .iter()
+        .any(|l| l.contains("rejected a datagram")));
+    assert_eq!(
+        shared::admin::get(c.admin, "/healthz").await.unwrap().0,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    let sent = clicks(6_000, 50, START_US, 10);
+    let grams = datagrams(42, &sent);
+    assert!(
+        grams.len() >= 3,
+        "need three datagrams, got {}",
+        grams.len()
+    );
+    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
+
+    let mut c = Collector::start(&db, &path, &[]).await;
+    send_all(
+        &path,
+        vec![grams[0].clone(), grams[0].clone(), grams[1].clone()],
+    )
+    .await;
+    await_rows(&client, per(0) + per(1)).await;
+    assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
+    c.service.signal(Signal::SIGTERM);
+    assert!(c.service.wait_exit(LIMIT).await.success());
+
+    // A new process knows the committed seq from click_senders.
+    let c = Collector::start(&db, &path, &[]).await;
+    send_all(&path, vec![grams[1].clone(), grams[2].clone()]).await;
+    await_rows(&client, per(0) + per(1) + per(2)).await;
+    assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
+    assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    // Long interval and big batches: the burst is still pending when the signal comes.
+    let mut c = Collector::start(
+        &db,
+        &path,
+        &["--flush-interval", "1h", "--batch-rows", "1000000"],
+    )
+    .await;
+    let sent = clicks(30_000, 100, START_US, 7);
+    let sock = connect(&path);
+    for d in datagrams(9, &sent) {
+        sock.send(&d).unwrap();
+    }
+    c.service.signal(Signal::SIGTERM);
+    let status = c.service.wait_exit(LIMIT).await;
+    assert!(status.success(), "{status}");
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 30_000);
+    assert!(
+        c.service
+            .log()
+            .iter()
+            .any(|l| l.contains("collector: 30000 clicks written")),
+        "{:#?}",
+        c.service.log()
+    );
+    // The fence: the path is gone and the connected sender is refused, keeping its datagram.
+    assert!(!path.exists());
+    let err = sock.send(&datagrams(9, &sent[..1])[0]).unwrap_err();
+    assert!(SendErrorKind::of(&err).receiver_away(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_start() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    let mut c = Collector::start(&db, &path, &[]).await;
+    c.service.signal(Signal::SIGKILL);
+    c.service.wait_exit(LIMIT).await;
+    assert!(path.exists(), "a killed collector leaves its socket file");
+    let err = UnixDatagram::unbound()
+        .unwrap()
+        .send_to(b"x", &path)
+        .unwrap_err();
+    assert_eq!(SendErrorKind::of(&err), SendErrorKind::Refused);
+
+    let _c = Collector::start(&db, &path, &[]).await;
+    send_all(&path, datagrams(1, &clicks(5, 5, START_US, 1))).await;
+    await_rows(&client, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
+    let db = collector::migrations::test_db().await;
+    let (_dir, path) = socket_path();
+    let _live = Collector::start(&db, &path, &[]).await;
+    let out = command(&db, &path, &[]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{out:?}"
+    );
+
+    let file = path.with_file_name("plain");
+    std::fs::write(&file, "keep").unwrap();
+    let out = command(&db, &file, &[]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a socket"),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (dir, path) = socket_path();
+    let tap_path = dir.path().join("tap.sock");
+    let tap = UnixDatagram::bind(&tap_path).unwrap();
+    tap.set_read_timeout(Some(LIMIT)).unwrap();
+    let c = Collector::start(&db, &path, &["--mirror", tap_path.to_str().unwrap()]).await;
+    let mut grams = datagrams(3, &clicks(2_000, 10, START_US, 1));
+    grams.insert(1, b"not a datagram".to_vec());
+    send_all(&path, grams.clone()).await;
+    let mut buf = vec![0; 65_536];
+    for (i, want) in grams.iter().enumerate() {
+        let n = tap.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &want[..], "datagram {i}");
+    }
+    await_rows(&client, 2_000).await;
+    assert_eq!(c.metric("collector_mirror_failed_total").await, 0.0);
+
+    // Nobody listening on the tap: counted, and the clicks still land.
+    drop(tap);
+    std::fs::remove_file(&tap_path).unwrap();
+    send_all(&path, datagrams(4, &clicks(10, 2, START_US, 1))).await;
+    await_rows(&client, 2_010).await;
+    assert_eq!(c.metric("collector_mirror_failed_total").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_subcommand_applies_the_schema_and_exits() {
+    let db = pgtest::cluster().fresh_database().await;
+    let status = std::process::Command::new(shared::testkit::binary("collector"))
+        .args(["migrate", "--database-url", &db.url])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let client = pgtest::connect(&db.url).await;
+    assert_eq!(
+        count(&client, "SELECT max(version)::int8 FROM schema_migrations").await,
+        collector::migrations::LATEST as i64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_database_url_is_a_usage_error() {
+    let out = std::process::Command::new(shared::testkit::binary("collector"))
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
+}
