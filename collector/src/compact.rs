@@ -1,6 +1,7 @@
 //! Folding click_count_deltas into click_counts, on a connection of its own, so the batch
 //! path only appends and each (code, day) key is upserted once per interval.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,21 +34,30 @@ pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Met
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
+    let mut failing = false;
     loop {
         ticks.tick().await;
-        match tokio::time::timeout(timeout, compact(&db, &mut conn)).await {
+        let failure = match tokio::time::timeout(timeout, compact(&db, &mut conn)).await {
             Ok(Ok(moved)) => {
                 metrics.compactions.inc();
                 metrics.deltas_pending.add(-moved);
-            }
-            failed => {
-                match failed {
-                    Ok(Err(e)) => tracing::warn!("compacting click_count_deltas: {}", describe(&e)),
-                    _ => tracing::warn!("compacting click_count_deltas took over {timeout:?}"),
+                metrics.db_reachable.store(true, Relaxed);
+                if std::mem::take(&mut failing) {
+                    tracing::info!("compacting click_count_deltas works again");
                 }
-                conn = None;
-                metrics.db_errors.inc();
+                continue;
             }
+            Ok(Err(e)) => describe(&e),
+            Err(_) => format!("took over {timeout:?}"),
+        };
+        conn = None;
+        metrics.db_errors.inc();
+        metrics.db_reachable.store(false, Relaxed);
+        // One warning per outage; each tick's retry would repeat it.
+        if !std::mem::replace(&mut failing, true) {
+            tracing::warn!("compacting click_count_deltas: {failure}; retrying every {interval:?}");
+        } else {
+            tracing::debug!("compacting click_count_deltas: {failure}");
         }
     }
 }

@@ -146,3 +146,58 @@ fn check_datagram(fd: &OwnedFd) -> Result<(), OpenError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::socket::SendErrorKind;
+
+    /// The kernel behaviour the stop relies on: after the fence, a connected sender's send
+    /// fails with EPIPE (it keeps the datagram), a new sender finds no path, and what was
+    /// already queued, an empty datagram included, is still read to the end of the queue.
+    #[tokio::test]
+    async fn fence_refuses_new_sends_and_keeps_the_queue_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let inbox = Inbox::open(&path, 0o600).unwrap();
+        let sender = StdDatagram::unbound().unwrap();
+        sender.connect(&path).unwrap();
+        for d in [&b"one"[..], b"", b"three"] {
+            sender.send(d).unwrap();
+        }
+        inbox.fence();
+
+        let err = sender.send(b"late").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::EPIPE), "{err}");
+        assert_eq!(SendErrorKind::of(&err), SendErrorKind::NotConnected);
+        let err = StdDatagram::unbound()
+            .unwrap()
+            .send_to(b"new", &path)
+            .unwrap_err();
+        assert_eq!(SendErrorKind::of(&err), SendErrorKind::NotFound);
+
+        let mut buf = [0u8; 16];
+        let mut read = Vec::new();
+        while let Some(d) = inbox.try_recv(&mut buf).unwrap() {
+            assert!(!d.truncated);
+            read.push(buf[..d.len].to_vec());
+        }
+        assert_eq!(read, [&b"one"[..], b"", b"three"]);
+        assert_eq!(inbox.try_recv(&mut buf).unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_datagram_larger_than_the_buffer_is_marked_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let inbox = Inbox::open(&path, 0o600).unwrap();
+        StdDatagram::unbound()
+            .unwrap()
+            .send_to(&[7; 100], &path)
+            .unwrap();
+        let mut buf = [0u8; 10];
+        let d = inbox.recv(&mut buf).await.unwrap().unwrap();
+        assert!(d.truncated);
+        assert!(inbox.drains_at_stop());
+    }
+}

@@ -1,0 +1,95 @@
+//! PostgreSQL stopped and started again under the running collector. Its own test binary,
+//! so the outage hits only this test's private cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use shared::pgtest;
+
+/// 2026-05-01T00:00:00Z.
+const START_US: i64 = 1_777_593_600_000_000;
+
+async fn health(c: &Collector) -> u16 {
+    shared::admin::get(c.admin, "/healthz").await.unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
+    let db = collector::migrations::test_db().await;
+    let (_dir, path) = socket_path();
+    let mut c = Collector::start(
+        &db,
+        &path,
+        &[
+            "--batch-rows",
+            "500",
+            "--flush-interval",
+            "20ms",
+            "--compact-interval",
+            "200ms",
+        ],
+    )
+    .await;
+    // Distinct timestamps, so a click written twice would show as a repeated row.
+    let sent = clicks(60_000, 300, START_US, 1_001);
+    let grams = datagrams(11, &sent);
+    let (early, late) = grams.split_at(grams.len() / 3);
+
+    // Clicks keep arriving, paced, from before the outage to after it.
+    send_all(&path, early.to_vec()).await;
+    let sender = {
+        let path = path.clone();
+        let late = late.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let sock = connect(&path);
+            for d in &late {
+                sock.send(d).unwrap();
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        })
+    };
+    tokio::task::spawn_blocking(|| pgtest::cluster().stop_server())
+        .await
+        .unwrap();
+    shared::testkit::eventually(
+        "/healthz to say 503 while the database is down",
+        LIMIT,
+        || async { (health(&c).await == 503).then_some(()) },
+    )
+    .await;
+    // The outage itself: a few seconds of clicks arriving with nowhere to go.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::spawn_blocking(|| pgtest::cluster().start_server())
+        .await
+        .unwrap();
+    sender.await.unwrap();
+
+    let client = pgtest::connect(&db.url).await;
+    await_rows(&client, sent.len() as i64).await;
+    let mut want = sent.clone();
+    want.sort();
+    assert_eq!(stored_clicks(&client).await, want, "every click once");
+    c.ready().await;
+    assert!(c.metric("collector_db_errors_total").await >= 1.0);
+    assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
+    shared::testkit::eventually(
+        "click_counts to catch up after the outage",
+        LIMIT,
+        || async {
+            (totals(&client, "click_counts").await == expected_totals(&sent)).then_some(())
+        },
+    )
+    .await;
+    // The same process served all along: it still runs, and stops cleanly now.
+    c.service.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(c.service.wait_exit(LIMIT).await.success());
+    let exits = c
+        .service
+        .log()
+        .iter()
+        .filter(|l| l.contains("clicks written"))
+        .count();
+    assert_eq!(exits, 1);
+}
