@@ -1,0 +1,322 @@
+//! `scripts/dev` run as a newcomer would, from the repository root: it builds, starts
+//! PostgreSQL, the collector and the redirector, prints what to try; what it prints works; a
+//! SIGTERM stops everything with exit 0 and leaves no process behind; a second run reuses the
+//! data. Only the ports (0: free ones) and the data dir (a temp dir) are overridden, so the test
+//! collides with nothing.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use shared::testkit::{eventually, Service};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The first run builds the release binaries (fat LTO) on two cores.
+const FIRST_READY: Duration = Duration::from_secs(15 * 60);
+const READY: Duration = Duration::from_secs(180);
+const STOP: Duration = Duration::from_secs(90);
+const COUNTED: Duration = Duration::from_secs(30);
+const CODE: &str = "seed42";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate lives in the workspace")
+        .to_owned()
+}
+
+/// `scripts/dev` with its stdout folded into the captured stderr.
+fn start(dev_dir: &Path) -> Service {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec ./scripts/dev 1>&2"])
+        .current_dir(repo())
+        .env("DEV_DIR", dev_dir)
+        .env("DEV_LISTEN", "127.0.0.1:0")
+        .env("DEV_ADMIN", "127.0.0.1:0")
+        .env("DEV_COLLECTOR_ADMIN", "127.0.0.1:0")
+        .env_remove("DATABASE_URL");
+    Service::spawn("dev", cmd)
+}
+
+/// What the script printed once ready: the addresses, the psql command, the pids it started.
+struct Ready {
+    redirect: SocketAddr,
+    psql: String,
+    metrics: Vec<SocketAddr>,
+    pids: Vec<i32>,
+}
+
+/// The first `host:port` after `prefix` in `line`.
+fn addr_after(line: &str, prefix: &str) -> SocketAddr {
+    let rest = &line[line.find(prefix).expect("prefix") + prefix.len()..];
+    let addr = rest.split('/').next().unwrap_or_default();
+    addr.parse()
+        .unwrap_or_else(|e| panic!("no address in {line:?}: {e}"))
+}
+
+fn pid_after(line: &str, marker: &str) -> i32 {
+    let rest = &line[line
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker:?} in {line:?}"))
+        + marker.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid after {marker:?} in {line:?}"))
+}
+
+async fn wait_ready(run: &Service, limit: Duration) -> Ready {
+    let line = run.wait_for_log("dev: ready", limit).await;
+    let log = run.log();
+    let find = |needle: &str| {
+        log.iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("the script printed no line with {needle:?}"))
+            .clone()
+    };
+    let metrics = log
+        .iter()
+        .filter(|l| l.contains("/metrics"))
+        .map(|l| addr_after(l, "http://"))
+        .collect();
+    Ready {
+        redirect: addr_after(&find("curl -si http://"), "http://"),
+        psql: find("click_totals").trim().to_owned(),
+        metrics,
+        pids: vec![
+            run.pid().as_raw(),
+            pid_after(&line, "collector pid "),
+            pid_after(&line, "redirector pid "),
+        ],
+    }
+}
+
+/// GET `path` over plain HTTP/1.1; the status and the Location header.
+async fn get(addr: SocketAddr, path: &str) -> (u16, Option<String>) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.expect("answer");
+    let head = raw.split("\r\n\r\n").next().unwrap_or_default();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("malformed answer {raw:?}"));
+    let location = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("location")
+            .then(|| value.trim().to_owned())
+    });
+    (status, location)
+}
+
+/// The clicks `psql_line` (the command the script printed) shows for CODE, if any.
+fn clicks_shown(psql_line: &str) -> Option<i64> {
+    let out = Command::new("sh")
+        .args(["-c", psql_line])
+        .output()
+        .expect("running the printed psql command");
+    assert!(
+        out.status.success(),
+        "the printed command failed: {psql_line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+        (cells.first() == Some(&CODE)).then(|| cells.last()?.parse().ok())?
+    })
+}
+
+/// `/proc/PID/stat` fields after the command name: state, ppid, ...
+fn stat(pid: i32) -> Option<Vec<String>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &text[text.rfind(')')? + 1..];
+    Some(after_name.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Running (a zombie has finished: it only waits for its parent to read its status).
+fn alive(pid: i32) -> bool {
+    stat(pid).is_some_and(|fields| fields[0] != "Z")
+}
+
+fn all_pids() -> Vec<i32> {
+    fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn children_of(parent: i32) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&pid| stat(pid).is_some_and(|f| f[1] == parent.to_string()))
+        .collect()
+}
+
+/// Live processes whose command line names `dir`, with that command line.
+fn mentioning(dir: &Path) -> Vec<(i32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    all_pids()
+        .into_iter()
+        .filter(|&pid| alive(pid))
+        .filter_map(|pid| {
+            let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            cmdline.contains(&needle).then_some((pid, cmdline))
+        })
+        .collect()
+}
+
+/// Every process of a run: the script, what it printed it started, PostgreSQL's postmaster
+/// (from its pid file) and the postmaster's children.
+fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
+    let pid_file = dev_dir.join("pg/data/postmaster.pid");
+    let text =
+        fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+    let postmaster: i32 = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("a pid on the first line of postmaster.pid");
+    let mut pids = ready.pids.clone();
+    pids.push(postmaster);
+    pids.extend(children_of(postmaster));
+    for &pid in &pids {
+        assert!(
+            alive(pid),
+            "process {pid} of the running pipeline is not running"
+        );
+    }
+    pids
+}
+
+/// After a failed assertion, kills whatever of the run is still up, so a failing test does not
+/// leave PostgreSQL or the binaries running.
+struct KillLeftovers(PathBuf);
+
+impl Drop for KillLeftovers {
+    fn drop(&mut self) {
+        for (pid, _) in mentioning(&self.0) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Sends SIGTERM, expects exit 0, the final lines, and no process of the run left.
+async fn stop(mut run: Service, pids: &[i32], dev_dir: &Path, final_lines: &[&str]) {
+    run.signal(Signal::SIGTERM);
+    let status = run.wait_exit(STOP).await;
+    assert!(
+        status.success(),
+        "scripts/dev exited with {status} after SIGTERM"
+    );
+    let log = run.log();
+    for expected in final_lines {
+        assert!(
+            log.iter().any(|l| l.contains(expected)),
+            "scripts/dev did not print {expected:?} at the end"
+        );
+    }
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "processes left running: {left:?}");
+    let named = mentioning(dev_dir);
+    assert!(
+        named.is_empty(),
+        "processes naming the dev dir left running: {named:?}"
+    );
+}
+
+#[tokio::test]
+async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
+    let temp = tempfile::Builder::new()
+        .prefix("dev-script-")
+        .tempdir()
+        .expect("temp dir");
+    // As root the script runs PostgreSQL as `postgres`, which must be able to enter the dir.
+    fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dev_dir = temp.path().join("dev");
+    let _cleanup = KillLeftovers(dev_dir.clone());
+
+    let run = start(&dev_dir);
+    let ready = wait_ready(&run, FIRST_READY).await;
+    for pid in &ready.pids[1..] {
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        assert!(
+            ["collector", "redirector"].contains(&comm.trim()),
+            "printed pid {pid} is {comm:?}, not a binary of the pipeline"
+        );
+    }
+    let (status, location) = get(ready.redirect, &format!("/{CODE}")).await;
+    assert_eq!(status, 302, "GET /{CODE} on the printed address");
+    assert_eq!(location.as_deref(), Some("https://example.com/42"));
+    let shown = eventually(
+        "the printed psql command to show the click",
+        COUNTED,
+        || async { clicks_shown(&ready.psql).filter(|&n| n >= 1) },
+    )
+    .await;
+    assert_eq!(shown, 1, "one redirect, one click");
+    assert_eq!(ready.metrics.len(), 2, "two metrics URLs printed");
+    for addr in &ready.metrics {
+        let (status, body) = shared::admin::get(*addr, "/metrics")
+            .await
+            .expect("metrics");
+        assert_eq!(status, 200, "GET http://{addr}/metrics");
+        assert!(!body.is_empty());
+    }
+    let pids = processes_of(&ready, &dev_dir);
+    stop(
+        run,
+        &pids,
+        &dev_dir,
+        &[
+            "redirector: 1 clicks sent, 0 dropped",
+            "collector: 1 clicks written",
+        ],
+    )
+    .await;
+
+    // A second run finds the cluster, the links and the click of the first one.
+    let again = start(&dev_dir);
+    let ready = wait_ready(&again, READY).await;
+    assert!(
+        again
+            .log()
+            .iter()
+            .any(|l| l.contains("links already present")),
+        "the second run seeded the links again"
+    );
+    assert_eq!(clicks_shown(&ready.psql), Some(1), "the first run's click");
+    let db = shared::pgtest::connect(&format!(
+        "host={} user=postgres dbname=clicks",
+        dev_dir.join("pg").display()
+    ))
+    .await;
+    let links: i64 = db
+        .query_one("SELECT count(*) FROM links", &[])
+        .await
+        .expect("count links")
+        .get(0);
+    assert_eq!(links, 250_000);
+    drop(db);
+    let pids = processes_of(&ready, &dev_dir);
+    stop(
+        again,
+        &pids,
+        &dev_dir,
+        &[
+            "redirector: 0 clicks sent, 0 dropped",
+            "collector: 0 clicks written",
+        ],
+    )
+    .await;
+}
