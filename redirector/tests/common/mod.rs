@@ -153,3 +153,12 @@ pub async fn request(addr: SocketAddr, method: hyper::Method, path: &str) -> hyp
     let response = sender.send_request(request).await.expect("an answer");
     response.map(|_| ())
 }
+
+/// Waits until clicks for `code` start arriving in `clicks`.
+pub async fn await_first_rows(db: &tokio_postgres::Client, code: &str) {
+    let what = format!("the first rows in clicks for {code}");
+    shared::testkit::eventually(&what, LIMIT, || async {
+        (rows(db, Some(code)).await > 0).then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,212 @@
+//! End to end: the real redirector and the real collector over a socket in a temp dir, a
+//! private PostgreSQL, and HTTP load from 50 keep-alive connections. Every redirect served is a
+//! row in `clicks` or a counted drop.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{add_link, await_rows, collector, load::Load, redirector, rows, LIMIT};
+use hyper::Method;
+use nix::sys::signal::Signal;
+
+#[tokio::test]
+async fn twenty_thousand_gets_become_twenty_thousand_rows() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "promo", "https://example.com/promo").await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let _collector = collector(&db.url, &socket).await;
+    let r = redirector(&db.url, &socket, &[]).await;
+    r.ready().await;
+
+    let gets = Load::get(r.http, "/promo").run(20_000).await;
+    let heads = Load::get(r.http, "/promo")
+        .method(Method::HEAD)
+        .run(2_000)
+        .await;
+    let unknown = Load::get(r.http, "/nosuchcode").run(2_000).await;
+    assert_eq!(gets.count(302), 20_000, "{gets:?}");
+    assert_eq!(heads.count(302), 2_000, "{heads:?}");
+    assert_eq!(unknown.count(404), 2_000, "{unknown:?}");
+
+    await_rows(&client, Some("promo"), 20_000).await;
+    assert_eq!(
+        rows(&client, None).await,
+        20_000,
+        "HEAD and unknown codes add no rows"
+    );
+    assert_eq!(r.metric("redirector_clicks_sent_total").await, 20_000.0);
+    assert_eq!(r.metric("redirector_redirects_total").await, 20_000.0);
+    eprintln!("20,000 GETs: max latency {:?}", gets.max_latency);
+}
+
+#[tokio::test]
+async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_seconds() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "steady", "https://example.com/").await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let mut first = collector(&db.url, &socket).await;
+    let r = redirector(&db.url, &socket, &[]).await;
+    r.ready().await;
+
+    let load = Load::get(r.http, "/steady");
+    let running = load.start();
+    common::await_first_rows(&client, "steady").await;
+    first.signal(Signal::SIGTERM);
+    assert!(first.wait_exit(LIMIT).await.success());
+    let sent_before = r.metric("redirector_clicks_sent_total").await;
+    // The outage itself: the scenario's length, not a wait for a condition.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = r.metric("redirector_ring_depth").await;
+    assert!(
+        held > 0.0,
+        "the ring holds clicks while the collector is away"
+    );
+    assert_eq!(
+        r.metric("redirector_clicks_sent_total").await,
+        sent_before,
+        "nothing is sent while nobody listens"
+    );
+    let _second = collector(&db.url, &socket).await;
+    shared::testkit::eventually("clicks sent again", LIMIT, || async {
+        (r.metric("redirector_clicks_sent_total").await > sent_before + held).then_some(())
+    })
+    .await;
+    load.stop();
+    let report = running.await.unwrap();
+
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(
+        report.count(302),
+        report.total(),
+        "every request redirected: {report:?}"
+    );
+    await_rows(&client, Some("steady"), report.count(302)).await;
+    assert_eq!(
+        r.metric("redirector_clicks_sent_total").await,
+        report.count(302) as f64
+    );
+    assert_eq!(dropped(&r).await, 0.0);
+    eprintln!(
+        "collector outage: {} redirects, {held} held in the ring after 3 s, max latency {:?}",
+        report.count(302),
+        report.max_latency
+    );
+}
+
+#[tokio::test]
+async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_growing() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "flood", "https://example.com/").await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let r = redirector(&db.url, &socket, &["--ring-capacity", "5000"]).await;
+    r.ready().await;
+    let load = Load::get(r.http, "/flood");
+
+    // Warm up: fill the ring and let the connections and allocator settle.
+    let warm = load.run(10_000).await;
+    assert!(
+        r.metric("redirector_clicks_dropped_total{reason=\"ring_full\"}")
+            .await
+            > 0.0
+    );
+    let before = common::rss_kib(r.service.pid());
+    let flood = load.run(100_000).await;
+    let after = common::rss_kib(r.service.pid());
+    assert_eq!(flood.count(302), 100_000, "{flood:?}");
+    // 100,000 clicks kept would take 8 MB at 80 bytes each; the ring is allocated once.
+    assert!(
+        after <= before + 4 * 1024,
+        "RSS grew from {before} KiB to {after} KiB over 100,000 dropped clicks"
+    );
+
+    let _collector = collector(&db.url, &socket).await;
+    let served = warm.count(302) + flood.count(302);
+    let ring_full = r
+        .metric("redirector_clicks_dropped_total{reason=\"ring_full\"}")
+        .await;
+    assert!(
+        ring_full >= 100_000.0,
+        "{ring_full} dropped for a full ring"
+    );
+    let sent = served - ring_full as u64;
+    await_rows(&client, Some("flood"), sent).await;
+    assert_eq!(r.metric("redirector_clicks_sent_total").await, sent as f64);
+    assert_eq!(dropped(&r).await, ring_full, "only ring_full drops");
+    assert_eq!(r.metric("redirector_redirects_total").await, served as f64);
+    eprintln!("ring overflow: {served} served, {sent} rows, {ring_full} dropped; RSS {before} -> {after} KiB");
+}
+
+#[tokio::test]
+async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "busy", "https://example.com/").await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let _collector = collector(&db.url, &socket).await;
+    let mut r = redirector(&db.url, &socket, &[]).await;
+    r.ready().await;
+
+    let running = Load::get(r.http, "/busy").start();
+    shared::testkit::eventually("load under way", LIMIT, || async {
+        (rows(&client, Some("busy")).await >= 5_000).then_some(())
+    })
+    .await;
+    r.service.signal(Signal::SIGTERM);
+    let status = r.service.wait_exit(LIMIT).await;
+    let report = running.await.unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let (sent, dropped) = common::final_counts(&r.service.log());
+    assert_eq!(
+        sent + dropped,
+        report.count(302),
+        "served = sent + dropped: {report:?}"
+    );
+    await_rows(&client, Some("busy"), sent).await;
+    eprintln!(
+        "SIGTERM under load: {} redirects, {sent} sent, {dropped} dropped, {} requests cut off",
+        report.count(302),
+        report.errors
+    );
+}
+
+#[tokio::test]
+async fn sigterm_with_the_collector_away_counts_the_ring_as_dropped_at_shutdown() {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    add_link(&client, "orphan", "https://example.com/").await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let mut r = redirector(&db.url, &socket, &["--drain-timeout", "300ms"]).await;
+    r.ready().await;
+    let report = Load::get(r.http, "/orphan").run(3_000).await;
+    assert_eq!(report.count(302), 3_000, "{report:?}");
+    assert_eq!(r.metric("redirector_clicks_queued_total").await, 3_000.0);
+    assert_eq!(r.metric("redirector_clicks_sent_total").await, 0.0);
+
+    r.service.signal(Signal::SIGTERM);
+    let status = r.service.wait_exit(LIMIT).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(common::final_counts(&r.service.log()), (0, 3_000));
+    assert_eq!(rows(&client, None).await, 0);
+}
+
+async fn dropped(r: &common::Redirector) -> f64 {
+    let mut total = 0.0;
+    for reason in ["ring_full", "shutdown", "invalid", "direct_failed"] {
+        total += r
+            .metric(&format!(
+                "redirector_clicks_dropped_total{{reason=\"{reason}\"}}"
+            ))
+            .await;
+    }
+    total
+}
