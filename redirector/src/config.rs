@@ -23,7 +23,7 @@ pub struct Config {
     )]
     pub admin_listen: SocketAddr,
 
-    /// PostgreSQL connection string (URL or key=value) of the database holding `links`.
+    /// The PostgreSQL database holding `links` (a URL or a key=value string).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
@@ -53,8 +53,8 @@ pub struct Config {
     #[arg(long, env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = duration)]
     pub flush_interval: Duration,
 
-    /// At shutdown, how long to keep sending what the ring holds; the rest is counted as
-    /// dropped (reason "shutdown"). Requests in flight get as long again to finish first.
+    /// How long shutdown keeps sending what the ring holds; the rest is counted as dropped.
+    /// (Requests in flight get as long to finish before that.)
     #[arg(long, env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
     pub drain_timeout: Duration,
 
