@@ -1,0 +1,90 @@
+//! Socket activation as systemd does it: the socket is bound by someone else, passed as fd 3
+//! with LISTEN_FDS/LISTEN_PID, and outlives the collector with its queued datagrams.
+
+mod common;
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use nix::sys::signal::Signal;
+use shared::pgtest::{self, TestDb};
+
+/// 2026-07-01T00:00:00Z.
+const START_US: i64 = 1_782_864_000_000_000;
+
+/// The collector started the way systemd starts it: `fd` as fd 3, LISTEN_FDS=1 and
+/// LISTEN_PID set to its own pid (by a shell that then execs it), NOTIFY_SOCKET at `notify`.
+fn activated(db: &TestDb, fd: RawFd, dir: &Path, notify: &Path) -> Command {
+    let unused = dir.join("not-bound.sock");
+    let inner = command(db, &unused, &[]);
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", r#"LISTEN_PID=$$ exec "$0" "$@""#])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env("RUST_LOG", "info")
+        .env("LISTEN_FDS", "1")
+        .env("NOTIFY_SOCKET", notify);
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                nix::fcntl::fcntl(
+                    3,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            } else {
+                nix::unistd::dup2(fd, 3)?;
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// The next notification the collector sent.
+fn notification(sock: &UnixDatagram) -> String {
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("a notification");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (dir, path) = socket_path();
+    let passed = shared::socket::bind_datagram(&path, 0o600).unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(LIMIT)).unwrap();
+    let sent = clicks(9_000, 40, START_US, 13);
+    let grams = datagrams(21, &sent);
+    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
+    let sender = connect(&path);
+
+    // Queued before any collector runs, as systemd holds them.
+    sender.send(&grams[0]).unwrap();
+    let mut c =
+        Collector::spawn(activated(&db, passed.as_raw_fd(), dir.path(), &notify_path)).await;
+    assert_eq!(notification(&notify), "READY=1");
+    await_rows(&client, per(0)).await;
+    assert!(c
+        .service
+        .log()
+        .iter()
+        .any(|l| l.contains("passed by systemd")));
+    c.service.signal(Signal::SIGTERM);
+    assert_eq!(notification(&notify), "STOPPING=1");
+    assert!(c.service.wait_exit(LIMIT).await.success());
+
+    // The socket is neither unlinked nor shut: it still queues for the next start.
+    assert!(path.exists());
+    sender.send(&grams[1]).unwrap();
+    let _c = Collector::spawn(activated(&db, passed.as_raw_fd(), dir.path(), &notify_path)).await;
+    await_rows(&client, per(0) + per(1)).await;
+    assert!(!dir.path().join("not-bound.sock").exists());
+}
