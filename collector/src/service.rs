@@ -80,16 +80,16 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         .transpose()
         .map_err(Fatal::Mirror)?;
     let mut stop = stop_signal().map_err(Fatal::Signals)?;
-    let inbox = Inbox::open(&config.socket, config.socket_mode)?;
-
     let start = tokio::select! {
         start = prepare(&db, &metrics) => start,
         name = &mut stop => {
             tracing::info!("{name} before the database was reached; nothing received");
-            inbox.fence();
             return Ok(());
         }
     };
+    // Opened only now: until the database is reached, senders find no socket and keep their
+    // clicks, rather than queue datagrams that a stop in the meantime would discard.
+    let inbox = Inbox::open(&config.socket, config.socket_mode)?;
     metrics.deltas_pending.set(start.deltas_pending);
     metrics.db_reachable.store(true, Relaxed);
     metrics.started.store(true, Relaxed);

@@ -351,3 +351,30 @@ async fn a_missing_database_url_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
+    let cluster = pgtest::cluster();
+    let name = format!("later_{}", std::process::id());
+    let db = pgtest::TestDb {
+        url: cluster.url(&name),
+        name: name.clone(),
+    };
+    let (_dir, path) = socket_path();
+    let c = Collector::spawn(command(&db, &path, &[])).await;
+    c.service.wait_for_log("database not ready", LIMIT).await;
+    let (status, body) = shared::admin::get(c.admin, "/healthz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(!path.exists(), "no socket before the database is reached");
+
+    let admin = cluster.connect("postgres").await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    c.ready().await;
+    assert!(path.exists());
+    send_all(&path, datagrams(2, &clicks(3, 3, START_US, 1))).await;
+    await_rows(&pgtest::connect(&db.url).await, 3).await;
+    assert!(c.metric("collector_db_errors_total").await >= 1.0);
+}
