@@ -48,7 +48,8 @@ fn encode(c: &mut Criterion) {
         let mut enc = Encoder::new(42, MAX_DATAGRAM).expect("limit in range");
         b.iter(|| {
             for (i, code) in codes.iter().enumerate() {
-                enc.push(code, 1_700_000_000_000_000 + i as i64).expect("fits");
+                enc.push(code, 1_700_000_000_000_000 + i as i64)
+                    .expect("fits");
             }
             let n = enc.datagram().len();
             enc.next();
