@@ -64,6 +64,7 @@ pub struct Receiver {
     reject_log: Throttle,
     lost_log: Throttle,
     mirror_log: Throttle,
+    recv_log: Throttle,
 }
 
 /// What woke the loop.
@@ -74,6 +75,8 @@ enum Event {
     Received(io::Result<Option<Datagram>>),
 }
 
+/// When a batch is handed to the writer: at `batch_rows` clicks, or `flush_interval` after
+/// its first datagram, whichever comes first.
 pub struct Settings {
     pub batch_rows: usize,
     pub flush_interval: Duration,
@@ -101,6 +104,7 @@ impl Receiver {
             reject_log: Throttle::default(),
             lost_log: Throttle::default(),
             mirror_log: Throttle::default(),
+            recv_log: Throttle::default(),
         }
     }
 
@@ -116,7 +120,10 @@ impl Receiver {
                 Event::Received(Ok(Some(datagram))) => self.take(datagram)?,
                 Event::Received(Ok(None)) => {}
                 Event::Received(Err(e)) => {
-                    tracing::warn!("receiving: {e}");
+                    if let Some(held) = self.recv_log.allow() {
+                        tracing::warn!("receiving: {e} ({held} more errors not logged)");
+                    }
+                    // Not a reason to stop; a pause keeps a persistent error from spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
