@@ -158,20 +158,26 @@ impl Receiver {
 
     /// Reads what is queued on the fenced socket until it is empty.
     async fn drain(&mut self) -> Result<(), WriterGone> {
+        let mut drained = 0u64;
         loop {
             if self.current.is_none() {
                 let batch = self.handoff.empty.recv().await.ok_or(WriterGone)?;
                 self.current = Some(batch);
             }
             match self.inbox.try_recv(&mut self.buf) {
-                Ok(Some(datagram)) => self.take(datagram)?,
-                Ok(None) => return Ok(()),
+                Ok(Some(datagram)) => {
+                    drained += 1;
+                    self.take(datagram)?;
+                }
+                Ok(None) => break,
                 Err(e) => {
                     tracing::warn!("draining the socket: {e}; what is still queued stays unread");
-                    return Ok(());
+                    break;
                 }
             }
         }
+        tracing::info!("read {drained} datagrams still queued at stop");
+        Ok(())
     }
 
     /// Handles one datagram in the buffer; hands the batch over if it is full.

@@ -234,25 +234,38 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
     )
     .await;
     let sent = clicks(30_000, 100, START_US, 7);
+    let grams = datagrams(9, &sent);
+    assert!(grams.len() >= 12, "{} datagrams", grams.len());
+    let (taken, queued) = grams.split_at(grams.len() - 8);
     let sock = connect(&path);
-    for d in datagrams(9, &sent) {
-        sock.send(&d).unwrap();
+    for d in taken {
+        sock.send(d).unwrap();
+    }
+    c.await_metric("collector_datagrams_received_total", taken.len() as f64)
+        .await;
+    // Stopped, the collector reads nothing: the rest of the burst waits in the socket's queue
+    // (8 datagrams fit) when SIGTERM is handled.
+    c.service.signal(Signal::SIGSTOP);
+    for d in queued {
+        sock.send(d).unwrap();
     }
     c.service.signal(Signal::SIGTERM);
+    c.service.signal(Signal::SIGCONT);
     let status = c.service.wait_exit(LIMIT).await;
     assert!(status.success(), "{status}");
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 30_000);
+    let log = c.service.log();
     assert!(
-        c.service
-            .log()
-            .iter()
+        log.iter()
             .any(|l| l.contains("collector: 30000 clicks written")),
-        "{:#?}",
-        c.service.log()
+        "{log:#?}"
     );
+    assert!(log
+        .iter()
+        .any(|l| l.contains("datagrams still queued at stop")));
     // The fence: the path is gone and the connected sender is refused, keeping its datagram.
     assert!(!path.exists());
-    let err = sock.send(&datagrams(9, &sent[..1])[0]).unwrap_err();
+    let err = sock.send(&grams[0]).unwrap_err();
     assert!(SendErrorKind::of(&err).receiver_away(), "{err}");
 }
 
