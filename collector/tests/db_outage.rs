@@ -60,7 +60,21 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     )
     .await;
     // The outage itself: a few seconds of clicks arriving with nowhere to go.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let received = c.metric("collector_datagrams_received_total").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Backpressure: with both batches waiting for the database the collector reads nothing,
+    // the socket's queue fills and the sender is held with the rest of its datagrams.
+    assert_eq!(
+        c.metric("collector_datagrams_received_total").await,
+        received
+    );
+    assert!(received < grams.len() as f64);
+    assert!(
+        !sender.is_finished(),
+        "the sender should be held by the full queue"
+    );
+    assert!(c.metric("collector_pending_clicks").await > 0.0);
     tokio::task::spawn_blocking(|| pgtest::cluster().start_server())
         .await
         .unwrap();
