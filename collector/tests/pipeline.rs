@@ -391,3 +391,35 @@ async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
     await_rows(&pgtest::connect(&db.url).await, 3).await;
     assert!(c.metric("collector_db_errors_total").await >= 1.0);
 }
+
+/// One datagram of `sender` at `seq` with a single click.
+fn datagram_at(sender: u64, seq: u64, at_us: i64) -> Vec<u8> {
+    let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+    for _ in 0..seq {
+        enc.next();
+    }
+    enc.push("gap", at_us).unwrap();
+    enc.datagram().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (_dir, path) = socket_path();
+    let c = Collector::start(&db, &path, &[]).await;
+    // Sender 1: 0 then 3 (1 and 2 lost). Sender 2 first seen at seq 4 (0 to 3 lost).
+    let grams = vec![
+        datagram_at(1, 0, START_US),
+        datagram_at(1, 3, START_US + 1),
+        datagram_at(2, 4, START_US + 2),
+    ];
+    send_all(&path, grams).await;
+    await_rows(&client, 3).await;
+    assert_eq!(c.metric("collector_datagrams_lost_total").await, 6.0);
+    c.service.wait_for_log("datagrams lost", LIMIT).await;
+    assert_eq!(
+        count(&client, "SELECT sum(last_seq)::int8 FROM click_senders").await,
+        7
+    );
+}
