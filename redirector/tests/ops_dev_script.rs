@@ -31,15 +31,21 @@ fn repo() -> PathBuf {
 
 /// `scripts/dev` with its stdout folded into the captured stderr.
 fn start(dev_dir: &Path) -> Service {
+    let mut cmd = dev_command(dev_dir);
+    cmd.env_remove("DATABASE_URL");
+    Service::spawn("dev", cmd)
+}
+
+/// The script from the repository root, on free ports, with its data in `dev_dir`.
+fn dev_command(dev_dir: &Path) -> Command {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", "exec ./scripts/dev 1>&2"])
         .current_dir(repo())
         .env("DEV_DIR", dev_dir)
         .env("DEV_LISTEN", "127.0.0.1:0")
         .env("DEV_ADMIN", "127.0.0.1:0")
-        .env("DEV_COLLECTOR_ADMIN", "127.0.0.1:0")
-        .env_remove("DATABASE_URL");
-    Service::spawn("dev", cmd)
+        .env("DEV_COLLECTOR_ADMIN", "127.0.0.1:0");
+    cmd
 }
 
 /// What the script printed once ready: the addresses, the psql command, the pids it started.
@@ -319,4 +325,46 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         ],
     )
     .await;
+}
+
+/// `DATABASE_URL` set: the script migrates and seeds that database, starts no PostgreSQL of its
+/// own, and leaves that database running when it stops.
+#[tokio::test]
+async fn dev_script_uses_the_database_url_it_is_given() {
+    let temp = tempfile::Builder::new()
+        .prefix("dev-script-url-")
+        .tempdir()
+        .expect("temp dir");
+    let dev_dir = temp.path().join("dev");
+    let _cleanup = KillLeftovers(dev_dir.clone());
+    let cluster = shared::pgtest::cluster();
+    let db = cluster.fresh_database().await;
+
+    let mut cmd = dev_command(&dev_dir);
+    cmd.env("DATABASE_URL", &db.url);
+    let run = Service::spawn("dev", cmd);
+    let ready = wait_ready(&run, FIRST_READY).await;
+    assert!(
+        !dev_dir.join("pg").exists(),
+        "the script set up a PostgreSQL of its own"
+    );
+    let (status, _) = get(ready.redirect, "/seed249999").await;
+    assert_eq!(status, 302, "a seeded link of the given database");
+    stop(
+        run,
+        &ready.pids,
+        &dev_dir,
+        &["redirector: 1 clicks sent, 0 dropped"],
+    )
+    .await;
+
+    let client = cluster.connect(&db.name).await;
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM links), (SELECT count(*) FROM clicks)",
+            &[],
+        )
+        .await
+        .expect("the given database is still up");
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (250_000, 1));
 }
