@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{add_link, load::Load, redirector};
+use std::os::unix::net::UnixDatagram;
+
+use common::{add_link, load::Load, redirector, LIMIT};
 use hyper::Method;
 
 #[tokio::test]
@@ -85,23 +87,27 @@ async fn a_request_head_over_the_limit_is_refused() {
 }
 
 #[tokio::test]
-async fn until_the_first_load_answers_503_and_is_not_healthy() {
+async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_systemd() {
     // A database that does not exist yet: the link table cannot load until it is created.
     let cluster = shared::pgtest::cluster();
     let name = format!("late_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
-    let r = redirector(&cluster.url(&name), &dir.path().join("c.sock"), &[]).await;
+    let notify = UnixDatagram::bind(dir.path().join("notify.sock")).unwrap();
+    let mut cmd = common::redirector_command(&cluster.url(&name), &dir.path().join("c.sock"), &[]);
+    cmd.env("NOTIFY_SOCKET", dir.path().join("notify.sock"));
+    let mut r = common::start_redirector(cmd).await;
 
     let response = common::request(r.http, Method::GET, "/soon").await;
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
     let (status, body) = shared::admin::get(r.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(!r
-        .service
-        .log()
-        .iter()
-        .any(|l| l.contains("link table loaded")));
+    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+    assert_eq!(
+        notifications(&notify),
+        Vec::<String>::new(),
+        "no READY=1 before the first load"
+    );
 
     let admin = cluster.connect("postgres").await;
     admin
@@ -114,5 +120,23 @@ async fn until_the_first_load_answers_503_and_is_not_healthy() {
     r.ready().await;
     let response = common::request(r.http, Method::GET, "/soon").await;
     assert_eq!(response.status(), 302);
-    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+    shared::testkit::eventually("READY=1", LIMIT, || async {
+        (notifications(&notify) == ["READY=1"]).then_some(())
+    })
+    .await;
+
+    r.service.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    assert_eq!(notifications(&notify), ["STOPPING=1"]);
+}
+
+/// The sd_notify messages received since the last call.
+fn notifications(socket: &UnixDatagram) -> Vec<String> {
+    socket.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    let mut got = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    got
 }

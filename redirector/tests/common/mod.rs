@@ -23,6 +23,11 @@ pub struct Redirector {
 
 /// Starts the redirector on free ports; `extra` flags go last.
 pub async fn redirector(database_url: &str, socket: &Path, extra: &[&str]) -> Redirector {
+    start_redirector(redirector_command(database_url, socket, extra)).await
+}
+
+/// The command [`redirector`] runs, to adjust before [`start_redirector`].
+pub fn redirector_command(database_url: &str, socket: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(shared::testkit::binary("redirector"));
     cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .arg("--database-url")
@@ -31,6 +36,10 @@ pub async fn redirector(database_url: &str, socket: &Path, extra: &[&str]) -> Re
         .arg(socket)
         .args(extra)
         .env("RUST_LOG", "info");
+    cmd
+}
+
+pub async fn start_redirector(cmd: Command) -> Redirector {
     let service = Service::spawn("redirector", cmd);
     let http = service.addr_after("http listening on ", LIMIT).await;
     let admin = service.addr_after("admin listening on ", LIMIT).await;
