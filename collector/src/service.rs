@@ -1,11 +1,14 @@
 //! The collector process: start-up order, the tasks, signals and the lossless stop.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinHandle;
 
+use crate::batch::{self, Handoff};
 use crate::config::Config;
 use crate::copy::Writer;
 use crate::db::{describe, Backoff, Db};
@@ -14,7 +17,7 @@ use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
 use crate::senders::Senders;
 use crate::socket::Inbox;
-use crate::{batch, compact, migrations};
+use crate::{compact, migrations};
 
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -61,24 +64,14 @@ struct Start {
 pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let db = Db::parse(database_url).map_err(Fatal::Url)?;
     let metrics = Arc::new(Metrics::default());
-    let admin = TcpListener::bind(config.admin_listen)
+    listen_admin(config.admin_listen, metrics.clone())
         .await
         .map_err(|source| Fatal::Admin {
             addr: config.admin_listen,
             source,
         })?;
-    let addr = admin.local_addr().map_err(|source| Fatal::Admin {
-        addr: config.admin_listen,
-        source,
-    })?;
-    tracing::info!("admin listening on {addr}");
-    shared::admin::spawn(admin, metrics.clone());
-    let mirror = config
-        .mirror
-        .clone()
-        .map(Mirror::new)
-        .transpose()
-        .map_err(Fatal::Mirror)?;
+    let mirror = config.mirror.clone().map(Mirror::new).transpose();
+    let mirror = mirror.map_err(Fatal::Mirror)?;
     let mut stop = stop_signal().map_err(Fatal::Signals)?;
     let start = tokio::select! {
         start = prepare(&db, &metrics) => start,
@@ -96,40 +89,53 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     tracing::info!("ready: {} known senders", start.senders.len());
     shared::systemd::notify_or_log("READY=1");
 
-    let (handoff, writer_ends) = batch::handoff();
-    let writer = Writer::new(db.clone(), config.write_timeout, metrics.clone());
-    let writer = tokio::spawn(writer.run(writer_ends));
+    let (handoff, writer) = start_writer(&db, &config, &metrics);
+    let receiver = Receiver::new(
+        inbox,
+        start.senders,
+        mirror,
+        metrics.clone(),
+        Settings {
+            batch_rows: config.batch_rows as usize,
+            flush_interval: config.flush_interval,
+        },
+        handoff,
+    );
     let compactor = tokio::spawn(compact::run(
         db,
         config.compact_interval,
         config.write_timeout,
         metrics.clone(),
     ));
-    let settings = Settings {
-        batch_rows: config.batch_rows as usize,
-        flush_interval: config.flush_interval,
-    };
-    let receiver = Receiver::new(
-        inbox,
-        start.senders,
-        mirror,
-        metrics.clone(),
-        settings,
-        handoff,
-    );
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
         shared::systemd::notify_or_log("STOPPING=1");
     };
     let received = receiver.run(stopping).await;
-    // The receiver is gone, so the writer ends after the last batch.
+    // The receiver and its channel ends are gone: the writer ends after the last batch.
     if let Err(e) = writer.await {
         tracing::error!("the database writer failed: {e}");
     }
     compactor.abort();
     tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
     received.map_err(Fatal::from)
+}
+
+/// Binds the admin listener, logs its address (tests and scripts read it there) and serves.
+async fn listen_admin(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!("admin listening on {}", listener.local_addr()?);
+    shared::admin::spawn(listener, metrics);
+    Ok(())
+}
+
+/// Starts the writer task; returns the receiver's ends of its channels and the task, which
+/// ends once the receiver is gone and the last batch is committed.
+fn start_writer(db: &Db, config: &Config, metrics: &Arc<Metrics>) -> (Handoff, JoinHandle<()>) {
+    let (handoff, writer_ends) = batch::handoff();
+    let writer = Writer::new(db.clone(), config.write_timeout, metrics.clone());
+    (handoff, tokio::spawn(writer.run(writer_ends)))
 }
 
 /// Connects (retrying with backoff while the database is away), migrates, and loads the
