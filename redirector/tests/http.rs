@@ -5,16 +5,13 @@ mod common;
 
 use std::os::unix::net::UnixDatagram;
 
-use common::{add_link, load::Load, redirector, LIMIT};
+use common::{add_link, fixture, load::Load, redirector, LIMIT};
 use hyper::Method;
 
 #[tokio::test]
 async fn answers_redirects_not_found_and_wrong_methods() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "home", "https://example.com/home?x=1").await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    let f = fixture(&[("home", "https://example.com/home?x=1")]).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
     let response = common::request(r.http, Method::GET, "/home").await;
@@ -54,11 +51,8 @@ async fn answers_redirects_not_found_and_wrong_methods() {
 
 #[tokio::test]
 async fn head_requests_and_unknown_codes_queue_no_clicks_under_load() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "known", "https://example.com/").await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    let f = fixture(&[("known", "https://example.com/")]).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     let head = Load::get(r.http, "/known")
         .method(Method::HEAD)
@@ -73,9 +67,8 @@ async fn head_requests_and_unknown_codes_queue_no_clicks_under_load() {
 
 #[tokio::test]
 async fn a_request_head_over_the_limit_is_refused() {
-    let db = collector::migrations::test_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    let f = fixture(&[]).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     let long = format!("/{}", "a".repeat(20_000));
     let status = common::request(r.http, Method::GET, &long).await.status();

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{add_link, redirector, LIMIT};
+use common::{add_link, fixture, redirector, LIMIT};
 use hyper::Method;
 use shared::testkit::eventually;
 
@@ -30,16 +30,9 @@ async fn await_answer(
 
 #[tokio::test]
 async fn a_link_inserted_with_sql_redirects_within_a_second() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    let dir = tempfile::tempdir().unwrap();
+    let f = fixture(&[]).await;
     // A long periodic reload, so only the notification can explain a quick change.
-    let r = redirector(
-        &db.url,
-        &dir.path().join("c.sock"),
-        &["--reload-interval", "1h"],
-    )
-    .await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     assert_eq!(
         common::request(r.http, Method::GET, "/fresh")
@@ -48,7 +41,7 @@ async fn a_link_inserted_with_sql_redirects_within_a_second() {
         404
     );
 
-    add_link(&client, "fresh", "https://example.com/fresh").await;
+    add_link(&f.client, "fresh", "https://example.com/fresh").await;
     await_answer(
         r.http,
         "fresh",
@@ -58,7 +51,7 @@ async fn a_link_inserted_with_sql_redirects_within_a_second() {
     )
     .await;
 
-    client
+    f.client
         .execute(
             "UPDATE links SET url = 'https://example.com/moved' WHERE code = 'fresh'",
             &[],
@@ -74,7 +67,7 @@ async fn a_link_inserted_with_sql_redirects_within_a_second() {
     )
     .await;
 
-    client
+    f.client
         .execute("DELETE FROM links WHERE code = 'fresh'", &[])
         .await
         .unwrap();
@@ -83,16 +76,8 @@ async fn a_link_inserted_with_sql_redirects_within_a_second() {
 
 #[tokio::test]
 async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "steady", "https://example.com/steady").await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = redirector(
-        &db.url,
-        &dir.path().join("c.sock"),
-        &["--reload-interval", "1h"],
-    )
-    .await;
+    let f = fixture(&[("steady", "https://example.com/steady")]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
 
     // Cut the redirector's connection from the server side, and refuse new ones for a while.
@@ -101,7 +86,7 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
         .batch_execute(&format!(
             "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
              SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';",
-            db.name
+            f.db.name
         ))
         .await
         .unwrap();
@@ -117,25 +102,25 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
     admin
         .batch_execute(&format!(
             "ALTER DATABASE {} ALLOW_CONNECTIONS true",
-            db.name
+            f.db.name
         ))
         .await
         .unwrap();
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "after", "https://example.com/after").await;
+    let fresh = shared::pgtest::connect(&f.db.url).await;
+    add_link(&fresh, "after", "https://example.com/after").await;
     // Reconnected and listening again (backoff is capped at 5 s).
     await_answer(r.http, "after", 302, "https://example.com/after", LIMIT).await;
 }
 
 #[tokio::test]
 async fn rows_with_an_unusable_url_are_skipped_and_counted() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "good", "https://example.com/good").await;
     // Passes the table's CHECK, but a newline cannot go in a Location header.
-    add_link(&client, "broken", "https://example.com/a\nb").await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = redirector(&db.url, &dir.path().join("c.sock"), &[]).await;
+    let f = fixture(&[
+        ("good", "https://example.com/good"),
+        ("broken", "https://example.com/a\nb"),
+    ])
+    .await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     assert_eq!(r.metric("redirector_links").await, 1.0);
     assert_eq!(r.metric("redirector_links_skipped").await, 1.0);

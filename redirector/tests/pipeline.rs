@@ -6,19 +6,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{add_link, await_rows, collector, load::Load, redirector, rows, LIMIT};
+use common::{await_rows, collector, fixture, load::Load, redirector, rows, LIMIT};
 use hyper::Method;
 use nix::sys::signal::Signal;
 
 #[tokio::test]
 async fn twenty_thousand_gets_become_twenty_thousand_rows() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "promo", "https://example.com/promo").await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("collector.sock");
-    let _collector = collector(&db.url, &socket).await;
-    let r = redirector(&db.url, &socket, &[]).await;
+    let f = fixture(&[("promo", "https://example.com/promo")]).await;
+    let _collector = collector(&f.db.url, &f.socket).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
     let gets = Load::get(r.http, "/promo").run(20_000).await;
@@ -31,9 +27,9 @@ async fn twenty_thousand_gets_become_twenty_thousand_rows() {
     assert_eq!(heads.count(302), 2_000, "{heads:?}");
     assert_eq!(unknown.count(404), 2_000, "{unknown:?}");
 
-    await_rows(&client, Some("promo"), 20_000).await;
+    await_rows(&f.client, Some("promo"), 20_000).await;
     assert_eq!(
-        rows(&client, None).await,
+        rows(&f.client, None).await,
         20_000,
         "HEAD and unknown codes add no rows"
     );
@@ -44,18 +40,14 @@ async fn twenty_thousand_gets_become_twenty_thousand_rows() {
 
 #[tokio::test]
 async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_seconds() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "steady", "https://example.com/").await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("collector.sock");
-    let mut first = collector(&db.url, &socket).await;
-    let r = redirector(&db.url, &socket, &[]).await;
+    let f = fixture(&[("steady", "https://example.com/")]).await;
+    let mut first = collector(&f.db.url, &f.socket).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
     let load = Load::get(r.http, "/steady");
     let running = load.start();
-    common::await_first_rows(&client, "steady").await;
+    common::await_first_rows(&f.client, "steady").await;
     first.signal(Signal::SIGTERM);
     assert!(first.wait_exit(LIMIT).await.success());
     let sent_before = r.metric("redirector_clicks_sent_total").await;
@@ -71,7 +63,7 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         sent_before,
         "nothing is sent while nobody listens"
     );
-    let _second = collector(&db.url, &socket).await;
+    let _second = collector(&f.db.url, &f.socket).await;
     shared::testkit::eventually("clicks sent again", LIMIT, || async {
         (r.metric("redirector_clicks_sent_total").await > sent_before + held).then_some(())
     })
@@ -85,7 +77,7 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         report.total(),
         "every request redirected: {report:?}"
     );
-    await_rows(&client, Some("steady"), report.count(302)).await;
+    await_rows(&f.client, Some("steady"), report.count(302)).await;
     assert_eq!(
         r.metric("redirector_clicks_sent_total").await,
         report.count(302) as f64
@@ -100,12 +92,8 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
 
 #[tokio::test]
 async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_growing() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "flood", "https://example.com/").await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("collector.sock");
-    let r = redirector(&db.url, &socket, &["--ring-capacity", "5000"]).await;
+    let f = fixture(&[("flood", "https://example.com/")]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--ring-capacity", "5000"]).await;
     r.ready().await;
     let load = Load::get(r.http, "/flood");
 
@@ -126,7 +114,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
         "RSS grew from {before} KiB to {after} KiB over 100,000 dropped clicks"
     );
 
-    let _collector = collector(&db.url, &socket).await;
+    let _collector = collector(&f.db.url, &f.socket).await;
     let served = warm.count(302) + flood.count(302);
     let ring_full = r
         .metric("redirector_clicks_dropped_total{reason=\"ring_full\"}")
@@ -136,7 +124,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
         "{ring_full} dropped for a full ring"
     );
     let sent = served - ring_full as u64;
-    await_rows(&client, Some("flood"), sent).await;
+    await_rows(&f.client, Some("flood"), sent).await;
     assert_eq!(r.metric("redirector_clicks_sent_total").await, sent as f64);
     assert_eq!(dropped(&r).await, ring_full, "only ring_full drops");
     assert_eq!(r.metric("redirector_redirects_total").await, served as f64);
@@ -145,18 +133,14 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
 
 #[tokio::test]
 async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "busy", "https://example.com/").await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("collector.sock");
-    let _collector = collector(&db.url, &socket).await;
-    let mut r = redirector(&db.url, &socket, &[]).await;
+    let f = fixture(&[("busy", "https://example.com/")]).await;
+    let _collector = collector(&f.db.url, &f.socket).await;
+    let mut r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
     let running = Load::get(r.http, "/busy").start();
     shared::testkit::eventually("load under way", LIMIT, || async {
-        (rows(&client, Some("busy")).await >= 5_000).then_some(())
+        (rows(&f.client, Some("busy")).await >= 5_000).then_some(())
     })
     .await;
     r.service.signal(Signal::SIGTERM);
@@ -170,7 +154,7 @@ async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
         report.count(302),
         "served = sent + dropped: {report:?}"
     );
-    await_rows(&client, Some("busy"), sent).await;
+    await_rows(&f.client, Some("busy"), sent).await;
     eprintln!(
         "SIGTERM under load: {} redirects, {sent} sent, {dropped} dropped, {} requests cut off",
         report.count(302),
@@ -180,12 +164,8 @@ async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
 
 #[tokio::test]
 async fn sigterm_with_the_collector_away_counts_the_ring_as_dropped_at_shutdown() {
-    let db = collector::migrations::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
-    add_link(&client, "orphan", "https://example.com/").await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("collector.sock");
-    let mut r = redirector(&db.url, &socket, &["--drain-timeout", "300ms"]).await;
+    let f = fixture(&[("orphan", "https://example.com/")]).await;
+    let mut r = redirector(&f.db.url, &f.socket, &["--drain-timeout", "300ms"]).await;
     r.ready().await;
     let report = Load::get(r.http, "/orphan").run(3_000).await;
     assert_eq!(report.count(302), 3_000, "{report:?}");
@@ -196,7 +176,7 @@ async fn sigterm_with_the_collector_away_counts_the_ring_as_dropped_at_shutdown(
     let status = r.service.wait_exit(LIMIT).await;
     assert!(status.success(), "{status:?}");
     assert_eq!(common::final_counts(&r.service.log()), (0, 3_000));
-    assert_eq!(rows(&client, None).await, 0);
+    assert_eq!(rows(&f.client, None).await, 0);
 }
 
 async fn dropped(r: &common::Redirector) -> f64 {

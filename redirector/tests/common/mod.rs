@@ -14,6 +14,31 @@ use shared::testkit::Service;
 /// Upper bound for anything awaited in these tests.
 pub const LIMIT: Duration = Duration::from_secs(60);
 
+/// What most tests start from: a migrated database of their own holding `links`, a client of
+/// it, and a temp dir for the collector's socket.
+pub struct Fixture {
+    pub db: shared::pgtest::TestDb,
+    pub client: tokio_postgres::Client,
+    pub socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A fresh [`Fixture`] with `links` as (code, url) rows.
+pub async fn fixture(links: &[(&str, &str)]) -> Fixture {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    for (code, url) in links {
+        add_link(&client, code, url).await;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    Fixture {
+        db,
+        client,
+        socket: dir.path().join("collector.sock"),
+        _dir: dir,
+    }
+}
+
 /// A running `redirector` binary and where it listens.
 pub struct Redirector {
     pub service: Service,
