@@ -34,6 +34,13 @@ const UPSERT_SENDERS: &str = "
        SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
            updated_at = EXCLUDED.updated_at";
 
+/// How many of a batch's senders already have its seq committed: all of them when an earlier
+/// attempt committed the batch though its answer was lost (a connection cut during COMMIT).
+const COMMITTED_SENDERS: &str = "
+    SELECT count(*) FROM click_senders AS s
+    JOIN unnest($1::bigint[], $2::bigint[]) AS b(sender, last_seq) USING (sender)
+    WHERE s.last_seq >= b.last_seq";
+
 /// The UTC day of `at_us` (Unix microseconds), as PostgreSQL's binary `date`.
 pub fn pg_day(at_us: i64) -> i32 {
     // Valid clicks lie in years 1..=9999, whose days all fit an i32.
@@ -71,6 +78,15 @@ struct Conn {
     copy_clicks: Statement,
     copy_deltas: Statement,
     upsert_senders: Statement,
+    committed_senders: Statement,
+}
+
+/// What an attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Written,
+    /// An earlier attempt had committed it: not written again.
+    AlreadyCommitted,
 }
 
 impl Conn {
@@ -80,19 +96,38 @@ impl Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_deltas: client.prepare(COPY_DELTAS).await?,
             upsert_senders: client.prepare(UPSERT_SENDERS).await?,
+            committed_senders: client.prepare(COMMITTED_SENDERS).await?,
             client,
         })
     }
 
-    /// One transaction: clicks, deltas, senders, commit. Dropping it midway rolls it back.
-    async fn write(&mut self, batch: &Batch, rows: &Bytes) -> Result<(), tokio_postgres::Error> {
+    /// One transaction: clicks, deltas, senders, commit, unless the senders show that the
+    /// batch is in already. Dropping it midway rolls it back.
+    async fn write(
+        &mut self,
+        batch: &Batch,
+        rows: &Bytes,
+    ) -> Result<Outcome, tokio_postgres::Error> {
+        let (senders, seqs) = batch.sender_columns();
         let tx = self.client.transaction().await?;
+        let row = tx
+            .query_one(&self.committed_senders, &[&senders, &seqs])
+            .await?;
+        match row.get::<_, i64>(0) {
+            0 => {}
+            n if n as usize == senders.len() => return Ok(Outcome::AlreadyCommitted),
+            n => tracing::error!(
+                "{n} of the batch's {} senders have its seqs committed already: is another \
+                 collector writing the same senders? Writing it anyway",
+                senders.len()
+            ),
+        }
         let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
         debug_assert_eq!(written, batch.len() as u64);
         copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
-        let (senders, seqs) = batch.sender_columns();
         tx.execute(&self.upsert_senders, &[&senders, &seqs]).await?;
-        tx.commit().await
+        tx.commit().await?;
+        Ok(Outcome::Written)
     }
 }
 
@@ -161,7 +196,14 @@ impl Writer {
         let mut backoff = Backoff::new();
         loop {
             match tokio::time::timeout(self.timeout, self.attempt(batch, rows)).await {
-                Ok(Ok(())) => {
+                Ok(Ok(outcome)) => {
+                    if outcome == Outcome::AlreadyCommitted {
+                        tracing::info!(
+                            "a batch of {} clicks was committed by an attempt whose answer was \
+                             lost; not writing it again",
+                            batch.len()
+                        );
+                    }
                     self.metrics.db_reachable.store(true, Relaxed);
                     return;
                 }
@@ -183,7 +225,11 @@ impl Writer {
         }
     }
 
-    async fn attempt(&mut self, batch: &Batch, rows: &Bytes) -> Result<(), tokio_postgres::Error> {
+    async fn attempt(
+        &mut self,
+        batch: &Batch,
+        rows: &Bytes,
+    ) -> Result<Outcome, tokio_postgres::Error> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
             slot => slot.insert(Conn::open(&self.db).await?),

@@ -1,0 +1,99 @@
+//! The batch writer against the private PostgreSQL: retries never write a batch twice.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use collector::batch::{self, Batch, Handoff};
+use collector::copy::Writer;
+use collector::db::Db;
+use collector::metrics::Metrics;
+use common::*;
+use shared::pgtest;
+
+/// 2026-09-01T00:00:00Z.
+const START_US: i64 = 1_788_220_800_000_000;
+
+/// A batch holding `grams`, as the receiver builds it.
+fn batch_of(grams: &[Vec<u8>]) -> Batch {
+    let mut batch = Batch::default();
+    for g in grams {
+        let d = shared::wire::decode(g).unwrap();
+        batch.push(&d);
+        batch.note_sender(d.sender, d.seq);
+    }
+    batch
+}
+
+/// A writer task for `url` with `timeout`; the receiver's ends of its channels. The spare
+/// batch the channel starts with is taken out, so each `recv` returns a written batch.
+async fn writer(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Handoff {
+    let (mut handoff, ends) = batch::handoff();
+    let writer = Writer::new(Db::parse(url).unwrap(), timeout, metrics);
+    tokio::spawn(writer.run(ends));
+    handoff.empty.recv().await.unwrap();
+    handoff
+}
+
+async fn write(handoff: &mut Handoff, batch: Batch) {
+    handoff.full.send(batch).await.unwrap();
+    tokio::time::timeout(LIMIT, handoff.empty.recv())
+        .await
+        .expect("the writer hands the batch back")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_seqs_are_committed_is_not_written_again() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let sent = clicks(5_000, 20, START_US, 1_000);
+    let mut grams = datagrams(31, &sent);
+    grams.extend(datagrams(32, &sent[..10]));
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, LIMIT, metrics).await;
+
+    write(&mut handoff, batch_of(&grams)).await;
+    // The same batch again, as after a COMMIT whose answer was lost.
+    write(&mut handoff, batch_of(&grams)).await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 5_010);
+    assert_eq!(
+        count(&client, "SELECT sum(clicks)::int8 FROM click_count_deltas").await,
+        5_010
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let sent = clicks(2_000, 20, START_US, 1_000);
+    let grams = datagrams(41, &sent);
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, Duration::from_millis(300), metrics.clone()).await;
+
+    // Holding this lock stops every attempt midway, after its COPY into clicks.
+    let mut locker = pgtest::connect(&db.url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE click_count_deltas IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    handoff.full.send(batch_of(&grams)).await.unwrap();
+    shared::testkit::eventually("two attempts to time out", LIMIT, || async {
+        (metrics.db_errors.get() >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        handoff.empty.try_recv().is_err(),
+        "not written while locked"
+    );
+    lock.commit().await.unwrap();
+
+    tokio::time::timeout(LIMIT, handoff.empty.recv())
+        .await
+        .expect("written once the lock is gone")
+        .unwrap();
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 2_000);
+    assert_eq!(metrics.clicks_written.get(), 2_000);
+}
