@@ -82,17 +82,20 @@ impl Listener<'_> {
     fn receive(&mut self, socket: &UnixDatagram, stop: &AtomicBool) -> io::Result<()> {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let mut second_start = Instant::now();
+        let mut next_line = second_start + STATS_EVERY;
         while !signals::stopping(stop) {
             match receive_one(socket, &mut buf) {
                 Ok(len) => self.show(&buf[..len.min(buf.len())], len)?,
                 Err(Errno::EAGAIN | Errno::EINTR) => {}
                 Err(e) => return Err(e.into()),
             }
-            let elapsed = second_start.elapsed();
-            if self.args.stats && elapsed >= STATS_EVERY {
+            let now = Instant::now();
+            if self.args.stats && now >= next_line {
                 let totals = std::mem::take(&mut self.tally.second);
-                self.print(&stats_line(&totals, elapsed, self.args.json))?;
-                second_start = Instant::now();
+                self.print(&stats_line(&totals, now - second_start, self.args.json))?;
+                second_start = now;
+                // On a fixed schedule, so that lines do not drift by the receive timeout.
+                next_line = (next_line + STATS_EVERY).max(now);
             }
         }
         Ok(())
