@@ -474,6 +474,11 @@ fn send_says_clearly_when_nobody_listens() {
     let out = run_args(&["send", "--socket", file.to_str().unwrap(), "--raw", "00"]);
     assert_fails_with(&out, "exists but is not a socket");
 
+    let stream = dir.path().join("stream.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&stream).unwrap();
+    let out = run_args(&["send", "--socket", stream.to_str().unwrap(), "--code", "a"]);
+    assert_fails_with(&out, "is a socket of another type (not a datagram socket)");
+
     let out = run_args(&[
         "send",
         "--socket",
@@ -497,6 +502,15 @@ async fn listen_refuses_a_regular_file_and_a_path_in_use() {
     let out = run_args(&["listen", "--socket", file.to_str().unwrap()]);
     assert_fails_with(&out, "exists and is not a socket; refusing to remove it");
     assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+    let stream = dir.path().join("stream.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&stream).unwrap();
+    let out = run_args(&["listen", "--socket", stream.to_str().unwrap()]);
+    assert_fails_with(
+        &out,
+        "is a socket of another type (not a datagram socket); refusing",
+    );
+    assert!(stream.exists(), "listen removed a stream socket");
 
     let socket = dir.path().join("tap.sock");
     let first = Listen::start(&socket, &[]).await;
