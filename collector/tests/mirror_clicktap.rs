@@ -12,7 +12,10 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn clicktap(args: &[&str], socket: &Path) -> Command {
     let mut cmd = Command::new(binary("clicktap"));
-    cmd.args(args).arg("--socket").arg(socket);
+    cmd.args(args)
+        .arg("--socket")
+        .arg(socket)
+        .env("RUST_LOG", "info");
     cmd
 }
 
@@ -96,6 +99,7 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
         .arg("--mirror")
         .arg(&tap)
         .args(["--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
         .env_remove("LISTEN_FDS")
         .env_remove("NOTIFY_SOCKET");
     let mut collector = Service::spawn("collector", collector_cmd);

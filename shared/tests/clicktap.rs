@@ -18,8 +18,11 @@ const LIMIT: Duration = Duration::from_secs(20);
 /// The design's golden vector: sender 12345, seq 7, base_us -5, clicks ("seed1", 0), ("x", 300).
 const GOLDEN: &str = "01b960070902057365656431000178ac02";
 
+/// The binary, with the log level the tests wait on ("listening on" is logged at info).
 fn clicktap() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_clicktap"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_clicktap"));
+    cmd.env("RUST_LOG", "info").env_remove("CLICKS_SOCKET");
+    cmd
 }
 
 /// Runs a clicktap command that ends by itself, feeding it `stdin`.
