@@ -206,6 +206,22 @@ async fn send_into_listen_shows_every_click() {
         .iter()
         .all(|l| l["oldest_age_us"].as_i64().unwrap() >= 0));
 
+    let (status, summary) = send(&socket, &["--raw", "02b960"]).await;
+    assert!(status.success(), "{summary}");
+    let lines = listen
+        .json_until("listen to show the rejected datagram", |l| l.len() > 16)
+        .await;
+    let rejected = &lines[16];
+    assert_eq!(rejected["reason"], "wrong_version", "{rejected}");
+    assert_eq!(
+        rejected["error"],
+        "wrong version 2, this build reads version 1"
+    );
+    assert_eq!(
+        (rejected["bytes"].as_u64(), rejected["head"].as_str()),
+        (Some(3), Some("02b960"))
+    );
+
     let status = listen.stop(Signal::SIGTERM).await;
     assert!(status.success(), "listen exited with {status}");
     assert!(!socket.exists(), "listen left its socket file behind");
