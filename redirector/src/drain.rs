@@ -125,7 +125,13 @@ impl Drain {
                 },
             };
             let err = match result {
-                Ok(_) => return self.sent(),
+                Ok(_) => {
+                    self.sent();
+                    // A backlog of many datagrams (after an outage) must not hold a runtime
+                    // thread that request handlers are waiting for.
+                    tokio::task::yield_now().await;
+                    return;
+                }
                 Err(err) => err,
             };
             let kind = SendErrorKind::of(&err);

@@ -76,8 +76,10 @@ impl App {
             }
         };
         if counted {
-            self.metrics.redirects.inc();
+            // Counted once the click is recorded: a direct-mode request cut off at shutdown
+            // while its INSERT is pending is then neither served nor a click.
             self.record(code).await;
+            self.metrics.redirects.inc();
         } else {
             self.metrics.head_redirects.inc();
         }
