@@ -84,9 +84,10 @@ impl Ring {
         self.queue.capacity()
     }
 
-    /// Bytes the ring's slots take (capacity x slot size).
+    /// Bytes the queue's storage takes, written (so resident) at start: capacity x (slot size
+    /// plus the one-word stamp `ArrayQueue` keeps beside each slot).
     pub fn memory(&self) -> usize {
-        self.capacity() * Self::SLOT_SIZE
+        self.capacity() * (Self::SLOT_SIZE + std::mem::size_of::<usize>())
     }
 }
 
@@ -121,7 +122,7 @@ mod tests {
     #[test]
     fn slot_is_small_and_memory_is_capacity_times_slot() {
         assert_eq!(Ring::SLOT_SIZE, 80);
-        assert_eq!(Ring::new(1000).memory(), 80_000);
+        assert_eq!(Ring::new(1000).memory(), 88_000);
     }
 
     #[test]

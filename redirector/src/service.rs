@@ -158,9 +158,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
 fn new_ring(cfg: &Config) -> Arc<Ring> {
     let ring = Ring::new(cfg.ring_capacity as usize);
     tracing::info!(
-        "ring: {} clicks x {} B = {:.1} MiB, allocated now",
+        "ring: {} clicks x {} B (+{} B queue stamp) = {:.1} MiB, allocated now",
         ring.capacity(),
         Ring::SLOT_SIZE,
+        std::mem::size_of::<usize>(),
         ring.memory() as f64 / (1024.0 * 1024.0)
     );
     Arc::new(ring)
