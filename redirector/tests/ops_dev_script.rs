@@ -369,3 +369,51 @@ async fn dev_script_uses_the_database_url_it_is_given() {
         .expect("the given database is still up");
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (250_000, 1));
 }
+
+/// A run killed with SIGKILL leaves the binaries and PostgreSQL running (they live in sessions
+/// of their own); the next run stops them first instead of failing on the taken socket.
+#[tokio::test]
+async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
+    let temp = tempfile::Builder::new()
+        .prefix("dev-script-kill-")
+        .tempdir()
+        .expect("temp dir");
+    fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dev_dir = temp.path().join("dev");
+    let _cleanup = KillLeftovers(dev_dir.clone());
+
+    let mut killed = start(&dev_dir);
+    let first = wait_ready(&killed, FIRST_READY).await;
+    killed.signal(Signal::SIGKILL);
+    killed.wait_exit(STOP).await;
+    let orphans = &first.pids[1..];
+    assert!(
+        orphans.iter().all(|&p| alive(p)),
+        "the binaries should outlive a SIGKILLed script"
+    );
+
+    let again = start(&dev_dir);
+    let ready = wait_ready(&again, READY).await;
+    for name in ["redirector", "collector"] {
+        let expected = format!("stopping the {name} an earlier run left running");
+        assert!(
+            again.log().iter().any(|l| l.contains(&expected)),
+            "the second run did not say {expected:?}"
+        );
+    }
+    let left: Vec<i32> = orphans.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        left.is_empty(),
+        "the killed run's processes still run: {left:?}"
+    );
+    let (status, _) = get(ready.redirect, "/seed1").await;
+    assert_eq!(status, 302);
+    let pids = processes_of(&ready, &dev_dir);
+    stop(
+        again,
+        &pids,
+        &dev_dir,
+        &["redirector: 1 clicks sent, 0 dropped"],
+    )
+    .await;
+}
