@@ -206,13 +206,31 @@ fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
     pids
 }
 
-/// After a failed assertion, kills whatever of the run is still up, so a failing test does not
-/// leave PostgreSQL or the binaries running.
-struct KillLeftovers(PathBuf);
+/// A run's data dir, in a temp dir of its own. Dropped after a failed assertion, it first kills
+/// whatever of the run is still up, so a failing test does not leave PostgreSQL running.
+struct DevDir {
+    temp: tempfile::TempDir,
+}
 
-impl Drop for KillLeftovers {
+impl DevDir {
+    fn new() -> DevDir {
+        let temp = tempfile::Builder::new()
+            .prefix("dev-script-")
+            .tempdir()
+            .expect("temp dir");
+        // As root the script runs PostgreSQL as `postgres`, which must be able to enter it.
+        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        DevDir { temp }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.temp.path().join("dev")
+    }
+}
+
+impl Drop for DevDir {
     fn drop(&mut self) {
-        for (pid, _) in mentioning(&self.0) {
+        for (pid, _) in mentioning(&self.path()) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
@@ -244,14 +262,8 @@ async fn stop(mut run: Service, pids: &[i32], dev_dir: &Path, final_lines: &[&st
 
 #[tokio::test]
 async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
-    let temp = tempfile::Builder::new()
-        .prefix("dev-script-")
-        .tempdir()
-        .expect("temp dir");
-    // As root the script runs PostgreSQL as `postgres`, which must be able to enter the dir.
-    fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-    let dev_dir = temp.path().join("dev");
-    let _cleanup = KillLeftovers(dev_dir.clone());
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
 
     let run = start(&dev_dir);
     let ready = wait_ready(&run, FIRST_READY).await;
@@ -332,12 +344,8 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
 /// own, and leaves that database running when it stops.
 #[tokio::test]
 async fn dev_script_uses_the_database_url_it_is_given() {
-    let temp = tempfile::Builder::new()
-        .prefix("dev-script-url-")
-        .tempdir()
-        .expect("temp dir");
-    let dev_dir = temp.path().join("dev");
-    let _cleanup = KillLeftovers(dev_dir.clone());
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
     let cluster = shared::pgtest::cluster();
     let db = cluster.fresh_database().await;
 
@@ -374,13 +382,8 @@ async fn dev_script_uses_the_database_url_it_is_given() {
 /// of their own); the next run stops them first instead of failing on the taken socket.
 #[tokio::test]
 async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
-    let temp = tempfile::Builder::new()
-        .prefix("dev-script-kill-")
-        .tempdir()
-        .expect("temp dir");
-    fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-    let dev_dir = temp.path().join("dev");
-    let _cleanup = KillLeftovers(dev_dir.clone());
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
 
     let mut killed = start(&dev_dir);
     let first = wait_ready(&killed, FIRST_READY).await;
