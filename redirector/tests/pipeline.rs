@@ -132,7 +132,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
 }
 
 #[tokio::test]
-async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
+async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_restart_goes_on() {
     let f = fixture(&[("busy", "https://example.com/")]).await;
     let _collector = collector(&f.db.url, &f.socket).await;
     let mut r = redirector(&f.db.url, &f.socket, &[]).await;
@@ -160,6 +160,16 @@ async fn sigterm_under_load_exits_zero_and_every_redirect_is_a_row_or_a_drop() {
         report.count(302),
         report.errors
     );
+
+    // A new process (a new sender id) picks up where the old one stopped.
+    let mut next = redirector(&f.db.url, &f.socket, &[]).await;
+    next.ready().await;
+    let more = Load::get(next.http, "/busy").run(2_000).await;
+    assert_eq!(more.count(302), 2_000, "{more:?}");
+    next.service.signal(Signal::SIGTERM);
+    assert!(next.service.wait_exit(LIMIT).await.success());
+    assert_eq!(common::final_counts(&next.service.log()), (2_000, 0));
+    await_rows(&f.client, Some("busy"), sent + 2_000).await;
 }
 
 #[tokio::test]
