@@ -14,6 +14,8 @@ use crate::wire::{self, Encoder, PushError, DEFAULT_DATAGRAM};
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);
 /// Longest single sleep while pacing, so a signal is noticed promptly.
 const PACING_SLICE: Duration = Duration::from_millis(50);
+/// Under --rate, the longest a datagram waits for more clicks after its first one.
+const FLUSH_AFTER: Duration = Duration::from_millis(100);
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -35,7 +37,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     count: u64,
     /// Clicks per second (fractions allowed); without it, as fast as the receiver takes them.
-    /// Each click is stamped with its scheduled time; a datagram leaves when its last click is due.
+    /// Each click is stamped with its scheduled time; a datagram leaves when its last click is
+    /// due, holding --batch clicks or those due within 100 ms of its first, whichever is fewer.
     #[arg(long, value_parser = parse_rate)]
     rate: Option<f64>,
     /// Clicks per datagram (fewer when a datagram reaches the 16 KiB default size first).
@@ -109,16 +112,17 @@ fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), Tap
 fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapError> {
     let mut encoder =
         Encoder::new(sent.sender, DEFAULT_DATAGRAM).expect("DEFAULT_DATAGRAM is a valid limit");
-    let start_us = crate::now_us();
-    let stamp = |k: u64| match args.rate {
-        Some(rate) => start_us + (k as f64 * 1e6 / rate) as i64,
-        None => crate::now_us(),
-    };
+    let pace = args.rate.map(Pace::new);
     let mut pushed = 0;
     while pushed < args.count {
+        let first = pushed;
         while encoder.len() < args.batch as usize && pushed < args.count {
+            if pace.as_ref().is_some_and(|p| p.flush_before(first, pushed)) {
+                break;
+            }
             let code = &args.codes[(pushed % args.codes.len() as u64) as usize];
-            match encoder.push(code, stamp(pushed)) {
+            let at_us = pace.as_ref().map_or_else(crate::now_us, |p| p.stamp_us(pushed));
+            match encoder.push(code, at_us) {
                 Ok(()) => pushed += 1,
                 Err(PushError::Full) if !encoder.is_empty() => break,
                 Err(error) => {
@@ -129,9 +133,8 @@ fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapE
                 }
             }
         }
-        if let Some(rate) = args.rate {
-            let due = sent.started + Duration::from_secs_f64((pushed - 1) as f64 / rate);
-            wait_until(due, link.stop)?;
+        if let Some(pace) = &pace {
+            pace.wait_for(pushed - 1, link.stop)?;
         }
         link.send(encoder.datagram())?;
         sent.record(encoder.seq(), encoder.len());
@@ -140,16 +143,49 @@ fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapE
     Ok(())
 }
 
-fn wait_until(due: Instant, stop: &AtomicBool) -> Result<(), TapError> {
-    loop {
-        if signals::stopping(stop) {
-            return Err(TapError::Interrupted);
+/// `--rate`: click `k` is due `k / rate` seconds after the start, and stamped with that time.
+struct Pace {
+    rate: f64,
+    start: Instant,
+    start_us: i64,
+}
+
+impl Pace {
+    fn new(rate: f64) -> Self {
+        Pace {
+            rate,
+            start: Instant::now(),
+            start_us: crate::now_us(),
         }
-        let left = due.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(());
+    }
+
+    fn offset(&self, k: u64) -> Duration {
+        Duration::try_from_secs_f64(k as f64 / self.rate).unwrap_or(Duration::MAX)
+    }
+
+    fn stamp_us(&self, k: u64) -> i64 {
+        let offset = i64::try_from(self.offset(k).as_micros()).unwrap_or(i64::MAX);
+        self.start_us.saturating_add(offset)
+    }
+
+    /// Whether click `k` is due too long after the datagram's first click `first`: as a
+    /// redirector flushes on a timer, a slow rate must not hold clicks back for a whole batch.
+    fn flush_before(&self, first: u64, k: u64) -> bool {
+        self.offset(k).saturating_sub(self.offset(first)) > FLUSH_AFTER
+    }
+
+    /// Sleeps until click `k` is due, in slices so that a signal is noticed.
+    fn wait_for(&self, k: u64, stop: &AtomicBool) -> Result<(), TapError> {
+        loop {
+            if signals::stopping(stop) {
+                return Err(TapError::Interrupted);
+            }
+            let left = self.offset(k).saturating_sub(self.start.elapsed());
+            if left.is_zero() {
+                return Ok(());
+            }
+            std::thread::sleep(left.min(PACING_SLICE));
         }
-        std::thread::sleep(left.min(PACING_SLICE));
     }
 }
 
@@ -279,5 +315,25 @@ impl Sent {
             self.sender,
             self.clicks as f64 / secs.max(1e-9)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_rate_sends_what_is_due_within_the_flush_window() {
+        let pace = Pace::new(20.0); // a click every 50 ms
+        assert!(!pace.flush_before(4, 6), "100 ms after the first: same datagram");
+        assert!(pace.flush_before(4, 7), "150 ms after the first: next datagram");
+        assert_eq!(pace.stamp_us(3) - pace.stamp_us(0), 150_000);
+    }
+
+    #[test]
+    fn absurd_rates_and_counts_saturate_instead_of_overflowing() {
+        let pace = Pace::new(0.001);
+        assert_eq!(pace.stamp_us(u64::MAX), i64::MAX);
+        assert!(pace.flush_before(0, u64::MAX));
     }
 }
