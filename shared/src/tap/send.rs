@@ -121,7 +121,9 @@ fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapE
                 break;
             }
             let code = &args.codes[(pushed % args.codes.len() as u64) as usize];
-            let at_us = pace.as_ref().map_or_else(crate::now_us, |p| p.stamp_us(pushed));
+            let at_us = pace
+                .as_ref()
+                .map_or_else(crate::now_us, |p| p.stamp_us(pushed));
             match encoder.push(code, at_us) {
                 Ok(()) => pushed += 1,
                 Err(PushError::Full) if !encoder.is_empty() => break,
@@ -325,8 +327,14 @@ mod tests {
     #[test]
     fn a_slow_rate_sends_what_is_due_within_the_flush_window() {
         let pace = Pace::new(20.0); // a click every 50 ms
-        assert!(!pace.flush_before(4, 6), "100 ms after the first: same datagram");
-        assert!(pace.flush_before(4, 7), "150 ms after the first: next datagram");
+        assert!(
+            !pace.flush_before(4, 6),
+            "100 ms after the first: same datagram"
+        );
+        assert!(
+            pace.flush_before(4, 7),
+            "150 ms after the first: next datagram"
+        );
         assert_eq!(pace.stamp_us(3) - pace.stamp_us(0), 150_000);
     }
 
