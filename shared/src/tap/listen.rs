@@ -38,7 +38,8 @@ pub struct Args {
     /// bytes/s, rejected datagrams, and sequence gaps (missing datagrams) per sender.
     #[arg(long)]
     stats: bool,
-    /// File mode of the socket, in octal; senders need write permission on it.
+    /// File mode of the socket, in octal; senders need write permission on it (a collector
+    /// running as another user needs 666, or this tap run in the collector's group).
     #[arg(long, default_value = "660", value_parser = parse_mode)]
     mode: u32,
 }
