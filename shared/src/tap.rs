@@ -67,6 +67,8 @@ pub enum TapError {
     Hex(#[from] hex::HexError),
     #[error("cannot encode click {index}: {error}")]
     Encode { index: u64, error: PushError },
+    #[error("--code-file line {line}: {why}")]
+    CodeFile { line: usize, why: String },
     #[error("interrupted by a signal")]
     Interrupted,
 }

@@ -228,6 +228,45 @@ async fn send_into_listen_shows_every_click() {
 }
 
 #[tokio::test]
+async fn send_cycles_through_the_codes_of_a_code_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let file = dir.path().join("codes.txt");
+    std::fs::write(&file, "z\ny\ny\n").unwrap();
+    let listen = Listen::start(&socket, &["--json"]).await;
+    let file_arg = file.to_str().unwrap();
+    let (status, summary) = send(
+        &socket,
+        &["--code", "x", "--code-file", file_arg, "--count", "8"],
+    )
+    .await;
+    assert!(status.success(), "send failed: {summary}");
+    let lines = listen
+        .json_until("listen to show 8 clicks", |l| sum(l, "clicks") >= 8)
+        .await;
+    let codes = &lines[0]["codes"];
+    assert_eq!(
+        (
+            codes["x"].as_u64(),
+            codes["z"].as_u64(),
+            codes["y"].as_u64()
+        ),
+        (Some(2), Some(2), Some(4)),
+        "{lines:?}"
+    );
+
+    std::fs::write(&file, "ok\nnot ok\n").unwrap();
+    let out = run_args(&[
+        "send",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--code-file",
+        file_arg,
+    ]);
+    assert_fails_with(&out, "--code-file line 2");
+}
+
+#[tokio::test]
 async fn listen_text_lines_abbreviate_codes_and_show_rejects() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("tap.sock");
@@ -583,7 +622,14 @@ fn help_explains_every_subcommand_and_flag() {
         (
             "send",
             &[
-                "--socket", "--code", "--count", "--rate", "--batch", "--sender", "--raw",
+                "--socket",
+                "--code",
+                "--code-file",
+                "--count",
+                "--rate",
+                "--batch",
+                "--sender",
+                "--raw",
             ],
         ),
         ("decode", &["FILE|-", "--hex"]),

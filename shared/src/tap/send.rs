@@ -30,9 +30,13 @@ pub struct Args {
         num_args = 1..,
         value_delimiter = ',',
         value_parser = parse_code,
-        required_unless_present = "raw"
+        required_unless_present_any = ["raw", "code_file"]
     )]
     codes: Vec<String>,
+    /// Click codes read from a file, one per line, cycled through in order after any --code:
+    /// a recorded or generated traffic mix (scripts/bench sends Zipf-distributed codes so).
+    #[arg(long, value_name = "PATH")]
+    code_file: Option<PathBuf>,
     /// Clicks to send in all.
     #[arg(long, default_value_t = 1)]
     count: u64,
@@ -53,7 +57,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "HEX|-",
-        conflicts_with_all = ["codes", "count", "rate", "batch", "sender"]
+        conflicts_with_all = ["codes", "code_file", "count", "rate", "batch", "sender"]
     )]
     raw: Option<String>,
 }
@@ -76,9 +80,10 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     if let Some(raw) = &args.raw {
         return send_raw(args, raw, stop);
     }
+    let codes = all_codes(args)?;
     let mut link = Link::connect(&args.socket, stop)?;
     let mut sent = Sent::new(args.sender.unwrap_or_else(random_sender));
-    let result = send_clicks(args, &mut link, &mut sent);
+    let result = send_clicks(args, &codes, &mut link, &mut sent);
     say(&format!(
         "{} to {}; send errors: {}",
         sent.summary(),
@@ -86,6 +91,25 @@ pub fn run(args: &Args) -> Result<(), TapError> {
         link.errors()
     ))?;
     result
+}
+
+/// The --code values, then the --code-file lines, each checked.
+fn all_codes(args: &Args) -> Result<Vec<String>, TapError> {
+    let mut codes = args.codes.clone();
+    if let Some(path) = &args.code_file {
+        let text = std::fs::read_to_string(path).map_err(TapError::io("reading --code-file"))?;
+        for (n, line) in text.lines().enumerate() {
+            let code = parse_code(line).map_err(|why| TapError::CodeFile { line: n + 1, why })?;
+            codes.push(code);
+        }
+    }
+    if codes.is_empty() {
+        return Err(TapError::CodeFile {
+            line: 0,
+            why: "no codes to send".into(),
+        });
+    }
+    Ok(codes)
 }
 
 fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), TapError> {
@@ -109,7 +133,12 @@ fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), Tap
     result
 }
 
-fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapError> {
+fn send_clicks(
+    args: &Args,
+    codes: &[String],
+    link: &mut Link,
+    sent: &mut Sent,
+) -> Result<(), TapError> {
     let mut encoder =
         Encoder::new(sent.sender, DEFAULT_DATAGRAM).expect("DEFAULT_DATAGRAM is a valid limit");
     let pace = args.rate.map(Pace::new);
@@ -120,7 +149,7 @@ fn send_clicks(args: &Args, link: &mut Link, sent: &mut Sent) -> Result<(), TapE
             if pace.as_ref().is_some_and(|p| p.flush_before(first, pushed)) {
                 break;
             }
-            let code = &args.codes[(pushed % args.codes.len() as u64) as usize];
+            let code = &codes[(pushed % codes.len() as u64) as usize];
             let at_us = pace
                 .as_ref()
                 .map_or_else(crate::now_us, |p| p.stamp_us(pushed));
