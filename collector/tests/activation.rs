@@ -11,7 +11,7 @@ use std::process::Command;
 
 use common::*;
 use nix::sys::signal::Signal;
-use shared::pgtest::{self, TestDb};
+use shared::pgtest::TestDb;
 
 /// 2026-07-01T00:00:00Z.
 const START_US: i64 = 1_782_864_000_000_000;
@@ -54,24 +54,27 @@ fn notification(sock: &UnixDatagram) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (dir, path) = socket_path();
-    let passed = shared::socket::bind_datagram(&path, 0o600).unwrap();
-    let notify_path = dir.path().join("notify.sock");
+    let p = place().await;
+    let passed = shared::socket::bind_datagram(&p.path, 0o600).unwrap();
+    let notify_path = p.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(LIMIT)).unwrap();
     let sent = clicks(9_000, 40, START_US, 13);
     let grams = datagrams(21, &sent);
     let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
-    let sender = connect(&path);
+    let sender = connect(&p.path);
 
     // Queued before any collector runs, as systemd holds them.
     sender.send(&grams[0]).unwrap();
-    let mut c =
-        Collector::spawn(activated(&db, passed.as_raw_fd(), dir.path(), &notify_path)).await;
+    let mut c = Collector::spawn(activated(
+        &p.db,
+        passed.as_raw_fd(),
+        p.dir.path(),
+        &notify_path,
+    ))
+    .await;
     assert_eq!(notification(&notify), "READY=1");
-    await_rows(&client, per(0)).await;
+    await_rows(&p.client, per(0)).await;
     assert!(c
         .service
         .log()
@@ -82,9 +85,15 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     assert!(c.service.wait_exit(LIMIT).await.success());
 
     // The socket is neither unlinked nor shut: it still queues for the next start.
-    assert!(path.exists());
+    assert!(p.path.exists());
     sender.send(&grams[1]).unwrap();
-    let _c = Collector::spawn(activated(&db, passed.as_raw_fd(), dir.path(), &notify_path)).await;
-    await_rows(&client, per(0) + per(1)).await;
-    assert!(!dir.path().join("not-bound.sock").exists());
+    let _c = Collector::spawn(activated(
+        &p.db,
+        passed.as_raw_fd(),
+        p.dir.path(),
+        &notify_path,
+    ))
+    .await;
+    await_rows(&p.client, per(0) + per(1)).await;
+    assert!(!p.dir.path().join("not-bound.sock").exists());
 }

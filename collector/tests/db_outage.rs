@@ -17,11 +17,10 @@ async fn health(c: &Collector) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
-    let db = collector::migrations::test_db().await;
-    let (_dir, path) = socket_path();
+    let p = place().await;
     let mut c = Collector::start(
-        &db,
-        &path,
+        &p.db,
+        &p.path,
         &[
             "--batch-rows",
             "500",
@@ -38,9 +37,9 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     let (early, late) = grams.split_at(grams.len() / 3);
 
     // Clicks keep arriving, paced, from before the outage to after it.
-    send_all(&path, early.to_vec()).await;
+    send_all(&p.path, early.to_vec()).await;
     let sender = {
-        let path = path.clone();
+        let path = p.path.clone();
         let late = late.to_vec();
         tokio::task::spawn_blocking(move || {
             let sock = connect(&path);
@@ -80,7 +79,8 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
         .unwrap();
     sender.await.unwrap();
 
-    let client = pgtest::connect(&db.url).await;
+    // The connection from before the outage was cut.
+    let client = pgtest::connect(&p.db.url).await;
     await_rows(&client, sent.len() as i64).await;
     let mut want = sent.clone();
     want.sort();

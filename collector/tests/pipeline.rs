@@ -16,19 +16,17 @@ const START_US: i64 = 1_772_402_400_000_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_clicks_land_exactly_with_totals() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
-    let c = Collector::start(&db, &path, &["--compact-interval", "3s"]).await;
+    let p = place().await;
+    let c = Collector::start(&p.db, &p.path, &["--compact-interval", "3s"]).await;
     // ~3 s apart: 100,000 clicks span about 3.5 days.
     let sent = clicks(100_000, 997, START_US, 3_000_017);
     let grams = datagrams(0xfeed, &sent);
     let started = Instant::now();
-    send_all(&path, grams.clone()).await;
-    await_rows(&client, 100_000).await;
+    send_all(&p.path, grams.clone()).await;
+    await_rows(&p.client, 100_000).await;
     let took = started.elapsed();
     let expected = expected_totals(&sent);
-    assert_eq!(totals(&client, "click_totals").await, expected);
+    assert_eq!(totals(&p.client, "click_totals").await, expected);
     eprintln!(
         "100,000 clicks in {} datagrams written in {took:?} ({:.0} clicks/s, debug build)",
         grams.len(),
@@ -36,11 +34,11 @@ async fn hundred_thousand_clicks_land_exactly_with_totals() {
     );
     let mut want = sent.clone();
     want.sort();
-    assert_eq!(stored_clicks(&client).await, want);
-    eventually_counts(&client, &expected).await;
+    assert_eq!(stored_clicks(&p.client).await, want);
+    eventually_counts(&p.client, &expected).await;
     assert_eq!(
         count(
-            &client,
+            &p.client,
             "SELECT last_seq FROM click_senders WHERE sender = 65261"
         )
         .await,
@@ -71,9 +69,8 @@ async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_is_exposed_and_health_says_ready() {
-    let db = collector::migrations::test_db().await;
-    let (_dir, path) = socket_path();
-    let c = Collector::start(&db, &path, &[]).await;
+    let p = place().await;
+    let c = Collector::start(&p.db, &p.path, &[]).await;
     let text = c.metrics().await;
     for name in [
         "collector_datagrams_received_total",
@@ -144,10 +141,8 @@ fn garbage() -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
-    let c = Collector::start(&db, &path, &[]).await;
+    let p = place().await;
+    let c = Collector::start(&p.db, &p.path, &[]).await;
     let bad = garbage();
     let mut want = std::collections::BTreeMap::<&str, f64>::new();
     for g in &bad[..bad.len() - 1] {
@@ -163,17 +158,17 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     let good = clicks(10, 3, START_US, 1_000);
     let mut all = bad;
     all.extend(datagrams(5, &good));
-    send_all(&path, all).await;
-    await_rows(&client, 10).await;
+    send_all(&p.path, all).await;
+    await_rows(&p.client, 10).await;
     let mut sorted = good.clone();
     sorted.sort();
-    assert_eq!(stored_clicks(&client).await, sorted);
+    assert_eq!(stored_clicks(&p.client).await, sorted);
     for (reason, n) in &want {
         let series = format!("collector_datagrams_rejected_total{{reason=\"{reason}\"}}");
         assert_eq!(c.metric(&series).await, *n, "{series}");
     }
     assert_eq!(
-        count(&client, "SELECT count(*) FROM click_senders").await,
+        count(&p.client, "SELECT count(*) FROM click_senders").await,
         1
     );
     assert_eq!(c.metric("collector_datagrams_received_total").await, 7.0);
@@ -190,9 +185,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
+    let p = place().await;
     let sent = clicks(6_000, 50, START_US, 10);
     let grams = datagrams(42, &sent);
     assert!(
@@ -202,34 +195,32 @@ async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
     );
     let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
 
-    let mut c = Collector::start(&db, &path, &[]).await;
+    let mut c = Collector::start(&p.db, &p.path, &[]).await;
     send_all(
-        &path,
+        &p.path,
         vec![grams[0].clone(), grams[0].clone(), grams[1].clone()],
     )
     .await;
-    await_rows(&client, per(0) + per(1)).await;
+    await_rows(&p.client, per(0) + per(1)).await;
     assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
 
     // A new process knows the committed seq from click_senders.
-    let c = Collector::start(&db, &path, &[]).await;
-    send_all(&path, vec![grams[1].clone(), grams[2].clone()]).await;
-    await_rows(&client, per(0) + per(1) + per(2)).await;
+    let c = Collector::start(&p.db, &p.path, &[]).await;
+    send_all(&p.path, vec![grams[1].clone(), grams[2].clone()]).await;
+    await_rows(&p.client, per(0) + per(1) + per(2)).await;
     assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
+    let p = place().await;
     // Long interval and big batches: the burst is still pending when the signal comes.
     let mut c = Collector::start(
-        &db,
-        &path,
+        &p.db,
+        &p.path,
         &["--flush-interval", "1h", "--batch-rows", "1000000"],
     )
     .await;
@@ -237,7 +228,7 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
     let grams = datagrams(9, &sent);
     assert!(grams.len() >= 12, "{} datagrams", grams.len());
     let (taken, queued) = grams.split_at(grams.len() - 8);
-    let sock = connect(&path);
+    let sock = connect(&p.path);
     for d in taken {
         sock.send(d).unwrap();
     }
@@ -253,7 +244,10 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
     c.service.signal(Signal::SIGCONT);
     let status = c.service.wait_exit(LIMIT).await;
     assert!(status.success(), "{status}");
-    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 30_000);
+    assert_eq!(
+        count(&p.client, "SELECT count(*) FROM clicks").await,
+        30_000
+    );
     let log = c.service.log();
     assert!(
         log.iter()
@@ -263,47 +257,44 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
     assert!(log
         .iter()
         .any(|l| l.contains("datagrams still queued at stop")));
-    // The fence: the path is gone and the connected sender is refused, keeping its datagram.
-    assert!(!path.exists());
+    // The fence: the p.path is gone and the connected sender is refused, keeping its datagram.
+    assert!(!p.path.exists());
     let err = sock.send(&grams[0]).unwrap_err();
     assert!(SendErrorKind::of(&err).receiver_away(), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_start() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
-    let mut c = Collector::start(&db, &path, &[]).await;
+    let p = place().await;
+    let mut c = Collector::start(&p.db, &p.path, &[]).await;
     c.service.signal(Signal::SIGKILL);
     c.service.wait_exit(LIMIT).await;
-    assert!(path.exists(), "a killed collector leaves its socket file");
+    assert!(p.path.exists(), "a killed collector leaves its socket file");
     let err = UnixDatagram::unbound()
         .unwrap()
-        .send_to(b"x", &path)
+        .send_to(b"x", &p.path)
         .unwrap_err();
     assert_eq!(SendErrorKind::of(&err), SendErrorKind::Refused);
 
-    let _c = Collector::start(&db, &path, &[]).await;
-    send_all(&path, datagrams(1, &clicks(5, 5, START_US, 1))).await;
-    await_rows(&client, 5).await;
+    let _c = Collector::start(&p.db, &p.path, &[]).await;
+    send_all(&p.path, datagrams(1, &clicks(5, 5, START_US, 1))).await;
+    await_rows(&p.client, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
-    let db = collector::migrations::test_db().await;
-    let (_dir, path) = socket_path();
-    let _live = Collector::start(&db, &path, &[]).await;
-    let out = command(&db, &path, &[]).output().unwrap();
+    let p = place().await;
+    let _live = Collector::start(&p.db, &p.path, &[]).await;
+    let out = command(&p.db, &p.path, &[]).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("in use"),
         "{out:?}"
     );
 
-    let file = path.with_file_name("plain");
+    let file = p.path.with_file_name("plain");
     std::fs::write(&file, "keep").unwrap();
-    let out = command(&db, &file, &[]).output().unwrap();
+    let out = command(&p.db, &file, &[]).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not a socket"),
@@ -314,29 +305,27 @@ async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (dir, path) = socket_path();
-    let tap_path = dir.path().join("tap.sock");
+    let p = place().await;
+    let tap_path = p.dir.path().join("tap.sock");
     let tap = UnixDatagram::bind(&tap_path).unwrap();
     tap.set_read_timeout(Some(LIMIT)).unwrap();
-    let c = Collector::start(&db, &path, &["--mirror", tap_path.to_str().unwrap()]).await;
+    let c = Collector::start(&p.db, &p.path, &["--mirror", tap_path.to_str().unwrap()]).await;
     let mut grams = datagrams(3, &clicks(2_000, 10, START_US, 1));
     grams.insert(1, b"not a datagram".to_vec());
-    send_all(&path, grams.clone()).await;
+    send_all(&p.path, grams.clone()).await;
     let mut buf = vec![0; 65_536];
     for (i, want) in grams.iter().enumerate() {
         let n = tap.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], &want[..], "datagram {i}");
     }
-    await_rows(&client, 2_000).await;
+    await_rows(&p.client, 2_000).await;
     assert_eq!(c.metric("collector_mirror_failed_total").await, 0.0);
 
     // Nobody listening on the tap: counted, and the clicks still land.
     drop(tap);
     std::fs::remove_file(&tap_path).unwrap();
-    send_all(&path, datagrams(4, &clicks(10, 2, START_US, 1))).await;
-    await_rows(&client, 2_010).await;
+    send_all(&p.path, datagrams(4, &clicks(10, 2, START_US, 1))).await;
+    await_rows(&p.client, 2_010).await;
     assert_eq!(c.metric("collector_mirror_failed_total").await, 1.0);
 }
 
@@ -404,22 +393,20 @@ fn datagram_at(sender: u64, seq: u64, at_us: i64) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (_dir, path) = socket_path();
-    let c = Collector::start(&db, &path, &[]).await;
+    let p = place().await;
+    let c = Collector::start(&p.db, &p.path, &[]).await;
     // Sender 1: 0 then 3 (1 and 2 lost). Sender 2 first seen at seq 4 (0 to 3 lost).
     let grams = vec![
         datagram_at(1, 0, START_US),
         datagram_at(1, 3, START_US + 1),
         datagram_at(2, 4, START_US + 2),
     ];
-    send_all(&path, grams).await;
-    await_rows(&client, 3).await;
+    send_all(&p.path, grams).await;
+    await_rows(&p.client, 3).await;
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 6.0);
     c.service.wait_for_log("datagrams lost", LIMIT).await;
     assert_eq!(
-        count(&client, "SELECT sum(last_seq)::int8 FROM click_senders").await,
+        count(&p.client, "SELECT sum(last_seq)::int8 FROM click_senders").await,
         7
     );
 }

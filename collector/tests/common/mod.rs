@@ -92,6 +92,27 @@ pub fn socket_path() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// What most tests start from: a migrated database and a client of it, and a socket path in
+/// a temp dir of its own .
+pub struct Place {
+    pub db: TestDb,
+    pub client: tokio_postgres::Client,
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+pub async fn place() -> Place {
+    let db = collector::migrations::test_db().await;
+    let client = shared::pgtest::connect(&db.url).await;
+    let (dir, path) = socket_path();
+    Place {
+        db,
+        client,
+        dir,
+        path,
+    }
+}
+
 /// `n` clicks with distinct timestamps from `start_us`, `step_us` apart, over `codes` codes.
 pub fn clicks(n: usize, codes: usize, start_us: i64, step_us: i64) -> Vec<(String, i64)> {
     (0..n)
