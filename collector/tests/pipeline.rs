@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::Instant;
 
@@ -68,9 +69,11 @@ async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_metric_is_exposed_and_health_says_ready() {
+async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = Collector::start(&p.db, &p.path, &["--socket-mode", "0620"]).await;
+    let mode = std::fs::metadata(&p.path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o620);
     let text = c.metrics().await;
     for name in [
         "collector_datagrams_received_total",
