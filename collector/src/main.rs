@@ -15,7 +15,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("collector: {e}");
+            tracing::error!("{e}");
             ExitCode::FAILURE
         }
     }
