@@ -11,7 +11,7 @@ use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
 use crate::batch::{Batch, WriterEnds};
-use crate::db::{describe, Backoff, Db};
+use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
 
 /// Signature, flags (no OIDs) and an empty header extension.
@@ -193,7 +193,7 @@ impl Writer {
     /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
     /// waits (capped exponential backoff), reconnects and writes the same batch again.
     async fn write(&mut self, batch: &Batch, rows: &Bytes) {
-        let mut backoff = Backoff::new();
+        let mut backoff = db::backoff();
         loop {
             match tokio::time::timeout(self.timeout, self.attempt(batch, rows)).await {
                 Ok(Ok(outcome)) => {

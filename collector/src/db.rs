@@ -1,13 +1,10 @@
-//! Reaching PostgreSQL: the parsed connection settings, retry pacing, and error text that
-//! says what the server said.
+//! Reaching PostgreSQL: the parsed connection settings and the retry pacing.
 
 use std::time::Duration;
 
+use shared::backoff::Backoff;
+pub use shared::db::describe;
 use tokio_postgres::{Client, NoTls};
-
-/// The first wait after a failed attempt; each further failure doubles it up to [`MAX_WAIT`].
-const FIRST_WAIT: Duration = Duration::from_millis(100);
-const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// Where the database is, parsed once at start so a malformed URL fails at once.
 #[derive(Debug, Clone)]
@@ -34,39 +31,9 @@ impl Db {
     }
 }
 
-/// Capped exponential waits between attempts.
-#[derive(Debug)]
-pub struct Backoff(Duration);
-
-impl Backoff {
-    pub fn new() -> Backoff {
-        Backoff(FIRST_WAIT)
-    }
-
-    /// Sleeps the current wait and doubles the next one, up to the cap.
-    pub async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(MAX_WAIT);
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// tokio_postgres errors display as just "db error"; this adds the server's message and
-/// detail, or the underlying cause.
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let detail = db.detail().map(|d| format!(" ({d})")).unwrap_or_default();
-        return format!("{}: {}{detail}", db.severity(), db.message());
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
+/// Capped exponential waits between attempts to reach the database: 100 ms doubling to 5 s.
+pub fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
 }
 
 #[cfg(test)]
@@ -75,7 +42,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn backoff_doubles_up_to_the_cap() {
-        let mut b = Backoff::new();
+        let mut b = backoff();
         let mut waits = Vec::new();
         for _ in 0..8 {
             let start = tokio::time::Instant::now();

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use crate::batch::{self, Handoff};
 use crate::config::Config;
 use crate::copy::Writer;
-use crate::db::{describe, Backoff, Db};
+use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
@@ -141,7 +141,7 @@ fn start_writer(db: &Db, config: &Config, metrics: &Arc<Metrics>) -> (Handoff, J
 /// Connects (retrying with backoff while the database is away), migrates, and loads the
 /// senders' seqs.
 async fn prepare(db: &Db, metrics: &Metrics) -> Start {
-    let mut backoff = Backoff::new();
+    let mut backoff = db::backoff();
     loop {
         match try_prepare(db).await {
             Ok(start) => return start,

@@ -22,7 +22,7 @@ impl Direct {
             let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
-                    tracing::warn!("direct insert connection: {e:?}");
+                    tracing::warn!("direct insert connection: {}", shared::db::describe(&e));
                 }
             });
             let insert = client

@@ -18,9 +18,9 @@ use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::metrics::{reason, Metrics};
 use crate::ring::{Ring, Slot};
+use shared::backoff::Backoff;
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);

@@ -2,7 +2,6 @@
 //! hands each click, through a fixed ring and a drain task, to the collector's datagram socket
 //! without making the request wait.
 
-pub mod backoff;
 pub mod config;
 pub mod direct;
 pub mod drain;

@@ -14,8 +14,8 @@ use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-use crate::backoff::Backoff;
 use crate::metrics::Metrics;
+use shared::backoff::Backoff;
 
 /// Code -> the `Location` to answer with.
 pub type Map = HashMap<Box<str>, HeaderValue>;
@@ -126,7 +126,7 @@ pub async fn keep_loaded(
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
-    #[error("database: {0:?}")]
+    #[error("database: {}", shared::db::describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("database connection closed")]
     Closed,
@@ -199,7 +199,7 @@ async fn drive(
             Some(Ok(AsyncMessage::Notice(n))) => tracing::info!("database notice: {}", n.message()),
             Some(Ok(_)) => {}
             Some(Err(e)) => {
-                tracing::warn!("link table connection: {e:?}");
+                tracing::warn!("link table connection: {}", shared::db::describe(&e));
                 return;
             }
             None => return,

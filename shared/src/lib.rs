@@ -2,6 +2,8 @@
 //! socket and systemd plumbing, metrics and the admin listener.
 
 pub mod admin;
+pub mod backoff;
+pub mod db;
 pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtest;

@@ -1,4 +1,5 @@
-//! Capped exponential backoff for reconnecting to the collector's socket and the database.
+//! Capped exponential backoff, for every reconnect loop: the redirector to the collector's
+//! socket and to the database, the collector to the database.
 
 use std::time::Duration;
 
@@ -23,6 +24,11 @@ impl Backoff {
         let wait = self.next;
         self.next = (self.next * 2).min(self.cap);
         wait
+    }
+
+    /// Sleeps the next wait.
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.next_wait()).await;
     }
 
     /// After a success: the next failure waits the shortest time again.
