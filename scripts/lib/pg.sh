@@ -1,0 +1,75 @@
+# shellcheck shell=bash
+# A private PostgreSQL cluster in a directory of its own, for scripts/dev and scripts/bench:
+# data in $PGDIR/data, its Unix socket in $PGDIR, no TCP. Set PGDIR (and PG_USER, the user it
+# runs as when we are root: PostgreSQL refuses to run as root), then:
+#   PGBIN=$(pg_bindir); pg_prepare; pg_initdb LOG; pg_running || pg_start LOG; ...; pg_stop
+# Each function returns non-zero with the reason on stderr; the caller decides what to say.
+
+PG_USER=${PG_USER:-postgres}
+
+# Where initdb and pg_ctl are: PATH, `pg_config --bindir`, or the newest /usr/lib/postgresql/*/bin.
+pg_bindir() {
+    local dir
+    if command -v initdb >/dev/null && command -v pg_ctl >/dev/null; then
+        dirname "$(command -v initdb)"
+        return
+    fi
+    dir=$(pg_config --bindir 2>/dev/null || true)
+    if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then
+        echo "$dir"
+        return
+    fi
+    for dir in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V -r); do
+        [ -x "$dir/initdb" ] && { echo "$dir"; return; }
+    done
+    echo "PostgreSQL server binaries (initdb, pg_ctl) not found: install them (Debian: apt-get install postgresql)" >&2
+    return 1
+}
+
+# Runs a command in the cluster's dir, as $PG_USER when we are root.
+as_pg() {
+    if ((EUID == 0)); then
+        (cd "$PGDIR" && setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- "$@")
+    else
+        (cd "$PGDIR" && "$@")
+    fi
+}
+
+# Creates $PGDIR and, as root, hands it (and the log files named) to $PG_USER.
+pg_prepare() {
+    if (( ${#PGDIR} + 17 >= 108 )); then
+        echo "$PGDIR is too long for a Unix socket path" >&2
+        return 1
+    fi
+    mkdir -p "$PGDIR"
+    touch "$@"
+    ((EUID == 0)) || return 0
+    if ! id "$PG_USER" >/dev/null 2>&1; then
+        echo "running as root, and PostgreSQL refuses to: no user '$PG_USER' to run it as" >&2
+        return 1
+    fi
+    chown "$PG_USER:" "$PGDIR" "$@"
+    chmod 0700 "$PGDIR"
+    if ! setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- test -w "$PGDIR" 2>/dev/null; then
+        echo "user '$PG_USER' cannot reach $PGDIR: a parent directory is closed to it" >&2
+        return 1
+    fi
+}
+
+pg_initialized() { [ -f "$PGDIR/data/PG_VERSION" ]; }
+
+pg_initdb() { # LOG
+    as_pg "$PGBIN/initdb" -D "$PGDIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$1" 2>&1
+}
+
+pg_running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }
+
+pg_start() { # LOG; extra server settings in $PG_OPTIONS
+    as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
+        -o "-k $PGDIR -c listen_addresses= ${PG_OPTIONS:-}" start >/dev/null
+}
+
+pg_stop() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast -w -t 60 stop >/dev/null; }
+
+# The libpq key=value connection string for database $1 as the superuser postgres.
+pg_url() { echo "host=$PGDIR user=postgres dbname=$1"; }
