@@ -49,7 +49,7 @@ pub enum OpenError {
 impl Inbox {
     /// Takes the socket systemd passed (LISTEN_FDS) or else binds `path` with `mode`.
     pub fn open(path: &Path, mode: u32) -> Result<Inbox, OpenError> {
-        let mut fds = shared::systemd::take_listen_fds();
+        let mut fds = shared::systemd::take_listen_fds()?;
         match fds.len() {
             0 => {
                 let sock = shared::socket::bind_datagram(path, mode)?;

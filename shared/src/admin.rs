@@ -11,6 +11,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+/// How long a scraper may take to send its request head.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What a process exposes on its admin listener.
 pub trait Admin: Send + Sync + 'static {
     /// The whole Prometheus exposition.
@@ -26,7 +30,9 @@ pub fn spawn(listener: TcpListener, admin: Arc<dyn Admin>) -> tokio::task::JoinH
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
+                    // Out of file descriptors, typically: pause instead of spinning on it.
                     tracing::warn!("admin accept: {e}");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
                     continue;
                 }
             };
@@ -37,6 +43,8 @@ pub fn spawn(listener: TcpListener, admin: Arc<dyn Admin>) -> tokio::task::JoinH
                     async move { Ok::<_, Infallible>(answer(&*admin, &req)) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });

@@ -30,26 +30,42 @@ pub fn notify_or_log(state: &str) {
     }
 }
 
-/// The sockets systemd passed to this process, if it passed any. Takes ownership of them and
-/// clears the variables so that children do not inherit the claim.
-pub fn take_listen_fds() -> Vec<OwnedFd> {
+/// The most descriptors we accept from LISTEN_FDS; more is a misconfiguration, not a reason to
+/// adopt (and later close) descriptors we were never given.
+const LISTEN_FDS_MAX: i32 = 16;
+
+/// The sockets systemd passed to this process, if it passed any, as owned descriptors.
+///
+/// The variables are read, not cleared: clearing the environment is unsound once other
+/// threads run, and these services start no children that could misread them.
+pub fn take_listen_fds() -> io::Result<Vec<OwnedFd>> {
     let ours = std::env::var("LISTEN_PID")
         .ok()
         .and_then(|p| p.parse::<u32>().ok())
         == Some(std::process::id());
+    if !ours {
+        return Ok(Vec::new());
+    }
     let count = std::env::var("LISTEN_FDS")
         .ok()
         .and_then(|n| n.parse::<i32>().ok())
-        .unwrap_or(0);
-    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
-        std::env::remove_var(var);
+        .filter(|n| (0..=LISTEN_FDS_MAX).contains(n))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("LISTEN_FDS is not a count from 0 to {LISTEN_FDS_MAX}"),
+            )
+        })?;
+    let fds = LISTEN_FDS_START..LISTEN_FDS_START + count;
+    for fd in fds.clone() {
+        if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("LISTEN_FDS names descriptor {fd}, which is not open"),
+            ));
+        }
     }
-    if !ours {
-        return Vec::new();
-    }
-    (LISTEN_FDS_START..LISTEN_FDS_START + count)
-        // SAFETY: systemd hands us these descriptors open and owned by this process; the
-        // LISTEN_PID check above makes sure the claim was made for us and not a parent.
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect()
+    // SAFETY: systemd hands us these descriptors open (checked above) and owned by this
+    // process; the LISTEN_PID check makes sure the claim was made for us and not a parent.
+    Ok(fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect())
 }

@@ -149,6 +149,16 @@ pub fn decode(buf: &[u8]) -> Result<Batch<'_>, Reject> {
     Ok(batch)
 }
 
+/// A random sender id for one process start. Below 2^63, so it reads the same as a
+/// PostgreSQL `bigint` in `click_senders`.
+pub fn random_sender() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_i64(crate::now_us());
+    hasher.finish() >> 1
+}
+
 /// Why [`Encoder::push`] did not take a click.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PushError {
@@ -198,10 +208,6 @@ impl Encoder {
             clicks: 0,
             buf,
         })
-    }
-
-    pub fn sender(&self) -> u64 {
-        self.sender
     }
 
     /// The sequence number of the datagram being filled.

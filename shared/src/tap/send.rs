@@ -82,7 +82,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     }
     let codes = all_codes(args)?;
     let mut link = Link::connect(&args.socket, stop)?;
-    let mut sent = Sent::new(args.sender.unwrap_or_else(random_sender));
+    let mut sent = Sent::new(args.sender.unwrap_or_else(wire::random_sender));
     let result = send_clicks(args, &codes, &mut link, &mut sent);
     say(&format!(
         "{} to {}; send errors: {}",
@@ -218,16 +218,6 @@ impl Pace {
             std::thread::sleep(left.min(PACING_SLICE));
         }
     }
-}
-
-/// A random sender id, as a redirector picks one per start. Kept below 2^63 so that it stays
-/// positive in a `bigint` column.
-fn random_sender() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.write_i64(crate::now_us());
-    hasher.finish() >> 1
 }
 
 /// A socket connected to the receiver, counting send errors by kind.
