@@ -26,20 +26,18 @@ const DAY_US: i64 = 86_400_000_000;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";
-/// Keeps each sender's highest seq; GREATEST so a late, lower one never moves it back.
-const UPSERT_SENDERS: &str = "
+/// Claims the batch's seqs for its senders, as the transaction's first statement: a sender's
+/// row is inserted, or moved forward only if its committed seq is below the batch's, and
+/// returned if so. In READ COMMITTED a row (or, for a new sender, a unique-index entry) that an
+/// unfinished transaction wrote makes this wait for it and then re-check against what it
+/// committed, so an orphaned attempt that commits after a retry began is seen by the retry.
+const CLAIM_SENDERS: &str = "
     INSERT INTO click_senders (sender, last_seq, updated_at)
     SELECT sender, last_seq, now() FROM unnest($1::bigint[], $2::bigint[]) AS s(sender, last_seq)
     ON CONFLICT (sender) DO UPDATE
-       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
-           updated_at = EXCLUDED.updated_at";
-
-/// How many of a batch's senders already have its seq committed: all of them when an earlier
-/// attempt committed the batch though its answer was lost (a connection cut during COMMIT).
-const COMMITTED_SENDERS: &str = "
-    SELECT count(*) FROM click_senders AS s
-    JOIN unnest($1::bigint[], $2::bigint[]) AS b(sender, last_seq) USING (sender)
-    WHERE s.last_seq >= b.last_seq";
+       SET last_seq = EXCLUDED.last_seq, updated_at = now()
+       WHERE click_senders.last_seq < EXCLUDED.last_seq
+    RETURNING sender";
 
 /// The UTC day of `at_us` (Unix microseconds), as PostgreSQL's binary `date`.
 pub fn pg_day(at_us: i64) -> i32 {
@@ -77,8 +75,7 @@ struct Conn {
     client: Client,
     copy_clicks: Statement,
     copy_deltas: Statement,
-    upsert_senders: Statement,
-    committed_senders: Statement,
+    claim_senders: Statement,
 }
 
 /// What an attempt did.
@@ -95,13 +92,12 @@ impl Conn {
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_deltas: client.prepare(COPY_DELTAS).await?,
-            upsert_senders: client.prepare(UPSERT_SENDERS).await?,
-            committed_senders: client.prepare(COMMITTED_SENDERS).await?,
+            claim_senders: client.prepare(CLAIM_SENDERS).await?,
             client,
         })
     }
 
-    /// One transaction: clicks, deltas, senders, commit, unless the senders show that the
+    /// One transaction: senders, clicks, deltas, commit, unless the senders show that the
     /// batch is in already. Dropping it midway rolls it back.
     async fn write(
         &mut self,
@@ -110,22 +106,29 @@ impl Conn {
     ) -> Result<Outcome, tokio_postgres::Error> {
         let (senders, seqs) = batch.sender_columns();
         let tx = self.client.transaction().await?;
-        let row = tx
-            .query_one(&self.committed_senders, &[&senders, &seqs])
-            .await?;
-        match row.get::<_, i64>(0) {
-            0 => {}
-            n if n as usize == senders.len() => return Ok(Outcome::AlreadyCommitted),
-            n => tracing::error!(
-                "{n} of the batch's {} senders have its seqs committed already: is another \
-                 collector writing the same senders? Writing it anyway",
-                senders.len()
-            ),
+        let claimed = tx.query(&self.claim_senders, &[&senders, &seqs]).await?;
+        // Batches of one collector are written one at a time and in order, and a sender's seqs
+        // only grow from one batch to the next; so before this batch commits, each of its
+        // senders' committed seq is below the batch's (the claim takes them all), and after,
+        // none is (it takes none). Only another collector writing the same senders could
+        // split a batch. Should that happen, writing would double the clicks of the senders
+        // already in, so the batch is skipped (and the error says so).
+        if claimed.len() < senders.len() {
+            if !claimed.is_empty() {
+                tracing::error!(
+                    "{} of the batch's {} senders have its seqs committed already: is another \
+                     collector writing the same senders? Not writing its {} clicks",
+                    senders.len() - claimed.len(),
+                    senders.len(),
+                    batch.len()
+                );
+            }
+            tx.rollback().await?;
+            return Ok(Outcome::AlreadyCommitted);
         }
         let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
         debug_assert_eq!(written, batch.len() as u64);
         copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
-        tx.execute(&self.upsert_senders, &[&senders, &seqs]).await?;
         tx.commit().await?;
         Ok(Outcome::Written)
     }

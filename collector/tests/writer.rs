@@ -97,3 +97,47 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 2_000);
     assert_eq!(metrics.clicks_written.get(), 2_000);
 }
+
+/// Makes every commit that touched click_senders take a second, in the COMMIT itself: a
+/// deferred constraint trigger runs there, after every statement of the transaction.
+const SLOW_COMMIT: &str = "
+    CREATE FUNCTION sleep_a_second() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_sleep(1);
+        RETURN NULL;
+    END
+    $$;
+    CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON click_senders
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION sleep_a_second();";
+
+/// Sessions of this database, other than the caller's, still running a statement or inside a
+/// transaction.
+const BUSY_SESSIONS: &str = "
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client.batch_execute(SLOW_COMMIT).await.unwrap();
+    let sent = clicks(3_000, 20, START_US, 1_000);
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, Duration::from_millis(300), metrics.clone()).await;
+
+    // The first attempt times out in COMMIT, which the dropped connection's backend still
+    // completes a moment later, while retries are under way.
+    write(&mut handoff, batch_of(&datagrams(51, &sent))).await;
+    assert!(metrics.db_errors.get() >= 1, "the first attempt timed out");
+    shared::testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
+        (count(&client, BUSY_SESSIONS).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 3_000);
+    assert_eq!(
+        count(&client, "SELECT sum(clicks)::int8 FROM click_count_deltas").await,
+        3_000
+    );
+    assert_eq!(metrics.clicks_written.get(), 3_000);
+}
