@@ -24,6 +24,8 @@ use shared::backoff::Backoff;
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);
+/// While sends keep failing, how often the failure is logged again.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 pub struct Drain {
     ring: Arc<Ring>,
@@ -34,8 +36,8 @@ pub struct Drain {
     held: Option<Slot>,
     socket: Option<UnixDatagram>,
     backoff: Backoff,
-    /// The kind of the last failed send, so a streak of failures is logged once.
-    failing: Option<SendErrorKind>,
+    /// The failures since the last send that worked, so a streak is not logged per attempt.
+    failing: Option<Streak>,
 }
 
 /// Tells the drain task to stop: the deadline of its final flush.
@@ -137,13 +139,13 @@ impl Drain {
             let kind = SendErrorKind::of(&err);
             self.metrics.send_errors.inc(kind.as_str());
             self.note_failure(kind, &err);
-            match (kind, &self.socket) {
-                (SendErrorKind::QueueFull, Some(socket)) => {
+            match self.socket.as_ref().filter(|_| awaits_writability(&err)) {
+                Some(socket) => {
                     if socket.writable().await.is_err() {
                         self.socket = None;
                     }
                 }
-                _ => {
+                None => {
                     if kind.receiver_away() {
                         self.socket = None;
                     }
@@ -158,30 +160,95 @@ impl Drain {
         self.metrics.datagrams_sent.inc();
         self.encoder.next();
         self.backoff.reset();
-        if let Some(kind) = self.failing.take() {
-            if kind != SendErrorKind::QueueFull {
-                tracing::info!("sending to {} again", self.path.display());
+        if let Some(streak) = self.failing.take() {
+            if streak.kind != SendErrorKind::QueueFull {
+                tracing::info!(
+                    "sending to {} again after {}",
+                    self.path.display(),
+                    seconds(streak.since.elapsed())
+                );
             }
         }
     }
 
-    /// Logs the first failure of a streak; a full queue is ordinary backpressure, not a warning.
+    /// Logs the first failure of a streak and then one line per `REPORT_EVERY` while it lasts,
+    /// so a send that never works (permissions, say) stays visible while the ring fills and
+    /// drops. A full queue is ordinary backpressure, not a warning.
     fn note_failure(&mut self, kind: SendErrorKind, err: &io::Error) {
-        if self.failing == Some(kind) {
-            return;
-        }
-        self.failing = Some(kind);
+        let now = Instant::now();
+        let again = match &mut self.failing {
+            Some(streak) if streak.kind == kind => match streak.again(now) {
+                Some(failures) => Some((failures, now - streak.since)),
+                None => return,
+            },
+            _ => {
+                self.failing = Some(Streak::new(kind, now));
+                None
+            }
+        };
         let held = self.pending();
-        if kind == SendErrorKind::QueueFull {
-            tracing::debug!("collector queue full; waiting ({held} clicks held)");
-        } else {
-            tracing::warn!(
-                "sending to {}: {err} ({}); keeping {held} clicks and retrying",
-                self.path.display(),
-                kind.as_str()
-            );
+        let path = self.path.display();
+        let label = kind.as_str();
+        match (again, kind == SendErrorKind::QueueFull) {
+            (None, true) => tracing::debug!("collector queue full; waiting ({held} clicks held)"),
+            (Some((failures, lasting)), true) => tracing::debug!(
+                "collector queue full for {}: {failures} more waits ({held} clicks held)",
+                seconds(lasting)
+            ),
+            (None, false) => tracing::warn!(
+                "sending to {path}: {err} ({label}); keeping {held} clicks and retrying"
+            ),
+            (Some((failures, lasting)), false) => tracing::warn!(
+                "sending to {path} still fails after {}: {err} ({label}); {failures} failures \
+                 since the last report, {held} clicks held, {} dropped so far for a full ring",
+                seconds(lasting),
+                self.metrics.clicks_dropped.get(reason::RING_FULL)
+            ),
         }
     }
+}
+
+/// A run of failed sends of one kind.
+struct Streak {
+    kind: SendErrorKind,
+    since: Instant,
+    reported: Instant,
+    /// Failures since the last log line.
+    unreported: u64,
+}
+
+impl Streak {
+    fn new(kind: SendErrorKind, now: Instant) -> Streak {
+        Streak {
+            kind,
+            since: now,
+            reported: now,
+            unreported: 0,
+        }
+    }
+
+    /// Counts one more failure. Once `REPORT_EVERY` has passed since the last report, returns
+    /// how many failed since then (this one included): time to log again.
+    fn again(&mut self, now: Instant) -> Option<u64> {
+        self.unreported += 1;
+        if now - self.reported < REPORT_EVERY {
+            return None;
+        }
+        self.reported = now;
+        Some(std::mem::take(&mut self.unreported))
+    }
+}
+
+/// Whether to await the socket's writability before resending. Only after EAGAIN: tokio clears
+/// the readiness it caches only on `WouldBlock`, so after ENOBUFS (also a full queue) the wait
+/// would return at once and the task spin; that one waits out the backoff instead.
+fn awaits_writability(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::WouldBlock
+}
+
+/// A duration to the second, for log lines.
+fn seconds(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_secs(d.as_secs()))
 }
 
 fn connect(path: &std::path::Path) -> io::Result<UnixDatagram> {
@@ -190,11 +257,30 @@ fn connect(path: &std::path::Path) -> io::Result<UnixDatagram> {
     Ok(socket)
 }
 
-/// A sender id for this process start: random, from the standard library's per-process keys.
-pub fn random_sender() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_i64(shared::now_us());
-    h.write_u32(std::process::id());
-    h.finish()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::libc;
+
+    #[test]
+    fn only_eagain_awaits_writability_enobufs_waits_out_the_backoff() {
+        let eagain = io::Error::from_raw_os_error(libc::EAGAIN);
+        let enobufs = io::Error::from_raw_os_error(libc::ENOBUFS);
+        assert_eq!(SendErrorKind::of(&enobufs), SendErrorKind::QueueFull);
+        assert!(awaits_writability(&eagain));
+        assert!(!awaits_writability(&enobufs));
+    }
+
+    #[test]
+    fn a_streak_is_reported_again_each_minute_with_the_failures_since() {
+        let start = Instant::now();
+        let mut streak = Streak::new(SendErrorKind::PermissionDenied, start);
+        let at = |secs| start + Duration::from_secs(secs);
+        assert_eq!(streak.again(at(1)), None);
+        assert_eq!(streak.again(at(59)), None);
+        assert_eq!(streak.again(at(60)), Some(3));
+        assert_eq!(streak.again(at(61)), None);
+        assert_eq!(streak.again(at(119)), None);
+        assert_eq!(streak.again(at(120)), Some(3));
+    }
 }

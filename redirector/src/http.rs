@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{reason, Metrics};
-use crate::ring::Ring;
+use crate::ring::{PushError, Ring};
 
 /// hyper's smallest allowed read buffer; it bounds the request line and headers together.
 const MAX_HEAD: usize = 8192;
@@ -97,7 +97,8 @@ impl App {
         match &self.clicks {
             Clicks::Pipeline(ring) => match ring.push(code, shared::now_us()) {
                 Ok(()) => m.clicks_queued.inc(),
-                Err(_) => m.clicks_dropped.inc(reason::RING_FULL),
+                Err(PushError::Full) => m.clicks_dropped.inc(reason::RING_FULL),
+                Err(PushError::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
             },
             Clicks::Off => {}
             Clicks::Direct(direct) => match direct.insert(code).await {
@@ -192,4 +193,39 @@ fn service(
         let app = app.clone();
         async move { Ok::<_, Infallible>(app.answer(&req).await) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::wire::MAX_CODE_LEN;
+
+    fn pipeline(capacity: usize) -> (App, Arc<Ring>) {
+        let ring = Arc::new(Ring::new(capacity));
+        let app = App {
+            links: Arc::new(LinkTable::default()),
+            clicks: Clicks::Pipeline(ring.clone()),
+            metrics: Arc::new(Metrics::default()),
+        };
+        (app, ring)
+    }
+
+    #[tokio::test]
+    async fn a_code_the_ring_refuses_as_too_long_is_invalid_not_ring_full() {
+        let (app, ring) = pipeline(4);
+        app.record(&"x".repeat(MAX_CODE_LEN + 1)).await;
+        assert_eq!(app.metrics.clicks_dropped.get(reason::INVALID), 1);
+        assert_eq!(app.metrics.clicks_dropped.get(reason::RING_FULL), 0);
+        assert!(ring.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_click_the_full_ring_refuses_is_ring_full() {
+        let (app, _ring) = pipeline(1);
+        app.record("a").await;
+        app.record("b").await;
+        assert_eq!(app.metrics.clicks_queued.get(), 1);
+        assert_eq!(app.metrics.clicks_dropped.get(reason::RING_FULL), 1);
+        assert_eq!(app.metrics.clicks_dropped.get(reason::INVALID), 0);
+    }
 }

@@ -14,7 +14,8 @@ pub mod reason {
     pub const RING_FULL: &str = "ring_full";
     /// Still in the ring or the unsent datagram when the drain timeout ran out at shutdown.
     pub const SHUTDOWN: &str = "shutdown";
-    /// The encoder refused the click (a bad timestamp: the clock is outside years 1 to 9999).
+    /// The encoder refused the click (a bad timestamp: the clock is outside years 1 to 9999),
+    /// or the ring refused its code as longer than `MAX_CODE_LEN`.
     pub const INVALID: &str = "invalid";
     /// `--clicks direct`: the INSERT failed.
     pub const DIRECT_FAILED: &str = "direct_failed";

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -92,7 +93,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
                 ring.clone(),
                 metrics.clone(),
                 cfg.socket.clone(),
-                drain::random_sender(),
+                shared::wire::random_sender(),
                 cfg.datagram_size,
             )?
             .run(cfg.flush_interval, drain_stopped),
@@ -133,9 +134,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     shared::systemd::notify_or_log("STOPPING=1");
     ready.abort();
     let _ = stop_http.send(());
-    server.await.map_err(Error::Server)?;
+    shut_down(server, stop_drain, drain, cfg.drain_timeout, &metrics).await
+}
+
+/// Waits for the http server task, then drains the ring for up to `drain_timeout` and counts
+/// the rest as dropped. A failed server task still gets the drain and the final counts (its
+/// handlers are gone all the same); its error is returned afterwards.
+async fn shut_down(
+    server: JoinHandle<()>,
+    stop_drain: drain::Stop,
+    drain: Option<JoinHandle<u64>>,
+    drain_timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Summary, Error> {
+    let served = server.await;
     // No handler runs any more: what the ring holds now is all there is to send.
-    let _ = stop_drain.send(Some(Instant::now() + cfg.drain_timeout));
+    let _ = stop_drain.send(Some(Instant::now() + drain_timeout));
     let left = match drain {
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
         None => 0,
@@ -152,6 +166,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         summary.dropped,
         summary.redirects
     );
+    served.map_err(Error::Server)?;
     Ok(summary)
 }
 
@@ -183,5 +198,43 @@ async fn died(drain: &mut Option<JoinHandle<u64>>) -> String {
             Err(e) => e.to_string(),
         },
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let ring = Arc::new(Ring::new(100));
+        for at in 0..10 {
+            ring.push("left", at).unwrap();
+        }
+        // Nobody listens at the path, so the drain can only count the clicks as left.
+        let path = dir.path().join("nobody.sock");
+        let drain = Drain::new(
+            ring,
+            metrics.clone(),
+            path,
+            1,
+            shared::wire::DEFAULT_DATAGRAM,
+        );
+        let (stop_drain, stopped) = watch::channel(None);
+        let drain = tokio::spawn(drain.unwrap().run(Duration::from_secs(3600), stopped));
+        let server = tokio::spawn(async { panic!("the http server task fails") });
+
+        let result = shut_down(
+            server,
+            stop_drain,
+            Some(drain),
+            Duration::from_millis(50),
+            &metrics,
+        )
+        .await;
+        assert!(matches!(result, Err(Error::Server(_))), "{result:?}");
+        assert_eq!(metrics.clicks_dropped.get(reason::SHUTDOWN), 10);
     }
 }

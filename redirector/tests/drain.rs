@@ -64,6 +64,14 @@ impl Rig {
         self.metrics.send_errors.get(kind)
     }
 
+    /// Waits until the drain has counted a send error of `kind`.
+    async fn await_error(&self, kind: &str) {
+        eventually(&format!("a {kind} send error"), LIMIT, || async {
+            (self.errors(kind) > 0).then_some(())
+        })
+        .await;
+    }
+
     /// Stops the drain with `grace` to send what is left; returns the clicks left unsent.
     async fn stop(self, grace: Duration) -> u64 {
         self.stop.send(Some(Instant::now() + grace)).unwrap();
@@ -78,6 +86,16 @@ fn bind(path: &Path) -> UnixDatagram {
     let std = shared::socket::bind_datagram(path, 0o600).unwrap();
     std.set_nonblocking(true).unwrap();
     UnixDatagram::from_std(std).unwrap()
+}
+
+/// A rig whose receiver has not read yet, with `clicks` pushed: far more than the receive queue
+/// holds (10 datagrams by default), so the drain has met a full queue when this returns.
+async fn full_queue(code: &str, clicks: usize) -> (Rig, UnixDatagram) {
+    let rig = rig(clicks);
+    let receiver = bind(&rig.path);
+    rig.push(code, clicks);
+    rig.await_error("queue_full").await;
+    (rig, receiver)
 }
 
 /// What a receiver saw: (seq, clicks) per datagram, every one decoded and checked.
@@ -113,6 +131,19 @@ impl Received {
     }
 }
 
+/// The clicks in the datagrams waiting in `socket`'s queue, read without waiting.
+fn queued_clicks(socket: &UnixDatagram) -> u64 {
+    let mut buf = vec![0u8; shared::wire::MAX_DATAGRAM];
+    let mut clicks = 0;
+    loop {
+        match socket.try_recv(&mut buf) {
+            Ok(n) => clicks += shared::wire::decode(&buf[..n]).unwrap().clicks.len() as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return clicks,
+            Err(e) => panic!("reading the queue: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn sends_every_click_once_in_numbered_datagrams() {
     let rig = rig(100_000);
@@ -137,10 +168,7 @@ async fn sends_every_click_once_in_numbered_datagrams() {
 async fn holds_clicks_while_nobody_listens_then_delivers_them() {
     let rig = rig(10_000);
     rig.push("away", 1_000);
-    eventually("a not_found send error", LIMIT, || async {
-        (rig.errors("not_found") > 0).then_some(())
-    })
-    .await;
+    rig.await_error("not_found").await;
     assert_eq!(rig.metrics.clicks_sent.get(), 0);
     let receiver = bind(&rig.path);
     let mut got = Received::default();
@@ -151,14 +179,7 @@ async fn holds_clicks_while_nobody_listens_then_delivers_them() {
 
 #[tokio::test]
 async fn waits_on_a_full_queue_without_losing_or_repeating_a_click() {
-    let rig = rig(300_000);
-    let receiver = bind(&rig.path);
-    // Far more than the receive queue holds (10 datagrams by default).
-    rig.push("slowreader", 200_000);
-    eventually("a queue_full send error", LIMIT, || async {
-        (rig.errors("queue_full") > 0).then_some(())
-    })
-    .await;
+    let (rig, receiver) = full_queue("slowreader", 200_000).await;
     let mut got = Received::default();
     got.until(&receiver, 200_000, "slowreader").await;
     got.assert_consecutive();
@@ -193,11 +214,24 @@ async fn reconnects_when_the_receiver_leaves_like_the_collector_and_returns() {
 async fn shutdown_with_nobody_listening_reports_every_click_left() {
     let rig = rig(10_000);
     rig.push("stuck", 5_000);
-    eventually("a failed send", LIMIT, || async {
-        (rig.errors("not_found") > 0).then_some(())
-    })
-    .await;
+    rig.await_error("not_found").await;
     assert_eq!(rig.stop(Duration::from_millis(100)).await, 5_000);
+}
+
+#[tokio::test]
+async fn the_shutdown_deadline_cuts_off_a_send_waiting_on_a_full_queue_and_counts_every_click() {
+    // The receiver is read only once the drain has stopped: its queue stays full till then.
+    let (rig, receiver) = full_queue("unread", 100_000).await;
+    let metrics = rig.metrics.clone();
+    let left = rig.stop(Duration::from_millis(100)).await;
+    let queued = queued_clicks(&receiver);
+    assert!(left > 0, "the full queue kept clicks past the deadline");
+    assert_eq!(
+        metrics.clicks_sent.get(),
+        queued,
+        "sent = what the queue holds"
+    );
+    assert_eq!(queued + left, 100_000, "{queued} in the queue, {left} left");
 }
 
 #[tokio::test]
