@@ -11,7 +11,8 @@ use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
 use crate::batch::{Batch, WriterEnds};
-use crate::db::{self, describe, Db};
+use crate::db::{self, timed, Db, Failure};
+use crate::lock;
 use crate::metrics::Metrics;
 
 /// Signature, flags (no OIDs) and an empty header extension.
@@ -70,8 +71,9 @@ fn put_text(buf: &mut BytesMut, s: &str) {
     buf.put_slice(s.as_bytes());
 }
 
-/// The statements of one connection, prepared once when it opens.
-struct Conn {
+/// The writer's connection: its session holds the writer lock (`lock`), and its statements
+/// are prepared once when it opens.
+pub struct Conn {
     client: Client,
     copy_clicks: Statement,
     copy_deltas: Statement,
@@ -87,8 +89,15 @@ enum Outcome {
 }
 
 impl Conn {
+    /// A new connection, once it holds the writer lock.
     async fn open(db: &Db) -> Result<Conn, tokio_postgres::Error> {
         let client = db.connect().await?;
+        lock::take(&client).await?;
+        Conn::prepare(client).await
+    }
+
+    /// Prepares the statements on `client`, whose session must hold the writer lock already.
+    pub async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_deltas: client.prepare(COPY_DELTAS).await?,
@@ -111,8 +120,9 @@ impl Conn {
         // only grow from one batch to the next; so before this batch commits, each of its
         // senders' committed seq is below the batch's (the claim takes them all), and after,
         // none is (it takes none). Only another collector writing the same senders could
-        // split a batch. Should that happen, writing would double the clicks of the senders
-        // already in, so the batch is skipped (and the error says so).
+        // split a batch, and the writer lock keeps other collectors out. Should it happen
+        // anyway, writing would double the clicks of the senders already in, so the batch is
+        // skipped (and the error says so).
         if claimed.len() < senders.len() {
             if !claimed.is_empty() {
                 tracing::error!(
@@ -164,11 +174,12 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(db: Db, timeout: Duration, metrics: Arc<Metrics>) -> Writer {
+    /// A writer that starts on `conn` (opened at start-up) or else opens its own.
+    pub fn new(db: Db, timeout: Duration, metrics: Arc<Metrics>, conn: Option<Conn>) -> Writer {
         Writer {
             db,
             timeout,
-            conn: None,
+            conn,
             metrics,
         }
     }
@@ -198,8 +209,8 @@ impl Writer {
     async fn write(&mut self, batch: &Batch, rows: &Bytes) {
         let mut backoff = db::backoff();
         loop {
-            match tokio::time::timeout(self.timeout, self.attempt(batch, rows)).await {
-                Ok(Ok(outcome)) => {
+            match self.attempt(batch, rows).await {
+                Ok(outcome) => {
                     if outcome == Outcome::AlreadyCommitted {
                         tracing::info!(
                             "a batch of {} clicks was committed by an attempt whose answer was \
@@ -210,15 +221,9 @@ impl Writer {
                     self.metrics.db_reachable.store(true, Relaxed);
                     return;
                 }
-                Ok(Err(e)) => tracing::warn!(
-                    "writing a batch of {} clicks: {}; retrying",
+                Err(failure) => tracing::warn!(
+                    "writing a batch of {} clicks: {failure}; retrying on a new connection",
                     batch.len(),
-                    describe(&e)
-                ),
-                Err(_) => tracing::warn!(
-                    "writing a batch of {} clicks took over {:?}; retrying on a new connection",
-                    batch.len(),
-                    self.timeout
                 ),
             }
             self.conn = None;
@@ -228,16 +233,15 @@ impl Writer {
         }
     }
 
-    async fn attempt(
-        &mut self,
-        batch: &Batch,
-        rows: &Bytes,
-    ) -> Result<Outcome, tokio_postgres::Error> {
+    /// One attempt, on the current connection or a new one. Opening, the writer lock
+    /// included, and writing each get the timeout: a connection of an abandoned attempt can
+    /// hold the lock until its last statement ends.
+    async fn attempt(&mut self, batch: &Batch, rows: &Bytes) -> Result<Outcome, Failure> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
-            slot => slot.insert(Conn::open(&self.db).await?),
+            slot => slot.insert(timed(self.timeout, Conn::open(&self.db)).await?),
         };
-        conn.write(batch, rows).await
+        timed(self.timeout, conn.write(batch, rows)).await
     }
 }
 

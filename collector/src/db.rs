@@ -1,5 +1,6 @@
 //! Reaching PostgreSQL: the parsed connection settings and the retry pacing.
 
+use std::future::Future;
 use std::time::Duration;
 
 use shared::backoff::Backoff;
@@ -28,6 +29,40 @@ impl Db {
             }
         });
         Ok(client)
+    }
+}
+
+/// Why an attempt on the database failed.
+#[derive(Debug)]
+pub enum Failure {
+    Db(tokio_postgres::Error),
+    /// It took longer than this and was abandoned.
+    Timeout(Duration),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Failure {
+        Failure::Db(e)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Db(e) => f.write_str(&describe(e)),
+            Failure::Timeout(limit) => write!(f, "took over {limit:?}"),
+        }
+    }
+}
+
+/// Runs `attempt` for at most `limit`.
+pub async fn timed<T>(
+    limit: Duration,
+    attempt: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(limit, attempt).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Failure::Timeout(limit)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The collector: receives click datagrams on a Unix socket and writes them to PostgreSQL.
 //!
 //! `socket` (the inbox and its stop fence) -> `receive` (decode, seq check, `batch`) ->
-//! `copy` (binary COPY, one transaction per batch) ; `compact` folds the per-batch counts;
+//! `copy` (binary COPY, one transaction per batch, one writer per database: `lock`); `compact` folds the per-batch counts;
 //! `service` wires them with signals; `config` is the command line.
 
 pub mod batch;
@@ -9,6 +9,7 @@ pub mod compact;
 pub mod config;
 pub mod copy;
 pub mod db;
+pub mod lock;
 pub mod metrics;
 pub mod migrations;
 pub mod mirror;

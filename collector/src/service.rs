@@ -10,14 +10,14 @@ use tokio::task::JoinHandle;
 
 use crate::batch::{self, Handoff};
 use crate::config::Config;
-use crate::copy::Writer;
+use crate::copy::{Conn, Writer};
 use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
 use crate::senders::Senders;
 use crate::socket::Inbox;
-use crate::{compact, migrations};
+use crate::{compact, lock, migrations};
 
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -54,10 +54,12 @@ pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
     Ok(())
 }
 
-/// What start-up reads from the database before the first datagram is taken.
+/// What start-up reads from the database before the first datagram is taken, and the
+/// writer's connection, which holds the writer lock.
 struct Start {
     senders: Senders,
     deltas_pending: i64,
+    conn: Conn,
 }
 
 /// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns.
@@ -89,7 +91,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     tracing::info!("ready: {} known senders", start.senders.len());
     shared::systemd::notify_or_log("READY=1");
 
-    let (handoff, writer) = start_writer(&db, &config, &metrics);
+    let (handoff, writer) = start_writer(&db, start.conn, &config, &metrics);
     let receiver = Receiver::new(
         inbox,
         start.senders,
@@ -132,14 +134,25 @@ async fn listen_admin(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Resul
 
 /// Starts the writer task; returns the receiver's ends of its channels and the task, which
 /// ends once the receiver is gone and the last batch is committed.
-fn start_writer(db: &Db, config: &Config, metrics: &Arc<Metrics>) -> (Handoff, JoinHandle<()>) {
+fn start_writer(
+    db: &Db,
+    conn: Conn,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
-    let writer = Writer::new(db.clone(), config.write_timeout, metrics.clone());
+    let writer = Writer::new(
+        db.clone(),
+        config.write_timeout,
+        metrics.clone(),
+        Some(conn),
+    );
     (handoff, tokio::spawn(writer.run(writer_ends)))
 }
 
-/// Connects (retrying with backoff while the database is away), migrates, and loads the
-/// senders' seqs.
+/// Connects (retrying with backoff while the database is away), waits for the writer lock,
+/// migrates, and loads the senders' seqs: the lock comes first, so that they are read only
+/// once no other collector can still commit.
 async fn prepare(db: &Db, metrics: &Metrics) -> Start {
     let mut backoff = db::backoff();
     loop {
@@ -156,10 +169,12 @@ async fn prepare(db: &Db, metrics: &Metrics) -> Start {
 
 async fn try_prepare(db: &Db) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
+    lock::take(&client).await?;
     migrations::apply(&mut client).await?;
     Ok(Start {
         senders: Senders::load(&client).await?,
         deltas_pending: compact::pending(&client).await?,
+        conn: Conn::prepare(client).await?,
     })
 }
 

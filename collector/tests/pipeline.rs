@@ -267,6 +267,41 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_collector_on_the_database_waits_until_the_first_has_written_and_exited() {
+    let p = place().await;
+    let mut first = Collector::start(&p.db, &p.path, &["--flush-interval", "1h"]).await;
+    let (_second_dir, second_path) = socket_path();
+    let second = Collector::spawn(command(&p.db, &second_path, &[])).await;
+    second
+        .service
+        .wait_for_log("waiting for the writer lock", LIMIT)
+        .await;
+
+    // Pending in the first one (the batch is not due) when it is told to stop.
+    let sent = clicks(5_000, 50, START_US, 11);
+    let grams = datagrams(61, &sent);
+    send_all(&p.path, grams.clone()).await;
+    first
+        .await_metric("collector_datagrams_received_total", grams.len() as f64)
+        .await;
+    let (status, body) = shared::admin::get(second.admin, "/healthz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(!second_path.exists(), "no socket while it waits");
+    first.service.signal(Signal::SIGTERM);
+    assert!(first.service.wait_exit(LIMIT).await.success());
+
+    // Only now, and knowing the sender the first one committed.
+    second.ready().await;
+    second
+        .service
+        .wait_for_log("ready: 1 known senders", LIMIT)
+        .await;
+    let mut want = sent.clone();
+    want.sort();
+    assert_eq!(stored_clicks(&p.client).await, want, "every click once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_start() {
     let p = place().await;
     let mut c = Collector::start(&p.db, &p.path, &[]).await;
@@ -288,7 +323,9 @@ async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_star
 async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
     let p = place().await;
     let _live = Collector::start(&p.db, &p.path, &[]).await;
-    let out = command(&p.db, &p.path, &[]).output().unwrap();
+    // Another database: on the same one the writer lock would hold them back before binding.
+    let other = collector::migrations::test_db().await;
+    let out = command(&other, &p.path, &[]).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("in use"),
@@ -297,7 +334,7 @@ async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
 
     let file = p.path.with_file_name("plain");
     std::fs::write(&file, "keep").unwrap();
-    let out = command(&p.db, &file, &[]).output().unwrap();
+    let out = command(&other, &file, &[]).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not a socket"),

@@ -30,7 +30,7 @@ fn batch_of(grams: &[Vec<u8>]) -> Batch {
 /// batch the channel starts with is taken out, so each `recv` returns a written batch.
 async fn writer(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Handoff {
     let (mut handoff, ends) = batch::handoff();
-    let writer = Writer::new(Db::parse(url).unwrap(), timeout, metrics);
+    let writer = Writer::new(Db::parse(url).unwrap(), timeout, metrics, None);
     tokio::spawn(writer.run(ends));
     handoff.empty.recv().await.unwrap();
     handoff

@@ -1,0 +1,42 @@
+//! The writer lock: a session-level advisory lock on the writer's connection, so that one
+//! collector at a time writes to a database.
+//!
+//! Without it, a collector started while another still drains (whose socket path is already
+//! unlinked) loads the senders' seqs before the other's last batches commit; its own batches
+//! then move those seqs past them, and the other's last batch looks committed and is skipped.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+/// Arbitrary, fixed, and not the migrations' key: "collect" in ASCII.
+const KEY: i64 = 0x0063_6f6c_6c65_6374;
+
+/// How often a waiting collector asks again. Asking (rather than queueing in
+/// `pg_advisory_lock`) leaves no lock request behind in the server when a wait is abandoned.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Takes the lock for `client`'s session, waiting while another session holds it. Kept until
+/// the session ends.
+pub async fn take(client: &Client) -> Result<(), tokio_postgres::Error> {
+    let mut waited = false;
+    loop {
+        let row = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&KEY])
+            .await?;
+        if row.get::<_, bool>(0) {
+            if waited {
+                tracing::info!("took the writer lock: the other writer is gone");
+            }
+            return Ok(());
+        }
+        if !waited {
+            tracing::info!(
+                "waiting for the writer lock (advisory lock {KEY:#x}): another collector, or an \
+                 abandoned connection of this one, is still writing to this database"
+            );
+            waited = true;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
