@@ -6,11 +6,21 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+/// The stop behaviour, for `--help`.
+const STOPPING: &str = "\
+Stopping: on SIGTERM or SIGINT the collector takes no new datagrams (a socket it bound is \
+unlinked and shut, and what is queued on it is read; one passed by systemd is left to it, queue \
+and all), then waits for the database to take the last batches, each attempt bounded by \
+--write-timeout and retried while the database is away, and exits 0. A stop can \
+therefore take more than one --write-timeout: give the service manager room (collector.service \
+has TimeoutStopSec=90s against the 30s default).";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "collector",
     version,
-    about = "Receives click datagrams on a Unix socket and writes them to PostgreSQL with binary COPY"
+    about = "Receives click datagrams on a Unix socket and writes them to PostgreSQL with binary COPY",
+    after_help = STOPPING
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -115,7 +125,8 @@ pub struct Config {
     pub compact_interval: Duration,
 
     /// Give up on one attempt to write a batch (connect, COPY, commit) after this long; the
-    /// connection is dropped and the same batch is retried on a new one.
+    /// connection is dropped and the same batch is retried on a new one. A stop waits for the
+    /// last batches, so it can take longer than this (see Stopping below).
     #[arg(
         long,
         env = "COLLECTOR_WRITE_TIMEOUT",
@@ -190,6 +201,35 @@ mod tests {
                 .to_string();
             assert!(err.contains(why), "{flag} {value}: {err}");
         }
+    }
+
+    /// systemd kills a collector still stopping after TimeoutStopSec: the last batch's write
+    /// must be able to time out once and be retried within it.
+    #[test]
+    fn the_units_stop_timeout_outlasts_a_retried_last_write() {
+        let unit = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/collector.service");
+        let unit = std::fs::read_to_string(unit).unwrap();
+        let stop = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+            .expect("TimeoutStopSec in collector.service");
+        let stop = humantime::parse_duration(stop.trim()).unwrap();
+        let mut command = <Cli as clap::CommandFactory>::command();
+        let write_timeout = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some("write-timeout"))
+            .and_then(|a| a.get_default_values().first()?.to_str())
+            .map(|d| humantime::parse_duration(d).unwrap())
+            .expect("a default --write-timeout");
+        assert!(
+            stop > 2 * write_timeout,
+            "TimeoutStopSec={stop:?} against --write-timeout {write_timeout:?}"
+        );
+        let help = command.render_help().to_string();
+        assert!(
+            help.contains("waits for the database to take the last batches"),
+            "{help}"
+        );
     }
 
     #[test]
