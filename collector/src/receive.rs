@@ -185,11 +185,13 @@ impl Receiver {
         self.metrics.datagrams_received.inc();
         let bytes = &self.buf[..datagram.len];
         if let Some(mirror) = &self.mirror {
-            self.metrics.mirror_sent.inc();
-            if let Err(e) = mirror.forward(bytes) {
-                self.metrics.mirror_failed.inc();
-                if let Some(held) = self.mirror_log.allow() {
-                    tracing::warn!("mirror: {e} ({held} more failures not logged)");
+            match mirror.forward(bytes) {
+                Ok(()) => self.metrics.mirror_sent.inc(),
+                Err(e) => {
+                    self.metrics.mirror_failed.inc();
+                    if let Some(held) = self.mirror_log.allow() {
+                        tracing::warn!("mirror: {e} ({held} more failures not logged)");
+                    }
                 }
             }
         }

@@ -359,14 +359,17 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
         assert_eq!(&buf[..n], &want[..], "datagram {i}");
     }
     await_rows(&p.client, 2_000).await;
+    let forwarded = grams.len() as f64;
+    assert_eq!(c.metric("collector_mirror_sent_total").await, forwarded);
     assert_eq!(c.metric("collector_mirror_failed_total").await, 0.0);
 
-    // Nobody listening on the tap: counted, and the clicks still land.
+    // Nobody listening on the tap: counted as failed, not as sent, and the clicks still land.
     drop(tap);
     std::fs::remove_file(&tap_path).unwrap();
     send_all(&p.path, datagrams(4, &clicks(10, 2, START_US, 1))).await;
     await_rows(&p.client, 2_010).await;
     assert_eq!(c.metric("collector_mirror_failed_total").await, 1.0);
+    assert_eq!(c.metric("collector_mirror_sent_total").await, forwarded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
