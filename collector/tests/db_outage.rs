@@ -15,6 +15,24 @@ async fn health(c: &Collector) -> u16 {
     shared::admin::get(c.admin, "/healthz").await.unwrap().0
 }
 
+/// Polls of an unchanged value that show the receiver stalled: ten in a row span well over
+/// the 40 ms between the late sender's datagrams.
+const STALLED_POLLS: u32 = 10;
+
+/// Waits until `series` has kept one value over [`STALLED_POLLS`] polls in a row; returns it.
+async fn unchanged_for_polls(c: &Collector, series: &str) -> f64 {
+    let seen = std::cell::Cell::new((f64::NAN, 0));
+    let what = format!("{series} to stay put over {STALLED_POLLS} polls");
+    shared::testkit::eventually(&what, LIMIT, || async {
+        let now = c.metric(series).await;
+        let (last, same) = seen.get();
+        let same = if now == last { same + 1 } else { 0 };
+        seen.set((now, same));
+        (same >= STALLED_POLLS).then_some(now)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     let p = place().await;
@@ -36,8 +54,17 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     let grams = datagrams(11, &sent);
     let (early, late) = grams.split_at(grams.len() / 3);
 
-    // Clicks keep arriving, paced, from before the outage to after it.
     send_all(&p.path, early.to_vec()).await;
+    tokio::task::spawn_blocking(|| pgtest::cluster().stop_server())
+        .await
+        .unwrap();
+    shared::testkit::eventually(
+        "/healthz to say 503 while the database is down",
+        LIMIT,
+        || async { (health(&c).await == 503).then_some(()) },
+    )
+    .await;
+    // Clicks keep arriving, paced, during the outage and after it.
     let sender = {
         let path = p.path.clone();
         let late = late.to_vec();
@@ -49,26 +76,14 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
             }
         })
     };
-    tokio::task::spawn_blocking(|| pgtest::cluster().stop_server())
-        .await
-        .unwrap();
-    shared::testkit::eventually(
-        "/healthz to say 503 while the database is down",
-        LIMIT,
-        || async { (health(&c).await == 503).then_some(()) },
-    )
+    shared::testkit::eventually("clicks pending for the database", LIMIT, || async {
+        (c.metric("collector_pending_clicks").await > 0.0).then_some(())
+    })
     .await;
-    // The outage itself: a few seconds of clicks arriving with nowhere to go.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let received = c.metric("collector_datagrams_received_total").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     // Backpressure: with both batches waiting for the database the collector reads nothing,
     // the socket's queue fills and the sender is held with the rest of its datagrams.
-    assert_eq!(
-        c.metric("collector_datagrams_received_total").await,
-        received
-    );
-    assert!(received < grams.len() as f64);
+    let received = unchanged_for_polls(&c, "collector_datagrams_received_total").await;
+    assert!(received < grams.len() as f64, "received {received}");
     assert!(
         !sender.is_finished(),
         "the sender should be held by the full queue"
