@@ -38,6 +38,11 @@ async fn writer(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Handoff 
 
 async fn write(handoff: &mut Handoff, batch: Batch) {
     handoff.full.send(batch).await.unwrap();
+    handed_back(handoff).await;
+}
+
+/// Waits for the writer to be done with the batch it was sent.
+async fn handed_back(handoff: &mut Handoff) {
     tokio::time::timeout(LIMIT, handoff.empty.recv())
         .await
         .expect("the writer hands the batch back")
@@ -90,10 +95,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     );
     lock.commit().await.unwrap();
 
-    tokio::time::timeout(LIMIT, handoff.empty.recv())
-        .await
-        .expect("written once the lock is gone")
-        .unwrap();
+    handed_back(&mut handoff).await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 2_000);
     assert_eq!(metrics.clicks_written.get(), 2_000);
 }
@@ -140,4 +142,38 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
         3_000
     );
     assert_eq!(metrics.clicks_written.get(), 3_000);
+}
+
+/// The claim alone, without the writer lock in play: a transaction of another session (as an
+/// abandoned attempt's would be) has moved the sender to the batch's seq but not committed.
+/// The writer's claim waits for it and, once it commits, sees the batch as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_waits_for_an_uncommitted_claim_and_then_skips_the_batch() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let grams = datagrams(71, &clicks(1_000, 20, START_US, 1_000));
+    let last_seq = (grams.len() - 1) as i64;
+    let mut orphan = pgtest::connect(&db.url).await;
+    let orphan = orphan.transaction().await.unwrap();
+    orphan
+        .execute(
+            "INSERT INTO click_senders (sender, last_seq) VALUES (71, $1)",
+            &[&last_seq],
+        )
+        .await
+        .unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, LIMIT, metrics.clone()).await;
+    handoff.full.send(batch_of(&grams)).await.unwrap();
+    shared::testkit::eventually("the writer to wait on the sender's row", LIMIT, || async {
+        let waiting = "SELECT count(*) FROM pg_stat_activity
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        (count(&client, waiting).await == 1).then_some(())
+    })
+    .await;
+    orphan.commit().await.unwrap();
+
+    handed_back(&mut handoff).await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 0);
+    assert_eq!(metrics.db_errors.get(), 0);
 }
