@@ -37,9 +37,12 @@ pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Met
     let mut failing = false;
     loop {
         ticks.tick().await;
+        let started = std::time::Instant::now();
         let failure = match tokio::time::timeout(timeout, compact(&db, &mut conn)).await {
             Ok(Ok(moved)) => {
                 metrics.compactions.inc();
+                metrics.compaction_seconds.observe(started.elapsed());
+                tracing::debug!("folded {moved} delta rows in {:?}", started.elapsed());
                 metrics.deltas_pending.add(-moved);
                 metrics.db_reachable.store(true, Relaxed);
                 if std::mem::take(&mut failing) {

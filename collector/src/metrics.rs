@@ -19,6 +19,7 @@ pub struct Metrics {
     /// Clicks accepted but not committed yet.
     pub pending_clicks: Gauge,
     pub compactions: Counter,
+    pub compaction_seconds: Histogram,
     /// Rows of click_count_deltas not folded into click_counts yet.
     pub deltas_pending: Gauge,
     pub mirror_sent: Counter,
@@ -43,6 +44,7 @@ impl Default for Metrics {
             db_errors: Counter::default(),
             pending_clicks: Gauge::default(),
             compactions: Counter::default(),
+            compaction_seconds: Histogram::default(),
             deltas_pending: Gauge::default(),
             mirror_sent: Counter::default(),
             mirror_failed: Counter::default(),
@@ -110,6 +112,11 @@ impl shared::admin::Admin for Metrics {
                 "collector_compactions_total",
                 "Compactions of click_count_deltas into click_counts.",
                 self.compactions.get(),
+            )
+            .histogram(
+                "collector_compaction_seconds",
+                "Time one compaction took: how much of each interval folding the deltas needs.",
+                &self.compaction_seconds,
             )
             .gauge(
                 "collector_deltas_pending",

@@ -50,6 +50,7 @@ async fn hundred_thousand_clicks_land_exactly_with_totals() {
     assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
     assert!(c.metric("collector_compactions_total").await >= 1.0);
+    assert!(c.metric("collector_compaction_seconds_count").await >= 1.0);
     assert_eq!(
         c.metric("collector_batch_seconds_count").await,
         c.metric("collector_batches_total").await
@@ -86,6 +87,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
         "collector_db_errors_total",
         "collector_pending_clicks",
         "collector_compactions_total",
+        "collector_compaction_seconds_count",
         "collector_deltas_pending",
         "collector_mirror_failed_total",
     ] {
