@@ -12,24 +12,31 @@ use clap::{Parser, ValueEnum};
 #[command(version)]
 pub struct Config {
     /// Address the redirects are served on.
-    #[arg(long, env = "REDIRECTOR_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "REDIRECTOR_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
     pub listen: SocketAddr,
 
     /// Address of the admin listener (GET /metrics, GET /healthz).
     #[arg(
         long,
+        value_name = "ADDR",
         env = "REDIRECTOR_ADMIN_LISTEN",
         default_value = "127.0.0.1:9180"
     )]
     pub admin_listen: SocketAddr,
 
     /// The PostgreSQL database holding `links` (a URL or a key=value string).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
     /// The collector's datagram socket.
     #[arg(
         long,
+        value_name = "PATH",
         env = "CLICKS_SOCKET",
         default_value = "/run/clicks/collector.sock"
     )]
@@ -38,40 +45,40 @@ pub struct Config {
     /// What to do with clicks: `pipeline` sends them to the collector through the ring,
     /// `off` records nothing (a baseline), `direct` does one INSERT per request inside the
     /// request (the slow baseline).
-    #[arg(long, env = "CLICKS", value_enum, default_value_t = ClickMode::Pipeline)]
+    #[arg(long, value_name = "MODE", env = "CLICKS", value_enum, default_value_t = ClickMode::Pipeline)]
     pub clicks: ClickMode,
 
     /// Clicks the ring holds while the collector is slow or away (88 bytes each, allocated at
     /// start). The default holds 262,144 clicks in 22 MiB: over a second of the fastest load
     /// measured on one host, and minutes of ordinary traffic.
-    #[arg(long, env = "REDIRECTOR_RING_CAPACITY", default_value_t = 262_144,
+    #[arg(long, value_name = "N", env = "REDIRECTOR_RING_CAPACITY", default_value_t = 262_144,
           value_parser = clap::value_parser!(u64).range(1..=(1 << 28)))]
     pub ring_capacity: u64,
 
     /// How often the drain task sends what the ring holds, full datagrams or not: the longest a
     /// click waits in the ring while the collector keeps up.
-    #[arg(long, env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = duration)]
     pub flush_interval: Duration,
 
     /// How long shutdown keeps sending what the ring holds; the rest is counted as dropped.
     /// (Requests in flight get as long to finish before that.)
-    #[arg(long, env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
     pub drain_timeout: Duration,
 
     /// Reload the link table this often even without a links_changed notification.
-    #[arg(long, env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "60s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "60s", value_parser = duration)]
     pub reload_interval: Duration,
 
     /// Size limit of one datagram to the collector, in bytes (at most 61440).
-    #[arg(long, env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = shared::wire::DEFAULT_DATAGRAM)]
+    #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = shared::wire::DEFAULT_DATAGRAM)]
     pub datagram_size: usize,
 
     /// A client that has not sent its request head within this time is disconnected.
-    #[arg(long, env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub header_read_timeout: Duration,
 
     /// `--clicks direct` only: database connections the INSERTs are spread over.
-    #[arg(long, env = "REDIRECTOR_DIRECT_CONNECTIONS", default_value_t = 4,
+    #[arg(long, value_name = "N", env = "REDIRECTOR_DIRECT_CONNECTIONS", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=256))]
     pub direct_connections: u64,
 }
