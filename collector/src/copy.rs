@@ -1,5 +1,6 @@
-//! PostgreSQL's binary COPY format, and the transaction that writes one batch: its clicks,
-//! its per-(code, day) counts and its senders' last seq, committed together.
+//! PostgreSQL's binary COPY format, and the transaction that writes one batch: its claim (the
+//! writer's batch number), its clicks, its per-(code, day) counts and its senders' last seq,
+//! committed together.
 
 use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,18 +28,29 @@ const DAY_US: i64 = 86_400_000_000;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";
-/// Claims the batch's seqs for its senders, as the transaction's first statement: a sender's
-/// row is inserted, or moved forward only if its committed seq is below the batch's, and
-/// returned if so. In READ COMMITTED a row (or, for a new sender, a unique-index entry) that an
-/// unfinished transaction wrote makes this wait for it and then re-check against what it
-/// committed, so an orphaned attempt that commits after a retry began is seen by the retry.
-const CLAIM_SENDERS: &str = "
+/// Claims the batch's number for this writer (collector process), as the transaction's first
+/// statement: the writer's row is inserted, or moved forward only if its committed number is
+/// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
+/// unique-index entry) that an unfinished earlier attempt wrote makes this wait for it and then
+/// re-check against what it committed: an orphaned attempt whose COMMIT lands after a retry
+/// began is seen by the retry, which then finds no row and does not write the batch twice.
+/// Keyed by writer, not by sender: seqs that another collector committed for the same senders
+/// (after the writer lock's session was lost) say nothing about whether this batch is in.
+const CLAIM_BATCH: &str = "
+    INSERT INTO click_writers (writer, last_batch) VALUES ($1, $2)
+    ON CONFLICT (writer) DO UPDATE
+       SET last_batch = EXCLUDED.last_batch, updated_at = now()
+       WHERE click_writers.last_batch < EXCLUDED.last_batch
+    RETURNING 1";
+/// Moves the batch's senders' committed seqs forward (never back: another collector may have
+/// committed later seqs of the same senders), in sender order so that two writers updating the
+/// same senders lock their rows in the same order.
+const ADVANCE_SENDERS: &str = "
     INSERT INTO click_senders (sender, last_seq, updated_at)
     SELECT sender, last_seq, now() FROM unnest($1::bigint[], $2::bigint[]) AS s(sender, last_seq)
+    ORDER BY sender
     ON CONFLICT (sender) DO UPDATE
-       SET last_seq = EXCLUDED.last_seq, updated_at = now()
-       WHERE click_senders.last_seq < EXCLUDED.last_seq
-    RETURNING sender";
+       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq), updated_at = now()";
 
 /// The UTC day of `at_us` (Unix microseconds), as PostgreSQL's binary `date`.
 pub fn pg_day(at_us: i64) -> i32 {
@@ -77,7 +89,8 @@ pub struct Conn {
     client: Client,
     copy_clicks: Statement,
     copy_deltas: Statement,
-    claim_senders: Statement,
+    claim_batch: Statement,
+    advance_senders: Statement,
 }
 
 /// What an attempt did.
@@ -101,47 +114,45 @@ impl Conn {
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_deltas: client.prepare(COPY_DELTAS).await?,
-            claim_senders: client.prepare(CLAIM_SENDERS).await?,
+            claim_batch: client.prepare(CLAIM_BATCH).await?,
+            advance_senders: client.prepare(ADVANCE_SENDERS).await?,
             client,
         })
     }
 
-    /// One transaction: senders, clicks, deltas, commit, unless the senders show that the
-    /// batch is in already. Dropping it midway rolls it back.
+    /// One transaction: the claim of batch `number`, senders, clicks, deltas, commit; unless
+    /// the claim shows that this batch is in already. Dropping it midway rolls it back.
     async fn write(
         &mut self,
         batch: &Batch,
         rows: &Bytes,
+        number: BatchNumber,
     ) -> Result<Outcome, tokio_postgres::Error> {
-        let (senders, seqs) = batch.sender_columns();
         let tx = self.client.transaction().await?;
-        let claimed = tx.query(&self.claim_senders, &[&senders, &seqs]).await?;
-        // Batches of one collector are written one at a time and in order, and a sender's seqs
-        // only grow from one batch to the next; so before this batch commits, each of its
-        // senders' committed seq is below the batch's (the claim takes them all), and after,
-        // none is (it takes none). Only another collector writing the same senders could
-        // split a batch, and the writer lock keeps other collectors out. Should it happen
-        // anyway, writing would double the clicks of the senders already in, so the batch is
-        // skipped (and the error says so).
-        if claimed.len() < senders.len() {
-            if !claimed.is_empty() {
-                tracing::error!(
-                    "{} of the batch's {} senders have its seqs committed already: is another \
-                     collector writing the same senders? Not writing its {} clicks",
-                    senders.len() - claimed.len(),
-                    senders.len(),
-                    batch.len()
-                );
-            }
+        let claimed = tx
+            .query_opt(&self.claim_batch, &[&number.writer, &number.batch])
+            .await?;
+        if claimed.is_none() {
             tx.rollback().await?;
             return Ok(Outcome::AlreadyCommitted);
         }
+        let (senders, seqs) = batch.sender_columns();
+        tx.execute(&self.advance_senders, &[&senders, &seqs])
+            .await?;
         let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
         debug_assert_eq!(written, batch.len() as u64);
         copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
         tx.commit().await?;
         Ok(Outcome::Written)
     }
+}
+
+/// Which batch of which writer: each collector process writes as a random writer id and
+/// numbers its batches 1, 2, 3, ... in the order it writes them; a retry keeps the number.
+#[derive(Debug, Clone, Copy)]
+struct BatchNumber {
+    writer: i64,
+    batch: i64,
 }
 
 /// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.
@@ -168,6 +179,8 @@ fn delta_rows(batch: &Batch) -> Bytes {
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
     db: Db,
+    /// This process's writer id in click_writers, and the number of its last batch.
+    last: BatchNumber,
     timeout: Duration,
     conn: Option<Conn>,
     metrics: Arc<Metrics>,
@@ -178,6 +191,11 @@ impl Writer {
     pub fn new(db: Db, timeout: Duration, metrics: Arc<Metrics>, conn: Option<Conn>) -> Writer {
         Writer {
             db,
+            last: BatchNumber {
+                // Below 2^63: a positive bigint.
+                writer: shared::wire::random_sender() as i64,
+                batch: 0,
+            },
             timeout,
             conn,
             metrics,
@@ -187,10 +205,12 @@ impl Writer {
     /// Writes the batches that come full and hands each back emptied, until the receiver
     /// closes its end.
     pub async fn run(mut self, mut ends: WriterEnds) {
+        tracing::info!("writing as writer {} in click_writers", self.last.writer);
         while let Some(mut batch) = ends.full.recv().await {
             let started = Instant::now();
             let rows = batch.take_rows();
-            self.write(&batch, &rows).await;
+            self.last.batch += 1;
+            self.write(&batch, &rows, self.last).await;
             drop(rows);
             let m = &self.metrics;
             m.batch_seconds.observe(started.elapsed());
@@ -206,10 +226,10 @@ impl Writer {
 
     /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
     /// waits (capped exponential backoff), reconnects and writes the same batch again.
-    async fn write(&mut self, batch: &Batch, rows: &Bytes) {
+    async fn write(&mut self, batch: &Batch, rows: &Bytes, number: BatchNumber) {
         let mut backoff = db::backoff();
         loop {
-            match self.attempt(batch, rows).await {
+            match self.attempt(batch, rows, number).await {
                 Ok(outcome) => {
                     if outcome == Outcome::AlreadyCommitted {
                         tracing::info!(
@@ -236,12 +256,17 @@ impl Writer {
     /// One attempt, on the current connection or a new one. Opening, the writer lock
     /// included, and writing each get the timeout: a connection of an abandoned attempt can
     /// hold the lock until its last statement ends.
-    async fn attempt(&mut self, batch: &Batch, rows: &Bytes) -> Result<Outcome, Failure> {
+    async fn attempt(
+        &mut self,
+        batch: &Batch,
+        rows: &Bytes,
+        number: BatchNumber,
+    ) -> Result<Outcome, Failure> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
             slot => slot.insert(timed(self.timeout, Conn::open(&self.db)).await?),
         };
-        timed(self.timeout, conn.write(batch, rows)).await
+        timed(self.timeout, conn.write(batch, rows, number)).await
     }
 }
 

@@ -2,8 +2,10 @@
 //! collector at a time writes to a database.
 //!
 //! Without it, a collector started while another still drains (whose socket path is already
-//! unlinked) loads the senders' seqs before the other's last batches commit; its own batches
-//! then move those seqs past them, and the other's last batch looks committed and is skipped.
+//! unlinked) loads the senders' seqs before the other's last batches commit, and counts the
+//! datagrams in those batches as lost. Should the lock's session be lost anyway (a database
+//! restart, a killed session), nothing is skipped: a batch's claim is its writer's own batch
+//! number (`copy`), and senders' seqs only move forward.
 
 use std::time::Duration;
 

@@ -10,8 +10,14 @@ use tokio_postgres::Client;
 const LOCK_KEY: i64 = 0x636c_6963_6b73;
 
 /// (version, name, SQL), in order. Never edit one that has shipped; add the next.
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "schema", include_str!("../migrations/0001_schema.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "schema", include_str!("../migrations/0001_schema.sql")),
+    (
+        2,
+        "click_writers",
+        include_str!("../migrations/0002_click_writers.sql"),
+    ),
+];
 
 /// The latest schema version this build knows.
 pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -49,24 +49,11 @@ async fn handed_back(handoff: &mut Handoff) {
         .unwrap();
 }
 
+/// An earlier attempt committed the batch and its answer was lost: the retry finds the
+/// batch's number committed and does not write it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_whose_seqs_are_committed_is_not_written_again() {
-    let db = collector::migrations::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let sent = clicks(5_000, 20, START_US, 1_000);
-    let mut grams = datagrams(31, &sent);
-    grams.extend(datagrams(32, &sent[..10]));
-    let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, LIMIT, metrics).await;
-
-    write(&mut handoff, batch_of(&grams)).await;
-    // The same batch again, as after a COMMIT whose answer was lost.
-    write(&mut handoff, batch_of(&grams)).await;
-    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 5_010);
-    assert_eq!(
-        count(&client, "SELECT sum(clicks)::int8 FROM click_count_deltas").await,
-        5_010
-    );
+async fn a_batch_whose_number_is_committed_is_not_written_again() {
+    assert_eq!(second_batch_after(Orphan::Committed).await, (700, 1_700));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,36 +131,105 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     assert_eq!(metrics.clicks_written.get(), 3_000);
 }
 
-/// The claim alone, without the writer lock in play: a transaction of another session (as an
-/// abandoned attempt's would be) has moved the sender to the batch's seq but not committed.
-/// The writer's claim waits for it and, once it commits, sees the batch as written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_claim_waits_for_an_uncommitted_claim_and_then_skips_the_batch() {
+/// What another session (as an abandoned attempt of the writer's would) did with the claim of
+/// the writer's second batch.
+enum Orphan {
+    /// Committed it before the writer got to the batch.
+    Committed,
+    /// Holds it uncommitted, and commits once the writer waits for it.
+    CommitsWhileWaitedFor,
+    /// Holds it uncommitted, and rolls back once the writer waits for it.
+    RollsBackWhileWaitedFor,
+}
+
+/// The claim alone, without the writer lock in play: the writer writes a first batch of 700
+/// clicks, then a second of 1,000 whose number `orphan` claimed. Returns the rows in clicks
+/// (checked against the deltas) and the clicks the writer counts as written, once it handed
+/// the second batch back.
+async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
-    let grams = datagrams(71, &clicks(1_000, 20, START_US, 1_000));
-    let last_seq = (grams.len() - 1) as i64;
-    let mut orphan = pgtest::connect(&db.url).await;
-    let orphan = orphan.transaction().await.unwrap();
-    orphan
-        .execute(
-            "INSERT INTO click_senders (sender, last_seq) VALUES (71, $1)",
-            &[&last_seq],
-        )
-        .await
-        .unwrap();
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(&db.url, LIMIT, metrics.clone()).await;
-    handoff.full.send(batch_of(&grams)).await.unwrap();
-    shared::testkit::eventually("the writer to wait on the sender's row", LIMIT, || async {
-        let waiting = "SELECT count(*) FROM pg_stat_activity
-                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        (count(&client, waiting).await == 1).then_some(())
-    })
-    .await;
-    orphan.commit().await.unwrap();
-
-    handed_back(&mut handoff).await;
-    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 0);
+    let first = datagrams(71, &clicks(700, 20, START_US, 1_000));
+    write(&mut handoff, batch_of(&first)).await;
+    let writer: i64 = client
+        .query_one("SELECT writer FROM click_writers WHERE last_batch = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut other = pgtest::connect(&db.url).await;
+    let claim = other.transaction().await.unwrap();
+    let update = "UPDATE click_writers SET last_batch = 2 WHERE writer = $1";
+    assert_eq!(claim.execute(update, &[&writer]).await.unwrap(), 1);
+    if let Orphan::Committed = orphan {
+        claim.commit().await.unwrap();
+        write(&mut handoff, batch_of(&second_grams())).await;
+    } else {
+        handoff.full.send(batch_of(&second_grams())).await.unwrap();
+        shared::testkit::eventually("the writer to wait on its row", LIMIT, || async {
+            let waiting = "SELECT count(*) FROM pg_stat_activity
+                           WHERE datname = current_database() AND wait_event_type = 'Lock'";
+            (count(&client, waiting).await == 1).then_some(())
+        })
+        .await;
+        match orphan {
+            Orphan::CommitsWhileWaitedFor => claim.commit().await.unwrap(),
+            _ => claim.rollback().await.unwrap(),
+        }
+        handed_back(&mut handoff).await;
+    }
     assert_eq!(metrics.db_errors.get(), 0);
+    let rows = count(&client, "SELECT count(*) FROM clicks").await;
+    let deltas = "SELECT sum(clicks)::int8 FROM click_count_deltas";
+    assert_eq!(count(&client, deltas).await, rows);
+    (rows, metrics.clicks_written.get())
+}
+
+fn second_grams() -> Vec<Vec<u8>> {
+    datagrams(72, &clicks(1_000, 20, START_US, 1_000))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_waits_for_an_uncommitted_claim_and_then_skips_the_batch() {
+    let got = second_batch_after(Orphan::CommitsWhileWaitedFor).await;
+    assert_eq!(got, (700, 1_700));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_waits_for_an_uncommitted_claim_and_writes_the_batch_once_it_rolls_back() {
+    let got = second_batch_after(Orphan::RollsBackWhileWaitedFor).await;
+    assert_eq!(got, (1_700, 1_700));
+}
+
+/// As if the writer lock's session had been lost and another collector had taken over: the
+/// batches' senders have later seqs committed already (all of them for the first batch, one of
+/// two for the second). That says nothing about these batches: their clicks are written, and
+/// the committed seqs are not moved back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a_batch() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute("INSERT INTO click_senders (sender, last_seq) VALUES (81, 1000), (83, 1000)")
+        .await
+        .unwrap();
+    let sent = clicks(6_000, 20, START_US, 1_000);
+    let mut second = datagrams(82, &sent[2_000..4_000]);
+    second.extend(datagrams(83, &sent[4_000..]));
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, LIMIT, metrics.clone()).await;
+
+    write(&mut handoff, batch_of(&datagrams(81, &sent[..2_000]))).await;
+    write(&mut handoff, batch_of(&second)).await;
+    let mut want = sent.clone();
+    want.sort();
+    assert_eq!(stored_clicks(&client).await, want, "every click once");
+    assert_eq!(metrics.clicks_written.get(), 6_000);
+    let seqs =
+        "SELECT string_agg(sender || ':' || last_seq, ' ' ORDER BY sender) FROM click_senders";
+    let seqs: String = client.query_one(seqs, &[]).await.unwrap().get(0);
+    let last_82 = datagrams(82, &sent[2_000..4_000]).len() - 1;
+    assert!(last_82 > 0, "sender 82 sent several datagrams");
+    assert_eq!(seqs, format!("81:1000 82:{last_82} 83:1000"));
 }
