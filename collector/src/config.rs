@@ -124,9 +124,10 @@ pub struct Config {
     )]
     pub compact_interval: Duration,
 
-    /// Give up on one attempt to write a batch (connect, COPY, commit) after this long; the
-    /// connection is dropped and the same batch is retried on a new one. A stop waits for the
-    /// last batches, so it can take longer than this (see Stopping below).
+    /// Give up on one attempt to write a batch (connect, writer lock, COPY, commit: one deadline
+    /// for all of it) after this long; the connection is dropped and the same batch is retried
+    /// on a new one. A stop waits for the last batches, so it can take longer than this (see
+    /// Stopping below).
     #[arg(
         long,
         env = "COLLECTOR_WRITE_TIMEOUT",

@@ -102,10 +102,11 @@ enum Outcome {
 }
 
 impl Conn {
-    /// A new connection, once it holds the writer lock.
-    async fn open(db: &Db) -> Result<Conn, tokio_postgres::Error> {
+    /// A new connection, once it holds the writer lock; `*waiting` is true while another
+    /// session holds it.
+    async fn open(db: &Db, waiting: &mut bool) -> Result<Conn, tokio_postgres::Error> {
         let client = db.connect().await?;
-        lock::take(&client).await?;
+        lock::take(&client, waiting).await?;
         Conn::prepare(client).await
     }
 
@@ -241,32 +242,46 @@ impl Writer {
                     self.metrics.db_reachable.store(true, Relaxed);
                     return;
                 }
-                Err(failure) => tracing::warn!(
-                    "writing a batch of {} clicks: {failure}; retrying on a new connection",
-                    batch.len(),
-                ),
+                Err(waiting @ Failure::LockHeld(_)) => {
+                    tracing::info!("{waiting}; asking again on a new connection");
+                }
+                Err(failure) => {
+                    tracing::warn!(
+                        "writing a batch of {} clicks: {failure}; retrying on a new connection",
+                        batch.len(),
+                    );
+                    self.metrics.db_errors.inc();
+                    self.metrics.db_reachable.store(false, Relaxed);
+                }
             }
             self.conn = None;
-            self.metrics.db_errors.inc();
-            self.metrics.db_reachable.store(false, Relaxed);
             backoff.wait().await;
         }
     }
 
-    /// One attempt, on the current connection or a new one. Opening, the writer lock
-    /// included, and writing each get the timeout: a connection of an abandoned attempt can
-    /// hold the lock until its last statement ends.
+    /// One attempt, on the current connection or a new one, with one deadline for all of it:
+    /// connecting, waiting for the writer lock (a connection of an abandoned attempt can hold
+    /// it until its last statement ends) and writing.
     async fn attempt(
         &mut self,
         batch: &Batch,
         rows: &Bytes,
         number: BatchNumber,
     ) -> Result<Outcome, Failure> {
-        let conn = match &mut self.conn {
-            Some(conn) => conn,
-            slot => slot.insert(timed(self.timeout, Conn::open(&self.db)).await?),
+        let mut waiting = false;
+        let (db, slot) = (&self.db, &mut self.conn);
+        let attempt = async {
+            let conn = match slot {
+                Some(conn) => conn,
+                slot => slot.insert(Conn::open(db, &mut waiting).await?),
+            };
+            conn.write(batch, rows, number).await
         };
-        timed(self.timeout, conn.write(batch, rows, number)).await
+        let result = timed(self.timeout, attempt).await;
+        match result {
+            Err(Failure::Timeout(limit)) if waiting => Err(Failure::LockHeld(limit)),
+            result => result,
+        }
     }
 }
 

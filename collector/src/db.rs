@@ -38,6 +38,9 @@ pub enum Failure {
     Db(tokio_postgres::Error),
     /// It took longer than this and was abandoned.
     Timeout(Duration),
+    /// It waited this long for the writer lock, which another session holds, and was
+    /// abandoned: not a database outage.
+    LockHeld(Duration),
 }
 
 impl From<tokio_postgres::Error> for Failure {
@@ -51,6 +54,11 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Db(e) => f.write_str(&describe(e)),
             Failure::Timeout(limit) => write!(f, "took over {limit:?}"),
+            Failure::LockHeld(limit) => write!(
+                f,
+                "waited {limit:?} for the writer lock, which another session holds (another \
+                 collector, or an abandoned connection of this one)"
+            ),
         }
     }
 }

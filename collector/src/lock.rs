@@ -19,25 +19,25 @@ const KEY: i64 = 0x0063_6f6c_6c65_6374;
 const POLL: Duration = Duration::from_millis(100);
 
 /// Takes the lock for `client`'s session, waiting while another session holds it. Kept until
-/// the session ends.
-pub async fn take(client: &Client) -> Result<(), tokio_postgres::Error> {
-    let mut waited = false;
+/// the session ends. `*waiting` (false when called) is true while another session holds the
+/// lock, so that a caller that gives up can tell that from a database that does not answer.
+pub async fn take(client: &Client, waiting: &mut bool) -> Result<(), tokio_postgres::Error> {
     loop {
         let row = client
             .query_one("SELECT pg_try_advisory_lock($1)", &[&KEY])
             .await?;
         if row.get::<_, bool>(0) {
-            if waited {
+            if std::mem::take(waiting) {
                 tracing::info!("took the writer lock: the other writer is gone");
             }
             return Ok(());
         }
-        if !waited {
+        if !*waiting {
             tracing::info!(
                 "waiting for the writer lock (advisory lock {KEY:#x}): another collector, or an \
                  abandoned connection of this one, is still writing to this database"
             );
-            waited = true;
+            *waiting = true;
         }
         tokio::time::sleep(POLL).await;
     }

@@ -169,7 +169,7 @@ async fn prepare(db: &Db, metrics: &Metrics) -> Start {
 
 async fn try_prepare(db: &Db) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
-    lock::take(&client).await?;
+    lock::take(&client, &mut false).await?;
     migrations::apply(&mut client).await?;
     Ok(Start {
         senders: Senders::load(&client).await?,
