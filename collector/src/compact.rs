@@ -20,6 +20,14 @@ const COMPACT: &str = "
         ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
     SELECT count(*) FROM moved";
 
+/// Bookkeeping rows nobody has touched for 30 days: a redirector's seq row (one per process
+/// start) and a collector's batch-number row (one per process start). Without this both tables
+/// grow with every restart. A sender idle that long that comes back after a collector restart
+/// is only counted as a gap; its clicks are still written.
+const PRUNE: &str = "
+    DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
+    DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
+
 /// Delta rows waiting to be folded, for the gauge's starting value.
 pub async fn pending(client: &Client) -> Result<i64, tokio_postgres::Error> {
     let row = client
@@ -65,11 +73,13 @@ pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Met
     }
 }
 
-/// One compaction on `conn`, opened first if needed.
+/// One compaction on `conn`, opened first if needed, and the pruning of idle bookkeeping rows.
 async fn compact(db: &Db, conn: &mut Option<Client>) -> Result<i64, tokio_postgres::Error> {
     let client = match conn {
         Some(client) => client,
         slot => slot.insert(db.connect().await?),
     };
-    Ok(client.query_one(COMPACT, &[]).await?.get(0))
+    let moved = client.query_one(COMPACT, &[]).await?.get(0);
+    client.batch_execute(PRUNE).await?;
+    Ok(moved)
 }

@@ -455,3 +455,30 @@ async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
         7
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
+    let p = place().await;
+    p.client
+        .batch_execute(
+            "INSERT INTO click_senders VALUES (1, 10, now() - interval '31 days'),
+                                              (2, 20, now() - interval '29 days');
+             INSERT INTO click_writers VALUES (3, 5, now() - interval '31 days'),
+                                              (4, 6, now());",
+        )
+        .await
+        .unwrap();
+    let c = Collector::start(&p.db, &p.path, &["--compact-interval", "100ms"]).await;
+    let remaining = "SELECT (SELECT count(*) FROM click_senders WHERE sender = 1)
+                          + (SELECT count(*) FROM click_writers WHERE writer = 3)";
+    shared::testkit::eventually("the idle rows pruned", LIMIT, || async {
+        (count(&p.client, remaining).await == 0).then_some(())
+    })
+    .await;
+    let kept = "SELECT (SELECT count(*) FROM click_senders WHERE sender = 2)
+                     + (SELECT count(*) FROM click_writers WHERE writer = 4)";
+    assert_eq!(count(&p.client, kept).await, 2, "rows in use are kept");
+    send_all(&p.path, datagrams(9, &clicks(10, 2, START_US, 1_000))).await;
+    await_rows(&p.client, 10).await;
+    assert_eq!(c.metric("collector_clicks_written_total").await, 10.0);
+}
