@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::db::{describe, Db};
+use crate::db::{timed, Db};
 use crate::metrics::Metrics;
 
 /// One statement: moves every committed delta, sums per key, upserts in key order (so two
@@ -46,11 +46,12 @@ pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Met
     loop {
         ticks.tick().await;
         let started = std::time::Instant::now();
-        let failure = match tokio::time::timeout(timeout, compact(&db, &mut conn)).await {
-            Ok(Ok(moved)) => {
+        let failure = match timed(timeout, compact(&db, &mut conn)).await {
+            Ok(moved) => {
+                let took = started.elapsed();
                 metrics.compactions.inc();
-                metrics.compaction_seconds.observe(started.elapsed());
-                tracing::debug!("folded {moved} delta rows in {:?}", started.elapsed());
+                metrics.compaction_seconds.observe(took);
+                tracing::debug!("folded {moved} delta rows in {took:?}");
                 metrics.deltas_pending.add(-moved);
                 metrics.db_reachable.store(true, Relaxed);
                 if std::mem::take(&mut failing) {
@@ -58,8 +59,7 @@ pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Met
                 }
                 continue;
             }
-            Ok(Err(e)) => describe(&e),
-            Err(_) => format!("took over {timeout:?}"),
+            Err(failure) => failure,
         };
         conn = None;
         metrics.db_errors.inc();

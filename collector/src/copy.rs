@@ -20,11 +20,11 @@ use crate::metrics::Metrics;
 const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// A field count of -1 ends the data.
 const TRAILER: &[u8] = &(-1i16).to_be_bytes();
-/// 2000-01-01T00:00:00Z, PostgreSQL's epoch for timestamps and dates, in Unix microseconds.
-const PG_EPOCH_US: i64 = 946_684_800_000_000;
-/// 2000-01-01 in days since the Unix epoch.
+/// 2000-01-01, PostgreSQL's epoch for timestamps and dates, in days since the Unix epoch.
 const PG_EPOCH_DAYS: i32 = 10_957;
 const DAY_US: i64 = 86_400_000_000;
+/// The same epoch in Unix microseconds.
+const PG_EPOCH_US: i64 = PG_EPOCH_DAYS as i64 * DAY_US;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";

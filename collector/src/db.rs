@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use shared::backoff::Backoff;
 pub use shared::db::describe;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// Where the database is, parsed once at start so a malformed URL fails at once.
 #[derive(Debug, Clone)]
@@ -22,13 +22,7 @@ impl Db {
 
     /// A new connection, driven by a spawned task that ends when the client is dropped.
     pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("database connection ended: {}", describe(&e));
-            }
-        });
-        Ok(client)
+        shared::db::connect(&self.config).await
     }
 }
 

@@ -196,15 +196,14 @@ impl Receiver {
             }
         }
         if datagram.truncated {
-            let why = format!("over {BUF_SIZE} bytes, cut by the receive buffer");
+            let why = format_args!("over {BUF_SIZE} bytes, cut by the receive buffer");
             self.reject("undecodable", &why);
             return Ok(());
         }
         let decoded = match shared::wire::decode(bytes) {
             Ok(decoded) => decoded,
             Err(reject) => {
-                let why = reject.to_string();
-                self.reject(reject.reason(), &why);
+                self.reject(reject.reason(), &reject);
                 return Ok(());
             }
         };
@@ -240,7 +239,8 @@ impl Receiver {
         Ok(())
     }
 
-    fn reject(&mut self, reason: &'static str, why: &str) {
+    /// Counts a rejected datagram; `why` is formatted only when the line is logged.
+    fn reject(&mut self, reason: &'static str, why: &dyn std::fmt::Display) {
         self.metrics.datagrams_rejected.inc(reason);
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(

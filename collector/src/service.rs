@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
 
 use crate::batch::{self, Handoff};
@@ -15,7 +14,7 @@ use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
-use crate::senders::Senders;
+use crate::senders::{self, Senders};
 use crate::socket::Inbox;
 use crate::{compact, lock, migrations};
 
@@ -74,7 +73,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         })?;
     let mirror = config.mirror.clone().map(Mirror::new).transpose();
     let mirror = mirror.map_err(Fatal::Mirror)?;
-    let mut stop = stop_signal().map_err(Fatal::Signals)?;
+    let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
     let start = tokio::select! {
         start = prepare(&db, &metrics) => start,
         name = &mut stop => {
@@ -172,21 +171,8 @@ async fn try_prepare(db: &Db) -> Result<Start, tokio_postgres::Error> {
     lock::take(&client, &mut false).await?;
     migrations::apply(&mut client).await?;
     Ok(Start {
-        senders: Senders::load(&client).await?,
+        senders: senders::load(&client).await?,
         deltas_pending: compact::pending(&client).await?,
         conn: Conn::prepare(client).await?,
     })
-}
-
-/// Completes with the signal's name on the first SIGTERM or SIGINT.
-fn stop_signal(
-) -> std::io::Result<std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>> {
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(Box::pin(async move {
-        tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        }
-    }))
 }

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::SystemTime;
 
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 pub struct Direct {
     clients: Box<[(Client, Statement)]>,
@@ -17,14 +17,10 @@ pub struct Direct {
 impl Direct {
     /// Opens `connections` (at least 1) connections to `url`, each with the INSERT prepared.
     pub async fn connect(url: &str, connections: usize) -> Result<Direct, tokio_postgres::Error> {
+        let config: tokio_postgres::Config = url.parse()?;
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
-            let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!("direct insert connection: {}", shared::db::describe(&e));
-                }
-            });
+            let client = shared::db::connect(&config).await?;
             let insert = client
                 .prepare("INSERT INTO clicks (code, clicked_at) VALUES ($1, $2)")
                 .await?;

@@ -105,7 +105,10 @@ impl App {
                 Ok(()) => m.clicks_sent.inc(),
                 Err(e) => {
                     m.clicks_dropped.inc(reason::DIRECT_FAILED);
-                    tracing::warn!("direct insert of a {code:?} click: {e:?}");
+                    tracing::warn!(
+                        "direct insert of a {code:?} click: {}",
+                        shared::db::describe(&e)
+                    );
                 }
             },
         }

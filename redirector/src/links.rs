@@ -59,7 +59,7 @@ impl LinkTable {
     }
 
     pub fn is_loaded(&self) -> bool {
-        *self.loaded.borrow()
+        self.map.load().is_some()
     }
 
     /// Resolves once the first map is in place.

@@ -30,7 +30,7 @@ pub enum Error {
     },
     #[error("--datagram-size: {0}")]
     DatagramSize(#[from] shared::wire::BadLimit),
-    #[error("--clicks direct: connecting to the database: {0:?}")]
+    #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
     Direct(tokio_postgres::Error),
     /// Serving on would hand clicks to a ring nobody empties, so the process stops instead.
     #[error("the drain task stopped unexpectedly: {0}")]
@@ -48,18 +48,10 @@ pub struct Summary {
     pub dropped: u64,
 }
 
-/// Resolves on the first SIGTERM or SIGINT. The handlers are installed before it returns, so
-/// a signal that arrives before the future is awaited is not lost.
+/// Resolves on the first SIGTERM or SIGINT, after logging which; installed before it returns.
 pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-    })
+    let stop = shared::stop_signal()?;
+    Ok(async move { tracing::info!("{}: shutting down", stop.await) })
 }
 
 /// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests

@@ -7,6 +7,7 @@ pub mod db;
 pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtest;
+pub mod seq;
 pub mod socket;
 pub mod systemd;
 pub mod tap;
@@ -20,6 +21,20 @@ pub fn now_us() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Completes with the signal's name on the first SIGTERM or SIGINT. The handlers are installed
+/// before it returns, so a signal that arrives before the future is awaited is not lost.
+pub fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'static str> + Send> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
 }
 
 /// Logs to stderr through `tracing`, filtered by `RUST_LOG` (default `info`).

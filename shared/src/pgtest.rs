@@ -168,11 +168,11 @@ impl Cluster {
 
 /// Connects to `url`, panicking with the reason if it cannot; for tests.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let config: tokio_postgres::Config =
+        url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
+    crate::db::connect(&config)
         .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
-    tokio::spawn(conn);
-    client
+        .unwrap_or_else(|e| panic!("connecting to {url}: {}", crate::db::describe(&e)))
 }
 
 /// As root, hands `dir` to an unprivileged user and makes `cmd` run as that user.

@@ -1,6 +1,6 @@
 //! `clicktap listen`: bind a path and print what arrives, one line per datagram or per second.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::show::{self, SeqNote, Verdict};
 use super::{signals, TapError};
+use crate::seq::{self, Seqs};
 use crate::socket::bind_datagram;
 use crate::wire::{Batch, MAX_DATAGRAM};
 
@@ -180,29 +181,36 @@ impl Totals {
 }
 
 /// Each sender's last seq, and the counts of the current second and of the whole run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tally {
-    last_seq: HashMap<u64, u64>,
+    seqs: Seqs,
     second: Totals,
     all: Totals,
 }
 
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            // A tap starts listening at any moment: a sender's first datagram is its start.
+            seqs: Seqs::mid_stream(),
+            second: Totals::default(),
+            all: Totals::default(),
+        }
+    }
+}
+
 impl Tally {
     fn batch(&mut self, batch: &Batch<'_>, len: usize) -> SeqNote {
-        let note = match self.last_seq.get(&batch.sender) {
-            None => SeqNote::default(),
-            Some(&last) if batch.seq > last => SeqNote {
-                missing: batch.seq - last - 1,
+        let note = match self.seqs.accept(batch.sender, batch.seq) {
+            seq::Verdict::Accept { lost } => SeqNote {
+                missing: lost,
                 repeat: false,
             },
-            Some(_) => SeqNote {
+            seq::Verdict::Duplicate => SeqNote {
                 missing: 0,
                 repeat: true,
             },
         };
-        if !note.repeat {
-            self.last_seq.insert(batch.sender, batch.seq);
-        }
         for totals in [&mut self.second, &mut self.all] {
             totals.add(len, batch.clicks.len());
             if note.missing > 0 {

@@ -1,0 +1,87 @@
+//! Each sender's last datagram seq, to tell new datagrams from repeats and count the ones
+//! missing in between. The collector judges what it writes by it; `clicktap listen` reports by it.
+
+use std::collections::HashMap;
+
+/// What a datagram is, by its sender's seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// At or below the last accepted seq: seen already.
+    Duplicate,
+    /// New; `lost` datagrams of this sender were skipped before it.
+    Accept { lost: u64 },
+}
+
+#[derive(Debug, Default)]
+pub struct Seqs {
+    last: HashMap<u64, u64>,
+    /// Whether a sender's first datagram seen was preceded by none (the receiver saw the
+    /// sender from its start) or may have been (the receiver joined mid-stream).
+    joined_mid_stream: bool,
+}
+
+impl Seqs {
+    /// For a receiver that sees every sender from seq 0 on, given the last seqs known so far:
+    /// a sender seen first at seq N lost seqs 0 to N-1.
+    pub fn from_start(last: HashMap<u64, u64>) -> Seqs {
+        Seqs {
+            last,
+            joined_mid_stream: false,
+        }
+    }
+
+    /// For an observer that starts listening at any moment: a sender's first datagram seen
+    /// counts nothing as missing.
+    pub fn mid_stream() -> Seqs {
+        Seqs {
+            last: HashMap::new(),
+            joined_mid_stream: true,
+        }
+    }
+
+    /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one.
+    pub fn accept(&mut self, sender: u64, seq: u64) -> Verdict {
+        let lost = match self.last.get(&sender) {
+            Some(&last) if seq <= last => return Verdict::Duplicate,
+            Some(&last) => seq - last - 1,
+            None if self.joined_mid_stream => 0,
+            None => seq,
+        };
+        self.last.insert(sender, seq);
+        Verdict::Accept { lost }
+    }
+
+    /// Senders seen or known.
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_and_gaps() {
+        let mut s = Seqs::default();
+        assert_eq!(s.accept(7, 0), Verdict::Accept { lost: 0 });
+        assert_eq!(s.accept(7, 0), Verdict::Duplicate);
+        assert_eq!(s.accept(7, 1), Verdict::Accept { lost: 0 });
+        assert_eq!(s.accept(7, 5), Verdict::Accept { lost: 3 });
+        assert_eq!(s.accept(7, 4), Verdict::Duplicate);
+        assert_eq!(s.accept(u64::MAX, 2), Verdict::Accept { lost: 2 });
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_mid_stream_observer_counts_nothing_before_a_first_sight() {
+        let mut s = Seqs::mid_stream();
+        assert_eq!(s.accept(7, 40), Verdict::Accept { lost: 0 });
+        assert_eq!(s.accept(7, 42), Verdict::Accept { lost: 1 });
+        assert_eq!(s.accept(7, 42), Verdict::Duplicate);
+    }
+}
