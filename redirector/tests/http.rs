@@ -95,7 +95,10 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
     assert_eq!(response.headers()["retry-after"], "1");
     let (status, body) = shared::admin::get(r.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+    shared::testkit::eventually("a failed link load counted", LIMIT, || async {
+        (r.metric("redirector_link_load_errors_total").await >= 1.0).then_some(())
+    })
+    .await;
     assert_eq!(
         notifications(&notify),
         Vec::<String>::new(),
