@@ -110,7 +110,7 @@ pub struct Config {
         env = "COLLECTOR_FLUSH_INTERVAL",
         value_name = "DURATION",
         default_value = "100ms",
-        value_parser = parse_duration
+        value_parser = shared::flags::duration
     )]
     pub flush_interval: Duration,
 
@@ -120,7 +120,7 @@ pub struct Config {
         env = "COLLECTOR_COMPACT_INTERVAL",
         value_name = "DURATION",
         default_value = "5s",
-        value_parser = parse_duration
+        value_parser = shared::flags::duration
     )]
     pub compact_interval: Duration,
 
@@ -133,7 +133,7 @@ pub struct Config {
         env = "COLLECTOR_WRITE_TIMEOUT",
         value_name = "DURATION",
         default_value = "30s",
-        value_parser = parse_duration
+        value_parser = shared::flags::duration
     )]
     pub write_timeout: Duration,
 
@@ -141,14 +141,6 @@ pub struct Config {
     /// (e.g. `clicktap listen`). Dropped and counted when nobody listens there.
     #[arg(long, env = "COLLECTOR_MIRROR", value_name = "PATH")]
     pub mirror: Option<PathBuf>,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be more than zero".into());
-    }
-    Ok(d)
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {

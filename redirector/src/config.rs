@@ -57,16 +57,16 @@ pub struct Config {
 
     /// How often the drain task sends what the ring holds, full datagrams or not: the longest a
     /// click waits in the ring while the collector keeps up.
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = shared::flags::duration)]
     pub flush_interval: Duration,
 
     /// How long shutdown keeps sending what the ring holds; the rest is counted as dropped.
     /// (Requests in flight get as long to finish before that.)
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub drain_timeout: Duration,
 
     /// Reload the link table this often even without a links_changed notification.
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "60s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "60s", value_parser = shared::flags::duration)]
     pub reload_interval: Duration,
 
     /// Size limit of one datagram to the collector, in bytes (at most 61440).
@@ -74,7 +74,7 @@ pub struct Config {
     pub datagram_size: usize,
 
     /// A client that has not sent its request head within this time is disconnected.
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = shared::flags::duration)]
     pub header_read_timeout: Duration,
 
     /// `--clicks direct` only: database connections the INSERTs are spread over.
@@ -88,10 +88,6 @@ pub enum ClickMode {
     Pipeline,
     Off,
     Direct,
-}
-
-fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
-    humantime::parse_duration(s)
 }
 
 #[cfg(test)]
@@ -139,5 +135,16 @@ mod tests {
             "soon"
         ])
         .is_err());
+        // Zero once panicked the loader's timer; now every duration flag refuses it.
+        let err = Config::try_parse_from([
+            "redirector",
+            "--database-url",
+            "x",
+            "--reload-interval",
+            "0s",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("more than zero"), "{err}");
     }
 }

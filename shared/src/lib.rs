@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod backoff;
 pub mod db;
+pub mod flags;
 pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtest;

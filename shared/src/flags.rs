@@ -1,0 +1,40 @@
+//! Parsers for command-line values that every binary shares, so that a flag means the same
+//! thing, and is refused for the same reasons, wherever it appears.
+
+use std::time::Duration;
+
+/// The longest duration any flag takes. Far above any sensible setting, and far below what
+/// would overflow an `Instant` or a timer when added to now.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A duration such as `100ms`, `5s` or `1h 30m` (humantime's syntax). Zero is refused: every
+/// duration flag is an interval, a timeout or a wait, and zero would make a timer spin or a
+/// wait give up at once. So is anything over [`MAX_DURATION`].
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration: {e}"))?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?} is zero; it must be more than zero (an interval or timeout of zero would spin or give up at once)"
+        ));
+    }
+    if d > MAX_DURATION {
+        return Err(format!("{s:?} is over the longest allowed, 365 days"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_refuses_zero_garbage_and_absurd_values_with_the_reason() {
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert!(duration("0s").unwrap_err().contains("more than zero"));
+        assert!(duration("0").unwrap_err().contains("more than zero"));
+        assert!(duration("soon").unwrap_err().contains("not a duration"));
+        assert!(duration("400days").unwrap_err().contains("365 days"));
+        assert!(duration("18446744073709551615s").is_err());
+    }
+}
