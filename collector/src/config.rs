@@ -83,6 +83,19 @@ pub struct Config {
     )]
     pub socket_mode: u32,
 
+    /// This collector's instance name: one collector per instance writes at a time (a restart
+    /// waits for its predecessor to finish), while collectors of different instances (one per
+    /// host) write to the same database at once. Shown in click_writers.instance. Default: the
+    /// host name.
+    #[arg(
+        long,
+        env = "COLLECTOR_INSTANCE",
+        value_name = "NAME",
+        default_value_t = default_instance(),
+        value_parser = parse_instance
+    )]
+    pub instance: String,
+
     /// Address of the admin listener: GET /metrics (Prometheus) and GET /healthz.
     #[arg(
         long,
@@ -143,6 +156,26 @@ pub struct Config {
     pub mirror: Option<PathBuf>,
 }
 
+/// The host name, or `localhost` if it cannot be read (never expected on Linux).
+fn default_instance() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .and_then(|h| parse_instance(&h).ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// 1 to 255 printable characters: it is a log and table label, not free text.
+fn parse_instance(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 255 {
+        return Err(format!("{} bytes; an instance name has 1 to 255", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!("control character {c:?}; use printable characters"));
+    }
+    Ok(s.to_owned())
+}
+
 fn parse_mode(s: &str) -> Result<u32, String> {
     let mode = u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not octal: {e}"))?;
     if mode > 0o777 {
@@ -178,6 +211,11 @@ mod tests {
         assert_eq!(cli.run.socket_mode, 0o620);
         assert_eq!(cli.run.batch_rows, 7);
         assert_eq!(cli.run.compact_interval, Duration::from_secs(5));
+        let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+        assert_eq!(
+            cli.run.instance, host,
+            "the instance defaults to the host name"
+        );
     }
 
     #[test]
@@ -188,6 +226,8 @@ mod tests {
             ("--socket-mode", "1777", "above 0777"),
             ("--flush-interval", "0s", "more than zero"),
             ("--batch-rows", "0", "0"),
+            ("--instance", "", "1 to 255"),
+            ("--instance", "a\tb", "control character"),
         ] {
             let err = parse(&[url[0], url[1], flag, value])
                 .unwrap_err()

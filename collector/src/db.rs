@@ -20,6 +20,16 @@ impl Db {
         })
     }
 
+    /// Names the collector's sessions in `pg_stat_activity` (`collector <instance>`), unless
+    /// the URL names them already.
+    pub fn for_instance(mut self, instance: &str) -> Db {
+        if self.config.get_application_name().is_none() {
+            self.config
+                .application_name(format!("collector {instance}"));
+        }
+        self
+    }
+
     /// A new connection, driven by a spawned task that ends when the client is dropped.
     pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
         shared::db::connect(&self.config).await

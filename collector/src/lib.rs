@@ -1,7 +1,8 @@
 //! The collector: receives click datagrams on a Unix socket and writes them to PostgreSQL.
 //!
-//! `socket` (the inbox and its stop fence) -> `receive` (decode, seq check, `batch`) ->
-//! `copy` (binary COPY, one transaction per batch, one writer per database: `lock`); `compact` folds the per-batch counts;
+//! `socket` (the inbox and its stop fence) -> `receive` (decode, seq check, into a `batch`) ->
+//! `writer` (the task: its connection, the instance `lock`, retries) -> `store` (one
+//! transaction per batch) in the binary format of `copy`; `compact` folds the per-batch counts;
 //! `service` wires them with signals; `config` is the command line.
 
 pub mod batch;
@@ -17,3 +18,5 @@ pub mod receive;
 pub mod senders;
 pub mod service;
 pub mod socket;
+pub mod store;
+pub mod writer;

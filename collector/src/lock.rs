@@ -1,41 +1,49 @@
-//! The writer lock: a session-level advisory lock on the writer's connection, so that one
-//! collector at a time writes to a database.
+//! The instance lock: a session-level advisory lock, keyed by the collector's instance name,
+//! held by the writer's connection. Collectors of different instances (one per host) write to
+//! one database at once; two of the same instance never do.
 //!
-//! Without it, a collector started while another still drains (whose socket path is already
-//! unlinked) loads the senders' seqs before the other's last batches commit, and counts the
-//! datagrams in those batches as lost. Should the lock's session be lost anyway (a database
-//! restart, a killed session), nothing is skipped: a batch's claim is its writer's own batch
-//! number (`copy`), and senders' seqs only move forward.
+//! What it prevents: a collector that restarts while its predecessor on the same host still
+//! drains (whose socket path is already unlinked) would load the senders' seqs before the
+//! predecessor's last batches commit, and misjudge the datagrams in them. Waiting for the lock
+//! means the predecessor has written everything and exited. Should the lock's session be lost
+//! anyway (a database restart, a killed session), nothing is skipped or doubled: a batch's
+//! claim is its writer's own batch number (`store`), and senders' seqs only move forward.
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
-/// Arbitrary, fixed, and not the migrations' key: "collect" in ASCII.
-const KEY: i64 = 0x0063_6f6c_6c65_6374;
+/// The lock's key: a 64-bit hash of the instance name, prefixed so that it cannot meet the
+/// migrations' key. `hashtextextended` is stable across platforms and versions (hash
+/// partitioning depends on it), so every collector computes the same key for a name.
+const TRY_LOCK: &str =
+    "SELECT pg_try_advisory_lock(hashtextextended('clicks collector ' || $1, 0))";
 
 /// How often a waiting collector asks again. Asking (rather than queueing in
 /// `pg_advisory_lock`) leaves no lock request behind in the server when a wait is abandoned.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Takes the lock for `client`'s session, waiting while another session holds it. Kept until
-/// the session ends. `*waiting` (false when called) is true while another session holds the
-/// lock, so that a caller that gives up can tell that from a database that does not answer.
-pub async fn take(client: &Client, waiting: &mut bool) -> Result<(), tokio_postgres::Error> {
+/// Takes the lock of `instance` for `client`'s session, waiting while another session holds
+/// it. Kept until the session ends. `*waiting` (false when called) is true while another
+/// session holds the lock, so that a caller that gives up can tell that from a database that
+/// does not answer.
+pub async fn take(
+    client: &Client,
+    instance: &str,
+    waiting: &mut bool,
+) -> Result<(), tokio_postgres::Error> {
     loop {
-        let row = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&KEY])
-            .await?;
+        let row = client.query_one(TRY_LOCK, &[&instance]).await?;
         if row.get::<_, bool>(0) {
             if std::mem::take(waiting) {
-                tracing::info!("took the writer lock: the other writer is gone");
+                tracing::info!("took the lock of instance {instance:?}: the other writer is gone");
             }
             return Ok(());
         }
         if !*waiting {
             tracing::info!(
-                "waiting for the writer lock (advisory lock {KEY:#x}): another collector, or an \
-                 abandoned connection of this one, is still writing to this database"
+                "waiting for the lock of instance {instance:?}: another collector of this \
+                 instance, or an abandoned connection of this one, is still writing"
             );
             *waiting = true;
         }

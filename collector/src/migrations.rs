@@ -17,6 +17,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "click_writers",
         include_str!("../migrations/0002_click_writers.sql"),
     ),
+    (
+        3,
+        "writer_instance",
+        include_str!("../migrations/0003_writer_instance.sql"),
+    ),
 ];
 
 /// The latest schema version this build knows.

@@ -9,13 +9,14 @@ use tokio::task::JoinHandle;
 
 use crate::batch::{self, Handoff};
 use crate::config::Config;
-use crate::copy::{Conn, Writer};
 use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
 use crate::senders::{self, Senders};
 use crate::socket::Inbox;
+use crate::store::Conn;
+use crate::writer::Writer;
 use crate::{compact, lock, migrations};
 
 /// Why the collector could not start or go on.
@@ -54,7 +55,7 @@ pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
 }
 
 /// What start-up reads from the database before the first datagram is taken, and the
-/// writer's connection, which holds the writer lock.
+/// writer's connection, which holds the instance lock.
 struct Start {
     senders: Senders,
     deltas_pending: i64,
@@ -63,7 +64,9 @@ struct Start {
 
 /// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns.
 pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
-    let db = Db::parse(database_url).map_err(Fatal::Url)?;
+    let db = Db::parse(database_url)
+        .map_err(Fatal::Url)?
+        .for_instance(&config.instance);
     let metrics = Arc::new(Metrics::default());
     listen_admin(config.admin_listen, metrics.clone())
         .await
@@ -75,7 +78,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mirror = mirror.map_err(Fatal::Mirror)?;
     let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
     let start = tokio::select! {
-        start = prepare(&db, &metrics) => start,
+        start = prepare(&db, &config.instance, &metrics) => start,
         name = &mut stop => {
             tracing::info!("{name} before the database was reached; nothing received");
             return Ok(());
@@ -87,7 +90,11 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     metrics.deltas_pending.set(start.deltas_pending);
     metrics.db_reachable.store(true, Relaxed);
     metrics.started.store(true, Relaxed);
-    tracing::info!("ready: {} known senders", start.senders.len());
+    tracing::info!(
+        "ready: instance {:?}, {} known senders",
+        config.instance,
+        start.senders.len()
+    );
     shared::systemd::notify_or_log("READY=1");
 
     let (handoff, writer) = start_writer(&db, start.conn, &config, &metrics);
@@ -142,6 +149,7 @@ fn start_writer(
     let (handoff, writer_ends) = batch::handoff();
     let writer = Writer::new(
         db.clone(),
+        &config.instance,
         config.write_timeout,
         metrics.clone(),
         Some(conn),
@@ -149,13 +157,13 @@ fn start_writer(
     (handoff, tokio::spawn(writer.run(writer_ends)))
 }
 
-/// Connects (retrying with backoff while the database is away), waits for the writer lock,
-/// migrates, and loads the senders' seqs: the lock comes first, so that they are read only
-/// once no other collector can still commit.
-async fn prepare(db: &Db, metrics: &Metrics) -> Start {
+/// Connects (retrying with backoff while the database is away), waits for the lock of
+/// `instance`, migrates, and loads the senders' seqs: the lock comes first, so that they are
+/// read only once no predecessor of this instance can still commit.
+async fn prepare(db: &Db, instance: &str, metrics: &Metrics) -> Start {
     let mut backoff = db::backoff();
     loop {
-        match try_prepare(db).await {
+        match try_prepare(db, instance).await {
             Ok(start) => return start,
             Err(e) => {
                 metrics.db_errors.inc();
@@ -166,9 +174,9 @@ async fn prepare(db: &Db, metrics: &Metrics) -> Start {
     }
 }
 
-async fn try_prepare(db: &Db) -> Result<Start, tokio_postgres::Error> {
+async fn try_prepare(db: &Db, instance: &str) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
-    lock::take(&client, &mut false).await?;
+    lock::take(&client, instance, &mut false).await?;
     migrations::apply(&mut client).await?;
     Ok(Start {
         senders: senders::load(&client).await?,

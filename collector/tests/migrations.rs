@@ -19,11 +19,13 @@ const SCHEMA: &str = "
 async fn applying_twice_changes_nothing() {
     let db = pgtest::cluster().fresh_database().await;
     let mut client = pgtest::connect(&db.url).await;
-    assert_eq!(migrations::apply(&mut client).await.unwrap(), [1, 2]);
+    let all: Vec<i32> = (1..=migrations::LATEST).collect();
+    assert_eq!(migrations::apply(&mut client).await.unwrap(), all);
     let before: String = client.query_one(SCHEMA, &[]).await.unwrap().get(0);
     for column in [
         "clicks.clicked_at timestamp with time zone",
         "click_writers.last_batch bigint",
+        "click_writers.instance text",
     ] {
         assert!(before.contains(column), "{column} in {before}");
     }

@@ -269,15 +269,21 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_collector_on_the_database_waits_until_the_first_has_written_and_exited() {
+async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_and_exited() {
     let p = place().await;
-    let mut first = Collector::start(&p.db, &p.path, &["--flush-interval", "1h"]).await;
+    let a = ["--instance", "host-a"];
+    let mut first = Collector::start(&p.db, &p.path, &[a[0], a[1], "--flush-interval", "1h"]).await;
     let (_second_dir, second_path) = socket_path();
-    let second = Collector::spawn(command(&p.db, &second_path, &[])).await;
+    let second = Collector::spawn(command(&p.db, &second_path, &a)).await;
     second
         .service
-        .wait_for_log("waiting for the writer lock", LIMIT)
+        .wait_for_log("waiting for the lock of instance \"host-a\"", LIMIT)
         .await;
+    // Another instance on the same database does not wait for either.
+    let (_other_dir, other_path) = socket_path();
+    let other = Collector::start(&p.db, &other_path, &["--instance", "host-b"]).await;
+    send_all(&other_path, datagrams(62, &clicks(10, 5, START_US, 1))).await;
+    await_rows(&p.client, 10).await;
 
     // Pending in the first one (the batch is not due) when it is told to stop.
     let sent = clicks(5_000, 50, START_US, 11);
@@ -292,15 +298,25 @@ async fn a_second_collector_on_the_database_waits_until_the_first_has_written_an
     first.service.signal(Signal::SIGTERM);
     assert!(first.service.wait_exit(LIMIT).await.success());
 
-    // Only now, and knowing the sender the first one committed.
+    // Only now, and knowing the senders the others committed.
     second.ready().await;
     second
         .service
-        .wait_for_log("ready: 1 known senders", LIMIT)
+        .wait_for_log("ready: instance \"host-a\", 2 known senders", LIMIT)
         .await;
     let mut want = sent.clone();
+    want.extend(clicks(10, 5, START_US, 1));
     want.sort();
     assert_eq!(stored_clicks(&p.client).await, want, "every click once");
+    other
+        .await_metric("collector_clicks_written_total", 10.0)
+        .await;
+    let writers = "SELECT string_agg(DISTINCT instance, ' ' ORDER BY instance) FROM click_writers";
+    let writers: String = p.client.query_one(writers, &[]).await.unwrap().get(0);
+    assert_eq!(
+        writers, "host-a host-b",
+        "click_writers names the instances"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,9 +341,9 @@ async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_star
 async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
     let p = place().await;
     let _live = Collector::start(&p.db, &p.path, &[]).await;
-    // Another database: on the same one the writer lock would hold them back before binding.
-    let other = collector::migrations::test_db().await;
-    let out = command(&other, &p.path, &[]).output().unwrap();
+    // Another instance: one of the same would wait for the live one's lock before binding.
+    let other = ["--instance", "another-host"];
+    let out = command(&p.db, &p.path, &other).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("in use"),
@@ -336,7 +352,7 @@ async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
 
     let file = p.path.with_file_name("plain");
     std::fs::write(&file, "keep").unwrap();
-    let out = command(&other, &file, &[]).output().unwrap();
+    let out = command(&p.db, &file, &other).output().unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not a socket"),

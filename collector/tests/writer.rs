@@ -7,11 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use collector::batch::{self, Batch, Handoff};
-use collector::copy::Writer;
 use collector::db::Db;
 use collector::metrics::Metrics;
+use collector::writer::Writer;
 use common::*;
 use shared::pgtest;
+
+/// The instance name the writers of these tests write as.
+const INSTANCE: &str = "writer-test";
 
 /// 2026-09-01T00:00:00Z.
 const START_US: i64 = 1_788_220_800_000_000;
@@ -31,7 +34,7 @@ fn batch_of(grams: &[Vec<u8>]) -> Batch {
 /// batch the channel starts with is taken out, so each `recv` returns a written batch.
 async fn writer(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Handoff {
     let (mut handoff, ends) = batch::handoff();
-    let writer = Writer::new(Db::parse(url).unwrap(), timeout, metrics, None);
+    let writer = Writer::new(Db::parse(url).unwrap(), INSTANCE, timeout, metrics, None);
     tokio::spawn(writer.run(ends));
     handoff.empty.recv().await.unwrap();
     handoff
@@ -77,7 +80,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
         (metrics.db_errors.get() >= 1).then_some(())
     })
     .await;
-    // The abandoned attempt's session, stuck behind the table lock, keeps the writer lock: two
+    // The abandoned attempt's session, stuck behind the table lock, keeps the instance lock: two
     // retries asking for it mean one gave up waiting and the writer goes on trying.
     let retry = asking_for_the_lock(&client, 0, 0).await;
     asking_for_the_lock(&client, 0, retry).await;
@@ -147,7 +150,7 @@ enum Orphan {
     RollsBackWhileWaitedFor,
 }
 
-/// The claim alone, without the writer lock in play: the writer writes a first batch of 700
+/// The claim alone, without the instance lock in play: the writer writes a first batch of 700
 /// clicks, then a second of 1,000 whose number `orphan` claimed. Returns the rows in clicks
 /// (checked against the deltas) and the clicks the writer counts as written, once it handed
 /// the second batch back.
@@ -207,7 +210,7 @@ async fn the_claim_waits_for_an_uncommitted_claim_and_writes_the_batch_once_it_r
     assert_eq!(got, (1_700, 1_700));
 }
 
-/// As if the writer lock's session had been lost and another collector had taken over: the
+/// As if the instance lock's session had been lost and another collector had taken over: the
 /// batches' senders have later seqs committed already (all of them for the first batch, one of
 /// two for the second). That says nothing about these batches: their clicks are written, and
 /// the committed seqs are not moved back.
@@ -239,7 +242,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
     assert_eq!(seqs, format!("81:1000 82:{last_82} 83:1000"));
 }
 
-/// Another session holds the writer lock (as a connection of an abandoned attempt can, until
+/// Another session holds the instance lock (as a connection of an abandoned attempt can, until
 /// its last statement ends): attempts time out waiting for it and reconnect, which is no
 /// database outage: no error is counted and the database stays reachable. Once the lock is
 /// free, the batch is written.
@@ -248,7 +251,9 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
-    collector::lock::take(&holder, &mut false).await.unwrap();
+    collector::lock::take(&holder, INSTANCE, &mut false)
+        .await
+        .unwrap();
     let holder_pid: i32 = holder
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -277,7 +282,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     assert_eq!(metrics.db_errors.get(), 0);
 }
 
-/// Waits for a session other than `holder` and `not` asking for the writer lock; its pid.
+/// Waits for a session other than `holder` and `not` asking for the instance lock; its pid.
 async fn asking_for_the_lock(client: &tokio_postgres::Client, holder: i32, not: i32) -> i32 {
     let asking = "SELECT pid FROM pg_stat_activity
                   WHERE datname = current_database() AND pid <> pg_backend_pid()

@@ -1,0 +1,128 @@
+//! The transaction that stores one batch: its claim (the writer's batch number), its senders'
+//! seqs, its clicks and its per-(code, day) counts, committed together or not at all.
+
+use std::pin::pin;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::SinkExt;
+use tokio_postgres::{Client, Statement};
+
+use crate::batch::Batch;
+use crate::copy::{put_delta, HEADER, TRAILER};
+
+const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
+const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";
+/// Claims the batch's number for this writer (collector process), as the transaction's first
+/// statement: the writer's row is inserted, or moved forward only if its committed number is
+/// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
+/// unique-index entry) that an unfinished earlier attempt wrote makes this wait for it and then
+/// re-check against what it committed: an orphaned attempt whose COMMIT lands after a retry
+/// began is seen by the retry, which then finds no row and does not write the batch twice.
+/// Keyed by writer, not by sender: seqs that another collector committed for the same senders
+/// say nothing about whether this batch is in. Each writer has a row of its own, so writers of
+/// different instances never wait for each other here.
+const CLAIM_BATCH: &str = "
+    INSERT INTO click_writers (writer, last_batch, instance) VALUES ($1, $2, $3)
+    ON CONFLICT (writer) DO UPDATE
+       SET last_batch = EXCLUDED.last_batch, updated_at = now()
+       WHERE click_writers.last_batch < EXCLUDED.last_batch
+    RETURNING 1";
+/// Moves the batch's senders' committed seqs forward (never back: a collector whose instance
+/// lock session was lost may commit late), in sender order so that two writers updating the
+/// same senders lock their rows in the same order.
+const ADVANCE_SENDERS: &str = "
+    INSERT INTO click_senders (sender, last_seq, updated_at)
+    SELECT sender, last_seq, now() FROM unnest($1::bigint[], $2::bigint[]) AS s(sender, last_seq)
+    ORDER BY sender
+    ON CONFLICT (sender) DO UPDATE
+       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq), updated_at = now()";
+
+/// Which batch of which writer: each collector process writes as a random writer id, under
+/// its instance name, and numbers its batches 1, 2, 3, ... in the order it writes them; a
+/// retry keeps the number.
+#[derive(Debug, Clone)]
+pub struct BatchNumber {
+    pub writer: i64,
+    pub instance: String,
+    pub batch: i64,
+}
+
+/// What an attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Written,
+    /// An earlier attempt had committed it: not written again.
+    AlreadyCommitted,
+}
+
+/// The writer's connection, with its statements prepared once when it opens. Its session
+/// holds the instance lock (`lock`), taken before it is prepared.
+pub struct Conn {
+    client: Client,
+    copy_clicks: Statement,
+    copy_deltas: Statement,
+    claim_batch: Statement,
+    advance_senders: Statement,
+}
+
+impl Conn {
+    /// Prepares the statements on `client`.
+    pub async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
+        Ok(Conn {
+            copy_clicks: client.prepare(COPY_CLICKS).await?,
+            copy_deltas: client.prepare(COPY_DELTAS).await?,
+            claim_batch: client.prepare(CLAIM_BATCH).await?,
+            advance_senders: client.prepare(ADVANCE_SENDERS).await?,
+            client,
+        })
+    }
+
+    /// One transaction: the claim of batch `number`, senders, clicks, deltas, commit; unless
+    /// the claim shows that this batch is in already. Dropping it midway rolls it back.
+    pub async fn write(
+        &mut self,
+        batch: &Batch,
+        rows: &Bytes,
+        number: &BatchNumber,
+    ) -> Result<Outcome, tokio_postgres::Error> {
+        let tx = self.client.transaction().await?;
+        let claim = [
+            &number.writer as _,
+            &number.batch as _,
+            &number.instance as _,
+        ];
+        if tx.query_opt(&self.claim_batch, &claim).await?.is_none() {
+            tx.rollback().await?;
+            return Ok(Outcome::AlreadyCommitted);
+        }
+        let (senders, seqs) = batch.sender_columns();
+        tx.execute(&self.advance_senders, &[&senders, &seqs])
+            .await?;
+        let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
+        debug_assert_eq!(written, batch.len() as u64);
+        copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
+        tx.commit().await?;
+        Ok(Outcome::Written)
+    }
+}
+
+/// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.
+async fn copy_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    statement: &Statement,
+    rows: Bytes,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut sink = pin!(tx.copy_in::<_, Bytes>(statement).await?);
+    sink.feed(Bytes::from_static(HEADER)).await?;
+    sink.feed(rows).await?;
+    sink.feed(Bytes::from_static(TRAILER)).await?;
+    sink.as_mut().finish().await
+}
+
+fn delta_rows(batch: &Batch) -> Bytes {
+    let mut buf = BytesMut::with_capacity(batch.delta_count() * 40);
+    for (code, day, clicks) in batch.deltas() {
+        put_delta(&mut buf, code, day, clicks);
+    }
+    buf.freeze()
+}

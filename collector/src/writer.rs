@@ -1,0 +1,138 @@
+//! The writer task: batches from the receiver, one at a time, onto the writer's own connection
+//! (which holds the instance lock), each retried on a new connection until it commits.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::batch::{Batch, WriterEnds};
+use crate::db::{self, timed, Db, Failure};
+use crate::lock;
+use crate::metrics::Metrics;
+use crate::store::{BatchNumber, Conn, Outcome};
+
+/// Writes batches one at a time on its own connection, retrying each until it commits.
+pub struct Writer {
+    db: Db,
+    /// This process's writer id and instance in click_writers, and the number of its last batch.
+    last: BatchNumber,
+    timeout: Duration,
+    conn: Option<Conn>,
+    metrics: Arc<Metrics>,
+}
+
+impl Writer {
+    /// A writer for collector instance `instance` that starts on `conn` (opened at start-up,
+    /// holding the instance lock) or else opens its own.
+    pub fn new(
+        db: Db,
+        instance: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        conn: Option<Conn>,
+    ) -> Writer {
+        Writer {
+            db,
+            last: BatchNumber {
+                // Below 2^63: a positive bigint.
+                writer: shared::wire::random_sender() as i64,
+                instance: instance.to_owned(),
+                batch: 0,
+            },
+            timeout,
+            conn,
+            metrics,
+        }
+    }
+
+    /// Writes the batches that come full and hands each back emptied, until the receiver
+    /// closes its end.
+    pub async fn run(mut self, mut ends: WriterEnds) {
+        tracing::info!(
+            "writing as writer {} of instance {:?} in click_writers",
+            self.last.writer,
+            self.last.instance
+        );
+        while let Some(mut batch) = ends.full.recv().await {
+            let started = Instant::now();
+            let rows = batch.take_rows();
+            self.last.batch += 1;
+            let number = self.last.clone();
+            self.write(&batch, &rows, &number).await;
+            drop(rows);
+            let m = &self.metrics;
+            m.batch_seconds.observe(started.elapsed());
+            m.batches.inc();
+            m.clicks_written.add(batch.len() as u64);
+            m.pending_clicks.add(-(batch.len() as i64));
+            batch.clear();
+            // The receiver is gone only at shutdown, after its last batch.
+            let _ = ends.empty.send(batch).await;
+        }
+    }
+
+    /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
+    /// waits (capped exponential backoff), reconnects and writes the same batch again.
+    async fn write(&mut self, batch: &Batch, rows: &Bytes, number: &BatchNumber) {
+        let mut backoff = db::backoff();
+        loop {
+            match self.attempt(batch, rows, number).await {
+                Ok(outcome) => {
+                    if outcome == Outcome::AlreadyCommitted {
+                        tracing::info!(
+                            "a batch of {} clicks was committed by an attempt whose answer was \
+                             lost; not writing it again",
+                            batch.len()
+                        );
+                    }
+                    self.metrics.db_reachable.store(true, Relaxed);
+                    return;
+                }
+                Err(waiting @ Failure::LockHeld(_)) => {
+                    tracing::info!("{waiting}; asking again on a new connection");
+                }
+                Err(failure) => {
+                    tracing::warn!(
+                        "writing a batch of {} clicks: {failure}; retrying on a new connection",
+                        batch.len(),
+                    );
+                    self.metrics.db_errors.inc();
+                    self.metrics.db_reachable.store(false, Relaxed);
+                }
+            }
+            self.conn = None;
+            backoff.wait().await;
+        }
+    }
+
+    /// One attempt, on the current connection or a new one, with one deadline for all of it:
+    /// connecting, waiting for the instance lock (a connection of an abandoned attempt can hold
+    /// it until its last statement ends) and writing.
+    async fn attempt(
+        &mut self,
+        batch: &Batch,
+        rows: &Bytes,
+        number: &BatchNumber,
+    ) -> Result<Outcome, Failure> {
+        let mut waiting = false;
+        let (db, slot) = (&self.db, &mut self.conn);
+        let attempt = async {
+            let conn = match slot {
+                Some(conn) => conn,
+                slot => {
+                    let client = db.connect().await?;
+                    lock::take(&client, &number.instance, &mut waiting).await?;
+                    slot.insert(Conn::prepare(client).await?)
+                }
+            };
+            conn.write(batch, rows, number).await
+        };
+        let result = timed(self.timeout, attempt).await;
+        match result {
+            Err(Failure::Timeout(limit)) if waiting => Err(Failure::LockHeld(limit)),
+            result => result,
+        }
+    }
+}
