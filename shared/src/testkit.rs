@@ -6,10 +6,12 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The path of workspace binary `name` in the same profile as the running test, built first
-/// if it is missing (a test of one crate may spawn another crate's binary).
+/// The path of workspace binary `name` in the same profile as the running test, built (or
+/// brought up to date) by cargo once per test process: a test of one crate may spawn another
+/// crate's binary, which `cargo test -p` of the first crate does not rebuild, and a stale one
+/// would test old code.
 pub fn binary(name: &str) -> PathBuf {
-    static BUILD: Mutex<()> = Mutex::new(());
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
     let profile_dir = exe
@@ -17,11 +19,11 @@ pub fn binary(name: &str) -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("test binary lives in target/<profile>/deps");
     let path = profile_dir.join(name);
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !path.is_file() {
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--bin", name]);
+        cmd.args(["build", "--quiet", "--workspace", "--bin", name]);
         if profile_dir.file_name().is_some_and(|p| p == "release") {
             cmd.arg("--release");
         }
@@ -29,6 +31,7 @@ pub fn binary(name: &str) -> PathBuf {
             .status()
             .unwrap_or_else(|e| panic!("running cargo build: {e}"));
         assert!(status.success(), "cargo build --bin {name} failed");
+        built.push(name.to_owned());
     }
     path
 }

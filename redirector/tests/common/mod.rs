@@ -92,16 +92,27 @@ impl Redirector {
 
 /// Starts the real collector on `socket` and waits until it listens.
 pub async fn collector(database_url: &str, socket: &Path) -> Service {
+    collector_with(database_url, socket, &[]).await.0
+}
+
+/// Starts the real collector on `socket` with `extra` flags; returns it once it listens, with
+/// its admin address.
+pub async fn collector_with(
+    database_url: &str,
+    socket: &Path,
+    extra: &[&str],
+) -> (Service, SocketAddr) {
     let mut cmd = Command::new(shared::testkit::binary("collector"));
     cmd.args(["--admin-listen", "127.0.0.1:0"])
         .arg("--database-url")
         .arg(database_url)
         .arg("--socket")
         .arg(socket)
+        .args(extra)
         .env("RUST_LOG", "info");
     let service = Service::spawn("collector", cmd);
-    service.addr_after("admin listening on ", LIMIT).await;
-    service
+    let admin = service.addr_after("admin listening on ", LIMIT).await;
+    (service, admin)
 }
 
 /// One sample of a process's `/metrics`; panics if the series is missing.
