@@ -5,7 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{await_rows, collector_with, fixture, load::Load, metric, redirector, LIMIT};
 use nix::sys::signal::Signal;
@@ -23,7 +23,7 @@ struct Host {
     code: String,
 }
 
-async fn start_collector(url: &str, socket: &PathBuf, instance: &str) -> (Service, SocketAddr) {
+async fn start_collector(url: &str, socket: &Path, instance: &str) -> (Service, SocketAddr) {
     let flags = ["--instance", instance, "--compact-interval", "300ms"];
     let (service, admin) = collector_with(url, socket, &flags).await;
     eventually("the collector to be ready", LIMIT, || async {
