@@ -154,3 +154,40 @@ async fn totals_view_adds_unfolded_deltas() {
         ]
     );
 }
+
+/// What the README's "Past one PostgreSQL" relies on to shard by code on Citus: every unique
+/// key of a table to be distributed contains its distribution column, and the totals view
+/// groups by it.
+#[tokio::test]
+async fn every_unique_key_contains_the_column_the_table_would_be_sharded_by() {
+    let db = migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let keys = "
+        SELECT c.conrelid::regclass::text, string_agg(a.attname, ',' ORDER BY a.attname)
+        FROM pg_constraint c
+        JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+        WHERE c.contype IN ('p', 'u') AND c.connamespace = 'public'::regnamespace
+        GROUP BY c.oid, c.conrelid";
+    let shard_by = [
+        ("clicks", "code"),
+        ("click_count_deltas", "code"),
+        ("click_counts", "code"),
+        ("click_senders", "sender"),
+        ("click_writers", "writer"),
+    ];
+    for row in client.query(keys, &[]).await.unwrap() {
+        let (table, columns): (String, String) = (row.get(0), row.get(1));
+        if let Some((_, column)) = shard_by.iter().find(|(t, _)| *t == table) {
+            assert!(
+                columns.split(',').any(|c| c == *column),
+                "{table}: unique key ({columns}) lacks {column}"
+            );
+        }
+    }
+    let view: String = client
+        .query_one("SELECT pg_get_viewdef('click_totals'::regclass)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(view.contains("GROUP BY parts.code, parts.day"), "{view}");
+}
