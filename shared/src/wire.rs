@@ -1,4 +1,12 @@
-//! Version 1 of the click datagram: one postcard-encoded [`Batch`] per datagram.
+//! The two messages of the click socket, postcard-encoded, one per datagram:
+//!
+//! - a click datagram, version 1 ([`Batch`]), from a sender (a redirector) to the collector;
+//! - an acknowledgement, version 1 ([`Ack`]), from the collector back to a sender that sent
+//!   from an address of its own.
+//!
+//! The first byte tells them apart: a click datagram's is its version (1), an
+//! acknowledgement's has the high bit set (`0x81`: acknowledgement, version 1), so either side
+//! rejects the other's message as a wrong version rather than misreading it.
 //!
 //! Decoding borrows every code from the receive buffer and rejects a datagram whole, by a
 //! named [`Reject`] reason, if anything in it is wrong. Encoding goes through [`Encoder`],
@@ -95,8 +103,8 @@ pub fn validate_code(code: &[u8]) -> Result<(), CodeError> {
 pub enum Reject {
     #[error("undecodable: {0}")]
     Undecodable(String),
-    #[error("wrong version {0}, this build reads version {VERSION}")]
-    WrongVersion(u8),
+    #[error("wrong version {got}, this build reads version {want}")]
+    WrongVersion { got: u8, want: u8 },
     #[error("click {index}: {error}")]
     BadCode { index: usize, error: CodeError },
     #[error("click {index}: timestamp {at_us} us is outside years 1 to 9999")]
@@ -119,7 +127,7 @@ impl Reject {
     pub fn reason(&self) -> &'static str {
         match self {
             Reject::Undecodable(_) => "undecodable",
-            Reject::WrongVersion(_) => "wrong_version",
+            Reject::WrongVersion { .. } => "wrong_version",
             Reject::BadCode { .. } => "bad_code",
             Reject::BadTimestamp { .. } => "bad_timestamp",
             Reject::TrailingBytes(_) => "trailing_bytes",
@@ -131,7 +139,7 @@ impl Reject {
 pub fn decode(buf: &[u8]) -> Result<Batch<'_>, Reject> {
     match buf.first() {
         None => return Err(Reject::Undecodable("empty datagram".into())),
-        Some(&v) if v != VERSION => return Err(Reject::WrongVersion(v)),
+        Some(&got) if got != VERSION => return Err(Reject::WrongVersion { got, want: VERSION }),
         Some(_) => {}
     }
     let (batch, rest): (Batch<'_>, &[u8]) =
@@ -147,6 +155,63 @@ pub fn decode(buf: &[u8]) -> Result<Batch<'_>, Reject> {
         }
     }
     Ok(batch)
+}
+
+/// The first byte of an acknowledgement: the high bit marks a message from the collector to a
+/// sender, the low bits its version.
+pub const ACK_VERSION: u8 = 0x81;
+/// No acknowledgement is longer: version, sender, two optional seqs.
+pub const MAX_ACK: usize = 1 + VARINT_MAX + 2 * (1 + VARINT_MAX);
+
+/// The collector to one sender: what it committed, and what it waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub version: u8,
+    /// Whose datagrams this is about.
+    pub sender: u64,
+    /// Every datagram of the sender up to this seq is committed (`None`: none is known to be).
+    /// Cumulative, so a lost acknowledgement is covered by the next one.
+    pub committed: Option<u64>,
+    /// The collector received a later datagram than it can accept and waits for this seq: the
+    /// sender should resend from it now rather than at its timeout.
+    pub resend_from: Option<u64>,
+}
+
+impl Ack {
+    /// An acknowledgement of version [`ACK_VERSION`].
+    pub fn new(sender: u64, committed: Option<u64>, resend_from: Option<u64>) -> Ack {
+        Ack {
+            version: ACK_VERSION,
+            sender,
+            committed,
+            resend_from,
+        }
+    }
+
+    /// Its bytes, at most [`MAX_ACK`].
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("an Ack always serializes")
+    }
+}
+
+/// Decodes one acknowledgement. Never panics; rejects by the same reasons as [`decode`].
+pub fn decode_ack(buf: &[u8]) -> Result<Ack, Reject> {
+    match buf.first() {
+        None => return Err(Reject::Undecodable("empty datagram".into())),
+        Some(&got) if got != ACK_VERSION => {
+            return Err(Reject::WrongVersion {
+                got,
+                want: ACK_VERSION,
+            })
+        }
+        Some(_) => {}
+    }
+    let (ack, rest): (Ack, &[u8]) =
+        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(Reject::TrailingBytes(rest.len()));
+    }
+    Ok(ack)
 }
 
 /// A random sender id for one process start. Below 2^63, so it reads the same as a

@@ -218,3 +218,59 @@ proptest! {
         let _ = decode(&bytes);
     }
 }
+
+/// (acknowledgement, its exact encoding).
+fn ack_vectors() -> Vec<(Ack, &'static str)> {
+    vec![
+        (Ack::new(12345, Some(7), None), "81b960010700"),
+        (Ack::new(12345, None, Some(0)), "81b960000100"),
+        (
+            Ack::new(u64::MAX, Some(u64::MAX), Some(u64::MAX)),
+            "81ffffffffffffffffff0101ffffffffffffffffff0101ffffffffffffffffff01",
+        ),
+    ]
+}
+
+#[test]
+fn ack_golden_vectors_encode_and_decode_byte_for_byte() {
+    for (ack, expected) in ack_vectors() {
+        let bytes = ack.encode();
+        assert_eq!(hex(&bytes), expected);
+        assert!(bytes.len() <= MAX_ACK);
+        assert_eq!(decode_ack(&bytes), Ok(ack));
+    }
+    assert_eq!(MAX_ACK, ack_vectors()[2].1.len() / 2);
+}
+
+#[test]
+fn each_side_rejects_the_others_message_as_a_wrong_version() {
+    let datagram = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1)])).unwrap();
+    let ack = Ack::new(1, Some(2), None).encode();
+    let wrong = |got, want| Err(Reject::WrongVersion { got, want });
+    assert_eq!(decode_ack(&datagram), wrong(VERSION, ACK_VERSION));
+    assert_eq!(decode(&ack), wrong(ACK_VERSION, VERSION));
+    let reason = |bytes: &[u8]| decode_ack(bytes).unwrap_err().reason();
+    assert_eq!(reason(&[]), "undecodable");
+    assert_eq!(reason(&ack[..ack.len() - 1]), "undecodable");
+    let mut trailing = ack.clone();
+    trailing.push(0);
+    assert_eq!(reason(&trailing), "trailing_bytes");
+}
+
+proptest! {
+    #[test]
+    fn any_ack_round_trips(sender: u64, committed: Option<u64>, resend_from: Option<u64>) {
+        let ack = Ack::new(sender, committed, resend_from);
+        prop_assert_eq!(decode_ack(&ack.encode()), Ok(ack));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_ack_decoder(
+        tail in prop::collection::vec(any::<u8>(), 0..64)
+    ) {
+        let _ = decode_ack(&tail);
+        let mut bytes = vec![ACK_VERSION];
+        bytes.extend(tail);
+        let _ = decode_ack(&bytes);
+    }
+}
