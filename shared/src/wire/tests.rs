@@ -246,9 +246,9 @@ fn ack_golden_vectors_encode_and_decode_byte_for_byte() {
 fn each_side_rejects_the_others_message_as_a_wrong_version() {
     let datagram = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1)])).unwrap();
     let ack = Ack::new(1, Some(2), None).encode();
-    let wrong = |got, want| Err(Reject::WrongVersion { got, want });
-    assert_eq!(decode_ack(&datagram), wrong(VERSION, ACK_VERSION));
-    assert_eq!(decode(&ack), wrong(ACK_VERSION, VERSION));
+    let wrong = |got, want| Reject::WrongVersion { got, want };
+    assert_eq!(decode_ack(&datagram), Err(wrong(VERSION, ACK_VERSION)));
+    assert_eq!(decode(&ack), Err(wrong(ACK_VERSION, VERSION)));
     let reason = |bytes: &[u8]| decode_ack(bytes).unwrap_err().reason();
     assert_eq!(reason(&[]), "undecodable");
     assert_eq!(reason(&ack[..ack.len() - 1]), "undecodable");
