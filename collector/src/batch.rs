@@ -84,6 +84,11 @@ impl Batch {
             .flat_map(|(&day, codes)| codes.iter().map(move |(code, &n)| (&**code, day, n)))
     }
 
+    /// Each sender in the batch with its highest seq.
+    pub fn senders(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.senders.iter().map(|(&sender, &seq)| (sender, seq))
+    }
+
     /// Senders and their highest seq, as bigint columns (the u64 bits reinterpreted).
     pub fn sender_columns(&self) -> (Vec<i64>, Vec<i64>) {
         self.senders

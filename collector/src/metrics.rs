@@ -11,6 +11,10 @@ pub struct Metrics {
     pub datagrams_rejected: LabeledCounter,
     pub datagrams_duplicate: Counter,
     pub datagrams_lost: Counter,
+    pub datagrams_out_of_order: Counter,
+    pub acks_sent: Counter,
+    pub acks_failed: Counter,
+    pub resend_requests: Counter,
     pub clicks_received: Counter,
     pub clicks_written: Counter,
     pub batches: Counter,
@@ -37,6 +41,10 @@ impl Default for Metrics {
             datagrams_rejected: LabeledCounter::new(&Reject::REASONS),
             datagrams_duplicate: Counter::default(),
             datagrams_lost: Counter::default(),
+            datagrams_out_of_order: Counter::default(),
+            acks_sent: Counter::default(),
+            acks_failed: Counter::default(),
+            resend_requests: Counter::default(),
             clicks_received: Counter::default(),
             clicks_written: Counter::default(),
             batches: Counter::default(),
@@ -77,6 +85,28 @@ impl shared::admin::Admin for Metrics {
                 "collector_datagrams_lost_total",
                 "Datagrams missing from gaps in a sender's seq.",
                 self.datagrams_lost.get(),
+            )
+            .counter(
+                "collector_datagrams_out_of_order_total",
+                "Datagrams of a sender that expects acknowledgements, past the seq awaited: not \
+                 accepted; the sender resends from the missing one.",
+                self.datagrams_out_of_order.get(),
+            )
+            .counter(
+                "collector_acks_sent_total",
+                "Acknowledgements sent: a sender's datagrams up to a seq are committed.",
+                self.acks_sent.get(),
+            )
+            .counter(
+                "collector_resend_requests_total",
+                "Requests to a sender to resend from the datagram awaited.",
+                self.resend_requests.get(),
+            )
+            .counter(
+                "collector_acks_failed_total",
+                "Acknowledgements and resend requests the socket did not take (the sender gone, \
+                 or the send buffer full); the next one covers them.",
+                self.acks_failed.get(),
             )
             .counter(
                 "collector_clicks_received_total",

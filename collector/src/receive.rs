@@ -1,9 +1,11 @@
 //! The receive loop: datagrams from the socket into the batch being filled, decoded and
-//! judged by sender seq; full or due batches handed to the writer; and the drain at stop.
+//! judged by sender seq; full or due batches handed to the writer; acknowledgements for what
+//! the writer committed; and the drain at stop.
 //!
 //! Exactly two batches exist: one being written while the other fills. When the filling one
 //! is due and the writer still has the other, the loop stops reading, so the kernel queue
-//! fills and senders keep their clicks (backpressure).
+//! fills and senders keep their clicks (backpressure). A batch the writer hands back is
+//! committed: its senders are acknowledged before it is filled again.
 
 use std::future::Future;
 use std::io;
@@ -16,7 +18,7 @@ use tokio::time::Instant;
 use crate::batch::{Batch, Handoff};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
-use crate::senders::{Senders, Verdict};
+use crate::senders::{Reply, Senders, Verdict};
 use crate::socket::{Datagram, Inbox};
 
 /// Larger than any valid datagram (60 KiB), so a larger one is seen as truncated.
@@ -61,17 +63,20 @@ pub struct Receiver {
     handoff: Handoff,
     /// The batch being filled; `None` while both are with the writer.
     current: Option<Batch>,
+    /// A committed batch back from the writer, emptied, while another fills.
+    spare: Option<Batch>,
     reject_log: Throttle,
     lost_log: Throttle,
     mirror_log: Throttle,
     recv_log: Throttle,
+    reply_log: Throttle,
 }
 
 /// What woke the loop.
 enum Event {
     Stop,
     Due,
-    Refill(Option<Batch>),
+    Committed(Option<Batch>),
     Received(io::Result<Option<Datagram>>),
 }
 
@@ -101,22 +106,25 @@ impl Receiver {
             flush_interval: settings.flush_interval,
             handoff,
             current: Some(Batch::default()),
+            spare: None,
             reject_log: Throttle::default(),
             lost_log: Throttle::default(),
             mirror_log: Throttle::default(),
             recv_log: Throttle::default(),
+            reply_log: Throttle::default(),
         }
     }
 
     /// Receives until `stop` completes, then fences the socket, drains what is queued (if
-    /// the socket is ours to drain) and hands over the last batch.
+    /// the socket is ours to drain), hands over the last batch and acknowledges every batch
+    /// the writer commits until it is done.
     pub async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
         let mut stop = pin!(stop);
         loop {
             match self.next_event(stop.as_mut()).await {
                 Event::Stop => break,
                 Event::Due => self.hand_over()?,
-                Event::Refill(batch) => self.current = Some(batch.ok_or(WriterGone)?),
+                Event::Committed(batch) => self.committed(batch.ok_or(WriterGone)?),
                 Event::Received(Ok(Some(datagram))) => self.take(datagram)?,
                 Event::Received(Ok(None)) => {}
                 Event::Received(Err(e)) => {
@@ -135,24 +143,24 @@ impl Receiver {
         if self.current.as_ref().is_some_and(|b| b.started().is_some()) {
             self.hand_over()?;
         }
+        self.acknowledge_the_rest().await;
         Ok(())
     }
 
     async fn next_event(&mut self, stop: std::pin::Pin<&mut impl Future<Output = ()>>) -> Event {
-        let Some(batch) = &self.current else {
-            // Both batches are with the writer: read nothing until one comes back.
-            return tokio::select! {
-                biased;
-                () = stop => Event::Stop,
-                batch = self.handoff.empty.recv() => Event::Refill(batch),
-            };
-        };
-        let due = batch.started().map(|t| t + self.flush_interval);
+        let due = self
+            .current
+            .as_ref()
+            .and_then(Batch::started)
+            .map(|t| t + self.flush_interval);
+        // Both batches with the writer: read nothing until one comes back.
+        let reading = self.current.is_some();
         tokio::select! {
             biased;
             () = stop => Event::Stop,
+            batch = self.handoff.empty.recv(), if self.spare.is_none() => Event::Committed(batch),
             () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Event::Due,
-            r = self.inbox.recv(&mut self.buf) => Event::Received(r),
+            r = self.inbox.recv(&mut self.buf), if reading => Event::Received(r),
         }
     }
 
@@ -162,7 +170,7 @@ impl Receiver {
         loop {
             if self.current.is_none() {
                 let batch = self.handoff.empty.recv().await.ok_or(WriterGone)?;
-                self.current = Some(batch);
+                self.committed(batch);
             }
             match self.inbox.try_recv(&mut self.buf) {
                 Ok(Some(datagram)) => {
@@ -178,6 +186,40 @@ impl Receiver {
         }
         tracing::info!("read {drained} datagrams still queued at stop");
         Ok(())
+    }
+
+    /// After the last hand-over: acknowledges each batch the writer still commits, until it
+    /// has committed them all and stopped.
+    async fn acknowledge_the_rest(mut self) {
+        let Handoff { full, mut empty } = self.handoff;
+        // Closing the full end lets the writer stop once it has handed back what it holds.
+        drop(full);
+        while let Some(batch) = empty.recv().await {
+            acknowledge(
+                &self.inbox,
+                &mut self.senders,
+                &batch,
+                &mut self.reply_log,
+                &self.metrics,
+            );
+        }
+    }
+
+    /// A batch back from the writer, committed: acknowledges its senders, then keeps it,
+    /// emptied, to fill next.
+    fn committed(&mut self, mut batch: Batch) {
+        acknowledge(
+            &self.inbox,
+            &mut self.senders,
+            &batch,
+            &mut self.reply_log,
+            &self.metrics,
+        );
+        batch.clear();
+        match self.current {
+            None => self.current = Some(batch),
+            Some(_) => self.spare = Some(batch),
+        }
     }
 
     /// Handles one datagram in the buffer; hands the batch over if it is full.
@@ -207,9 +249,20 @@ impl Receiver {
                 return Ok(());
             }
         };
-        let lost = match self.senders.accept(decoded.sender, decoded.seq) {
+        let now = Instant::now();
+        let (verdict, reply) = self
+            .senders
+            .judge(decoded.sender, decoded.seq, datagram.from, now);
+        if let Some(reply) = reply {
+            send_reply(&self.inbox, reply, &mut self.reply_log, &self.metrics);
+        }
+        let lost = match verdict {
             Verdict::Duplicate => {
                 self.metrics.datagrams_duplicate.inc();
+                return Ok(());
+            }
+            Verdict::Ahead => {
+                self.metrics.datagrams_out_of_order.inc();
                 return Ok(());
             }
             Verdict::Accept { lost } => lost,
@@ -249,13 +302,49 @@ impl Receiver {
         }
     }
 
-    /// Sends the current batch to the writer; the loop then waits for an empty one.
+    /// Sends the current batch to the writer and goes on with the spare one, if it is back.
     fn hand_over(&mut self) -> Result<(), WriterGone> {
         let Some(batch) = self.current.take() else {
             return Ok(());
         };
         // Only two batches exist and the channel holds two: it never is full.
-        self.handoff.full.try_send(batch).map_err(|_| WriterGone)
+        self.handoff.full.try_send(batch).map_err(|_| WriterGone)?;
+        self.current = self.spare.take();
+        Ok(())
+    }
+}
+
+/// Tells every sender of a committed batch what is committed.
+fn acknowledge(
+    inbox: &Inbox,
+    senders: &mut Senders,
+    batch: &Batch,
+    log: &mut Throttle,
+    metrics: &Metrics,
+) {
+    let now = Instant::now();
+    for (sender, seq) in batch.senders() {
+        if let Some(reply) = senders.commit(sender, seq, now) {
+            send_reply(inbox, reply, log, metrics);
+        }
+    }
+}
+
+/// Sends an acknowledgement or a resend request, never waiting; counts what was not sent.
+fn send_reply(inbox: &Inbox, reply: Reply, log: &mut Throttle, metrics: &Metrics) {
+    match inbox.send_to(&reply.ack.encode(), &reply.to) {
+        Ok(()) if reply.ack.resend_from.is_some() => metrics.resend_requests.inc(),
+        Ok(()) => metrics.acks_sent.inc(),
+        Err(e) => {
+            metrics.acks_failed.inc();
+            if let Some(held) = log.allow() {
+                tracing::warn!(
+                    "acknowledging sender {:016x} at {}: {e} ({held} more failures not logged)",
+                    reply.ack.sender,
+                    reply.to
+                );
+            }
+        }
     }
 }
 

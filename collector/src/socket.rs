@@ -6,7 +6,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixDatagram as StdDatagram;
 use std::path::{Path, PathBuf};
 
-use nix::sys::socket::{self, sockopt, ControlMessageOwned, MsgFlags, Shutdown, SockType};
+use nix::sys::socket::{
+    self, sockopt, ControlMessageOwned, MsgFlags, Shutdown, SockType, UnixAddr,
+};
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 
@@ -26,12 +28,15 @@ pub struct Inbox {
     origin: Origin,
 }
 
-/// One received datagram's size in the buffer.
+/// One received datagram's size in the buffer, and who sent it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Datagram {
     pub len: usize,
     /// It was larger than the buffer: the bytes are cut and must not be decoded.
     pub truncated: bool,
+    /// The sender's own address, if its socket is bound to one (a path or an abstract name):
+    /// where acknowledgements go. `None` for an unbound sender, which gets none.
+    pub from: Option<UnixAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +103,17 @@ impl Inbox {
         }
     }
 
+    /// Sends `bytes` to `to` without waiting: an acknowledgement to a sender. It leaves from this
+    /// very socket, the one the sender is connected to, and the kernel lets a connected
+    /// datagram socket receive from its peer only: that is what keeps anyone else from
+    /// acknowledging in the collector's name. An error means it was not sent (the sender is
+    /// gone, or this socket's send buffer is full); acknowledgements are cumulative, so the
+    /// next one covers it.
+    pub fn send_to(&self, bytes: &[u8], to: &UnixAddr) -> io::Result<()> {
+        socket::sendto(self.sock.as_raw_fd(), bytes, to, MsgFlags::MSG_DONTWAIT)?;
+        Ok(())
+    }
+
     /// Stops new datagrams from arriving on a socket this process bound: unlinks the path (new
     /// senders get ENOENT) and shuts the reading side (connected senders, which do not look at
     /// the path again, get EPIPE and keep their datagram). What is queued can still be read.
@@ -120,7 +136,7 @@ impl Inbox {
 fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
     let mut cmsg = nix::cmsg_space!(socket::UnixCredentials);
     let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(
+    let msg = socket::recvmsg::<UnixAddr>(
         fd.as_fd().as_raw_fd(),
         &mut iov,
         Some(&mut cmsg),
@@ -132,9 +148,18 @@ fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
     if msg.bytes == 0 && !has_creds {
         return Ok(None);
     }
+    // An unbound sender's address is unnamed: nothing to reply to. nix hands it over with the
+    // length the kernel gave, which is 0 then, and asserts (panics) when asked what kind of
+    // address a 0-length one is: the length is checked first.
+    let named = |a: &UnixAddr| {
+        usize::try_from(socket::SockaddrLike::len(a))
+            .is_ok_and(|len| len > std::mem::size_of::<nix::libc::sa_family_t>())
+    };
+    let from = msg.address.filter(named);
     Ok(Some(Datagram {
         len: msg.bytes,
         truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+        from,
     }))
 }
 
@@ -184,6 +209,36 @@ mod tests {
         }
         assert_eq!(read, [&b"one"[..], b"", b"three"]);
         assert_eq!(inbox.try_recv(&mut buf).unwrap(), None);
+    }
+
+    /// Where acknowledgements go: a bound sender's address, nothing for an unbound one (whose
+    /// zero-length address once panicked inside nix).
+    #[tokio::test]
+    async fn a_bound_sender_is_answered_from_this_socket_and_nobody_else_can_reach_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let inbox = Inbox::open(&path, 0o600).unwrap();
+        let mut buf = [0u8; 16];
+        StdDatagram::unbound()
+            .unwrap()
+            .send_to(b"anon", &path)
+            .unwrap();
+        assert_eq!(inbox.recv(&mut buf).await.unwrap().unwrap().from, None);
+
+        let sender_path = dir.path().join("sender.sock");
+        let sender = StdDatagram::bind(&sender_path).unwrap();
+        sender.connect(&path).unwrap();
+        sender.send(b"named").unwrap();
+        let from = inbox.recv(&mut buf).await.unwrap().unwrap().from.unwrap();
+        assert_eq!(from.path(), Some(sender_path.as_path()));
+        inbox.send_to(b"ack", &from).unwrap();
+        sender.set_nonblocking(true).unwrap();
+        let n = sender.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"ack");
+        // A connected datagram socket takes datagrams from its peer only.
+        let forger = StdDatagram::unbound().unwrap();
+        let err = forger.send_to(b"forged", &sender_path).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::EPERM), "{err}");
     }
 
     #[tokio::test]

@@ -68,6 +68,9 @@ pub struct Conn {
 impl Conn {
     /// Prepares the statements on `client`.
     pub async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
+        // A commit is acknowledged to the senders, who then forget those clicks: it must be
+        // durable when it returns, whatever the server's default.
+        client.batch_execute("SET synchronous_commit = on").await?;
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_deltas: client.prepare(COPY_DELTAS).await?,

@@ -47,8 +47,8 @@ impl Writer {
         }
     }
 
-    /// Writes the batches that come full and hands each back emptied, until the receiver
-    /// closes its end.
+    /// Writes the batches that come full and hands each back committed (the receiver
+    /// acknowledges its senders and empties it), until the receiver closes its end.
     pub async fn run(mut self, mut ends: WriterEnds) {
         tracing::info!(
             "writing as writer {} of instance {:?} in click_writers",
@@ -67,7 +67,6 @@ impl Writer {
             m.batches.inc();
             m.clicks_written.add(batch.len() as u64);
             m.pending_clicks.add(-(batch.len() as i64));
-            batch.clear();
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
         }

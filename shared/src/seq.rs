@@ -12,6 +12,19 @@ pub enum Verdict {
     Accept { lost: u64 },
 }
 
+/// Judges datagram `seq` given the sender's last accepted seq, if any. With `from_start`, a
+/// sender seen first at seq N lost seqs 0 to N-1; otherwise its first datagram counts nothing
+/// as missing.
+pub fn judge(last: Option<u64>, seq: u64, from_start: bool) -> Verdict {
+    let lost = match last {
+        Some(last) if seq <= last => return Verdict::Duplicate,
+        Some(last) => seq - last - 1,
+        None if from_start => seq,
+        None => 0,
+    };
+    Verdict::Accept { lost }
+}
+
 #[derive(Debug, Default)]
 pub struct Seqs {
     last: HashMap<u64, u64>,
@@ -41,14 +54,15 @@ impl Seqs {
 
     /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one.
     pub fn accept(&mut self, sender: u64, seq: u64) -> Verdict {
-        let lost = match self.last.get(&sender) {
-            Some(&last) if seq <= last => return Verdict::Duplicate,
-            Some(&last) => seq - last - 1,
-            None if self.joined_mid_stream => 0,
-            None => seq,
-        };
-        self.last.insert(sender, seq);
-        Verdict::Accept { lost }
+        let verdict = judge(
+            self.last.get(&sender).copied(),
+            seq,
+            !self.joined_mid_stream,
+        );
+        if let Verdict::Accept { .. } = verdict {
+            self.last.insert(sender, seq);
+        }
+        verdict
     }
 
     /// Senders seen or known.
