@@ -79,7 +79,7 @@ pub struct Config {
         env = "COLLECTOR_SOCKET_MODE",
         value_name = "OCTAL",
         default_value = "0660",
-        value_parser = parse_mode
+        value_parser = shared::flags::mode
     )]
     pub socket_mode: u32,
 
@@ -174,14 +174,6 @@ fn parse_instance(s: &str) -> Result<String, String> {
         return Err(format!("control character {c:?}; use printable characters"));
     }
     Ok(s.to_owned())
-}
-
-fn parse_mode(s: &str) -> Result<u32, String> {
-    let mode = u32::from_str_radix(s, 8).map_err(|e| format!("{s:?} is not octal: {e}"))?;
-    if mode > 0o777 {
-        return Err(format!("{s} is above 0777"));
-    }
-    Ok(mode)
 }
 
 #[cfg(test)]

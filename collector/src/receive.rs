@@ -13,6 +13,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shared::throttle::Throttle;
 use tokio::time::Instant;
 
 use crate::batch::{Batch, Handoff};
@@ -23,29 +24,6 @@ use crate::socket::{Datagram, Inbox};
 
 /// Larger than any valid datagram (60 KiB), so a larger one is seen as truncated.
 const BUF_SIZE: usize = 64 * 1024;
-
-/// Lets a log line through at most once per second and says how many it held back.
-#[derive(Debug, Default)]
-struct Throttle {
-    last: Option<Instant>,
-    held: u64,
-}
-
-impl Throttle {
-    /// `Some(lines held back since the last one)` if a line may be logged now.
-    fn allow(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
-        {
-            self.held += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.held))
-    }
-}
 
 /// The writer stopped taking batches (it only does if it panicked).
 #[derive(Debug, thiserror::Error)]
@@ -345,20 +323,5 @@ fn send_reply(inbox: &Inbox, reply: Reply, log: &mut Throttle, metrics: &Metrics
                 );
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn throttle_lets_one_line_a_second_through_and_counts_the_rest() {
-        let mut t = Throttle::default();
-        assert_eq!(t.allow(), Some(0));
-        assert_eq!(t.allow(), None);
-        assert_eq!(t.allow(), None);
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(t.allow(), Some(2));
     }
 }

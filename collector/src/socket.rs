@@ -6,9 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixDatagram as StdDatagram;
 use std::path::{Path, PathBuf};
 
-use nix::sys::socket::{
-    self, sockopt, ControlMessageOwned, MsgFlags, Shutdown, SockType, UnixAddr,
-};
+use nix::sys::socket::{self, sockopt, MsgFlags, Shutdown, SockType, UnixAddr};
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 
@@ -28,16 +26,9 @@ pub struct Inbox {
     origin: Origin,
 }
 
-/// One received datagram's size in the buffer, and who sent it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Datagram {
-    pub len: usize,
-    /// It was larger than the buffer: the bytes are cut and must not be decoded.
-    pub truncated: bool,
-    /// The sender's own address, if its socket is bound to one (a path or an abstract name):
-    /// where acknowledgements go. `None` for an unbound sender, which gets none.
-    pub from: Option<UnixAddr>,
-}
+/// One received datagram's size in the buffer, and who sent it: `from` is where its
+/// acknowledgements go (`None`: an unbound sender, which gets none).
+pub use shared::socket::Received as Datagram;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -134,33 +125,11 @@ impl Inbox {
 /// credentials, which every queued datagram carries); older kernels answer it with 0 bytes,
 /// newer ones with EAGAIN.
 fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
-    let mut cmsg = nix::cmsg_space!(socket::UnixCredentials);
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<UnixAddr>(
-        fd.as_fd().as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_DONTWAIT,
-    )?;
-    let has_creds = msg
-        .cmsgs()
-        .is_ok_and(|mut c| c.any(|m| matches!(m, ControlMessageOwned::ScmCredentials(_))));
-    if msg.bytes == 0 && !has_creds {
+    let datagram = shared::socket::recv(fd.as_fd(), buf)?;
+    if datagram.len == 0 && datagram.creds.is_none() {
         return Ok(None);
     }
-    // An unbound sender's address is unnamed: nothing to reply to. nix hands it over with the
-    // length the kernel gave, which is 0 then, and asserts (panics) when asked what kind of
-    // address a 0-length one is: the length is checked first.
-    let named = |a: &UnixAddr| {
-        usize::try_from(socket::SockaddrLike::len(a))
-            .is_ok_and(|len| len > std::mem::size_of::<nix::libc::sa_family_t>())
-    };
-    let from = msg.address.filter(named);
-    Ok(Some(Datagram {
-        len: msg.bytes,
-        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
-        from,
-    }))
+    Ok(Some(datagram))
 }
 
 fn check_datagram(fd: &OwnedFd) -> Result<(), OpenError> {

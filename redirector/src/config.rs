@@ -42,6 +42,36 @@ pub struct Config {
     )]
     pub socket: PathBuf,
 
+    /// Our own socket, which datagrams are sent from and acknowledgements arrive at: the
+    /// collector acknowledges what it committed, and whatever is not acknowledged in time is
+    /// sent again. A leftover socket file nobody is bound to is replaced. One per redirector:
+    /// give each redirector of a host its own.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "REDIRECTOR_ACK_SOCKET",
+        default_value = "/run/clicks-redirector/ack.sock"
+    )]
+    pub ack_socket: PathBuf,
+
+    /// File mode of --ack-socket (octal). The collector needs write access to it.
+    #[arg(long, value_name = "OCTAL", env = "REDIRECTOR_ACK_SOCKET_MODE", default_value = "0660",
+          value_parser = shared::flags::mode)]
+    pub ack_socket_mode: u32,
+
+    /// Without an acknowledgement for this long, everything unacknowledged is sent again.
+    /// The collector acknowledges each batch as it commits, every --flush-interval (100ms) of
+    /// its own while it keeps up.
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_ACK_TIMEOUT", default_value = "2s",
+          value_parser = shared::flags::duration)]
+    pub ack_timeout: Duration,
+
+    /// Datagrams kept until acknowledged (each up to --datagram-size bytes, allocated at start;
+    /// 8 MiB by default). A full window stops sending more: the ring holds the clicks.
+    #[arg(long, value_name = "N", env = "REDIRECTOR_RESEND_WINDOW", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub resend_window: u64,
+
     /// What to do with clicks: `pipeline` sends them to the collector through the ring,
     /// `off` records nothing (a baseline), `direct` does one INSERT per request inside the
     /// request (the slow baseline).
@@ -60,8 +90,9 @@ pub struct Config {
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = shared::flags::duration)]
     pub flush_interval: Duration,
 
-    /// How long shutdown keeps sending what the ring holds; the rest is counted as dropped.
-    /// (Requests in flight get as long to finish before that.)
+    /// How long shutdown keeps sending what the ring holds and waiting for the collector to
+    /// acknowledge it; what was not sent by then is counted as dropped, what was sent and not
+    /// acknowledged is reported. (Requests in flight get as long to finish before that.)
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub drain_timeout: Duration,
 

@@ -1,105 +1,264 @@
-//! The drain task: empties the ring into datagrams and sends them to the collector's socket.
+//! The drain task: empties the ring into datagrams, keeps each in the resend window until the
+//! collector acknowledges it, and sends (and, when no acknowledgement comes, resends) them.
 //!
-//! The socket is *connected*: then the kernel's writability reflects the collector's receive
-//! queue, so on EAGAIN the task can await writability instead of spinning. A datagram that was
-//! not accepted is kept (the encoder returns the same bytes until `next()`) and resent; while
-//! the collector is away the task reconnects with capped backoff and the ring holds the rest.
-//! Every await is cancel-safe: all state lives in `Drain`, so the shutdown deadline can cut a
-//! send short without losing track of a single click.
+//! Its socket is bound to an address of its own (`--ack-socket`), where acknowledgements
+//! arrive, and *connected* to the collector's. Connected, because then the kernel's
+//! writability reflects the collector's receive queue (EAGAIN is awaited, not polled), and a
+//! connected datagram socket takes datagrams from its peer only: nobody but the collector's
+//! socket can acknowledge. Acknowledgements are also checked for the collector's uid (for the
+//! moments between a lost connection and the next) and for what they claim.
+//!
+//! An event loop: each wake-up (a flush tick, an acknowledgement, the socket writable again, a
+//! reconnect, resend or pause timer, the stop) is followed by non-blocking work only: read the
+//! acknowledgements, move the ring into the window, send from the window's cursor until the
+//! socket refuses. All state lives in `Drain`, so the stop deadline can end the loop at any
+//! await without losing track of a click.
 
 use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shared::backoff::Backoff;
 use shared::socket::SendErrorKind;
-use shared::wire::{BadLimit, Encoder, PushError};
+use shared::throttle::Throttle;
+use shared::wire::{BadLimit, Encoder, PushError, MAX_ACK};
+use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::{reason, Metrics};
 use crate::ring::{Ring, Slot};
-use shared::backoff::Backoff;
+use crate::window::Window;
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);
 /// While sends keep failing, how often the failure is logged again.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// Datagrams sent in a row before the task yields, so that a backlog after an outage does not
+/// hold a runtime thread that request handlers are waiting for.
+const SENDS_PER_YIELD: u32 = 32;
+/// A sender with nothing unacknowledged that has sent nothing for this long goes on under a
+/// new sender id, from seq 0: a collector may forget a sender idle this long (click_senders
+/// rows idle for 30 days are pruned), and must not wait for seqs it cannot know were committed.
+const NEW_SENDER_AFTER_IDLE: Duration = Duration::from_secs(24 * 3600);
 
-pub struct Drain {
-    ring: Arc<Ring>,
-    metrics: Arc<Metrics>,
-    path: PathBuf,
-    encoder: Encoder,
-    /// A click popped from the ring that did not fit the datagram being sent.
-    held: Option<Slot>,
-    socket: Option<UnixDatagram>,
-    backoff: Backoff,
-    /// The failures since the last send that worked, so a streak is not logged per attempt.
-    failing: Option<Streak>,
+/// Where the drain sends, and how.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The collector's socket.
+    pub collector: PathBuf,
+    /// The address of our own, where acknowledgements arrive, and its file mode.
+    pub ack_socket: PathBuf,
+    pub ack_socket_mode: u32,
+    pub datagram_limit: usize,
+    /// Datagrams the resend window holds.
+    pub window: usize,
+    /// How often the ring is emptied into datagrams.
+    pub flush_every: Duration,
+    /// Without an acknowledgement for this long, everything unacknowledged is sent again.
+    pub ack_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("--datagram-size: {0}")]
+    DatagramSize(#[from] BadLimit),
+    #[error("--ack-socket: {0}")]
+    AckSocket(#[from] shared::socket::BindError),
+    #[error("--ack-socket: {0}")]
+    Io(#[from] io::Error),
 }
 
 /// Tells the drain task to stop: the deadline of its final flush.
 pub type Stop = watch::Sender<Option<Instant>>;
 
+/// What the task left when it stopped, in clicks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Left {
+    /// Never handed to the kernel (the ring, the datagram being built, unsent window slots).
+    pub unsent: u64,
+    /// Sent and not acknowledged by the deadline.
+    pub unacked: u64,
+}
+
+/// The state of the connection to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Up,
+    /// The collector's queue is full (EAGAIN): wait until the socket is writable.
+    Blocked,
+    /// A send failed otherwise (ENOBUFS, permissions, ...): try again then, same connection.
+    Paused(Instant),
+    /// The collector is away: connect again then, and resend what is unacknowledged.
+    Away(Instant),
+}
+
+/// What woke the loop.
+enum Wake {
+    Stop,
+    Deadline,
+    Tick,
+    Readable,
+    Writable,
+    Retry,
+    AckTimeout,
+}
+
+pub struct Drain {
+    ring: Arc<Ring>,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    encoder: Encoder,
+    /// A click popped from the ring that did not fit the datagram being built.
+    held: Option<Slot>,
+    window: Window,
+    socket: UnixDatagram,
+    link: Link,
+    /// The owner of the collector's socket file when we connected: acknowledgements from any
+    /// other uid are refused.
+    collector_uid: Option<u32>,
+    backoff: Backoff,
+    /// The failures since the last send that worked, so a streak is not logged per attempt.
+    failing: Option<Streak>,
+    /// When the last acknowledgement freed the window (or the wait for one began).
+    progress: Instant,
+    /// When a datagram last entered the window.
+    last_datagram: Instant,
+    refused_log: Throttle,
+}
+
 impl Drain {
+    /// Binds the ack socket (SO_PASSCRED on, so each acknowledgement carries its sender's
+    /// credentials) and allocates the window.
     pub fn new(
         ring: Arc<Ring>,
         metrics: Arc<Metrics>,
-        path: PathBuf,
+        settings: Settings,
         sender: u64,
-        datagram_limit: usize,
-    ) -> Result<Drain, BadLimit> {
+    ) -> Result<Drain, Error> {
+        let encoder = Encoder::new(sender, settings.datagram_limit)?;
+        let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
+        socket.set_nonblocking(true)?;
+        let window = Window::new(settings.window, settings.datagram_limit);
+        let now = Instant::now();
         Ok(Drain {
             ring,
             metrics,
-            path,
-            encoder: Encoder::new(sender, datagram_limit)?,
+            encoder,
             held: None,
-            socket: None,
+            window,
+            socket: UnixDatagram::from_std(socket)?,
+            link: Link::Away(now),
+            collector_uid: None,
             backoff: Backoff::new(RECONNECT_FIRST, RECONNECT_CAP),
             failing: None,
+            progress: now,
+            last_datagram: now,
+            refused_log: Throttle::default(),
+            settings,
         })
     }
 
-    /// Flushes every `flush_every` until `stop` carries a deadline (or is dropped), then
-    /// flushes what is left until that deadline. Returns how many clicks were left unsent.
-    pub async fn run(
-        mut self,
-        flush_every: Duration,
-        mut stop: watch::Receiver<Option<Instant>>,
-    ) -> u64 {
-        let mut tick = tokio::time::interval(flush_every);
+    /// Bytes the resend window took, allocated at start.
+    pub fn window_memory(&self) -> usize {
+        self.window.memory()
+    }
+
+    /// Runs until `stop` carries a deadline (or is dropped), then keeps sending and waiting for
+    /// acknowledgements until everything is acknowledged or the deadline passes.
+    pub async fn run(mut self, mut stop: watch::Receiver<Option<Instant>>) -> Left {
+        let mut tick = tokio::time::interval(self.settings.flush_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut deadline = None;
+        loop {
+            match self.next_wake(&mut tick, &mut stop, deadline).await {
+                Wake::Stop => deadline = Some(stop.borrow().unwrap_or_else(Instant::now)),
+                Wake::Deadline => break,
+                Wake::Tick => self.fill(),
+                Wake::Readable => self.read_acks(),
+                Wake::Writable => self.link = Link::Up,
+                Wake::Retry => self.retry(),
+                Wake::AckTimeout => self.resend_unacked(),
+            }
+            if deadline.is_some() {
+                // Stopping: no handler pushes any more; move whatever is left at once.
+                self.fill();
+            }
+            self.pump().await;
+            self.metrics.unacked_clicks.set(self.window.clicks() as i64);
+            if deadline.is_some() && self.is_done() {
+                break;
+            }
+        }
+        if let Err(e) = std::fs::remove_file(&self.settings.ack_socket) {
+            tracing::warn!("removing {}: {e}", self.settings.ack_socket.display());
+        }
+        self.left()
+    }
+
+    async fn next_wake(
+        &self,
+        tick: &mut tokio::time::Interval,
+        stop: &mut watch::Receiver<Option<Instant>>,
+        deadline: Option<Instant>,
+    ) -> Wake {
+        let retry_at = match self.link {
+            Link::Paused(at) | Link::Away(at) if self.window.has_unsent() => Some(at),
+            _ => None,
+        };
+        let ack_due = self
+            .window
+            .awaits_ack()
+            .then(|| self.progress + self.settings.ack_timeout);
+        let at = |t: Option<Instant>| tokio::time::sleep_until(t.unwrap_or_else(Instant::now));
         tokio::select! {
             biased;
-            _ = stop.wait_for(Option::is_some) => {}
-            _ = async { loop { tick.tick().await; self.flush().await } } => {}
+            // A closed channel means nobody will ever send a deadline: stop now.
+            _ = stop.wait_for(Option::is_some), if deadline.is_none() => Wake::Stop,
+            () = at(deadline), if deadline.is_some() => Wake::Deadline,
+            Ok(()) = self.socket.readable() => Wake::Readable,
+            Ok(()) = self.socket.writable(), if self.link == Link::Blocked => Wake::Writable,
+            () = at(retry_at), if retry_at.is_some() => Wake::Retry,
+            () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
+            _ = tick.tick() => Wake::Tick,
         }
-        let deadline = stop.borrow().unwrap_or_else(Instant::now);
-        let _ = tokio::time::timeout_at(deadline, self.flush()).await;
-        self.pending()
     }
 
-    /// Clicks not yet accepted by the kernel: the ring, the datagram being built, the held one.
-    pub fn pending(&self) -> u64 {
-        (self.ring.len() + self.encoder.len() + usize::from(self.held.is_some())) as u64
+    fn is_done(&self) -> bool {
+        self.ring.is_empty()
+            && self.held.is_none()
+            && self.encoder.is_empty()
+            && self.window.is_empty()
     }
 
-    /// Sends what the ring held when the flush began: full datagrams as they fill, then the
-    /// partial last one. Later arrivals wait for the next tick, so one flush is bounded.
-    async fn flush(&mut self) {
+    fn left(&self) -> Left {
+        let (unsent, unacked) = self.window.unsent_and_unacked();
+        let building = self.ring.len() + self.encoder.len() + usize::from(self.held.is_some());
+        Left {
+            unsent: unsent + building as u64,
+            unacked,
+        }
+    }
+
+    /// Moves what the ring held when called into datagrams in the window, the last one
+    /// partial, until the window is full (then the ring holds the rest). Later arrivals wait
+    /// for the next tick, so one fill is bounded.
+    fn fill(&mut self) {
         let mut budget = self.ring.len() + usize::from(self.held.is_some());
-        while budget > 0 {
+        while budget > 0 && !self.window.is_full() {
             let Some(slot) = self.held.take().or_else(|| self.ring.pop()) else {
                 break;
             };
+            self.renew_sender_after_idle();
             match self.encoder.push(slot.code(), slot.at_us()) {
                 Ok(()) => budget -= 1,
                 Err(PushError::Full) => {
                     self.held = Some(slot);
-                    self.send().await;
+                    self.seal();
                 }
                 Err(e) => {
                     budget -= 1;
@@ -108,67 +267,196 @@ impl Drain {
                 }
             }
         }
-        if !self.encoder.is_empty() {
-            self.send().await;
+        if !self.encoder.is_empty() && !self.window.is_full() {
+            self.seal();
         }
     }
 
-    /// Sends the current datagram, retrying until the kernel accepts it.
-    async fn send(&mut self) {
-        loop {
-            let result = match &self.socket {
-                Some(socket) => socket.try_send(self.encoder.datagram()),
-                None => match connect(&self.path) {
-                    Ok(socket) => {
-                        self.socket = Some(socket);
-                        continue;
-                    }
-                    Err(e) => Err(e),
-                },
+    /// Before the first click after a long idle spell with nothing unacknowledged: a new id.
+    fn renew_sender_after_idle(&mut self) {
+        if self.encoder.is_empty()
+            && self.window.is_empty()
+            && self.last_datagram.elapsed() >= NEW_SENDER_AFTER_IDLE
+        {
+            let sender = shared::wire::random_sender();
+            tracing::info!(
+                "idle for over {}: going on as sender {sender:016x}",
+                seconds(NEW_SENDER_AFTER_IDLE)
+            );
+            self.encoder.restart_as(sender);
+        }
+    }
+
+    /// The datagram being built goes into the window, to be sent.
+    fn seal(&mut self) {
+        if !self.window.awaits_ack() {
+            // The acknowledgement timeout counts from the first datagram it waits for.
+            self.progress = Instant::now();
+        }
+        let clicks = self.encoder.len() as u32;
+        let seq = self.encoder.seq();
+        self.window.push(seq, self.encoder.datagram(), clicks);
+        self.encoder.next();
+        self.last_datagram = Instant::now();
+    }
+
+    /// Sends from the window's cursor while the connection is up and the kernel takes them.
+    async fn pump(&mut self) {
+        let mut sent = 0;
+        while self.link == Link::Up {
+            let Some(datagram) = self.window.next_unsent() else {
+                return;
             };
-            let err = match result {
-                Ok(_) => {
-                    self.sent();
-                    // A backlog of many datagrams (after an outage) must not hold a runtime
-                    // thread that request handlers are waiting for.
-                    tokio::task::yield_now().await;
-                    return;
-                }
-                Err(err) => err,
-            };
-            let kind = SendErrorKind::of(&err);
-            self.metrics.send_errors.inc(kind.as_str());
-            self.note_failure(kind, &err);
-            match self.socket.as_ref().filter(|_| awaits_writability(&err)) {
-                Some(socket) => {
-                    if socket.writable().await.is_err() {
-                        self.socket = None;
-                    }
-                }
-                None => {
-                    if kind.receiver_away() {
-                        self.socket = None;
-                    }
-                    tokio::time::sleep(self.backoff.next_wait()).await;
-                }
+            match self.socket.try_send(datagram) {
+                Ok(_) => self.sent(),
+                Err(err) => return self.send_failed(&err),
+            }
+            sent += 1;
+            if sent % SENDS_PER_YIELD == 0 {
+                tokio::task::yield_now().await;
             }
         }
     }
 
     fn sent(&mut self) {
-        self.metrics.clicks_sent.add(self.encoder.len() as u64);
-        self.metrics.datagrams_sent.inc();
-        self.encoder.next();
+        match self.window.mark_sent() {
+            Some(clicks) => {
+                self.metrics.clicks_sent.add(u64::from(clicks));
+                self.metrics.datagrams_sent.inc();
+            }
+            None => self.metrics.resends.inc(),
+        }
         self.backoff.reset();
         if let Some(streak) = self.failing.take() {
             if streak.kind != SendErrorKind::QueueFull {
                 tracing::info!(
                     "sending to {} again after {}",
-                    self.path.display(),
+                    self.settings.collector.display(),
                     seconds(streak.since.elapsed())
                 );
             }
         }
+    }
+
+    fn send_failed(&mut self, err: &io::Error) {
+        let kind = SendErrorKind::of(err);
+        self.metrics.send_errors.inc(kind.as_str());
+        self.note_failure(kind, err);
+        let later = Instant::now() + self.backoff.next_wait();
+        self.link = if awaits_writability(err) {
+            Link::Blocked
+        } else if kind.receiver_away() {
+            Link::Away(later)
+        } else {
+            Link::Paused(later)
+        };
+    }
+
+    /// A pause is over, or it is time to connect again.
+    fn retry(&mut self) {
+        match self.link {
+            Link::Paused(_) => self.link = Link::Up,
+            Link::Away(_) => self.connect(),
+            Link::Up | Link::Blocked => {}
+        }
+    }
+
+    /// Connects to the collector's socket (again): a new collector has none of what the last
+    /// one did not acknowledge, so all of it is sent again.
+    fn connect(&mut self) {
+        let path = &self.settings.collector;
+        let connected = self.socket.connect(path).and_then(|()| {
+            self.collector_uid = Some(std::fs::metadata(path)?.uid());
+            Ok(())
+        });
+        match connected {
+            Ok(()) => {
+                self.link = Link::Up;
+                let again = self.window.rewind();
+                if again > 0 {
+                    tracing::info!(
+                        "connected to {}: resending {again} unacknowledged datagrams",
+                        path.display()
+                    );
+                    self.progress = Instant::now();
+                }
+            }
+            Err(err) => self.send_failed(&err),
+        }
+    }
+
+    /// No acknowledgement for `--ack-timeout`: go back to the oldest unacknowledged datagram.
+    fn resend_unacked(&mut self) {
+        let again = self.window.rewind();
+        self.progress = Instant::now();
+        tracing::debug!(
+            "no acknowledgement for {:?}: resending {again} datagrams",
+            self.settings.ack_timeout
+        );
+    }
+
+    /// Reads every acknowledgement queued on the socket.
+    fn read_acks(&mut self) {
+        let mut buf = [0u8; MAX_ACK + 1];
+        loop {
+            let fd = self.socket.as_fd();
+            let read = self
+                .socket
+                .try_io(Interest::READABLE, || shared::socket::recv(fd, &mut buf));
+            match read {
+                Ok(ack) => {
+                    // Longer than any acknowledgement: cut, and refused as trailing bytes.
+                    let uid = ack.creds.map(|c| c.uid);
+                    if let Err(why) = self.take_ack(&buf[..ack.len], uid) {
+                        self.metrics.acks_rejected.inc();
+                        if let Some(held) = self.refused_log.allow() {
+                            tracing::warn!(
+                                "refused an acknowledgement: {why} ({held} more not logged)"
+                            );
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    if let Some(held) = self.refused_log.allow() {
+                        tracing::warn!("reading acknowledgements: {e} ({held} more not logged)");
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Applies one acknowledgement, or says why it is refused (and changes nothing).
+    fn take_ack(&mut self, bytes: &[u8], uid: Option<u32>) -> Result<(), String> {
+        if uid.is_none() || uid != self.collector_uid {
+            return Err(format!(
+                "from uid {uid:?}, not the collector's ({:?})",
+                self.collector_uid
+            ));
+        }
+        let ack = shared::wire::decode_ack(bytes).map_err(|e| e.to_string())?;
+        if ack.sender != self.encoder.sender() {
+            return Err(format!("for sender {:016x}, not this one", ack.sender));
+        }
+        if let Some(seq) = ack.committed {
+            self.acknowledged(seq)?;
+        }
+        if let Some(seq) = ack.resend_from {
+            let again = self.window.rewind_to(seq).map_err(|e| e.to_string())?;
+            tracing::debug!("the collector asks to resend from seq {seq}: {again} datagrams");
+        }
+        self.metrics.acks.inc();
+        Ok(())
+    }
+
+    fn acknowledged(&mut self, seq: u64) -> Result<(), String> {
+        let released = self.window.acknowledge(seq).map_err(|e| e.to_string())?;
+        if released.datagrams > 0 {
+            self.metrics.clicks_acked.add(released.clicks);
+            self.progress = Instant::now();
+        }
+        Ok(())
     }
 
     /// Logs the first failure of a streak and then one line per `REPORT_EVERY` while it lasts,
@@ -186,8 +474,8 @@ impl Drain {
                 None
             }
         };
-        let held = self.pending();
-        let path = self.path.display();
+        let held = self.ring.len() as u64 + self.window.clicks();
+        let path = self.settings.collector.display();
         let label = kind.as_str();
         match (again, kind == SendErrorKind::QueueFull) {
             (None, true) => tracing::debug!("collector queue full; waiting ({held} clicks held)"),
@@ -249,12 +537,6 @@ fn awaits_writability(err: &io::Error) -> bool {
 /// A duration to the second, for log lines.
 fn seconds(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_secs(d.as_secs()))
-}
-
-fn connect(path: &std::path::Path) -> io::Result<UnixDatagram> {
-    let socket = UnixDatagram::unbound()?;
-    socket.connect(path)?;
-    Ok(socket)
 }
 
 #[cfg(test)]

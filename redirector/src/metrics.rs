@@ -41,6 +41,18 @@ pub struct Metrics {
     pub clicks_dropped: LabeledCounter,
     pub datagrams_sent: Counter,
     pub send_errors: LabeledCounter,
+    /// Datagrams sent again: no acknowledgement came in time, the collector asked, or a new
+    /// collector took over.
+    pub resends: Counter,
+    /// Acknowledgements taken.
+    pub acks: Counter,
+    /// Acknowledgements refused: from another uid, for another sender, or claiming what was
+    /// never sent.
+    pub acks_rejected: Counter,
+    /// Clicks the collector acknowledged as committed.
+    pub clicks_acked: Counter,
+    /// Clicks in the resend window: out of the ring, not acknowledged yet.
+    pub unacked_clicks: Gauge,
     /// Links in the table being served.
     pub links: Gauge,
     pub link_loads: Counter,
@@ -62,6 +74,11 @@ impl Default for Metrics {
             clicks_dropped: LabeledCounter::new(&reason::ALL),
             datagrams_sent: Counter::default(),
             send_errors: LabeledCounter::new(&*SEND_ERROR_KINDS),
+            resends: Counter::default(),
+            acks: Counter::default(),
+            acks_rejected: Counter::default(),
+            clicks_acked: Counter::default(),
+            unacked_clicks: Gauge::default(),
             links: Gauge::default(),
             link_loads: Counter::default(),
             link_load_errors: Counter::default(),
@@ -126,6 +143,26 @@ impl shared::admin::Admin for AdminView {
                 &m.datagrams_sent,
             ),
             (
+                "resends_total",
+                "Datagrams sent again: unacknowledged in time, asked for, or to a new collector.",
+                &m.resends,
+            ),
+            (
+                "acks_total",
+                "Acknowledgements taken from the collector.",
+                &m.acks,
+            ),
+            (
+                "acks_rejected_total",
+                "Acknowledgements refused: another uid, another sender, or unsent seqs.",
+                &m.acks_rejected,
+            ),
+            (
+                "clicks_acked_total",
+                "Clicks the collector acknowledged as committed.",
+                &m.clicks_acked,
+            ),
+            (
                 "link_loads_total",
                 "Successful loads of the link table.",
                 &m.link_loads,
@@ -139,6 +176,11 @@ impl shared::admin::Admin for AdminView {
         let gauges = [
             ("ring_depth", "Clicks waiting in the ring.", depth),
             ("ring_capacity", "Clicks the ring holds.", capacity),
+            (
+                "unacked_clicks",
+                "Clicks out of the ring and not acknowledged yet (the resend window).",
+                m.unacked_clicks.get(),
+            ),
             ("links", "Links being served.", m.links.get()),
             (
                 "links_skipped",

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::config::{ClickMode, Config};
 use crate::direct::Direct;
-use crate::drain::{self, Drain};
+use crate::drain::{self, Drain, Left};
 use crate::http::{self, App, Clicks, Limits};
 use crate::links::{self, LinkTable};
 use crate::metrics::{reason, AdminView, Metrics};
@@ -28,8 +28,8 @@ pub enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("--datagram-size: {0}")]
-    DatagramSize(#[from] shared::wire::BadLimit),
+    #[error(transparent)]
+    Drain(#[from] drain::Error),
     #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
     Direct(tokio_postgres::Error),
     /// Serving on would hand clicks to a ring nobody empties, so the process stops instead.
@@ -46,6 +46,10 @@ pub struct Summary {
     pub redirects: u64,
     pub sent: u64,
     pub dropped: u64,
+    /// Of the clicks sent, those the collector acknowledged as committed, and those it had not
+    /// by the end of the drain timeout (committed or not: nobody said).
+    pub acked: u64,
+    pub unacked: u64,
 }
 
 /// Resolves on the first SIGTERM or SIGINT, after logging which; installed before it returns.
@@ -81,14 +85,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let (stop_drain, drain_stopped) = watch::channel(None);
     let mut drain = match &ring {
         Some(ring) => Some(tokio::spawn(
-            Drain::new(
-                ring.clone(),
-                metrics.clone(),
-                cfg.socket.clone(),
-                shared::wire::random_sender(),
-                cfg.datagram_size,
-            )?
-            .run(cfg.flush_interval, drain_stopped),
+            new_drain(&cfg, ring.clone(), metrics.clone())?.run(drain_stopped),
         )),
         None => None,
     };
@@ -135,7 +132,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
 async fn shut_down(
     server: JoinHandle<()>,
     stop_drain: drain::Stop,
-    drain: Option<JoinHandle<u64>>,
+    drain: Option<JoinHandle<Left>>,
     drain_timeout: Duration,
     metrics: &Metrics,
 ) -> Result<Summary, Error> {
@@ -144,22 +141,51 @@ async fn shut_down(
     let _ = stop_drain.send(Some(Instant::now() + drain_timeout));
     let left = match drain {
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
-        None => 0,
+        None => Left::default(),
     };
-    metrics.clicks_dropped.add(reason::SHUTDOWN, left);
+    metrics.clicks_dropped.add(reason::SHUTDOWN, left.unsent);
     let summary = Summary {
         redirects: metrics.redirects.get(),
         sent: metrics.clicks_sent.get(),
         dropped: metrics.clicks_dropped.total(),
+        acked: metrics.clicks_acked.get(),
+        unacked: left.unacked,
     };
     tracing::info!(
-        "redirector: {} clicks sent, {} dropped ({} redirects served)",
+        "redirector: {} clicks sent, {} dropped ({} redirects served); {} acknowledged, {} not \
+         acknowledged",
         summary.sent,
         summary.dropped,
-        summary.redirects
+        summary.redirects,
+        summary.acked,
+        summary.unacked
     );
     served.map_err(Error::Server)?;
     Ok(summary)
+}
+
+/// The drain task's state, its ack socket bound and its resend window allocated.
+fn new_drain(cfg: &Config, ring: Arc<Ring>, metrics: Arc<Metrics>) -> Result<Drain, Error> {
+    let settings = drain::Settings {
+        collector: cfg.socket.clone(),
+        ack_socket: cfg.ack_socket.clone(),
+        ack_socket_mode: cfg.ack_socket_mode,
+        datagram_limit: cfg.datagram_size,
+        window: cfg.resend_window as usize,
+        flush_every: cfg.flush_interval,
+        ack_timeout: cfg.ack_timeout,
+    };
+    let sender = shared::wire::random_sender();
+    let drain = Drain::new(ring, metrics, settings, sender)?;
+    tracing::info!(
+        "sending as {sender:016x} from {} (acknowledgements arrive there); resend window: {} \
+         datagrams of up to {} B = {:.1} MiB, allocated now",
+        cfg.ack_socket.display(),
+        cfg.resend_window,
+        cfg.datagram_size,
+        drain.window_memory() as f64 / (1024.0 * 1024.0)
+    );
+    Ok(drain)
 }
 
 fn new_ring(cfg: &Config) -> Arc<Ring> {
@@ -183,7 +209,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error
 }
 
 /// Resolves only if the drain task ends before it was told to stop; never without one.
-async fn died(drain: &mut Option<JoinHandle<u64>>) -> String {
+async fn died(drain: &mut Option<JoinHandle<Left>>) -> String {
     match drain {
         Some(handle) => match handle.await {
             Ok(_) => "it returned before shutdown".into(),
@@ -206,16 +232,18 @@ mod tests {
             ring.push("left", at).unwrap();
         }
         // Nobody listens at the path, so the drain can only count the clicks as left.
-        let path = dir.path().join("nobody.sock");
-        let drain = Drain::new(
-            ring,
-            metrics.clone(),
-            path,
-            1,
-            shared::wire::DEFAULT_DATAGRAM,
-        );
+        let settings = drain::Settings {
+            collector: dir.path().join("nobody.sock"),
+            ack_socket: dir.path().join("ack.sock"),
+            ack_socket_mode: 0o600,
+            datagram_limit: shared::wire::DEFAULT_DATAGRAM,
+            window: 16,
+            flush_every: Duration::from_secs(3600),
+            ack_timeout: Duration::from_secs(2),
+        };
+        let drain = Drain::new(ring, metrics.clone(), settings, 1).unwrap();
         let (stop_drain, stopped) = watch::channel(None);
-        let drain = tokio::spawn(drain.unwrap().run(Duration::from_secs(3600), stopped));
+        let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });
 
         let result = shut_down(

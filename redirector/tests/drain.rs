@@ -1,54 +1,71 @@
-//! The drain task against a plain datagram socket standing in for the collector: every click
-//! arrives once, in numbered datagrams, across a full queue, an absent receiver and a receiver
-//! that shuts down and comes back; what cannot be sent by the shutdown deadline is counted.
+//! The drain task against a plain datagram socket standing in for the collector, which
+//! acknowledges what it is told to: every click arrives, in numbered datagrams, across a full
+//! queue, an absent receiver and a receiver that shuts down and comes back; what is not
+//! acknowledged is sent again; acknowledgements that claim too much, or come from anyone but
+//! the collector, change nothing; what cannot be sent by the stop deadline is counted.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redirector::drain::Drain;
+use nix::sys::socket::UnixAddr;
+use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
 use shared::testkit::eventually;
+use shared::wire::Ack;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(20);
+const SENDER: u64 = 42;
 
 struct Rig {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    ack_path: PathBuf,
     ring: Arc<Ring>,
     metrics: Arc<Metrics>,
     stop: watch::Sender<Option<Instant>>,
-    drain: JoinHandle<u64>,
+    drain: JoinHandle<Left>,
 }
 
-fn rig(capacity: usize) -> Rig {
+/// A drain with a ring of `capacity`, a window of `window` datagrams and `ack_timeout`.
+fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("collector.sock");
+    let ack_path = dir.path().join("ack.sock");
     let ring = Arc::new(Ring::new(capacity));
     let metrics = Arc::new(Metrics::default());
-    let drain = Drain::new(
-        ring.clone(),
-        metrics.clone(),
-        path.clone(),
-        42,
-        shared::wire::DEFAULT_DATAGRAM,
-    )
-    .unwrap();
+    let settings = Settings {
+        collector: path.clone(),
+        ack_socket: ack_path.clone(),
+        // Writable by anyone: the tests show what keeps others out besides the file mode.
+        ack_socket_mode: 0o666,
+        datagram_limit: shared::wire::DEFAULT_DATAGRAM,
+        window,
+        flush_every: Duration::from_millis(5),
+        ack_timeout,
+    };
+    let drain = Drain::new(ring.clone(), metrics.clone(), settings, SENDER).unwrap();
     let (stop, stopped) = watch::channel(None);
-    let drain = tokio::spawn(drain.run(Duration::from_millis(5), stopped));
+    let drain = tokio::spawn(drain.run(stopped));
     Rig {
         _dir: dir,
         path,
+        ack_path,
         ring,
         metrics,
         stop,
         drain,
     }
+}
+
+/// The usual rig: room for `capacity` clicks, 512 datagrams, a timeout no test reaches.
+fn rig(capacity: usize) -> Rig {
+    rig_with(capacity, 512, Duration::from_secs(3600))
 }
 
 impl Rig {
@@ -72,8 +89,8 @@ impl Rig {
         .await;
     }
 
-    /// Stops the drain with `grace` to send what is left; returns the clicks left unsent.
-    async fn stop(self, grace: Duration) -> u64 {
+    /// Stops the drain with `grace` to finish; returns what it left.
+    async fn stop(self, grace: Duration) -> Left {
         self.stop.send(Some(Instant::now() + grace)).unwrap();
         tokio::time::timeout(grace + LIMIT, self.drain)
             .await
@@ -82,20 +99,31 @@ impl Rig {
     }
 }
 
+/// A stand-in collector bound at `path`.
+struct Collector {
+    socket: UnixDatagram,
+    /// Acknowledge each datagram as it is read.
+    acks: bool,
+}
+
 fn bind(path: &Path) -> UnixDatagram {
     let std = shared::socket::bind_datagram(path, 0o600).unwrap();
     std.set_nonblocking(true).unwrap();
     UnixDatagram::from_std(std).unwrap()
 }
 
-/// A rig whose receiver has not read yet, with `clicks` pushed: far more than the receive queue
-/// holds (10 datagrams by default), so the drain has met a full queue when this returns.
-async fn full_queue(code: &str, clicks: usize) -> (Rig, UnixDatagram) {
-    let rig = rig(clicks);
-    let receiver = bind(&rig.path);
-    rig.push(code, clicks);
-    rig.await_error("queue_full").await;
-    (rig, receiver)
+fn collector(path: &Path, acks: bool) -> Collector {
+    Collector {
+        socket: bind(path),
+        acks,
+    }
+}
+
+impl Collector {
+    fn send(&self, ack: Ack, to: &UnixAddr) -> nix::Result<usize> {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.socket);
+        nix::sys::socket::sendto(fd, &ack.encode(), to, nix::sys::socket::MsgFlags::empty())
+    }
 }
 
 /// What a receiver saw: (seq, clicks) per datagram, every one decoded and checked.
@@ -103,31 +131,59 @@ async fn full_queue(code: &str, clicks: usize) -> (Rig, UnixDatagram) {
 struct Received {
     datagrams: Vec<(u64, usize)>,
     clicks: usize,
+    /// The drain's own address, from the datagrams.
+    from: Option<UnixAddr>,
 }
 
 impl Received {
-    async fn until(&mut self, socket: &UnixDatagram, clicks: usize, code: &str) {
+    /// Reads until `clicks` clicks arrived (counting repeats again), acknowledging each
+    /// datagram if the collector does.
+    async fn until(&mut self, c: &Collector, clicks: usize, code: &str) {
         let mut buf = vec![0u8; shared::wire::MAX_DATAGRAM];
         while self.clicks < clicks {
-            let n = tokio::time::timeout(LIMIT, socket.recv(&mut buf))
-                .await
-                .unwrap_or_else(|_| panic!("only {} of {clicks} clicks arrived", self.clicks))
-                .unwrap();
-            assert!(n <= shared::wire::DEFAULT_DATAGRAM, "datagram of {n} bytes");
-            let batch = shared::wire::decode(&buf[..n]).expect("a valid datagram");
-            assert_eq!(batch.sender, 42);
+            c.socket.readable().await.unwrap();
+            let read = tokio::time::timeout(LIMIT, async {
+                loop {
+                    c.socket.readable().await.unwrap();
+                    let fd = std::os::fd::AsFd::as_fd(&c.socket);
+                    match c.socket.try_io(tokio::io::Interest::READABLE, || {
+                        shared::socket::recv(fd, &mut buf)
+                    }) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        other => return other.unwrap(),
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {clicks} clicks arrived", self.clicks));
+            assert!(
+                read.len <= shared::wire::DEFAULT_DATAGRAM,
+                "datagram of {} bytes",
+                read.len
+            );
+            let batch = shared::wire::decode(&buf[..read.len]).expect("a valid datagram");
+            assert_eq!(batch.sender, SENDER);
             assert!(batch.clicks.iter().all(|c| c.code == code));
+            self.from = read.from;
+            if c.acks {
+                let from = read.from.expect("the drain sends from its own address");
+                c.send(Ack::new(SENDER, Some(batch.seq), None), &from)
+                    .unwrap();
+            }
             self.datagrams.push((batch.seq, batch.clicks.len()));
             self.clicks += batch.clicks.len();
         }
         assert_eq!(self.clicks, clicks, "no more clicks than were pushed");
     }
 
+    fn seqs(&self) -> Vec<u64> {
+        self.datagrams.iter().map(|d| d.0).collect()
+    }
+
     /// Every datagram arrived once and in order.
     fn assert_consecutive(&self) {
-        let seqs: Vec<u64> = self.datagrams.iter().map(|d| d.0).collect();
-        let expected: Vec<u64> = (0..seqs.len() as u64).collect();
-        assert_eq!(seqs, expected);
+        let expected: Vec<u64> = (0..self.datagrams.len() as u64).collect();
+        assert_eq!(self.seqs(), expected);
     }
 }
 
@@ -144,24 +200,44 @@ fn queued_clicks(socket: &UnixDatagram) -> u64 {
     }
 }
 
+/// A rig whose collector has not read yet, with `clicks` pushed: far more than the receive
+/// queue holds (10 datagrams by default), so the drain has met a full queue when this returns.
+async fn full_queue(code: &str, clicks: usize, acks: bool) -> (Rig, Collector) {
+    let rig = rig(clicks);
+    let c = collector(&rig.path, acks);
+    rig.push(code, clicks);
+    rig.await_error("queue_full").await;
+    (rig, c)
+}
+
+async fn await_acked(rig: &Rig, clicks: u64) {
+    eventually("the clicks acknowledged", LIMIT, || async {
+        (rig.metrics.clicks_acked.get() == clicks).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
-async fn sends_every_click_once_in_numbered_datagrams() {
+async fn sends_every_click_once_in_numbered_datagrams_and_forgets_what_is_acknowledged() {
     let rig = rig(100_000);
-    let receiver = bind(&rig.path);
+    let c = collector(&rig.path, true);
     rig.push("abc", 20_000);
     let mut got = Received::default();
-    got.until(&receiver, 20_000, "abc").await;
+    got.until(&c, 20_000, "abc").await;
     got.assert_consecutive();
     assert!(
         got.datagrams.len() > 1,
         "20,000 clicks need several datagrams"
     );
-    eventually("sent counters", LIMIT, || async {
-        (rig.metrics.clicks_sent.get() == 20_000).then_some(())
-    })
-    .await;
+    assert_eq!(got.from.unwrap().path(), Some(rig.ack_path.as_path()));
+    await_acked(&rig, 20_000).await;
+    assert_eq!(rig.metrics.clicks_sent.get(), 20_000);
     assert_eq!(rig.metrics.datagrams_sent.get(), got.datagrams.len() as u64);
-    assert_eq!(rig.stop(Duration::from_secs(1)).await, 0);
+    assert_eq!(rig.metrics.acks.get(), got.datagrams.len() as u64);
+    assert_eq!(rig.metrics.resends.get(), 0);
+    let ack_path = rig.ack_path.clone();
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
+    assert!(!ack_path.exists(), "the ack socket is removed at exit");
 }
 
 #[tokio::test]
@@ -170,44 +246,157 @@ async fn holds_clicks_while_nobody_listens_then_delivers_them() {
     rig.push("away", 1_000);
     rig.await_error("not_found").await;
     assert_eq!(rig.metrics.clicks_sent.get(), 0);
-    let receiver = bind(&rig.path);
+    let c = collector(&rig.path, true);
     let mut got = Received::default();
-    got.until(&receiver, 1_000, "away").await;
+    got.until(&c, 1_000, "away").await;
     got.assert_consecutive();
-    assert_eq!(rig.stop(Duration::from_secs(1)).await, 0);
+    await_acked(&rig, 1_000).await;
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
 }
 
 #[tokio::test]
 async fn waits_on_a_full_queue_without_losing_or_repeating_a_click() {
-    let (rig, receiver) = full_queue("slowreader", 200_000).await;
+    let (rig, c) = full_queue("slowreader", 200_000, true).await;
     let mut got = Received::default();
-    got.until(&receiver, 200_000, "slowreader").await;
+    got.until(&c, 200_000, "slowreader").await;
     got.assert_consecutive();
-    assert_eq!(rig.stop(Duration::from_secs(1)).await, 0);
+    await_acked(&rig, 200_000).await;
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
 }
 
 #[tokio::test]
-async fn reconnects_when_the_receiver_leaves_like_the_collector_and_returns() {
+async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge() {
     let rig = rig(10_000);
-    let first = bind(&rig.path);
+    let first = collector(&rig.path, false);
     rig.push("again", 100);
     let mut got = Received::default();
     got.until(&first, 100, "again").await;
-    // What the collector does on SIGTERM: unlink the path, stop reading.
+    // What the collector does on SIGTERM: unlink the path, stop reading. It acknowledged
+    // nothing: as if it had crashed with the batch.
     std::fs::remove_file(&rig.path).unwrap();
-    let first = first.into_std().unwrap();
+    let first = first.socket.into_std().unwrap();
     first.shutdown(std::net::Shutdown::Read).unwrap();
     rig.push("again", 100);
     eventually("the drain to notice the receiver left", LIMIT, || async {
         (rig.errors("not_connected") > 0 && rig.errors("not_found") > 0).then_some(())
     })
     .await;
-    let second = bind(&rig.path);
-    got.until(&second, 200, "again").await;
-    got.assert_consecutive();
+    let second = collector(&rig.path, true);
+    let mut again = Received::default();
+    again.until(&second, 200, "again").await;
+    again.assert_consecutive();
     drop(first);
-    assert_eq!(rig.metrics.clicks_sent.get(), 200);
-    assert_eq!(rig.stop(Duration::from_secs(1)).await, 0);
+    assert!(rig.metrics.resends.get() >= 1);
+    assert_eq!(
+        rig.metrics.clicks_sent.get(),
+        200,
+        "each click counts as sent once"
+    );
+    await_acked(&rig, 200).await;
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
+}
+
+#[tokio::test]
+async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_again() {
+    let rig = rig_with(10_000, 512, Duration::from_millis(200));
+    let c = collector(&rig.path, false);
+    rig.push("timeout", 3_000);
+    let mut got = Received::default();
+    got.until(&c, 6_000, "timeout").await;
+    let seqs = got.seqs();
+    let n = seqs.len() / 2;
+    assert_eq!(seqs[..n], (0..n as u64).collect::<Vec<_>>());
+    assert_eq!(seqs[..n], seqs[n..], "go-back-N from the oldest");
+    assert!(rig.metrics.resends.get() >= n as u64);
+    assert_eq!(rig.metrics.clicks_sent.get(), 3_000);
+    // Acknowledged at last: nothing is left to resend.
+    let last = *seqs.last().unwrap();
+    c.send(Ack::new(SENDER, Some(last), None), &got.from.unwrap())
+        .unwrap();
+    await_acked(&rig, 3_000).await;
+    assert_eq!(rig.metrics.unacked_clicks.get(), 0);
+}
+
+#[tokio::test]
+async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
+    let rig = rig(10_000);
+    let c = collector(&rig.path, false);
+    rig.push("asked", 8_000);
+    let mut got = Received::default();
+    got.until(&c, 8_000, "asked").await;
+    let sent = got.datagrams.len() as u64;
+    assert!(sent >= 3);
+    let from = got.from.unwrap();
+    c.send(Ack::new(SENDER, Some(0), Some(1)), &from).unwrap();
+    let resent_clicks: usize = got.datagrams[1..].iter().map(|d| d.1).sum();
+    got.until(&c, 8_000 + resent_clicks, "asked").await;
+    let again: Vec<u64> = got.seqs()[sent as usize..].to_vec();
+    assert_eq!(again, (1..sent).collect::<Vec<_>>());
+    assert_eq!(rig.metrics.clicks_acked.get(), got.datagrams[0].1 as u64);
+}
+
+#[tokio::test]
+async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
+    let rig = rig_with(50_000, 2, Duration::from_secs(3600));
+    let c = collector(&rig.path, false);
+    rig.push("held", 10_000);
+    // Were the window not full, one flush would empty the ring before the first send.
+    eventually(
+        "two datagrams sent and the ring holding the rest",
+        LIMIT,
+        || async { (!rig.ring.is_empty() && rig.metrics.datagrams_sent.get() == 2).then_some(()) },
+    )
+    .await;
+    let mut got = Received::default();
+    got.until(&c, rig.metrics.clicks_sent.get() as usize, "held")
+        .await;
+    assert_eq!(got.datagrams.len(), 2, "two datagrams in flight, no more");
+    assert_eq!(rig.metrics.clicks_dropped.total(), 0);
+    // Acknowledged: the window frees and the drain goes on.
+    let c = Collector { acks: true, ..c };
+    c.send(Ack::new(SENDER, Some(1), None), &got.from.unwrap())
+        .unwrap();
+    got.until(&c, 10_000, "held").await;
+    got.assert_consecutive();
+}
+
+#[tokio::test]
+async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_nothing() {
+    let rig = rig(10_000);
+    let c = collector(&rig.path, false);
+    rig.push("forged", 1_000);
+    let mut got = Received::default();
+    got.until(&c, 1_000, "forged").await;
+    let from = got.from.unwrap();
+    let sent = got.datagrams.len() as u64;
+    let refused = |rig: &Rig, n: u64| {
+        let m = rig.metrics.clone();
+        async move {
+            eventually("the acknowledgement refused", LIMIT, || async {
+                (m.acks_rejected.get() == n).then_some(())
+            })
+            .await
+        }
+    };
+    // From the collector itself: past what was sent, or for another sender.
+    c.send(Ack::new(SENDER, Some(sent), None), &from).unwrap();
+    refused(&rig, 1).await;
+    c.send(Ack::new(SENDER + 1, Some(0), None), &from).unwrap();
+    refused(&rig, 2).await;
+    // From anyone else, as any user: while the drain is connected the kernel refuses it.
+    let forged = Ack::new(SENDER, Some(sent - 1), None).encode();
+    let err = shared::testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap_err();
+    assert_eq!(err, nix::errno::Errno::EPERM);
+    // Between collectors (the peer gone, the socket unconnected), the uid gives it away.
+    drop(c);
+    std::fs::remove_file(&rig.path).unwrap();
+    rig.push("forged", 1);
+    rig.await_error("refused").await;
+    shared::testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
+    refused(&rig, 3).await;
+    assert_eq!(rig.metrics.acks.get(), 0);
+    assert_eq!(rig.metrics.clicks_acked.get(), 0);
+    assert_eq!(rig.metrics.unacked_clicks.get(), 1_001, "nothing forgotten");
 }
 
 #[tokio::test]
@@ -215,31 +404,47 @@ async fn shutdown_with_nobody_listening_reports_every_click_left() {
     let rig = rig(10_000);
     rig.push("stuck", 5_000);
     rig.await_error("not_found").await;
-    assert_eq!(rig.stop(Duration::from_millis(100)).await, 5_000);
+    let left = rig.stop(Duration::from_millis(100)).await;
+    assert_eq!(
+        left,
+        Left {
+            unsent: 5_000,
+            unacked: 0
+        }
+    );
 }
 
 #[tokio::test]
 async fn the_shutdown_deadline_cuts_off_a_send_waiting_on_a_full_queue_and_counts_every_click() {
     // The receiver is read only once the drain has stopped: its queue stays full till then.
-    let (rig, receiver) = full_queue("unread", 100_000).await;
+    let (rig, c) = full_queue("unread", 100_000, false).await;
     let metrics = rig.metrics.clone();
     let left = rig.stop(Duration::from_millis(100)).await;
-    let queued = queued_clicks(&receiver);
-    assert!(left > 0, "the full queue kept clicks past the deadline");
+    let queued = queued_clicks(&c.socket);
+    assert!(
+        left.unsent > 0,
+        "the full queue kept clicks past the deadline"
+    );
     assert_eq!(
         metrics.clicks_sent.get(),
         queued,
         "sent = what the queue holds"
     );
-    assert_eq!(queued + left, 100_000, "{queued} in the queue, {left} left");
+    assert_eq!(left.unacked, queued, "sent, never acknowledged");
+    assert_eq!(
+        queued + left.unsent,
+        100_000,
+        "{queued} in the queue, {left:?} left"
+    );
 }
 
 #[tokio::test]
-async fn shutdown_sends_what_the_ring_still_holds() {
+async fn shutdown_sends_what_the_ring_still_holds_and_waits_for_the_acknowledgement() {
     let rig = rig(10_000);
-    let receiver = bind(&rig.path);
+    let c = collector(&rig.path, true);
     rig.push("last", 3_000);
-    assert_eq!(rig.stop(Duration::from_secs(5)).await, 0);
+    let stopping = tokio::spawn(rig.stop(Duration::from_secs(5)));
     let mut got = Received::default();
-    got.until(&receiver, 3_000, "last").await;
+    got.until(&c, 3_000, "last").await;
+    assert_eq!(stopping.await.unwrap(), Left::default());
 }

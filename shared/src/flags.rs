@@ -23,9 +23,30 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A file mode in octal (`660`, `0660` or `0o660`), at most `0777`: socket files need no
+/// other bits.
+pub fn mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    let mode = u32::from_str_radix(digits, 8)
+        .map_err(|e| format!("{s:?} is not octal, as a file mode such as 660 is: {e}"))?;
+    if mode > 0o777 {
+        return Err(format!("{s} is above 0777"));
+    }
+    Ok(mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modes_are_octal_up_to_0777() {
+        assert_eq!(mode("660"), Ok(0o660));
+        assert_eq!(mode("0620"), Ok(0o620));
+        assert_eq!(mode("0o600"), Ok(0o600));
+        assert!(mode("999").unwrap_err().contains("not octal"));
+        assert!(mode("1777").unwrap_err().contains("above 0777"));
+    }
 
     #[test]
     fn parses_units_and_refuses_zero_garbage_and_absurd_values_with_the_reason() {

@@ -14,6 +14,7 @@ pub mod systemd;
 pub mod tap;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod throttle;
 pub mod wire;
 
 /// Now, in microseconds since the Unix epoch (the wire format's clock).

@@ -1,12 +1,14 @@
 //! Binding the collector-side datagram socket safely, and naming send errors.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
-use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    self, sockopt, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
 
 /// Why a datagram socket could not be bound at a path.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,63 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
         }
         Err(e) => Err(io_err("probe", path)(e)),
     }
+}
+
+/// One datagram read by [`recv`]: its size, and what the kernel says about who sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub len: usize,
+    /// It was larger than the buffer: the bytes are cut and must not be decoded.
+    pub truncated: bool,
+    /// The sender's own address, if its socket is bound to one (a path or an abstract name);
+    /// `None` for an unbound sender.
+    pub from: Option<UnixAddr>,
+    /// The sender's credentials, attached by the kernel to every datagram while the receiving
+    /// socket has SO_PASSCRED on (a process can claim only its own, unless privileged).
+    pub creds: Option<Creds>,
+}
+
+/// Who sent a datagram, as the kernel vouches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Creds {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Reads one datagram into `buf` without waiting (`WouldBlock` if none is queued).
+pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
+    let mut cmsg = nix::cmsg_space!(socket::UnixCredentials);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<UnixAddr>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )?;
+    let creds = msg.cmsgs().ok().and_then(|mut c| {
+        c.find_map(|m| match m {
+            ControlMessageOwned::ScmCredentials(c) => Some(Creds {
+                pid: c.pid(),
+                uid: c.uid(),
+                gid: c.gid(),
+            }),
+            _ => None,
+        })
+    });
+    // An unbound sender's address is unnamed. nix hands it over with the length the kernel
+    // gave, which is 0 then, and asserts (panics) when asked what kind of address a 0-length
+    // one is: the length is checked first.
+    let named = |a: &UnixAddr| {
+        usize::try_from(socket::SockaddrLike::len(a))
+            .is_ok_and(|len| len > std::mem::size_of::<nix::libc::sa_family_t>())
+    };
+    Ok(Received {
+        len: msg.bytes,
+        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+        from: msg.address.filter(named),
+        creds,
+    })
 }
 
 /// What went wrong sending a datagram, by what the sender should do about it.

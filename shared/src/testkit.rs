@@ -157,3 +157,52 @@ impl Drop for Service {
         }
     }
 }
+
+/// Sends `bytes` to the datagram socket at `path` from a child process running as `uid` (and
+/// that gid): a peer of another user, for tests of who may send what. The child does nothing
+/// but async-signal-safe calls between fork and exit. Returns the errno of a failed send.
+pub fn send_as_user(
+    uid: u32,
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> Result<(), nix::errno::Errno> {
+    use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, setgid, setuid, ForkResult, Gid, Uid};
+    let addr = UnixAddr::new(path).expect("a socket path");
+    // SAFETY: the child only makes syscalls (setgid, setuid, socket, sendto, _exit): no
+    // allocation, no locks, so the other threads of the parent do not matter to it.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            let sent = setgid(Gid::from_raw(uid))
+                .and_then(|()| setuid(Uid::from_raw(uid)))
+                .and_then(|()| {
+                    socket::socket(
+                        AddressFamily::Unix,
+                        SockType::Datagram,
+                        SockFlag::empty(),
+                        None,
+                    )
+                })
+                .and_then(|fd| {
+                    socket::sendto(
+                        std::os::fd::AsRawFd::as_raw_fd(&fd),
+                        bytes,
+                        &addr,
+                        MsgFlags::empty(),
+                    )
+                });
+            let code = match sent {
+                Ok(_) => 0,
+                Err(errno) => errno as i32,
+            };
+            // SAFETY: ends the child without running the parent's atexit handlers or destructors.
+            unsafe { nix::libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
+            WaitStatus::Exited(_, 0) => Ok(()),
+            WaitStatus::Exited(_, code) => Err(nix::errno::Errno::from_raw(code)),
+            other => panic!("the sending child ended as {other:?}"),
+        },
+    }
+}

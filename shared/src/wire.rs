@@ -280,6 +280,18 @@ impl Encoder {
         self.seq
     }
 
+    /// The sender id the datagrams carry.
+    pub fn sender(&self) -> u64 {
+        self.sender
+    }
+
+    /// Goes on as sender `sender` from seq 0, keeping the clicks pushed so far (the header is
+    /// written only by [`Encoder::datagram`]).
+    pub fn restart_as(&mut self, sender: u64) {
+        self.sender = sender;
+        self.seq = 0;
+    }
+
     /// Clicks in the datagram being filled.
     pub fn len(&self) -> usize {
         self.clicks as usize

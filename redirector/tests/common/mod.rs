@@ -51,14 +51,20 @@ pub async fn redirector(database_url: &str, socket: &Path, extra: &[&str]) -> Re
     start_redirector(redirector_command(database_url, socket, extra)).await
 }
 
-/// The command [`redirector`] runs, to adjust before [`start_redirector`].
+/// The command [`redirector`] runs, to adjust before [`start_redirector`]. Its ack socket is
+/// a fresh path beside the collector's socket.
 pub fn redirector_command(database_url: &str, socket: &Path, extra: &[&str]) -> Command {
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ack = socket.with_file_name(format!("redirector-{n}.sock"));
     let mut cmd = Command::new(shared::testkit::binary("redirector"));
     cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .arg("--database-url")
         .arg(database_url)
         .arg("--socket")
         .arg(socket)
+        .arg("--ack-socket")
+        .arg(ack)
         .args(extra)
         .env("RUST_LOG", "info");
     cmd

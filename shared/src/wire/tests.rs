@@ -116,6 +116,18 @@ fn validate_code_says_what_is_wrong() {
 }
 
 #[test]
+fn an_encoder_restarted_as_another_sender_numbers_from_zero_and_keeps_its_clicks() {
+    let mut enc = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
+    enc.next();
+    enc.push("kept", 1_000).unwrap();
+    enc.restart_as(9);
+    assert_eq!(enc.sender(), 9);
+    let batch = decode(enc.datagram()).unwrap();
+    assert_eq!((batch.sender, batch.seq), (9, 0));
+    assert_eq!(batch.clicks_at().collect::<Vec<_>>(), [("kept", 1_000)]);
+}
+
+#[test]
 fn encoder_refuses_limits_out_of_range() {
     assert_eq!(
         Encoder::new(1, MIN_DATAGRAM - 1).unwrap_err(),

@@ -1,0 +1,284 @@
+//! The resend window: datagrams that left the ring and are not acknowledged yet, in seq order,
+//! in memory allocated once (`slots` x the datagram size limit).
+//!
+//! A datagram stays until an acknowledgement covers it; a full window refuses more, so the
+//! drain stops and the ring holds (backpressure). Sending goes through a cursor: go-back-N
+//! puts the cursor back to the oldest datagram (or the one a resend request names) and sends
+//! everything from there again. Plain data and no I/O, so that it can be tested alone, and so
+//! that it could live in memory that outlives the process.
+
+/// Why an acknowledgement or a resend request was refused: it would make the window forget,
+/// or resend, what it never sent. Only a forger or a confused collector sends such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("acknowledges seq {0}, past the last seq ever sent")]
+    AckNotSent(u64),
+    #[error(
+        "asks to resend from seq {0}, which is not held (acknowledged already, or never sent)"
+    )]
+    ResendNotHeld(u64),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Meta {
+    len: u32,
+    clicks: u32,
+    /// Sent at least once: counted as sent; if unacknowledged at exit, as unacknowledged.
+    sent: bool,
+}
+
+/// What leaving the window freed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Released {
+    pub datagrams: u64,
+    pub clicks: u64,
+}
+
+pub struct Window {
+    buf: Box<[u8]>,
+    slot_size: usize,
+    meta: Box<[Meta]>,
+    /// Seq of the oldest datagram held.
+    first: u64,
+    /// Datagrams held: seqs `first .. first + held`.
+    held: usize,
+    /// Next seq to send: `first ..= first + held`.
+    cursor: u64,
+    /// Highest seq ever sent.
+    sent_through: Option<u64>,
+    clicks: u64,
+}
+
+impl Window {
+    /// Room for `slots` datagrams of up to `slot_size` bytes, allocated (and written) now.
+    pub fn new(slots: usize, slot_size: usize) -> Window {
+        let slots = slots.max(1);
+        Window {
+            buf: vec![0; slots * slot_size].into_boxed_slice(),
+            slot_size,
+            meta: vec![Meta::default(); slots].into_boxed_slice(),
+            first: 0,
+            held: 0,
+            cursor: 0,
+            sent_through: None,
+            clicks: 0,
+        }
+    }
+
+    /// Bytes allocated.
+    pub fn memory(&self) -> usize {
+        self.buf.len() + self.meta.len() * std::mem::size_of::<Meta>()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.held == self.meta.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+
+    /// Clicks in the datagrams held.
+    pub fn clicks(&self) -> u64 {
+        self.clicks
+    }
+
+    /// Whether a datagram waits to be sent (for the first time or again).
+    pub fn has_unsent(&self) -> bool {
+        self.cursor < self.end()
+    }
+
+    /// Whether a datagram was sent and is not acknowledged: what an acknowledgement timeout
+    /// is about.
+    pub fn awaits_ack(&self) -> bool {
+        self.cursor > self.first
+    }
+
+    fn end(&self) -> u64 {
+        self.first + self.held as u64
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        (seq % self.meta.len() as u64) as usize
+    }
+
+    /// Adds datagram `seq` (the one after the last held; any seq into an empty window), of
+    /// `clicks` clicks. The caller checks `is_full` first.
+    pub fn push(&mut self, seq: u64, datagram: &[u8], clicks: u32) {
+        assert!(!self.is_full(), "push into a full window");
+        assert!(
+            datagram.len() <= self.slot_size,
+            "datagram over the slot size"
+        );
+        if self.is_empty() {
+            self.first = seq;
+            self.cursor = seq;
+        }
+        assert_eq!(seq, self.end(), "datagrams enter the window in seq order");
+        let i = self.slot(seq);
+        self.buf[i * self.slot_size..][..datagram.len()].copy_from_slice(datagram);
+        self.meta[i] = Meta {
+            len: datagram.len() as u32,
+            clicks,
+            sent: false,
+        };
+        self.held += 1;
+        self.clicks += u64::from(clicks);
+    }
+
+    /// The datagram at the cursor, to send next.
+    pub fn next_unsent(&self) -> Option<&[u8]> {
+        if !self.has_unsent() {
+            return None;
+        }
+        let i = self.slot(self.cursor);
+        Some(&self.buf[i * self.slot_size..][..self.meta[i].len as usize])
+    }
+
+    /// The datagram at the cursor was sent: moves on. Returns its clicks if this was its first
+    /// send (they count as sent once), `None` for a resend.
+    pub fn mark_sent(&mut self) -> Option<u32> {
+        let i = self.slot(self.cursor);
+        self.sent_through = Some(
+            self.sent_through
+                .map_or(self.cursor, |s| s.max(self.cursor)),
+        );
+        self.cursor += 1;
+        let meta = &mut self.meta[i];
+        (!std::mem::replace(&mut meta.sent, true)).then_some(meta.clicks)
+    }
+
+    /// Everything up to `seq` is committed: those datagrams leave the window.
+    pub fn acknowledge(&mut self, seq: u64) -> Result<Released, Refused> {
+        if !self.sent_through.is_some_and(|s| seq <= s) {
+            return Err(Refused::AckNotSent(seq));
+        }
+        let mut released = Released::default();
+        while self.held > 0 && self.first <= seq {
+            let i = self.slot(self.first);
+            released.datagrams += 1;
+            released.clicks += u64::from(self.meta[i].clicks);
+            self.first += 1;
+            self.held -= 1;
+        }
+        self.clicks -= released.clicks;
+        self.cursor = self.cursor.max(self.first);
+        Ok(released)
+    }
+
+    /// Go-back-N from `seq` (a resend request): the cursor goes back to it. Returns how many
+    /// datagrams will be sent again.
+    pub fn rewind_to(&mut self, seq: u64) -> Result<u64, Refused> {
+        if seq < self.first || seq >= self.end() || !self.sent_through.is_some_and(|s| seq <= s) {
+            return Err(Refused::ResendNotHeld(seq));
+        }
+        let again = self.cursor.saturating_sub(seq);
+        self.cursor = self.cursor.min(seq);
+        Ok(again)
+    }
+
+    /// Go-back-N from the oldest datagram held (an acknowledgement timeout, or a new
+    /// connection to the collector). Returns how many datagrams will be sent again.
+    pub fn rewind(&mut self) -> u64 {
+        let again = self.cursor - self.first;
+        self.cursor = self.first;
+        again
+    }
+
+    /// (clicks never sent, clicks sent and not acknowledged), for the count at exit.
+    pub fn unsent_and_unacked(&self) -> (u64, u64) {
+        (self.first..self.end())
+            .map(|seq| self.meta[self.slot(seq)])
+            .fold((0, 0), |(unsent, unacked), m| match m.sent {
+                true => (unsent, unacked + u64::from(m.clicks)),
+                false => (unsent + u64::from(m.clicks), unacked),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window of `slots` holding datagrams `seqs`, each `[seq as u8; 3]` with 10 clicks.
+    fn window(slots: usize, seqs: std::ops::Range<u64>) -> Window {
+        let mut w = Window::new(slots, 8);
+        for seq in seqs {
+            w.push(seq, &[seq as u8; 3], 10);
+        }
+        w
+    }
+
+    fn send_all(w: &mut Window) -> Vec<u8> {
+        let mut sent = Vec::new();
+        while let Some(d) = w.next_unsent() {
+            sent.push(d[0]);
+            w.mark_sent();
+        }
+        sent
+    }
+
+    #[test]
+    fn sends_in_order_and_forgets_what_is_acknowledged() {
+        let mut w = window(4, 5..9);
+        assert!(w.is_full());
+        assert_eq!(w.clicks(), 40);
+        assert_eq!(w.mark_sent(), Some(10), "first send counts");
+        assert_eq!(send_all(&mut w), [6, 7, 8]);
+        assert_eq!(
+            w.acknowledge(6),
+            Ok(Released {
+                datagrams: 2,
+                clicks: 20
+            })
+        );
+        assert!(!w.is_full());
+        w.push(9, &[9; 3], 10);
+        assert_eq!(send_all(&mut w), [9], "the slot of 5 is reused for 9");
+        assert_eq!(
+            w.acknowledge(9),
+            Ok(Released {
+                datagrams: 3,
+                clicks: 30
+            })
+        );
+        assert!(w.is_empty() && !w.awaits_ack());
+        assert_eq!(w.acknowledge(3), Ok(Released::default()), "stale: nothing");
+    }
+
+    #[test]
+    fn go_back_n_resends_from_the_oldest_or_the_one_asked_for_and_counts_once() {
+        let mut w = window(8, 0..5);
+        send_all(&mut w);
+        assert_eq!(w.rewind(), 5);
+        assert_eq!(w.mark_sent(), None, "a resend is not a new send");
+        assert_eq!(send_all(&mut w), [1, 2, 3, 4]);
+        assert_eq!(w.rewind_to(3), Ok(2));
+        assert_eq!(send_all(&mut w), [3, 4]);
+        assert_eq!(w.unsent_and_unacked(), (0, 50));
+    }
+
+    #[test]
+    fn refuses_to_forget_or_resend_what_it_never_sent() {
+        let mut w = window(8, 10..14);
+        assert_eq!(
+            w.acknowledge(10),
+            Err(Refused::AckNotSent(10)),
+            "nothing sent yet"
+        );
+        w.mark_sent();
+        w.mark_sent();
+        assert_eq!(w.acknowledge(12), Err(Refused::AckNotSent(12)));
+        assert_eq!(w.rewind_to(12), Err(Refused::ResendNotHeld(12)));
+        assert_eq!(w.rewind_to(9), Err(Refused::ResendNotHeld(9)));
+        assert_eq!(w.clicks(), 40, "nothing was forgotten");
+        assert_eq!(w.unsent_and_unacked(), (20, 20));
+        assert_eq!(w.acknowledge(u64::MAX), Err(Refused::AckNotSent(u64::MAX)));
+    }
+
+    #[test]
+    #[should_panic(expected = "seq order")]
+    fn datagrams_enter_in_seq_order() {
+        window(4, 0..2).push(5, b"x", 1);
+    }
+}
