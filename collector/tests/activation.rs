@@ -5,7 +5,6 @@ mod common;
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -17,32 +16,11 @@ use shared::pgtest::TestDb;
 const START_US: i64 = 1_782_864_000_000_000;
 
 /// The collector started the way systemd starts it: `fd` as fd 3, LISTEN_FDS=1 and
-/// LISTEN_PID set to its own pid (by a shell that then execs it), NOTIFY_SOCKET at `notify`.
+/// LISTEN_PID set to its own pid, NOTIFY_SOCKET at `notify`.
 fn activated(db: &TestDb, fd: RawFd, dir: &Path, notify: &Path) -> Command {
-    let unused = dir.join("not-bound.sock");
-    let inner = command(db, &unused, &[]);
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", r#"LISTEN_PID=$$ exec "$0" "$@""#])
-        .arg(inner.get_program())
-        .args(inner.get_args())
-        .env("RUST_LOG", "info")
-        .env("LISTEN_FDS", "1")
-        .env("NOTIFY_SOCKET", notify);
-    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if fd == 3 {
-                nix::fcntl::fcntl(
-                    3,
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                )?;
-            } else {
-                nix::unistd::dup2(fd, 3)?;
-            }
-            Ok(())
-        });
-    }
-    cmd
+    let mut inner = command(db, &dir.join("not-bound.sock"), &[]);
+    inner.env("NOTIFY_SOCKET", notify);
+    shared::testkit::socket_activated(&inner, fd)
 }
 
 /// The next notification the collector sent.

@@ -246,8 +246,13 @@ impl Drain {
 
     /// Moves what the ring held when called into datagrams in the window, the last one
     /// partial, until the window is full (then the ring holds the rest). Later arrivals wait
-    /// for the next tick, so one fill is bounded.
+    /// for the next tick, so one fill is bounded. Nothing moves while the window still holds a
+    /// datagram that could not be sent (the collector away or its queue full): the ring holds
+    /// the clicks meanwhile, rather than the window filling up with a small datagram per tick.
     fn fill(&mut self) {
+        if self.window.has_unsent() {
+            return;
+        }
         let mut budget = self.ring.len() + usize::from(self.held.is_some());
         while budget > 0 && !self.window.is_full() {
             let Some(slot) = self.held.take().or_else(|| self.ring.pop()) else {

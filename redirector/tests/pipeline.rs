@@ -211,3 +211,66 @@ async fn dropped(r: &common::Redirector) -> f64 {
     }
     total
 }
+
+/// An acknowledgement forged by another user, for every click sent so far, changes nothing:
+/// while the redirector is connected to the collector the kernel refuses it, and between
+/// collectors the redirector refuses it for its uid. Every click still lands.
+#[tokio::test]
+async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
+    let f = fixture(&[("forged", "https://example.com/")]).await;
+    let mut collector = collector(&f.db.url, &f.socket).await;
+    let ack_socket = f.socket.with_file_name("forged-ack.sock");
+    let ack_flag = ack_socket.to_str().unwrap();
+    // Writable by anyone, so that only the checks beside the file mode are left.
+    let extra = ["--ack-socket", ack_flag, "--ack-socket-mode", "0666"];
+    let mut r = redirector(&f.db.url, &f.socket, &extra).await;
+    r.ready().await;
+    let line = r.service.wait_for_log("sending as ", LIMIT).await;
+    let sender = line
+        .split("sending as ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let sender = u64::from_str_radix(sender, 16).unwrap();
+    let forged = shared::wire::Ack::new(sender, Some(u64::MAX >> 1), None).encode();
+
+    let first = Load::get(r.http, "/forged").run(2_000).await;
+    common::await_first_rows(&f.client, "forged").await;
+    let err = shared::testkit::send_as_user(65534, &ack_socket, &forged).unwrap_err();
+    assert_eq!(
+        err,
+        nix::errno::Errno::EPERM,
+        "the kernel refuses a non-peer"
+    );
+
+    // Killed: a send to its dead socket is refused, which disconnects the redirector's.
+    collector.signal(Signal::SIGKILL);
+    collector.wait_exit(LIMIT).await;
+    let second = Load::get(r.http, "/forged").run(2_000).await;
+    let refused = "redirector_send_errors_total{kind=\"refused\"}";
+    shared::testkit::eventually(
+        "the redirector to find the collector dead",
+        LIMIT,
+        || async { (r.metric(refused).await > 0.0).then_some(()) },
+    )
+    .await;
+    shared::testkit::send_as_user(65534, &ack_socket, &forged).unwrap();
+    shared::testkit::eventually("the forged acknowledgement refused", LIMIT, || async {
+        (r.metric("redirector_acks_rejected_total").await == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        r.metric("redirector_unacked_clicks").await > 0.0,
+        "nothing forgotten"
+    );
+
+    let _collector = common::collector(&f.db.url, &f.socket).await;
+    let served = first.count(302) + second.count(302);
+    assert_eq!(served, 4_000);
+    await_rows(&f.client, Some("forged"), served).await;
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    assert_eq!(common::final_counts(&r.service.log()), (served, 0));
+}

@@ -114,6 +114,14 @@ impl Cluster {
         );
     }
 
+    /// `pg_ctl restart -m immediate`: the server is killed without a checkpoint, as in a crash,
+    /// and recovers from its WAL at start. Blocks until it accepts connections again.
+    pub fn restart_immediately(&self) {
+        self.pg_ctl(
+            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -m immediate -w -t 60 -o "-k $DIR $SERVER_OPTIONS" restart"#,
+        );
+    }
+
     /// Runs a `pg_ctl` command line as the user the supervisor runs as; panics with its output
     /// if it fails.
     fn pg_ctl(&self, script: &str) {

@@ -158,6 +158,38 @@ impl Drop for Service {
     }
 }
 
+/// `cmd` started the way systemd starts a socket-activated service: `fd` as descriptor 3,
+/// LISTEN_FDS=1 and LISTEN_PID set to the service's own pid (by a shell that then execs it).
+/// `fd` must stay open in the caller until the command has started.
+pub fn socket_activated(cmd: &Command, fd: std::os::fd::RawFd) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut activated = Command::new("sh");
+    activated
+        .args(["-c", r#"LISTEN_PID=$$ exec "$0" "$@""#])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => activated.env(key, value),
+            None => activated.env_remove(key),
+        };
+    }
+    activated.env("LISTEN_FDS", "1");
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+    unsafe {
+        activated.pre_exec(move || {
+            if fd == 3 {
+                let inherit = nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty());
+                nix::fcntl::fcntl(3, inherit)?;
+            } else {
+                nix::unistd::dup2(fd, 3)?;
+            }
+            Ok(())
+        });
+    }
+    activated
+}
+
 /// Sends `bytes` to the datagram socket at `path` from a child process running as `uid` (and
 /// that gid): a peer of another user, for tests of who may send what. The child does nothing
 /// but async-signal-safe calls between fork and exit. Returns the errno of a failed send.

@@ -2,6 +2,7 @@
 //! metrics and the database, and the load generator.
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod chaos;
 pub mod load;
 
 use std::net::SocketAddr;
@@ -52,7 +53,7 @@ pub async fn redirector(database_url: &str, socket: &Path, extra: &[&str]) -> Re
 }
 
 /// The command [`redirector`] runs, to adjust before [`start_redirector`]. Its ack socket is
-/// a fresh path beside the collector's socket.
+/// a fresh path beside the collector's socket, unless `extra` names one.
 pub fn redirector_command(database_url: &str, socket: &Path, extra: &[&str]) -> Command {
     static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -62,11 +63,11 @@ pub fn redirector_command(database_url: &str, socket: &Path, extra: &[&str]) -> 
         .arg("--database-url")
         .arg(database_url)
         .arg("--socket")
-        .arg(socket)
-        .arg("--ack-socket")
-        .arg(ack)
-        .args(extra)
-        .env("RUST_LOG", "info");
+        .arg(socket);
+    if !extra.contains(&"--ack-socket") {
+        cmd.arg("--ack-socket").arg(ack);
+    }
+    cmd.args(extra).env("RUST_LOG", "info");
     cmd
 }
 
@@ -108,6 +109,11 @@ pub async fn collector_with(
     socket: &Path,
     extra: &[&str],
 ) -> (Service, SocketAddr) {
+    spawn_collector(collector_command(database_url, socket, extra)).await
+}
+
+/// The command [`collector_with`] runs.
+pub fn collector_command(database_url: &str, socket: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(shared::testkit::binary("collector"));
     cmd.args(["--admin-listen", "127.0.0.1:0"])
         .arg("--database-url")
@@ -116,6 +122,11 @@ pub async fn collector_with(
         .arg(socket)
         .args(extra)
         .env("RUST_LOG", "info");
+    cmd
+}
+
+/// Spawns a collector command; returns it once it listens, with its admin address.
+pub async fn spawn_collector(cmd: Command) -> (Service, SocketAddr) {
     let service = Service::spawn("collector", cmd);
     let admin = service.addr_after("admin listening on ", LIMIT).await;
     (service, admin)
