@@ -301,6 +301,33 @@ fn check_identities(root: &Path) {
     );
     assert_eq!(setting(&socket, "SocketMode"), "0660");
     assert_eq!(setting(&socket, "RemoveOnStop"), "no");
+    check_ack_socket_reachable(root, &redirector, &groups);
+}
+
+/// The redirector's acknowledgement socket lies in its RuntimeDirectory, whose group (the
+/// unit's Group) the collector is a member of, so the collector can send to it.
+fn check_ack_socket_reachable(
+    root: &Path,
+    redirector: &HashMap<String, Vec<String>>,
+    groups: &HashMap<String, Vec<String>>,
+) {
+    let runtime = format!("/run/{}/", setting(redirector, "RuntimeDirectory"));
+    let env = fs::read_to_string(root.join("etc/clicks/redirector.env")).expect("redirector.env");
+    let ack = env
+        .lines()
+        .find_map(|l| l.strip_prefix("REDIRECTOR_ACK_SOCKET="))
+        .expect("REDIRECTOR_ACK_SOCKET in redirector.env");
+    assert!(ack.starts_with(&runtime), "{ack} is not in {runtime}");
+    let group = setting(redirector, "Group");
+    let collector = setting(
+        &settings(&root.join("etc/systemd/system/collector.service")),
+        "User",
+    );
+    assert!(
+        groups.get(&group).is_some_and(|m| m.contains(&collector)),
+        "{collector} is not a member of {group}, which owns {runtime}"
+    );
+    assert_eq!(setting(redirector, "RuntimeDirectoryMode"), "0750");
 }
 
 /// The unit reads the env file the install step put in place, and every variable the example
