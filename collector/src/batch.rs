@@ -19,6 +19,8 @@ pub struct Batch {
     counts: HashMap<i32, HashMap<Box<str>, i64>>,
     delta_count: usize,
     senders: HashMap<u64, u64>,
+    /// Each click's time (Unix microseconds), for the commit lag.
+    clicked_at: Vec<i64>,
     /// When its first datagram arrived.
     started: Option<Instant>,
 }
@@ -29,6 +31,7 @@ impl Batch {
         for (code, at_us) in datagram.clicks_at() {
             copy::put_click(&mut self.rows, code, at_us);
             self.count(code, copy::pg_day(at_us));
+            self.clicked_at.push(at_us);
         }
         self.clicks += datagram.clicks.len();
     }
@@ -49,6 +52,11 @@ impl Batch {
         self.started.get_or_insert_with(Instant::now);
         let last = self.senders.entry(sender).or_insert(seq);
         *last = (*last).max(seq);
+    }
+
+    /// Each click's time, in Unix microseconds.
+    pub fn clicked_at(&self) -> &[i64] {
+        &self.clicked_at
     }
 
     /// Clicks in the batch.
@@ -104,6 +112,7 @@ impl Batch {
         self.counts.clear();
         self.delta_count = 0;
         self.senders.clear();
+        self.clicked_at.clear();
         self.started = None;
     }
 }

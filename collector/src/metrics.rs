@@ -19,6 +19,8 @@ pub struct Metrics {
     pub clicks_written: Counter,
     pub batches: Counter,
     pub batch_seconds: Histogram,
+    /// Per click: its commit time minus its click time.
+    pub commit_lag: Histogram,
     pub db_errors: Counter,
     /// Clicks accepted but not committed yet.
     pub pending_clicks: Gauge,
@@ -49,6 +51,7 @@ impl Default for Metrics {
             clicks_written: Counter::default(),
             batches: Counter::default(),
             batch_seconds: Histogram::default(),
+            commit_lag: Histogram::default(),
             db_errors: Counter::default(),
             pending_clicks: Gauge::default(),
             compactions: Counter::default(),
@@ -127,6 +130,11 @@ impl shared::admin::Admin for Metrics {
                 "collector_batch_seconds",
                 "Time to write one batch, retries included.",
                 &self.batch_seconds,
+            )
+            .histogram(
+                "collector_commit_lag_seconds",
+                "Per click committed: commit time minus click time (the redirector's clock).",
+                &self.commit_lag,
             )
             .counter(
                 "collector_db_errors_total",

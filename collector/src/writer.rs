@@ -63,6 +63,9 @@ impl Writer {
             self.write(&batch, &rows, &number).await;
             drop(rows);
             let m = &self.metrics;
+            let now = shared::now_us();
+            let lag = |&at: &i64| Duration::from_micros(now.saturating_sub(at).max(0) as u64);
+            m.commit_lag.observe_all(batch.clicked_at().iter().map(lag));
             m.batch_seconds.observe(started.elapsed());
             m.batches.inc();
             m.clicks_written.add(batch.len() as u64);

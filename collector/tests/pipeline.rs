@@ -84,6 +84,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
         "collector_clicks_written_total",
         "collector_batches_total",
         "collector_batch_seconds_count",
+        "collector_commit_lag_seconds_count",
         "collector_db_errors_total",
         "collector_pending_clicks",
         "collector_compactions_total",
@@ -497,4 +498,21 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
     send_all(&p.path, datagrams(9, &clicks(10, 2, START_US, 1_000))).await;
     await_rows(&p.client, 10).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 10.0);
+}
+
+/// The commit lag is each click's commit time minus its click time: clicks stamped 1.5 s ago
+/// land in the (1 s, 2.5 s] bucket, every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
+    let p = place().await;
+    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let stamped = shared::now_us() - 1_500_000;
+    send_all(&p.path, datagrams(8, &clicks(3_000, 10, stamped, 1))).await;
+    await_rows(&p.client, 3_000).await;
+    c.await_metric("collector_commit_lag_seconds_count", 3_000.0)
+        .await;
+    let bucket = |le: &str| format!("collector_commit_lag_seconds_bucket{{le=\"{le}\"}}");
+    assert_eq!(c.metric(&bucket("1")).await, 0.0);
+    assert_eq!(c.metric(&bucket("2.5")).await, 3_000.0);
+    assert!(c.metric("collector_commit_lag_seconds_sum").await >= 4_500.0);
 }

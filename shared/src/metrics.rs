@@ -100,6 +100,28 @@ impl Histogram {
             .add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
+    /// Observes every duration of `all`, counting locally first: one atomic add per bucket
+    /// instead of three per observation, for a batch's worth at once.
+    pub fn observe_all(&self, all: impl IntoIterator<Item = Duration>) {
+        let mut buckets = [0u64; BOUNDS.len()];
+        let (mut count, mut sum_ns) = (0u64, 0u64);
+        for d in all {
+            let secs = d.as_secs_f64();
+            if let Some(i) = BOUNDS.iter().position(|b| secs <= *b) {
+                buckets[i] += 1;
+            }
+            count += 1;
+            sum_ns = sum_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        }
+        for (bucket, n) in self.buckets.iter().zip(buckets) {
+            if n > 0 {
+                bucket.add(n);
+            }
+        }
+        self.count.add(count);
+        self.sum_ns.add(sum_ns);
+    }
+
     pub fn count(&self) -> u64 {
         self.count.get()
     }
@@ -208,5 +230,17 @@ mod tests {
         assert_eq!(sample(&text, "lat_seconds_count"), Some(2.0));
         assert!(text.contains("# TYPE lat_seconds histogram"));
         assert_eq!(dropped.total(), 3);
+    }
+
+    #[test]
+    fn observing_all_at_once_is_observing_each() {
+        let (each, all) = (Histogram::default(), Histogram::default());
+        let ds = [1, 2, 700, 20_000, 3].map(Duration::from_millis);
+        for d in ds {
+            each.observe(d);
+        }
+        all.observe_all(ds);
+        let text = |h: &Histogram| Text::default().histogram("h", "H.", h).finish();
+        assert_eq!(text(&each), text(&all));
     }
 }
