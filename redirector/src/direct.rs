@@ -4,14 +4,22 @@
 //! A tokio-postgres `Client` pipelines concurrent queries over its connection, so a few
 //! clients used in turn are the whole pool.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::Arc;
 use std::time::SystemTime;
 
+use tokio::sync::Notify;
 use tokio_postgres::{Client, Statement};
+
+use crate::metrics::{reason, Metrics};
 
 pub struct Direct {
     clients: Box<[(Client, Statement)]>,
     next: AtomicUsize,
+    /// Clicks being recorded, and the wake-up when the last of them is done.
+    recording: AtomicUsize,
+    settled: Notify,
 }
 
 impl Direct {
@@ -29,7 +37,47 @@ impl Direct {
         Ok(Direct {
             clients: clients.into(),
             next: AtomicUsize::new(0),
+            recording: AtomicUsize::new(0),
+            settled: Notify::new(),
         })
+    }
+
+    /// Inserts the click and counts it with its redirect, on a task of its own: a request
+    /// dropped while its INSERT is under way (the client gone) would otherwise leave a row
+    /// whose redirect was never counted.
+    pub async fn record(self: &Arc<Self>, code: &str, metrics: &Arc<Metrics>) {
+        let (direct, metrics, code) = (self.clone(), metrics.clone(), code.to_owned());
+        // Counted before the task exists, so that `settled` cannot miss it.
+        self.recording.fetch_add(1, Relaxed);
+        let _ = tokio::spawn(async move {
+            match direct.insert(&code).await {
+                Ok(()) => metrics.clicks_sent.inc(),
+                Err(e) => {
+                    metrics.clicks_dropped.inc(reason::DIRECT_FAILED);
+                    let why = shared::db::describe(&e);
+                    tracing::warn!("direct insert of a {code:?} click: {why}");
+                }
+            }
+            metrics.redirects.inc();
+            // Release: the counts above are seen by whoever sees the click done.
+            if direct.recording.fetch_sub(1, Release) == 1 {
+                direct.settled.notify_waiters();
+            }
+        })
+        .await;
+    }
+
+    /// Waits until every click being recorded is counted, so that counts read afterwards are
+    /// final.
+    pub async fn settled(&self) {
+        loop {
+            // Registered before the check, so a last click done in between still wakes us.
+            let settled = self.settled.notified();
+            if self.recording.load(Acquire) == 0 {
+                return;
+            }
+            settled.await;
+        }
     }
 
     pub async fn insert(&self, code: &str) -> Result<(), tokio_postgres::Error> {

@@ -76,10 +76,7 @@ impl App {
             }
         };
         if counted {
-            // Counted once the click is recorded: a direct-mode request cut off at shutdown
-            // while its INSERT is pending is then neither served nor a click.
             self.record(code).await;
-            self.metrics.redirects.inc();
         } else {
             self.metrics.head_redirects.inc();
         }
@@ -92,25 +89,22 @@ impl App {
         response
     }
 
+    /// Records the click and counts the redirect, in one step that a request cut off midway
+    /// (its client gone, or the stop) cannot split: every redirect counted is a click recorded
+    /// or dropped, and every click recorded is a redirect counted.
     async fn record(&self, code: &str) {
         let m = &self.metrics;
         match &self.clicks {
-            Clicks::Pipeline(ring) => match ring.push(code, shared::now_us()) {
-                Ok(()) => m.clicks_queued.inc(),
-                Err(PushError::Full) => m.clicks_dropped.inc(reason::RING_FULL),
-                Err(PushError::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
-            },
-            Clicks::Off => {}
-            Clicks::Direct(direct) => match direct.insert(code).await {
-                Ok(()) => m.clicks_sent.inc(),
-                Err(e) => {
-                    m.clicks_dropped.inc(reason::DIRECT_FAILED);
-                    tracing::warn!(
-                        "direct insert of a {code:?} click: {}",
-                        shared::db::describe(&e)
-                    );
+            Clicks::Pipeline(ring) => {
+                match ring.push(code, shared::now_us()) {
+                    Ok(()) => m.clicks_queued.inc(),
+                    Err(PushError::Full) => m.clicks_dropped.inc(reason::RING_FULL),
+                    Err(PushError::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
                 }
-            },
+                m.redirects.inc();
+            }
+            Clicks::Off => m.redirects.inc(),
+            Clicks::Direct(direct) => direct.record(code, m).await,
         }
     }
 }

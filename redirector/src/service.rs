@@ -89,14 +89,18 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         )),
         None => None,
     };
-    let clicks = match (&ring, cfg.clicks) {
-        (Some(ring), _) => Clicks::Pipeline(ring.clone()),
-        (None, ClickMode::Direct) => Clicks::Direct(Arc::new(
+    let direct = match (&ring, cfg.clicks) {
+        (None, ClickMode::Direct) => Some(Arc::new(
             Direct::connect(&cfg.database_url, cfg.direct_connections as usize)
                 .await
                 .map_err(Error::Direct)?,
         )),
-        (None, _) => Clicks::Off,
+        _ => None,
+    };
+    let clicks = match (&ring, &direct) {
+        (Some(ring), _) => Clicks::Pipeline(ring.clone()),
+        (None, Some(direct)) => Clicks::Direct(direct.clone()),
+        (None, None) => Clicks::Off,
     };
     let app = Arc::new(App {
         links: table.clone(),
@@ -123,20 +127,42 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     shared::systemd::notify_or_log("STOPPING=1");
     ready.abort();
     let _ = stop_http.send(());
-    shut_down(server, stop_drain, drain, cfg.drain_timeout, &metrics).await
+    let stopping = Stopping {
+        server,
+        stop_drain,
+        drain,
+        direct,
+    };
+    shut_down(stopping, cfg.drain_timeout, &metrics).await
+}
+
+/// What is left to stop once the server stops accepting.
+struct Stopping {
+    server: JoinHandle<()>,
+    stop_drain: drain::Stop,
+    drain: Option<JoinHandle<Left>>,
+    /// `--clicks direct`: its INSERTs under way must be counted before the final counts.
+    direct: Option<Arc<Direct>>,
 }
 
 /// Waits for the http server task, then drains the ring for up to `drain_timeout` and counts
 /// the rest as dropped. A failed server task still gets the drain and the final counts (its
 /// handlers are gone all the same); its error is returned afterwards.
 async fn shut_down(
-    server: JoinHandle<()>,
-    stop_drain: drain::Stop,
-    drain: Option<JoinHandle<Left>>,
+    stopping: Stopping,
     drain_timeout: Duration,
     metrics: &Metrics,
 ) -> Result<Summary, Error> {
+    let Stopping {
+        server,
+        stop_drain,
+        drain,
+        direct,
+    } = stopping;
     let served = server.await;
+    if let Some(direct) = direct {
+        direct.settled().await;
+    }
     // No handler runs any more: what the ring holds now is all there is to send.
     let _ = stop_drain.send(Some(Instant::now() + drain_timeout));
     let left = match drain {
@@ -246,14 +272,13 @@ mod tests {
         let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });
 
-        let result = shut_down(
+        let stopping = Stopping {
             server,
             stop_drain,
-            Some(drain),
-            Duration::from_millis(50),
-            &metrics,
-        )
-        .await;
+            drain: Some(drain),
+            direct: None,
+        };
+        let result = shut_down(stopping, Duration::from_millis(50), &metrics).await;
         assert!(matches!(result, Err(Error::Server(_))), "{result:?}");
         assert_eq!(metrics.clicks_dropped.get(reason::SHUTDOWN), 10);
     }

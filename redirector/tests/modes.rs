@@ -31,3 +31,47 @@ async fn off_mode_redirects_and_records_nothing() {
     assert_eq!(r.metric("redirector_clicks_sent_total").await, 0.0);
     assert_eq!(rows(&f.client, None).await, 0);
 }
+
+/// Requests cut off while their INSERT is under way (a stop that gives requests in flight
+/// 1 ms): every row written is a redirect counted, and every redirect counted a row (the
+/// INSERT and its count run on a task of their own, which a dropped request does not cancel).
+#[tokio::test]
+async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
+    let f = fixture(&[("cutoff", "https://example.com/")]).await;
+    // Slow INSERTs: at the stop, every connection has one under way.
+    f.client
+        .batch_execute(
+            "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
+             CREATE TRIGGER slow BEFORE INSERT ON clicks FOR EACH ROW EXECUTE FUNCTION slow();",
+        )
+        .await
+        .unwrap();
+    let flags = ["--clicks", "direct", "--drain-timeout", "1ms"];
+    let mut r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    let running = Load::get(r.http, "/cutoff").start();
+    shared::testkit::eventually("rows being written", common::LIMIT, || async {
+        (rows(&f.client, Some("cutoff")).await >= 200).then_some(())
+    })
+    .await;
+    r.service.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(r.service.wait_exit(common::LIMIT).await.success());
+    // INSERTs the server had already been sent still run after the process is gone.
+    let busy = "SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    shared::testkit::eventually(
+        "the redirector's sessions to end",
+        common::LIMIT,
+        || async {
+            let n: i64 = f.client.query_one(busy, &[]).await.unwrap().get(0);
+            (n == 0).then_some(())
+        },
+    )
+    .await;
+    let (sent, dropped) = common::final_counts(&r.service.log());
+    assert_eq!(dropped, 0);
+    assert_eq!(rows(&f.client, Some("cutoff")).await, sent);
+    assert_eq!(common::final_redirects(&r.service.log()), sent);
+    running.await.unwrap();
+}

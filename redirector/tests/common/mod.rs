@@ -198,6 +198,23 @@ pub fn final_counts(log: &[String]) -> (u64, u64) {
     (numbers.next().unwrap(), numbers.next().unwrap())
 }
 
+/// The redirects served, from the redirector's last line (`... (N redirects served) ...`).
+pub fn final_redirects(log: &[String]) -> u64 {
+    let line = log
+        .iter()
+        .rev()
+        .find(|l| l.contains(" redirects served"))
+        .unwrap_or_else(|| panic!("no final count line in {log:#?}"));
+    let before = &line[..line.find(" redirects served").expect("found")];
+    let digits = before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap_or_default();
+    digits
+        .parse()
+        .unwrap_or_else(|e| panic!("redirects in {line:?}: {e}"))
+}
+
 /// One request on a fresh connection; the answer with its body discarded.
 pub async fn request(addr: SocketAddr, method: hyper::Method, path: &str) -> hyper::Response<()> {
     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
