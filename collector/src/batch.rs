@@ -80,9 +80,22 @@ impl Batch {
         self.rows.split().freeze()
     }
 
-    /// Distinct (code, day) pairs: the rows this batch adds to click_count_deltas.
+    /// Distinct (code, day) pairs: the entries this batch adds to click_count_batches.
     pub fn delta_count(&self) -> usize {
         self.delta_count
+    }
+
+    /// The batch's counts as `click_count_batches` COPY rows: one per UTC day, its codes and
+    /// their counts in two arrays.
+    pub fn count_rows(&self) -> Bytes {
+        let mut buf = BytesMut::with_capacity(self.delta_count * 24 + 64);
+        let mut entries = Vec::new();
+        for (&day, codes) in &self.counts {
+            entries.clear();
+            entries.extend(codes.iter().map(|(code, &n)| (&**code, n)));
+            copy::put_count_batch(&mut buf, day, &entries);
+        }
+        buf.freeze()
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.

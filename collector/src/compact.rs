@@ -1,10 +1,16 @@
-//! Folding click_count_deltas into click_counts, on a connection of its own, so the batch
-//! path only appends and each (code, day) key is upserted once per interval.
+//! Folding the per-batch counts into click_counts, on a connection of its own, so that the
+//! batch path only appends and each (code, day) key is upserted once per fold, not per batch.
+//!
+//! What a fold costs is mostly one upsert per distinct key (a few microseconds each, HOT or
+//! not), whatever the number of clicks behind it; so folds are spaced out: one when the
+//! backlog reaches `--compact-backlog` counts, or when the oldest has waited
+//! `--compact-interval`. `click_totals` is exact whatever the backlog (it adds the unfolded
+//! counts); the backlog bounds what a reader of it has to add up.
 //!
 //! Every collector of a database runs this task; one folds at a time (a transaction-level
-//! advisory lock taken with `try`), and the others skip that tick. The fold only deletes
-//! deltas and upserts counts, neither of which a batch's transaction touches, so batch writes
-//! of every collector go on while it runs.
+//! advisory lock taken with `try`), and the others skip that turn. The fold only deletes
+//! batch counts and upserts click_counts, neither of which a batch's transaction touches, so
+//! batch writes of every collector go on while it runs.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -15,22 +21,40 @@ use tokio_postgres::Client;
 use crate::db::{timed, Db};
 use crate::metrics::Metrics;
 
-/// One statement: moves every committed delta, sums per key, upserts in key order (so two
-/// compactions never deadlock), and returns how many delta rows it moved.
-const COMPACT: &str = "
-    WITH moved AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
+/// One statement: moves every committed count, of both shapes (a batch's arrays, and the rows
+/// of click_count_deltas that collectors before version 5 of the schema write), sums per key,
+/// upserts in key order (so two folds never deadlock), and returns how many counts it moved.
+const FOLD: &str = "
+    WITH batches AS (DELETE FROM click_count_batches RETURNING day, codes, counts, entries),
+    rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
+    moved AS (
+        SELECT u.code, b.day, u.clicks
+        FROM batches AS b, unnest(b.codes, b.counts) AS u(code, clicks)
+        UNION ALL
+        SELECT code, day, clicks FROM rows),
     folded AS (
         INSERT INTO click_counts (code, day, clicks)
         SELECT code, day, sum(clicks) FROM moved GROUP BY code, day ORDER BY code, day
         ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
-    SELECT count(*) FROM moved";
+    SELECT (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
 
-/// Held for the fold's transaction, so one collector folds at a time; the others skip the
-/// tick instead of waiting (or deadlocking) on rows another fold is moving. A fixed key, not
+/// The backlog: counts waiting (without reading the arrays), and how long the oldest has
+/// waited, in seconds (a row of click_count_deltas has no time: it counts as due at once).
+const BACKLOG: &str = "
+    SELECT (SELECT coalesce(sum(entries), 0) FROM click_count_batches)::int8
+             + (SELECT count(*) FROM click_count_deltas),
+           CASE WHEN EXISTS (SELECT FROM click_count_deltas) THEN 1e9::float8
+                ELSE coalesce(extract(epoch FROM now() - (SELECT min(written_at)
+                                                           FROM click_count_batches)), 0)::float8
+           END";
+
+/// Held for the fold's transaction, so one collector folds at a time; the others skip their
+/// turn instead of waiting (or deadlocking) on rows another fold is moving. A fixed key, not
 /// the migrations' and not any instance lock's ("compact" in ASCII).
 const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)";
 
-/// Bookkeeping rows nobody has touched for 30 days: a redirector's seq row (one per process
+/// Bookkeeping rows nobody has touched for 30 days, pruned with each fold and at least once an
+/// interval: a redirector's seq row (one per process
 /// start) and a collector's batch-number row (one per process start). Without this both tables
 /// grow with every restart. A sender idle that long that comes back after a collector restart
 /// is only counted as a gap; its clicks are still written.
@@ -38,80 +62,161 @@ const PRUNE: &str = "
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
 
-/// Delta rows waiting to be folded, whichever collector wrote them: the gauge's value.
-pub async fn pending(client: &Client) -> Result<i64, tokio_postgres::Error> {
-    let row = client
-        .query_one("SELECT count(*) FROM click_count_deltas", &[])
-        .await?;
-    Ok(row.get(0))
+/// How often the backlog is looked at (at most; more often with a shorter interval).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// When to fold.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Fold once the oldest waiting count is this old.
+    pub interval: Duration,
+    /// Fold once this many counts wait.
+    pub backlog: i64,
+    /// One deadline for a look and its fold.
+    pub timeout: Duration,
 }
 
-/// What one tick did.
-struct Tick {
-    /// Delta rows this collector folded; `None` if another collector was folding.
-    moved: Option<i64>,
-    /// Delta rows left to fold afterwards, whoever wrote them.
-    pending: i64,
+/// The counts waiting to be folded, and the age of the oldest, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    pub counts: i64,
+    pub oldest_secs: f64,
 }
 
-/// Compacts every `interval` until aborted; a failed compaction is logged, counted and tried
-/// again at the next tick on a new connection.
-pub async fn run(db: Db, interval: Duration, timeout: Duration, metrics: Arc<Metrics>) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+impl Backlog {
+    fn due(&self, policy: &Policy) -> bool {
+        self.counts >= policy.backlog
+            || (self.counts > 0 && self.oldest_secs >= policy.interval.as_secs_f64())
+    }
+}
+
+/// The backlog, whichever collector wrote it.
+pub async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> {
+    let row = client.query_one(BACKLOG, &[]).await?;
+    Ok(Backlog {
+        counts: row.get(0),
+        oldest_secs: row.get(1),
+    })
+}
+
+/// Looks at the backlog every second (or interval, if shorter) and folds when it is due, until
+/// aborted; a failure is logged, counted and tried again at the next look on a new connection.
+pub async fn run(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+    let mut looks = tokio::time::interval(policy.interval.min(LOOK_EVERY));
+    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
     let mut failing = false;
+    // Pruning rides on a fold, or on the first look after an interval without one.
+    let mut pruned = tokio::time::Instant::now() - policy.interval;
     loop {
-        ticks.tick().await;
-        let started = std::time::Instant::now();
-        let failure = match timed(timeout, compact(&db, &mut conn)).await {
-            Ok(tick) => {
-                if let Some(moved) = tick.moved {
-                    let took = started.elapsed();
-                    metrics.compactions.inc();
-                    metrics.compaction_seconds.observe(took);
-                    tracing::debug!("folded {moved} delta rows in {took:?}");
-                } else {
-                    tracing::debug!("another collector is folding; skipped this tick");
+        looks.tick().await;
+        let prune = pruned.elapsed() >= policy.interval;
+        match timed(
+            policy.timeout,
+            look(&db, &mut conn, &policy, &metrics, prune),
+        )
+        .await
+        {
+            Ok(did_prune) => {
+                if did_prune {
+                    pruned = tokio::time::Instant::now();
                 }
-                metrics.deltas_pending.set(tick.pending);
                 metrics.db_reachable.store(true, Relaxed);
                 if std::mem::take(&mut failing) {
-                    tracing::info!("compacting click_count_deltas works again");
+                    tracing::info!("folding counts into click_counts works again");
                 }
-                continue;
             }
-            Err(failure) => failure,
-        };
-        conn = None;
-        metrics.db_errors.inc();
-        metrics.db_reachable.store(false, Relaxed);
-        // One warning per outage; each tick's retry would repeat it.
-        if !std::mem::replace(&mut failing, true) {
-            tracing::warn!("compacting click_count_deltas: {failure}; retrying every {interval:?}");
-        } else {
-            tracing::debug!("compacting click_count_deltas: {failure}");
+            Err(failure) => {
+                conn = None;
+                metrics.db_errors.inc();
+                metrics.db_reachable.store(false, Relaxed);
+                // One warning per outage; each look's retry would repeat it.
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!("folding counts into click_counts: {failure}; retrying");
+                } else {
+                    tracing::debug!("folding counts into click_counts: {failure}");
+                }
+            }
         }
     }
 }
 
-/// One compaction on `conn`, opened first if needed, and the pruning of idle bookkeeping
-/// rows, in one transaction, unless another collector is folding; then the deltas left.
-async fn compact(db: &Db, conn: &mut Option<Client>) -> Result<Tick, tokio_postgres::Error> {
+/// One look at the backlog on `conn` (opened first if needed), and a fold if it is due; the
+/// pruning of idle bookkeeping rows with the fold, or alone if `prune`. Returns whether it
+/// pruned.
+async fn look(
+    db: &Db,
+    conn: &mut Option<Client>,
+    policy: &Policy,
+    metrics: &Metrics,
+    prune: bool,
+) -> Result<bool, tokio_postgres::Error> {
     let client = match conn {
         Some(client) => client,
         slot => slot.insert(db.connect().await?),
     };
+    let mut waiting = backlog(client).await?;
+    let mut pruned = false;
+    if waiting.due(policy) {
+        let started = std::time::Instant::now();
+        match fold(client).await? {
+            Some(moved) => {
+                let took = started.elapsed();
+                metrics.compactions.inc();
+                metrics.compaction_seconds.observe(took);
+                tracing::debug!("folded {moved} counts in {took:?}");
+                // What arrived meanwhile, for the gauges.
+                waiting = backlog(client).await?;
+                pruned = true;
+            }
+            None => tracing::debug!("another collector is folding; skipped this turn"),
+        }
+    }
+    if prune && !pruned {
+        client.batch_execute(PRUNE).await?;
+        pruned = true;
+    }
+    metrics.deltas_pending.set(waiting.counts);
+    metrics
+        .deltas_oldest_seconds
+        .set(waiting.oldest_secs.min(1e9) as i64);
+    Ok(pruned)
+}
+
+/// One fold and the pruning of idle bookkeeping rows, in one transaction, unless another
+/// collector is folding (`None`); the counts it moved.
+pub async fn fold(client: &mut Client) -> Result<Option<i64>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let moved = if tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
-        let moved = tx.query_one(COMPACT, &[]).await?.get(0);
-        tx.batch_execute(PRUNE).await?;
-        Some(moved)
-    } else {
-        None
-    };
+    if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let moved = tx.query_one(FOLD, &[]).await?.get(0);
+    tx.batch_execute(PRUNE).await?;
     tx.commit().await?;
-    // Every collector's gauge tells the database's backlog, whichever of them folds.
-    let pending = pending(client).await?;
-    Ok(Tick { moved, pending })
+    Ok(Some(moved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fold_is_due_at_the_backlog_or_the_interval() {
+        let policy = Policy {
+            interval: Duration::from_secs(60),
+            backlog: 1_000,
+            timeout: Duration::from_secs(30),
+        };
+        let at = |counts, oldest_secs| {
+            Backlog {
+                counts,
+                oldest_secs,
+            }
+            .due(&policy)
+        };
+        assert!(!at(0, 100.0), "nothing to fold");
+        assert!(!at(999, 59.0));
+        assert!(at(1_000, 0.0), "the backlog reached");
+        assert!(at(1, 60.0), "the oldest waited the interval");
+    }
 }

@@ -127,15 +127,28 @@ pub struct Config {
     )]
     pub flush_interval: Duration,
 
-    /// Fold the per-batch counts (click_count_deltas) into click_counts this often.
+    /// Fold the per-batch counts into click_counts once the oldest has waited this long. A
+    /// fold costs the database an upsert per distinct (code, day), so fewer folds cost less;
+    /// click_totals is exact either way (it adds what is not folded yet).
     #[arg(
         long,
         env = "COLLECTOR_COMPACT_INTERVAL",
         value_name = "DURATION",
-        default_value = "5s",
+        default_value = "60s",
         value_parser = shared::flags::duration
     )]
     pub compact_interval: Duration,
+
+    /// ... or as soon as this many per-batch counts (code, day, clicks) wait, whichever comes
+    /// first: what a reader of click_totals adds up on top of click_counts stays below it.
+    #[arg(
+        long,
+        env = "COLLECTOR_COMPACT_BACKLOG",
+        value_name = "N",
+        default_value = "5000000",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub compact_backlog: u32,
 
     /// Give up on one attempt to write a batch (connect, writer lock, COPY, commit: one deadline
     /// for all of it) after this long; the connection is dropped and the same batch is retried
@@ -202,7 +215,8 @@ mod tests {
         assert_eq!(cli.run.flush_interval, Duration::from_millis(250));
         assert_eq!(cli.run.socket_mode, 0o620);
         assert_eq!(cli.run.batch_rows, 7);
-        assert_eq!(cli.run.compact_interval, Duration::from_secs(5));
+        assert_eq!(cli.run.compact_interval, Duration::from_secs(60));
+        assert_eq!(cli.run.compact_backlog, 5_000_000);
         let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
         assert_eq!(
             cli.run.instance, host,

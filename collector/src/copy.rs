@@ -28,14 +28,47 @@ pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
     buf.put_i64(at_us - PG_EPOCH_US);
 }
 
-/// Appends one `click_count_deltas` row: (code text, day date, clicks bigint).
-pub fn put_delta(buf: &mut BytesMut, code: &str, day: i32, clicks: i64) {
-    buf.put_i16(3);
-    put_text(buf, code);
+/// Type oids of the array elements, as the binary array format names them.
+const TEXT_OID: i32 = 25;
+const INT8_OID: i32 = 20;
+/// One-dimensional array header: ndim, has-nulls flag, element type, length, lower bound.
+const ARRAY_HEADER: usize = 5 * 4;
+
+/// Appends one `click_count_batches` row: (day date, entries integer, codes text[], counts
+/// bigint[]): one batch's counts for one day, in two arrays of `counts.len()` entries.
+pub fn put_count_batch(buf: &mut BytesMut, day: i32, counts: &[(&str, i64)]) {
+    let codes_len: usize = counts.iter().map(|(code, _)| 4 + code.len()).sum();
+    buf.reserve(2 + 16 + 2 * (4 + ARRAY_HEADER) + codes_len + counts.len() * 12);
+    buf.put_i16(4);
     buf.put_i32(4);
     buf.put_i32(day);
-    buf.put_i32(8);
-    buf.put_i64(clicks);
+    buf.put_i32(4);
+    // A batch holds at most `--batch-rows` (a u32) clicks, and counts fewer distinct codes.
+    buf.put_i32(counts.len() as i32);
+    put_array_header(buf, ARRAY_HEADER + codes_len, TEXT_OID, counts.len());
+    for (code, _) in counts {
+        put_text(buf, code);
+    }
+    put_array_header(
+        buf,
+        ARRAY_HEADER + counts.len() * 12,
+        INT8_OID,
+        counts.len(),
+    );
+    for (_, n) in counts {
+        buf.put_i32(8);
+        buf.put_i64(*n);
+    }
+}
+
+/// The field length, then a one-dimensional array's header, without nulls, from index 1.
+fn put_array_header(buf: &mut BytesMut, bytes: usize, element: i32, len: usize) {
+    buf.put_i32(bytes as i32);
+    buf.put_i32(1);
+    buf.put_i32(0);
+    buf.put_i32(element);
+    buf.put_i32(len as i32);
+    buf.put_i32(1);
 }
 
 fn put_text(buf: &mut BytesMut, s: &str) {
@@ -58,10 +91,15 @@ mod tests {
         put_click(&mut buf, "ab", PG_EPOCH_US + 5);
         assert_eq!(&buf[..], b"\0\x02\0\0\0\x02ab\0\0\0\x08\0\0\0\0\0\0\0\x05");
         buf.clear();
-        put_delta(&mut buf, "c", 1, 7);
-        assert_eq!(
-            &buf[..],
-            b"\0\x03\0\0\0\x01c\0\0\0\x04\0\0\0\x01\0\0\0\x08\0\0\0\0\0\0\0\x07"
-        );
+        put_count_batch(&mut buf, 1, &[("c", 7)]);
+        let codes = b"\0\0\0\x19\0\0\0\x01\0\0\0\0\0\0\0\x19\0\0\0\x01\0\0\0\x01\0\0\0\x01c";
+        let counts = b"\0\0\0\x20\0\0\0\x01\0\0\0\0\0\0\0\x14\0\0\0\x01\0\0\0\x01\0\0\0\x08\0\0\0\0\0\0\0\x07";
+        let want = [
+            &b"\0\x04\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x01"[..],
+            codes,
+            counts,
+        ]
+        .concat();
+        assert_eq!(&buf[..], &want[..]);
     }
 }

@@ -26,8 +26,10 @@ pub struct Metrics {
     pub pending_clicks: Gauge,
     pub compactions: Counter,
     pub compaction_seconds: Histogram,
-    /// Rows of click_count_deltas not folded into click_counts yet.
+    /// Counts (code, day, clicks) not folded into click_counts yet, whoever wrote them.
     pub deltas_pending: Gauge,
+    /// How long the oldest of them has waited, in seconds.
+    pub deltas_oldest_seconds: Gauge,
     pub mirror_sent: Counter,
     pub mirror_failed: Counter,
     /// The socket is open and the database was reached at start.
@@ -57,6 +59,7 @@ impl Default for Metrics {
             compactions: Counter::default(),
             compaction_seconds: Histogram::default(),
             deltas_pending: Gauge::default(),
+            deltas_oldest_seconds: Gauge::default(),
             mirror_sent: Counter::default(),
             mirror_failed: Counter::default(),
             started: AtomicBool::new(false),
@@ -148,18 +151,23 @@ impl shared::admin::Admin for Metrics {
             )
             .counter(
                 "collector_compactions_total",
-                "Compactions of click_count_deltas into click_counts.",
+                "Folds of the per-batch counts into click_counts.",
                 self.compactions.get(),
             )
             .histogram(
                 "collector_compaction_seconds",
-                "Time one compaction took: how much of each interval folding the deltas needs.",
+                "Time one fold took.",
                 &self.compaction_seconds,
             )
             .gauge(
                 "collector_deltas_pending",
-                "Rows of click_count_deltas not folded into click_counts yet.",
+                "Per-batch counts (code, day, clicks) not folded into click_counts yet.",
                 self.deltas_pending.get(),
+            )
+            .gauge(
+                "collector_deltas_oldest_seconds",
+                "How long the oldest count not folded yet has waited.",
+                self.deltas_oldest_seconds.get(),
             )
             .counter(
                 "collector_mirror_sent_total",

@@ -22,7 +22,17 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "writer_instance",
         include_str!("../migrations/0003_writer_instance.sql"),
     ),
+    (
+        5,
+        "count_batches",
+        include_str!("../migrations/0005_count_batches.sql"),
+    ),
 ];
+
+/// Every version this build knows, in order.
+pub fn versions() -> Vec<i32> {
+    MIGRATIONS.iter().map(|m| m.0).collect()
+}
 
 /// The latest schema version this build knows.
 pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

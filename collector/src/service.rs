@@ -109,12 +109,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         },
         handoff,
     );
-    let compactor = tokio::spawn(compact::run(
-        db,
-        config.compact_interval,
-        config.write_timeout,
-        metrics.clone(),
-    ));
+    let policy = compact::Policy {
+        interval: config.compact_interval,
+        backlog: i64::from(config.compact_backlog),
+        timeout: config.write_timeout,
+    };
+    let compactor = tokio::spawn(compact::run(db, policy, metrics.clone()));
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
@@ -180,7 +180,7 @@ async fn try_prepare(db: &Db, instance: &str) -> Result<Start, tokio_postgres::E
     migrations::apply(&mut client).await?;
     Ok(Start {
         senders: senders::load(&client).await?,
-        deltas_pending: compact::pending(&client).await?,
+        deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })
 }

@@ -1,17 +1,19 @@
 //! The transaction that stores one batch: its claim (the writer's batch number), its senders'
-//! seqs, its clicks and its per-(code, day) counts, committed together or not at all.
+//! seqs, its clicks and its counts per (code, day) (one `click_count_batches` row per day),
+//! committed together or not at all.
 
 use std::pin::pin;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
 use crate::batch::Batch;
-use crate::copy::{put_delta, HEADER, TRAILER};
+use crate::copy::{HEADER, TRAILER};
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
-const COPY_DELTAS: &str = "COPY click_count_deltas (code, day, clicks) FROM STDIN (FORMAT binary)";
+const COPY_COUNTS: &str =
+    "COPY click_count_batches (day, entries, codes, counts) FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
 /// statement: the writer's row is inserted, or moved forward only if its committed number is
 /// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
@@ -60,7 +62,7 @@ pub enum Outcome {
 pub struct Conn {
     client: Client,
     copy_clicks: Statement,
-    copy_deltas: Statement,
+    copy_counts: Statement,
     claim_batch: Statement,
     advance_senders: Statement,
 }
@@ -73,14 +75,14 @@ impl Conn {
         client.batch_execute("SET synchronous_commit = on").await?;
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
-            copy_deltas: client.prepare(COPY_DELTAS).await?,
+            copy_counts: client.prepare(COPY_COUNTS).await?,
             claim_batch: client.prepare(CLAIM_BATCH).await?,
             advance_senders: client.prepare(ADVANCE_SENDERS).await?,
             client,
         })
     }
 
-    /// One transaction: the claim of batch `number`, senders, clicks, deltas, commit; unless
+    /// One transaction: the claim of batch `number`, senders, clicks, counts, commit; unless
     /// the claim shows that this batch is in already. Dropping it midway rolls it back.
     pub async fn write(
         &mut self,
@@ -103,7 +105,7 @@ impl Conn {
             .await?;
         let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
         debug_assert_eq!(written, batch.len() as u64);
-        copy_in(&tx, &self.copy_deltas, delta_rows(batch)).await?;
+        copy_in(&tx, &self.copy_counts, batch.count_rows()).await?;
         tx.commit().await?;
         Ok(Outcome::Written)
     }
@@ -120,12 +122,4 @@ async fn copy_in(
     sink.feed(rows).await?;
     sink.feed(Bytes::from_static(TRAILER)).await?;
     sink.as_mut().finish().await
-}
-
-fn delta_rows(batch: &Batch) -> Bytes {
-    let mut buf = BytesMut::with_capacity(batch.delta_count() * 40);
-    for (code, day, clicks) in batch.deltas() {
-        put_delta(&mut buf, code, day, clicks);
-    }
-    buf.freeze()
 }

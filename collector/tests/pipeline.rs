@@ -63,10 +63,9 @@ async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
         (totals(client, "click_counts").await == *expected).then_some(())
     })
     .await;
-    assert_eq!(
-        count(client, "SELECT count(*) FROM click_count_deltas").await,
-        0
-    );
+    let pending = "SELECT (SELECT count(*) FROM click_count_deltas)
+                        + (SELECT count(*) FROM click_count_batches)";
+    assert_eq!(count(client, pending).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::batch::{self, Batch, Handoff};
-use collector::db::Db;
 use collector::metrics::Metrics;
-use collector::writer::Writer;
 use common::*;
 use shared::pgtest;
 
@@ -18,40 +15,6 @@ const INSTANCE: &str = "writer-test";
 
 /// 2026-09-01T00:00:00Z.
 const START_US: i64 = 1_788_220_800_000_000;
-
-/// A batch holding `grams`, as the receiver builds it.
-fn batch_of(grams: &[Vec<u8>]) -> Batch {
-    let mut batch = Batch::default();
-    for g in grams {
-        let d = shared::wire::decode(g).unwrap();
-        batch.push(&d);
-        batch.note_sender(d.sender, d.seq);
-    }
-    batch
-}
-
-/// A writer task for `url` with `timeout`; the receiver's ends of its channels. The spare
-/// batch the channel starts with is taken out, so each `recv` returns a written batch.
-async fn writer(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Handoff {
-    let (mut handoff, ends) = batch::handoff();
-    let writer = Writer::new(Db::parse(url).unwrap(), INSTANCE, timeout, metrics, None);
-    tokio::spawn(writer.run(ends));
-    handoff.empty.recv().await.unwrap();
-    handoff
-}
-
-async fn write(handoff: &mut Handoff, batch: Batch) {
-    handoff.full.send(batch).await.unwrap();
-    handed_back(handoff).await;
-}
-
-/// Waits for the writer to be done with the batch it was sent.
-async fn handed_back(handoff: &mut Handoff) {
-    tokio::time::timeout(LIMIT, handoff.empty.recv())
-        .await
-        .expect("the writer hands the batch back")
-        .unwrap();
-}
 
 /// An earlier attempt committed the batch and its answer was lost: the retry finds the
 /// batch's number committed and does not write it again.
@@ -67,12 +30,18 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     let sent = clicks(2_000, 20, START_US, 1_000);
     let grams = datagrams(41, &sent);
     let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, Duration::from_millis(300), metrics.clone()).await;
+    let mut handoff = writer(
+        &db.url,
+        INSTANCE,
+        Duration::from_millis(300),
+        metrics.clone(),
+    )
+    .await;
 
     // Holding this lock stops every attempt midway, after its COPY into clicks.
     let mut locker = pgtest::connect(&db.url).await;
     let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("LOCK TABLE click_count_deltas IN ACCESS EXCLUSIVE MODE")
+    lock.batch_execute("LOCK TABLE click_count_batches IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
     handoff.full.send(batch_of(&grams)).await.unwrap();
@@ -121,7 +90,13 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     client.batch_execute(SLOW_COMMIT).await.unwrap();
     let sent = clicks(3_000, 20, START_US, 1_000);
     let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, Duration::from_millis(300), metrics.clone()).await;
+    let mut handoff = writer(
+        &db.url,
+        INSTANCE,
+        Duration::from_millis(300),
+        metrics.clone(),
+    )
+    .await;
 
     // The first attempt times out in COMMIT, which the dropped connection's backend still
     // completes a moment later, while retries are under way.
@@ -133,7 +108,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     .await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 3_000);
     assert_eq!(
-        count(&client, "SELECT sum(clicks)::int8 FROM click_count_deltas").await,
+        count(&client, "SELECT sum(clicks)::int8 FROM click_totals").await,
         3_000
     );
     assert_eq!(metrics.clicks_written.get(), 3_000);
@@ -158,7 +133,7 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, LIMIT, metrics.clone()).await;
+    let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
     let first = datagrams(71, &clicks(700, 20, START_US, 1_000));
     write(&mut handoff, batch_of(&first)).await;
     let writer: i64 = client
@@ -189,7 +164,7 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
     }
     assert_eq!(metrics.db_errors.get(), 0);
     let rows = count(&client, "SELECT count(*) FROM clicks").await;
-    let deltas = "SELECT sum(clicks)::int8 FROM click_count_deltas";
+    let deltas = "SELECT sum(clicks)::int8 FROM click_totals";
     assert_eq!(count(&client, deltas).await, rows);
     (rows, metrics.clicks_written.get())
 }
@@ -226,7 +201,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
     let mut second = datagrams(82, &sent[2_000..4_000]);
     second.extend(datagrams(83, &sent[4_000..]));
     let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, LIMIT, metrics.clone()).await;
+    let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
 
     write(&mut handoff, batch_of(&datagrams(81, &sent[..2_000]))).await;
     write(&mut handoff, batch_of(&second)).await;
@@ -261,7 +236,13 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         .get(0);
     let metrics = Arc::new(Metrics::default());
     metrics.db_reachable.store(true, Relaxed);
-    let mut handoff = writer(&db.url, Duration::from_millis(300), metrics.clone()).await;
+    let mut handoff = writer(
+        &db.url,
+        INSTANCE,
+        Duration::from_millis(300),
+        metrics.clone(),
+    )
+    .await;
     let grams = datagrams(91, &clicks(500, 20, START_US, 1_000));
     handoff.full.send(batch_of(&grams)).await.unwrap();
 

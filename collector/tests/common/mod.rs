@@ -10,9 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use collector::batch::{self, Batch, Handoff};
+use collector::db::Db;
+use collector::metrics::Metrics;
+use collector::writer::Writer;
 use shared::pgtest::TestDb;
 use shared::testkit::{binary, eventually, Service};
 use shared::wire::{Encoder, PushError, DEFAULT_DATAGRAM};
+use std::sync::Arc;
 
 pub const LIMIT: Duration = Duration::from_secs(60);
 const DAY_US: i64 = 86_400_000_000;
@@ -213,4 +218,45 @@ pub async fn totals(client: &tokio_postgres::Client, source: &str) -> Totals {
         .iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect()
+}
+
+/// A batch holding `grams`, as the receiver builds it.
+pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
+    let mut batch = Batch::default();
+    for g in grams {
+        let d = shared::wire::decode(g).unwrap();
+        batch.push(&d);
+        batch.note_sender(d.sender, d.seq);
+    }
+    batch
+}
+
+/// A writer task of `instance` for `url` with `timeout`; the receiver's ends of its channels.
+/// The spare batch the channel starts with is taken out, so each `recv` returns a written
+/// batch.
+pub async fn writer(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) -> Handoff {
+    let (mut handoff, ends) = batch::handoff();
+    let writer = Writer::new(Db::parse(url).unwrap(), instance, timeout, metrics, None);
+    tokio::spawn(writer.run(ends));
+    handoff.empty.recv().await.unwrap();
+    handoff
+}
+
+/// Hands `batch` to the writer and waits until it is committed.
+pub async fn write(handoff: &mut Handoff, batch: Batch) {
+    handoff.full.send(batch).await.unwrap();
+    handed_back(handoff).await;
+}
+
+/// Waits for the writer to be done with the batch it was sent.
+pub async fn handed_back(handoff: &mut Handoff) {
+    tokio::time::timeout(LIMIT, handoff.empty.recv())
+        .await
+        .expect("the writer hands the batch back")
+        .unwrap();
 }

@@ -1,0 +1,157 @@
+//! `click_totals` is exact at every moment: each reader snapshot's totals agree with the rows
+//! of `clicks`, key by key, while several writers commit batches and folds move the counts
+//! into `click_counts`, and when a fold is cut off midway.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use collector::metrics::Metrics;
+use common::*;
+use shared::pgtest;
+
+/// 2026-10-31T23:59:00Z: the clicks cross midnight, so a key is a (code, day).
+const START_US: i64 = 1_793_491_140_000_000;
+
+/// Keys whose totals differ from their rows in `clicks`, in one snapshot (one statement).
+const DISAGREEING: &str = "
+    SELECT count(*) FROM (
+        SELECT code, (clicked_at AT TIME ZONE 'UTC')::date AS day, count(*) AS clicks
+        FROM clicks GROUP BY 1, 2
+    ) AS rows FULL JOIN click_totals AS totals USING (code, day)
+    WHERE rows.clicks IS DISTINCT FROM totals.clicks";
+
+/// Checks `DISAGREEING` until `done`; returns how many snapshots it checked.
+async fn check_until(url: String, done: Arc<AtomicBool>) -> u64 {
+    let client = pgtest::connect(&url).await;
+    let mut checks = 0;
+    while !done.load(Relaxed) {
+        assert_eq!(
+            count(&client, DISAGREEING).await,
+            0,
+            "after {checks} checks"
+        );
+        checks += 1;
+    }
+    checks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
+    let db = collector::migrations::test_db().await;
+    let done = Arc::new(AtomicBool::new(false));
+    let checker = tokio::spawn(check_until(db.url.clone(), done.clone()));
+    let folds = Arc::new(AtomicU64::new(0));
+    let folder = {
+        let (url, done, folds) = (db.url.clone(), done.clone(), folds.clone());
+        tokio::spawn(async move {
+            let mut client = pgtest::connect(&url).await;
+            while !done.load(Relaxed) {
+                if collector::compact::fold(&mut client)
+                    .await
+                    .unwrap()
+                    .is_some()
+                {
+                    folds.fetch_add(1, Relaxed);
+                }
+            }
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..3u64 {
+        let url = db.url.clone();
+        writers.push(tokio::spawn(async move {
+            let metrics = Arc::new(Metrics::default());
+            let mut handoff = writer(&url, &format!("host{w}"), LIMIT, metrics).await;
+            for b in 0..30 {
+                let start = START_US + (b * 3 + w as i64) * 1_000_000;
+                let sent = clicks(1_000, 300, start, 997);
+                write(&mut handoff, batch_of(&datagrams(100 + w, &sent))).await;
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    shared::testkit::eventually("a fold after the last batch", LIMIT, || async {
+        let seen = folds.load(Relaxed);
+        (seen >= 30).then_some(())
+    })
+    .await;
+    done.store(true, Relaxed);
+    folder.await.unwrap();
+    let checks = checker.await.unwrap();
+    let client = pgtest::connect(&db.url).await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 90_000);
+    assert_eq!(count(&client, DISAGREEING).await, 0);
+    let mut client = client;
+    collector::compact::fold(&mut client).await.unwrap();
+    let folded = "SELECT coalesce(sum(clicks), 0)::int8 FROM click_counts";
+    assert_eq!(
+        count(&client, folded).await,
+        90_000,
+        "all folded in the end"
+    );
+    eprintln!("{checks} snapshots checked, {} folds", folds.load(Relaxed));
+    assert!(checks >= 10, "only {checks} snapshots checked");
+}
+
+/// A fold whose session is killed in the middle of its statement is rolled back whole: the
+/// totals stay exact, and the next fold moves everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let metrics = Arc::new(Metrics::default());
+    let mut handoff = writer(&db.url, "cutoff", LIMIT, metrics).await;
+    let sent = clicks(20_000, 2_000, START_US, 1_000);
+    write(&mut handoff, batch_of(&datagrams(7, &sent[..10_000]))).await;
+    // Every key's upsert now takes a millisecond: the fold is long enough to be cut off.
+    client
+        .batch_execute(
+            "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$;
+             CREATE TRIGGER slow BEFORE INSERT OR UPDATE ON click_counts
+                 FOR EACH ROW EXECUTE FUNCTION slow();",
+        )
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let folding = tokio::spawn(async move {
+        let mut client = pgtest::connect(&url).await;
+        collector::compact::fold(&mut client).await
+    });
+    let busy = "SELECT pid FROM pg_stat_activity
+                WHERE datname = current_database() AND query LIKE '%DELETE FROM click_count_batches%'
+                  AND state = 'active' AND pid <> pg_backend_pid()";
+    let pid: i32 = shared::testkit::eventually("the fold under way", LIMIT, || async {
+        client.query_opt(busy, &[]).await.unwrap().map(|r| r.get(0))
+    })
+    .await;
+    // A batch commits while the fold runs, then the fold's session is killed.
+    write(&mut handoff, batch_of(&datagrams(8, &sent[10_000..]))).await;
+    assert_eq!(count(&client, DISAGREEING).await, 0);
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    assert!(folding.await.unwrap().is_err(), "the fold was cut off");
+    assert_eq!(count(&client, DISAGREEING).await, 0);
+    assert_eq!(count(&client, "SELECT count(*) FROM click_counts").await, 0);
+
+    client
+        .batch_execute("DROP TRIGGER slow ON click_counts")
+        .await
+        .unwrap();
+    let mut client = client;
+    assert!(collector::compact::fold(&mut client)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(count(&client, DISAGREEING).await, 0);
+    assert_eq!(
+        totals(&client, "click_counts").await,
+        expected_totals(&sent)
+    );
+}
