@@ -25,6 +25,7 @@ const COMPACT: &str = "
 /// grow with every restart. A sender idle that long that comes back after a collector restart
 /// is only counted as a gap; its clicks are still written.
 const PRUNE: &str = "
+    SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
 

@@ -17,6 +17,12 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "click_writers",
         include_str!("../migrations/0002_click_writers.sql"),
     ),
+    // Version 3 is taken by another branch; the two merge as 1..=4.
+    (
+        4,
+        "link_changes",
+        include_str!("../migrations/0004_link_changes.sql"),
+    ),
 ];
 
 /// The latest schema version this build knows.

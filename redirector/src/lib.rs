@@ -10,3 +10,4 @@ pub mod links;
 pub mod metrics;
 pub mod ring;
 pub mod service;
+pub mod table;
