@@ -13,9 +13,12 @@ fn changes(puts: &[(&str, &str)], removes: &[&str]) -> Changes {
     c
 }
 
+/// Puts and removes for one shard.
+type ShardOps<'a> = (Vec<(&'a str, &'a str)>, Vec<&'a str>);
+
 /// Applies `changes` to a table, each to its own shard, as the loader does.
 fn apply(table: &Table, puts: &[(&str, &str)], removes: &[&str]) {
-    let mut per_shard: HashMap<usize, (Vec<(&str, &str)>, Vec<&str>)> = HashMap::new();
+    let mut per_shard: HashMap<usize, ShardOps> = HashMap::new();
     for &(code, url) in puts {
         let shard = shard_of(table.hasher().hash(code.as_bytes()));
         per_shard.entry(shard).or_default().0.push((code, url));
@@ -25,7 +28,7 @@ fn apply(table: &Table, puts: &[(&str, &str)], removes: &[&str]) {
         per_shard.entry(shard).or_default().1.push(code);
     }
     for (shard, (p, r)) in per_shard {
-        table.apply(shard, &changes(&p, &r));
+        table.apply(shard, changes(&p, &r));
     }
 }
 
