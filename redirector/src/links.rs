@@ -211,14 +211,21 @@ impl Head {
         if self.epoch != at.epoch {
             return Some("links was truncated");
         }
-        // Rows above our id, or rows of a transaction we still have to read, were pruned.
-        let pruned_xid = at.in_progress.iter().any(|&x| x <= self.pruned_xid);
+        // Rows above our id were pruned, or rows of a transaction we still had to read: one
+        // that has finished since (a transaction still running has nothing pruned yet).
+        let pruned_xid = at
+            .in_progress
+            .iter()
+            .any(|x| *x <= self.pruned_xid && !self.xip.contains(x));
         (self.pruned_id > at.last_id || pruned_xid).then_some("the change log was pruned past us")
     }
 
+    /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
+    /// read before, or this read was a full load, which covers them.
     fn position(&self, before: Option<&Position>) -> Position {
+        let before = before.map_or(0, |p| p.last_id);
         Position {
-            last_id: self.top.max(before.map_or(0, |p| p.last_id)),
+            last_id: self.top.max(self.pruned_id).max(before),
             in_progress: self.xip.clone(),
             epoch: self.epoch,
         }

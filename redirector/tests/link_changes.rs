@@ -347,6 +347,19 @@ async fn a_log_pruned_past_a_redirector_makes_it_reload_and_one_not_pruned_lets_
         Some("https://example.com/stays")
     );
     assert_eq!(r.metric("redirector_links").await, 3.0);
+    // Caught up: the next reads of the (empty) log load nothing again.
+    let now: f64 = f
+        .client
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    eventually("two more reads of the change log", LIMIT, || async {
+        let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
+        (synced > now + 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(r.metric("redirector_link_loads_total").await, 2.0);
 }
 
 /// SIGCONTs a stopped backend when the test ends, passed or not.

@@ -47,6 +47,9 @@ fn the_position_moves_forward_and_remembers_transactions_in_progress() {
     // A log pruned empty shows top 0: the position never moves back.
     let empty = head(2, 40, 9, 0, &[]);
     assert_eq!(empty.position(Some(&at(45, &[], 2))), at(45, &[], 2));
+    // A full load over a pruned log is past what was pruned, or it would load again and again.
+    assert_eq!(empty.position(None), at(40, &[], 2));
+    assert_eq!(empty.needs_full_load(Some(&empty.position(None))), None);
 }
 
 #[test]
