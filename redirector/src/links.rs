@@ -31,7 +31,7 @@ use apply::{Batch, Seen};
 use shared::backoff::Backoff;
 
 /// After a notification, wait this long for the rest of a burst of changes before reading.
-const DEBOUNCE: Duration = Duration::from_millis(20);
+const DEBOUNCE: Duration = Duration::from_millis(100);
 /// How many skipped rows a load names in the log; the rest are only counted.
 const SKIPPED_LOGGED: usize = 5;
 /// The `application_name` of the loader's sessions, to find them in `pg_stat_activity`.

@@ -1,6 +1,7 @@
 //! Turning rows into shard changes: a [`Batch`] gathers puts and removes per shard and applies
 //! each touched shard once; [`Seen`] finds the codes a full comparison did not see.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::table::{shard_of, Changes, Lookup, Shard, Table, SHARDS};
@@ -13,7 +14,8 @@ const EAGER_MIN: usize = 256;
 /// Changes gathered per shard and applied shard by shard.
 pub struct Batch<'a> {
     table: &'a Table,
-    pending: Vec<Changes>,
+    /// Only the shards touched: a read of a few changes allocates for those alone.
+    pending: BTreeMap<usize, Changes>,
     /// Apply a shard's changes before the end once they are large (see [`EAGER_MIN`]). Off for
     /// the first load, where nothing is served yet and every shard is built once at the end.
     eager: bool,
@@ -25,7 +27,7 @@ impl<'a> Batch<'a> {
     pub fn new(table: &'a Table, eager: bool) -> Batch<'a> {
         Batch {
             table,
-            pending: (0..SHARDS).map(|_| Changes::default()).collect(),
+            pending: BTreeMap::new(),
             eager,
             changed: 0,
         }
@@ -45,7 +47,7 @@ impl<'a> Batch<'a> {
             return;
         }
         self.changed += 1;
-        let pending = &mut self.pending[i];
+        let pending = self.pending.entry(i).or_default();
         match url {
             Some(url) => pending.puts.push(code, url),
             None => pending.removes.push(code.into()),
@@ -56,16 +58,15 @@ impl<'a> Batch<'a> {
     }
 
     fn flush(&mut self, i: usize) {
-        let changes = std::mem::take(&mut self.pending[i]);
-        if !changes.is_empty() {
+        if let Some(changes) = self.pending.remove(&i) {
             self.table.apply(i, changes);
         }
     }
 
     /// Applies what is still pending.
-    pub fn finish(mut self) -> u64 {
-        for i in 0..SHARDS {
-            self.flush(i);
+    pub fn finish(self) -> u64 {
+        for (i, changes) in self.pending {
+            self.table.apply(i, changes);
         }
         self.changed
     }
