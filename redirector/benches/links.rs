@@ -1,10 +1,12 @@
 //! What chose the link table's structure: lookup cost (the old `HashMap<Box<str>, HeaderValue>`
-//! plus a clone of the value, against the sharded arena plus building the `Location` value),
-//! hits and misses over 1 M links, and memory per link.
+//! plus a clone of the value, against the sharded arena plus building the `Location` value,
+//! with our index and with the `hashbrown::HashTable<u32>` index first tried), hits and misses
+//! over 1 M links, and memory per link.
 //!
 //!   cargo bench -p redirector --bench links                       lookups (criterion)
 //!   LINKS_MEMORY=new:10000000 cargo bench -p redirector --bench links
 //!                                                                 RSS per link of one structure
+//!                                                                 (old, new or hashbrown)
 //!
 //! Memory is measured one structure per process (`old` or `new`, N links), so nothing freed by
 //! an earlier measurement is counted: RSS after building minus RSS before, over N.
@@ -15,7 +17,7 @@ use std::hint::black_box;
 use arc_swap::ArcSwapOption;
 use criterion::{BatchSize, Criterion, Throughput};
 use hyper::header::HeaderValue;
-use redirector::table::{shard_of, Builder, Table, SHARDS};
+use redirector::table::{shard_of, Builder, Hasher, Table, SHARDS};
 
 const LINKS: usize = 1_000_000;
 
@@ -50,6 +52,69 @@ fn new_table(n: usize) -> Table {
     table
 }
 
+/// The sharded arena with a `hashbrown::HashTable<u32>` of offsets as its index (tags in
+/// separate control bytes), as first built; entries `[code len][code][url len][url]` with
+/// one-byte lengths (every URL here is 45 bytes).
+struct HbShard {
+    arena: bytes::Bytes,
+    index: hashbrown::HashTable<u32>,
+}
+
+struct HbTable {
+    shards: Box<[arc_swap::ArcSwap<HbShard>]>,
+    hasher: Hasher,
+}
+
+fn hb_code(arena: &[u8], at: u32) -> &[u8] {
+    let at = at as usize;
+    &arena[at + 1..at + 1 + usize::from(arena[at])]
+}
+
+fn hb_table(n: usize) -> HbTable {
+    let hasher = Hasher::default();
+    let mut arenas: Vec<Vec<u8>> = vec![Vec::new(); SHARDS];
+    for (code, url) in (0..n).map(link) {
+        let arena = &mut arenas[shard_of(hasher.hash(code.as_bytes()))];
+        arena.push(code.len() as u8);
+        arena.extend_from_slice(code.as_bytes());
+        arena.push(url.len() as u8);
+        arena.extend_from_slice(url.as_bytes());
+    }
+    let shards = arenas.into_iter().map(|mut arena| {
+        arena.shrink_to_fit();
+        let arena = bytes::Bytes::from(arena);
+        let (mut offsets, mut at) = (Vec::new(), 0);
+        while at < arena.len() {
+            offsets.push(at as u32);
+            let url_at = at + 1 + usize::from(arena[at]);
+            at = url_at + 1 + usize::from(arena[url_at]);
+        }
+        let mut index = hashbrown::HashTable::with_capacity(offsets.len());
+        for at in offsets {
+            let hash = |&at: &u32| hasher.hash(hb_code(&arena, at));
+            index.insert_unique(hash(&at), at, hash);
+        }
+        arc_swap::ArcSwap::from_pointee(HbShard { arena, index })
+    });
+    HbTable {
+        shards: shards.collect(),
+        hasher: hasher.clone(),
+    }
+}
+
+fn hb_lookup(t: &HbTable, code: &str) -> Option<HeaderValue> {
+    let hash = t.hasher.hash(code.as_bytes());
+    let shard = t.shards[shard_of(hash)].load();
+    let at = *shard
+        .index
+        .find(hash, |&at| hb_code(&shard.arena, at) == code.as_bytes())? as usize;
+    let url_at = at + 1 + usize::from(shard.arena[at]);
+    let url = shard
+        .arena
+        .slice(url_at + 1..url_at + 1 + usize::from(shard.arena[url_at]));
+    HeaderValue::from_maybe_shared(url).ok()
+}
+
 fn rss_kib() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
@@ -74,7 +139,12 @@ fn memory(spec: &str) {
             let table = black_box(new_table(n));
             (table.len(), rss_kib())
         }
-        _ => panic!("old or new, not {which}"),
+        "hashbrown" => {
+            let table = black_box(hb_table(n));
+            let len = table.shards.iter().map(|s| s.load().index.len()).sum();
+            (len, rss_kib())
+        }
+        _ => panic!("old, new or hashbrown, not {which}"),
     };
     let per = (after - before) as f64 * 1024.0 / len as f64;
     println!("{which}\t{len}\t{per:.1} bytes/link\t(RSS {before} -> {after} KiB)");
@@ -124,6 +194,7 @@ fn written(location: Option<HeaderValue>, head: &mut Vec<u8>) -> usize {
 fn lookups(c: &mut Criterion) {
     let old = ArcSwapOption::from_pointee(old_map(LINKS));
     let new = new_table(LINKS);
+    let hb = hb_table(LINKS);
     let mut head = Vec::with_capacity(256);
     for (what, prefix) in [("hit", "l"), ("miss", "m")] {
         let codes = shuffled(prefix);
@@ -140,6 +211,9 @@ fn lookups(c: &mut Criterion) {
         });
         group.bench_function("new_sharded_arena", |b| {
             b.iter_batched(&mut next, |code| new_lookup(&new, code), small)
+        });
+        group.bench_function("hashbrown_sharded_arena", |b| {
+            b.iter_batched(&mut next, |code| hb_lookup(&hb, code), small)
         });
         group.bench_function("new_sharded_arena_copy", |b| {
             b.iter_batched(&mut next, |code| new_lookup_copy(&new, code), small)

@@ -345,7 +345,7 @@ impl Loader {
         let params: [&(dyn ToSql + Sync); 2] = [&at.last_id, &at.in_progress];
         let mut rows = Box::pin(self.timed(tx.query_raw(CHANGES, params)).await?);
         let links = self.links.clone();
-        let mut batch = Batch::new(&links.table, true);
+        let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
             let (code, url): (&str, Option<&str>) = (row.get(0), row.get(1));
@@ -377,7 +377,7 @@ impl Loader {
         let no_params: [&(dyn ToSql + Sync); 0] = [];
         let mut rows = Box::pin(self.timed(tx.query_raw(ALL_LINKS, no_params)).await?);
         let links = self.links.clone();
-        let mut batch = Batch::new(&links.table, serving);
+        let mut batch = Batch::new(&links.table, !serving);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
             let (code, url): (&str, &str) = (row.get(0), row.get(1));
             let url = self.check(code, Some(url));
@@ -412,7 +412,9 @@ impl Loader {
 
     /// `url` if the row can be served; otherwise `None`, and the code is counted as skipped.
     fn check<'r>(&mut self, code: &str, url: Option<&'r str>) -> Option<&'r str> {
-        self.skipped.remove(code);
+        if !self.skipped.is_empty() {
+            self.skipped.remove(code);
+        }
         let url = url?;
         match usable(code.as_bytes(), url.as_bytes()) {
             Ok(()) => Some(url),

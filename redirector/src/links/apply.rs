@@ -6,29 +6,31 @@ use std::sync::Arc;
 
 use crate::table::{shard_of, Changes, Lookup, Shard, Table, SHARDS};
 
-/// A change to a shard is applied early once it reaches half the shard (and at least this
-/// many links), so a comparison that finds most of a large table changed holds at most half a
-/// table of pending rows, and a shard is copied a bounded number of times.
+/// While serving, a change to a shard is applied early once it reaches half the shard (and at
+/// least this many links), so a comparison that finds most of a large table changed holds at
+/// most half a table of pending rows, and a shard is copied a bounded number of times.
 const EAGER_MIN: usize = 256;
 
 /// Changes gathered per shard and applied shard by shard.
 pub struct Batch<'a> {
     table: &'a Table,
-    /// Only the shards touched: a read of a few changes allocates for those alone.
+    /// Only the shards touched: a read of a few changes allocates for those alone. Ordered:
+    /// building 4096 shards in order left the heap 90 MB smaller at 10 M links than a
+    /// HashMap's order did.
     pending: BTreeMap<usize, Changes>,
-    /// Apply a shard's changes before the end once they are large (see [`EAGER_MIN`]). Off for
-    /// the first load, where nothing is served yet and every shard is built once at the end.
-    eager: bool,
+    /// Nothing is served yet (the first load): every code is new, nothing is applied before
+    /// the end, and each shard is built once.
+    first: bool,
     /// Codes whose served value changed.
     pub changed: u64,
 }
 
 impl<'a> Batch<'a> {
-    pub fn new(table: &'a Table, eager: bool) -> Batch<'a> {
+    pub fn new(table: &'a Table, first: bool) -> Batch<'a> {
         Batch {
             table,
             pending: BTreeMap::new(),
-            eager,
+            first,
             changed: 0,
         }
     }
@@ -38,6 +40,13 @@ impl<'a> Batch<'a> {
     pub fn set(&mut self, code: &[u8], url: Option<&[u8]>) {
         let hash = self.table.hasher().hash(code);
         let i = shard_of(hash);
+        if self.first {
+            if let Some(url) = url {
+                self.changed += 1;
+                self.pending.entry(i).or_default().puts.push(code, url);
+            }
+            return;
+        }
         let current = self.table.shard(i);
         let unchanged = matches!(
             (current.bucket_of(hash, code, url.unwrap_or_default()), url),
@@ -52,7 +61,7 @@ impl<'a> Batch<'a> {
             Some(url) => pending.puts.push(code, url),
             None => pending.removes.push(code.into()),
         }
-        if self.eager && pending.len() >= EAGER_MIN.max(current.len() / 2) {
+        if pending.len() >= EAGER_MIN.max(current.len() / 2) {
             self.flush(i);
         }
     }

@@ -56,7 +56,7 @@ fn the_position_moves_forward_and_remembers_transactions_in_progress() {
 fn lookup_tells_unloaded_from_unknown() {
     let links = LinkTable::default();
     assert!(matches!(links.lookup("a"), Lookup::NotLoaded));
-    let mut batch = Batch::new(&links.table, false);
+    let mut batch = Batch::new(&links.table, true);
     batch.set(b"a", Some(b"http://x/"));
     batch.finish();
     links.set_loaded();
