@@ -28,7 +28,10 @@ INSERT INTO link_changes_state DEFAULT VALUES;
 
 -- Statement-level triggers with transition tables: one INSERT ... SELECT per statement
 -- instead of one plpgsql call per row, so a bulk load of links is not slowed by a factor.
-CREATE FUNCTION log_link_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER (with a fixed search_path): a role allowed to change links needs no
+-- privilege on the log itself.
+CREATE FUNCTION log_link_changes() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO link_changes (code) SELECT code FROM new_links;
@@ -54,7 +57,8 @@ CREATE TRIGGER links_log_delete AFTER DELETE ON links
 REFERENCING OLD TABLE AS old_links
 FOR EACH STATEMENT EXECUTE FUNCTION log_link_changes();
 
-CREATE FUNCTION bump_links_epoch() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION bump_links_epoch() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 BEGIN
     UPDATE link_changes_state SET epoch = epoch + 1;
     RETURN NULL;

@@ -78,3 +78,23 @@ async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
     assert!(logged(&client).await.is_empty());
     assert_eq!(state(&client).await, (top.0, top.1, 1));
 }
+
+#[tokio::test]
+async fn a_role_that_may_only_change_links_still_logs_its_changes() {
+    let db = migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let role = format!("linker_{}", db.name);
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON links TO {role};
+             SET ROLE {role};
+             INSERT INTO links (code, url) VALUES ('mine', 'https://x/');
+             TRUNCATE links;
+             RESET ROLE;"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{}", shared::db::describe(&e)));
+    assert_eq!(logged(&client).await, ["mine"]);
+    assert_eq!(state(&client).await.2, 1);
+}

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{add_link, fixture, redirector, Fixture, Redirector, LIMIT};
+use common::{add_link, cut_off, db_now, fixture, let_back, redirector, scalar, Fixture};
+use common::{Redirector, LIMIT};
 use hyper::Method;
 use shared::testkit::eventually;
 
@@ -204,12 +205,7 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_within_a_
     agrees_with_links(&r, &f.client, &changed).await;
     let unchanged: Vec<String> = (0..LINKS).step_by(397).map(|n| format!("big{n}")).collect();
     agrees_with_links(&r, &f.client, &unchanged).await;
-    let count: i64 = f
-        .client
-        .query_one("SELECT count(*) FROM links", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = scalar(&f.client, "SELECT count(*) FROM links").await;
     assert_eq!(r.metric("redirector_links").await, count as f64);
     assert!(r.metric("redirector_link_changes_applied_total").await >= changed.len() as f64);
     assert_eq!(
@@ -249,12 +245,11 @@ async fn a_change_that_commits_after_a_later_id_is_applied() {
     assert_eq!(ids.len(), 1, "only 'late' is visible yet");
     tx.commit().await.unwrap();
     await_served(r.http, "early", Some("https://example.com/early"), LIMIT).await;
-    let early_id: i64 = f
-        .client
-        .query_one("SELECT id FROM link_changes WHERE code = 'early'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let early_id: i64 = scalar(
+        &f.client,
+        "SELECT id FROM link_changes WHERE code = 'early'",
+    )
+    .await;
     assert!(early_id < ids[0], "'early' has the lower id");
 }
 
@@ -278,34 +273,6 @@ async fn truncating_links_makes_a_full_reload() {
     assert_eq!(served(r.http, "b").await, None);
     assert_eq!(r.metric("redirector_link_loads_total").await, 2.0);
     assert_eq!(r.metric("redirector_links").await, 1.0);
-}
-
-/// Cuts the redirector's sessions and refuses new ones until the returned client re-allows.
-async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
-    let admin = shared::pgtest::cluster().connect("postgres").await;
-    let errors = r.metric("redirector_link_load_errors_total").await;
-    execute(
-        &admin,
-        &format!(
-            "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-              WHERE datname = '{0}' AND application_name = 'redirector-links';",
-            f.db.name
-        ),
-    )
-    .await;
-    eventually(
-        "the redirector to notice the lost session",
-        LIMIT,
-        || async { (r.metric("redirector_link_load_errors_total").await > errors).then_some(()) },
-    )
-    .await;
-    admin
-}
-
-async fn let_back(f: &Fixture, admin: &tokio_postgres::Client) {
-    let sql = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", f.db.name);
-    execute(admin, &sql).await;
 }
 
 #[tokio::test]
@@ -348,12 +315,7 @@ async fn a_log_pruned_past_a_redirector_makes_it_reload_and_one_not_pruned_lets_
     );
     assert_eq!(r.metric("redirector_links").await, 3.0);
     // Caught up: the next reads of the (empty) log load nothing again.
-    let now: f64 = f
-        .client
-        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let now = db_now(&f.client).await;
     eventually("two more reads of the change log", LIMIT, || async {
         let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
         (synced > now + 1.0).then_some(())

@@ -15,7 +15,7 @@ const EAGER_MIN: usize = 256;
 pub struct Batch<'a> {
     table: &'a Table,
     /// Only the shards touched: a read of a few changes allocates for those alone. Ordered:
-    /// building 4096 shards in order left the heap 90 MB smaller at 10 M links than a
+    /// building the shards in order left the heap 90 MB smaller at 10 M links than a
     /// HashMap's order did.
     pending: BTreeMap<usize, Changes>,
     /// Nothing is served yet (the first load): every code is new, nothing is applied before
