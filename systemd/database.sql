@@ -6,6 +6,8 @@ CREATE ROLE "clicks-redirector" LOGIN;
 -- The collector owns the database: its migrations create the tables at start.
 CREATE DATABASE clicks OWNER "clicks-collector";
 \connect clicks
--- The redirector only reads links (and LISTENs, which needs no grant).
+-- The redirector only reads links and its change log, link_changes (and LISTENs, which needs
+-- no grant). Roles that change links need no grant on the log: its triggers write it as the
+-- collector.
 ALTER DEFAULT PRIVILEGES FOR ROLE "clicks-collector" IN SCHEMA public
     GRANT SELECT ON TABLES TO "clicks-redirector";

@@ -53,12 +53,13 @@ const BACKLOG: &str = "
 /// the migrations' and not any instance lock's ("compact" in ASCII).
 const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)";
 
-/// Bookkeeping rows nobody has touched for 30 days, pruned with each fold and at least once an
-/// interval: a redirector's seq row (one per process
-/// start) and a collector's batch-number row (one per process start). Without this both tables
-/// grow with every restart. A sender idle that long that comes back after a collector restart
-/// is only counted as a gap; its clicks are still written.
+/// Pruned with each fold and at least once an interval: the link change log past a day (a
+/// redirector away longer loads the table whole), and bookkeeping rows nobody has touched for
+/// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
+/// (one per process start); without this both tables grow with every restart. A redirector
+/// idle that long comes back under a new sender id.
 const PRUNE: &str = "
+    SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
 

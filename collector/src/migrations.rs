@@ -23,6 +23,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../migrations/0003_writer_instance.sql"),
     ),
     (
+        4,
+        "link_changes",
+        include_str!("../migrations/0004_link_changes.sql"),
+    ),
+    (
         5,
         "count_batches",
         include_str!("../migrations/0005_count_batches.sql"),

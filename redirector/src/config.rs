@@ -96,9 +96,16 @@ pub struct Config {
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub drain_timeout: Duration,
 
-    /// Reload the link table this often even without a links_changed notification.
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "60s", value_parser = shared::flags::duration)]
+    /// Read the change log of `links` this often even without a links_changed notification
+    /// (changes are applied incrementally; this bounds how long a lost notification or a
+    /// session that stopped answering goes unnoticed).
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_RELOAD_INTERVAL", default_value = "1s", value_parser = shared::flags::duration)]
     pub reload_interval: Duration,
+
+    /// The link loader's database connect timeout, statement timeout, and the longest it waits
+    /// for any answer; a session that stays silent longer is dropped and replaced.
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_LINK_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
+    pub link_timeout: Duration,
 
     /// Size limit of one datagram to the collector, in bytes (at most 61440).
     #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = shared::wire::DEFAULT_DATAGRAM)]
@@ -141,6 +148,8 @@ mod tests {
         assert_eq!(c.clicks, ClickMode::Pipeline);
         assert_eq!(c.drain_timeout, Duration::from_secs(5));
         assert_eq!(c.flush_interval, Duration::from_millis(250));
+        assert_eq!(c.reload_interval, Duration::from_secs(1));
+        assert_eq!(c.link_timeout, Duration::from_secs(5));
     }
 
     #[test]

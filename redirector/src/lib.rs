@@ -10,4 +10,5 @@ pub mod links;
 pub mod metrics;
 pub mod ring;
 pub mod service;
+pub mod table;
 pub mod window;

@@ -1,41 +1,55 @@
-//! The link table: every row of `links`, loaded into an immutable map that requests read
-//! without a lock and that a background task replaces whole when the table changes.
+//! The link table and the task that keeps it equal to `links`.
 //!
-//! The task LISTENs on `links_changed` (a trigger notifies on every change) and also reloads
-//! periodically, in case a notification was lost with a connection. While the database is away
-//! the last map keeps being served and the task reconnects with capped backoff.
+//! Requests read a [`Table`] without a lock or a wait. One loader, on a thread of its own (so
+//! neither a load nor a change ever runs on a request worker), loads the whole table at start
+//! and then applies the change log `link_changes` (migration 4) incrementally: on each
+//! `links_changed` notification (a wake-up only) and every `--reload-interval`. Each read is one
+//! REPEATABLE READ snapshot; the position it reached (highest id seen, transactions then in
+//! progress, TRUNCATE epoch) outlives a lost session, so a new session resumes where the last
+//! one stopped. A full load happens only at start and when the log cannot bring the table up
+//! to date (pruned past our position, or `links` truncated); while serving it compares instead
+//! of rebuilding, so memory does not double. Every query has a client-side timeout: a session
+//! that stops answering is dropped and replaced, and the last table keeps serving.
 
-use std::collections::HashMap;
+mod apply;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwapOption;
+use futures_util::StreamExt;
 use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, Client, IsolationLevel, NoTls, Row, Transaction};
 
 use crate::metrics::Metrics;
+use crate::table::{usable, Table};
+use apply::{Batch, Seen};
 use shared::backoff::Backoff;
 
-/// Code -> the `Location` to answer with.
-pub type Map = HashMap<Box<str>, HeaderValue>;
-
-/// After a notification, wait this long for the rest of a burst of changes before reloading.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+/// After a notification, wait this long for the rest of a burst of changes before reading.
+const DEBOUNCE: Duration = Duration::from_millis(100);
 /// How many skipped rows a load names in the log; the rest are only counted.
 const SKIPPED_LOGGED: usize = 5;
+/// The `application_name` of the loader's sessions, to find them in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "redirector-links";
 
-/// The map being served, or none before the first load.
+/// The table being served, and whether the first load finished.
 pub struct LinkTable {
-    map: ArcSwapOption<Map>,
-    loaded: watch::Sender<bool>,
+    table: Table,
+    loaded: AtomicBool,
+    loaded_tx: watch::Sender<bool>,
 }
 
 impl Default for LinkTable {
     fn default() -> Self {
         LinkTable {
-            map: ArcSwapOption::empty(),
-            loaded: watch::Sender::new(false),
+            table: Table::default(),
+            loaded: AtomicBool::new(false),
+            loaded_tx: watch::Sender::new(false),
         }
     }
 }
@@ -50,78 +64,80 @@ pub enum Lookup {
 
 impl LinkTable {
     pub fn lookup(&self, code: &str) -> Lookup {
-        match &*self.map.load() {
-            None => Lookup::NotLoaded,
-            Some(map) => map
-                .get(code)
-                .map_or(Lookup::Unknown, |v| Lookup::Found(v.clone())),
+        if !self.is_loaded() {
+            return Lookup::NotLoaded;
+        }
+        // A copy of the URL, not a reference into the shard's arena: measured cheaper once
+        // the header is written (no shared reference count to touch; BENCHMARKS.md). It was
+        // checked as a header value when it went in, so this never fails.
+        match self
+            .table
+            .get_with(code.as_bytes(), HeaderValue::from_bytes)
+        {
+            Some(Ok(location)) => Lookup::Found(location),
+            _ => Lookup::Unknown,
         }
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.map.load().is_some()
+        self.loaded.load(Ordering::Acquire)
     }
 
-    /// Resolves once the first map is in place.
+    /// Resolves once the first table is in place.
     pub async fn wait_loaded(&self) {
-        let mut rx = self.loaded.subscribe();
+        let mut rx = self.loaded_tx.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|loaded| *loaded).await;
     }
 
-    pub fn replace(&self, map: Map) {
-        self.map.store(Some(Arc::new(map)));
-        self.loaded.send_replace(true);
+    fn set_loaded(&self) {
+        self.loaded.store(true, Ordering::Release);
+        self.loaded_tx.send_replace(true);
     }
 }
 
-/// Builds a map from `(code, url)` rows, leaving out (and naming in the log) rows whose code is
-/// not a valid click code or whose URL is not a valid header value. Returns the map and how
-/// many rows it left out.
-pub fn build(rows: impl IntoIterator<Item = (String, String)>) -> (Map, usize) {
-    let mut map = Map::new();
-    let mut skipped = 0;
-    for (code, url) in rows {
-        let why = match (
-            shared::wire::validate_code(code.as_bytes()),
-            HeaderValue::try_from(url.as_str()),
-        ) {
-            (Ok(()), Ok(location)) => {
-                map.insert(code.into_boxed_str(), location);
-                continue;
-            }
-            (Err(e), _) => format!("bad code: {e}"),
-            (_, Err(_)) => "URL is not a valid Location header value".to_owned(),
-        };
-        skipped += 1;
-        if skipped <= SKIPPED_LOGGED {
-            tracing::warn!("skipping link {code:?} -> {url:?}: {why}");
-        }
-    }
-    if skipped > SKIPPED_LOGGED {
-        tracing::warn!("skipped {skipped} links in all");
-    }
-    (map, skipped)
+/// How the loader talks to the database.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Read the change log this often even without a notification.
+    pub poll: Duration,
+    /// Connect timeout, statement timeout, and the longest any answer may take.
+    pub timeout: Duration,
 }
 
-/// Keeps `table` loaded from the database at `url` for as long as the process runs.
-pub async fn keep_loaded(
-    url: String,
-    table: Arc<LinkTable>,
+/// Starts the loader on a thread of its own, for as long as the process runs.
+pub fn spawn(
+    config: tokio_postgres::Config,
+    links: Arc<LinkTable>,
     metrics: Arc<Metrics>,
-    reload_every: Duration,
-) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    loop {
-        let err = session(&url, &table, &metrics, reload_every, &mut backoff).await;
-        metrics.link_load_errors.inc();
-        let wait = backoff.next_wait();
-        tracing::warn!(
-            "link table: {err}; serving the last table ({} links), retrying in {wait:?}",
-            metrics.links.get()
-        );
-        tokio::time::sleep(wait).await;
+    options: Options,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let config = session_config(config, &options);
+    std::thread::Builder::new()
+        .name("link-loader".into())
+        .spawn(move || {
+            let mut loader = Loader::new(links, metrics, options);
+            runtime.block_on(loader.run(&config));
+        })?;
+    Ok(())
+}
+
+/// The database settings that keep a session from hanging unnoticed.
+fn session_config(mut config: tokio_postgres::Config, options: &Options) -> tokio_postgres::Config {
+    config
+        .connect_timeout(options.timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(options.timeout * 3);
+    if config.get_application_name().is_none() {
+        config.application_name(APPLICATION_NAME);
     }
+    config
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,59 +146,301 @@ enum SessionError {
     Db(#[from] tokio_postgres::Error),
     #[error("database connection closed")]
     Closed,
+    #[error("no answer from the database within {0:?}; dropping the session")]
+    Timeout(Duration),
 }
 
-/// One database connection's life: LISTEN, load, then reload on notifications and on the timer,
-/// until something fails.
-async fn session(
-    url: &str,
-    table: &LinkTable,
-    metrics: &Metrics,
-    reload_every: Duration,
-    backoff: &mut Backoff,
-) -> SessionError {
-    let (client, connection) = match tokio_postgres::connect(url, NoTls).await {
-        Ok(pair) => pair,
-        Err(e) => return e.into(),
-    };
-    let changed = Arc::new(Notify::new());
-    let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
-    // LISTEN before the first load, so that no change between the two goes unseen.
-    if let Err(e) = client.batch_execute("LISTEN links_changed").await {
-        return e.into();
-    }
-    let mut tick = tokio::time::interval(reload_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-            _ = &mut driver.0 => return SessionError::Closed,
+/// Where the loader is in the change log: every change with an id up to `last_id` is applied,
+/// except those of the transactions `in_progress` at that read; and the TRUNCATE `epoch` the
+/// table was loaded under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Position {
+    last_id: i64,
+    in_progress: Vec<i64>,
+    epoch: i64,
+}
+
+/// What one read of the change log's state says, in the read's snapshot.
+#[derive(Debug)]
+struct Head {
+    epoch: i64,
+    pruned_id: i64,
+    pruned_xid: i64,
+    /// The highest change id visible.
+    top: i64,
+    /// Transactions in progress (invisible) in this snapshot.
+    xip: Vec<i64>,
+    /// The database's clock at the read, Unix seconds.
+    now: f64,
+}
+
+const HEAD: &str = "
+    SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint,
+           coalesce((SELECT max(id) FROM link_changes), 0),
+           ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
+           extract(epoch FROM clock_timestamp())::float8
+      FROM link_changes_state AS s";
+
+/// Each changed code once, with its current URL (NULL: gone) and its newest change's time.
+const CHANGES: &str = "
+    SELECT c.code, l.url, extract(epoch FROM c.changed_at)::float8
+      FROM (SELECT code, max(changed_at) AS changed_at FROM link_changes
+             WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
+             GROUP BY code) AS c
+      LEFT JOIN links AS l USING (code)";
+
+const ALL_LINKS: &str = "SELECT code, url FROM links";
+const ALL_CODES: &str = "SELECT code FROM links";
+
+impl Head {
+    fn from_row(row: &Row) -> Head {
+        Head {
+            epoch: row.get(0),
+            pruned_id: row.get(1),
+            pruned_xid: row.get(2),
+            top: row.get(3),
+            xip: row.get(4),
+            now: row.get(5),
         }
-        if let Err(e) = load(&client, table, metrics).await {
+    }
+
+    /// Why the change log cannot bring a table at `at` up to date, if it cannot.
+    fn needs_full_load(&self, at: Option<&Position>) -> Option<&'static str> {
+        let Some(at) = at else {
+            return Some("first load");
+        };
+        if self.epoch != at.epoch {
+            return Some("links was truncated");
+        }
+        // Rows above our id were pruned, or rows of a transaction we still had to read: one
+        // that has finished since (a transaction still running has nothing pruned yet).
+        let pruned_xid = at
+            .in_progress
+            .iter()
+            .any(|x| *x <= self.pruned_xid && !self.xip.contains(x));
+        (self.pruned_id > at.last_id || pruned_xid).then_some("the change log was pruned past us")
+    }
+
+    /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
+    /// read before, or this read was a full load, which covers them.
+    fn position(&self, before: Option<&Position>) -> Position {
+        let before = before.map_or(0, |p| p.last_id);
+        Position {
+            last_id: self.top.max(self.pruned_id).max(before),
+            in_progress: self.xip.clone(),
+            epoch: self.epoch,
+        }
+    }
+}
+
+struct Loader {
+    links: Arc<LinkTable>,
+    metrics: Arc<Metrics>,
+    options: Options,
+    position: Option<Position>,
+    /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
+    skipped: HashSet<Box<str>>,
+}
+
+impl Loader {
+    fn new(links: Arc<LinkTable>, metrics: Arc<Metrics>, options: Options) -> Loader {
+        Loader {
+            links,
+            metrics,
+            options,
+            position: None,
+            skipped: HashSet::new(),
+        }
+    }
+
+    async fn run(&mut self, config: &tokio_postgres::Config) {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let err = self.session(config, &mut backoff).await;
+            self.metrics.link_load_errors.inc();
+            let wait = backoff.next_wait();
+            tracing::warn!(
+                "link table: {err}; serving the last table ({} links), retrying in {wait:?}",
+                self.metrics.links.get()
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Waits for `f` for at most the timeout.
+    async fn timed<T, E>(&self, f: impl Future<Output = Result<T, E>>) -> Result<T, SessionError>
+    where
+        SessionError: From<E>,
+    {
+        match tokio::time::timeout(self.options.timeout, f).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(SessionError::Timeout(self.options.timeout)),
+        }
+    }
+
+    /// One database session: LISTEN, bring the table up to date, then again on each
+    /// notification and each poll tick, until something fails.
+    async fn session(
+        &mut self,
+        config: &tokio_postgres::Config,
+        backoff: &mut Backoff,
+    ) -> SessionError {
+        let (mut client, connection) = match self.timed(config.connect(NoTls)).await {
+            Ok(pair) => pair,
+            Err(e) => return e,
+        };
+        let changed = Arc::new(Notify::new());
+        let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
+        // LISTEN before the first read, so that no change between the two goes unseen.
+        let setup = format!(
+            "SET statement_timeout = {}; LISTEN links_changed",
+            self.options.timeout.as_millis()
+        );
+        if let Err(e) = self.timed(client.batch_execute(&setup)).await {
             return e;
         }
-        backoff.reset();
+        let mut tick = tokio::time::interval(self.options.poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                _ = &mut driver.0 => return SessionError::Closed,
+            }
+            if let Err(e) = self.sync(&mut client).await {
+                return e;
+            }
+            backoff.reset();
+        }
+    }
+
+    /// One read of the change log, in one snapshot: apply what changed, or load everything.
+    async fn sync(&mut self, client: &mut Client) -> Result<(), SessionError> {
+        let begin = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start();
+        let tx = self.timed(begin).await?;
+        let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?);
+        let read_at = Instant::now();
+        match head.needs_full_load(self.position.as_ref()) {
+            Some(why) => self.full_load(&tx, why).await?,
+            None => self.apply_changes(&tx, &head, read_at).await?,
+        }
+        self.position = Some(head.position(self.position.as_ref()));
+        self.metrics.links_synced.set(head.now);
+        self.metrics.links.set(self.links.table.len() as i64);
+        self.metrics.links_skipped.set(self.skipped.len() as i64);
+        self.timed(tx.commit()).await
+    }
+
+    /// Applies each code changed since our position, as it is in this snapshot.
+    async fn apply_changes(
+        &mut self,
+        tx: &Transaction<'_>,
+        head: &Head,
+        read_at: Instant,
+    ) -> Result<(), SessionError> {
+        let at = self.position.as_ref().expect("a full load came first");
+        let params: [&(dyn ToSql + Sync); 2] = [&at.last_id, &at.in_progress];
+        let mut rows = Box::pin(self.timed(tx.query_raw(CHANGES, params)).await?);
+        let links = self.links.clone();
+        let mut batch = Batch::new(&links.table, false);
+        let (mut codes, mut newest) = (0u64, f64::MIN);
+        while let Some(row) = self.timed(next(rows.as_mut())).await? {
+            let (code, url): (&str, Option<&str>) = (row.get(0), row.get(1));
+            let url = self.check(code, url);
+            batch.set(code.as_bytes(), url.map(str::as_bytes));
+            codes += 1;
+            newest = newest.max(row.get::<_, f64>(2));
+        }
+        batch.finish();
+        if codes > 0 {
+            self.metrics.link_changes_applied.add(codes);
+            let lag = head.now - newest + read_at.elapsed().as_secs_f64();
+            self.metrics.links_lag.set(lag.max(0.0));
+            tracing::debug!("applied {codes} link changes, lag {lag:.3} s");
+        }
+        Ok(())
+    }
+
+    /// Loads every row of `links` in this snapshot. While a table is being served this
+    /// compares instead of rebuilding: rows that differ are applied shard by shard, then a
+    /// second pass over the codes removes what `links` no longer has.
+    async fn full_load(&mut self, tx: &Transaction<'_>, why: &str) -> Result<(), SessionError> {
+        let started = Instant::now();
+        let serving = self.links.is_loaded();
+        // The client-side timeout guards each row instead: a big table takes a while.
+        self.timed(tx.batch_execute("SET LOCAL statement_timeout = 0"))
+            .await?;
+        self.skipped.clear();
+        let no_params: [&(dyn ToSql + Sync); 0] = [];
+        let mut rows = Box::pin(self.timed(tx.query_raw(ALL_LINKS, no_params)).await?);
+        let links = self.links.clone();
+        let mut batch = Batch::new(&links.table, !serving);
+        while let Some(row) = self.timed(next(rows.as_mut())).await? {
+            let (code, url): (&str, &str) = (row.get(0), row.get(1));
+            let url = self.check(code, Some(url));
+            batch.set(code.as_bytes(), url.map(str::as_bytes));
+        }
+        let mut changed = batch.finish();
+        if serving {
+            changed += self.remove_unseen(tx).await?;
+        }
+        self.log_skipped();
+        self.metrics.link_loads.inc();
+        self.metrics.links_lag.set(started.elapsed().as_secs_f64());
+        self.links.set_loaded();
+        tracing::info!(
+            "link table loaded ({why}): {} links, {changed} changed, in {:?}",
+            self.links.table.len(),
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    /// The second pass of a comparison: removes the links `links` does not have.
+    async fn remove_unseen(&mut self, tx: &Transaction<'_>) -> Result<u64, SessionError> {
+        let mut seen = Seen::new(&self.links.table);
+        let no_params: [&(dyn ToSql + Sync); 0] = [];
+        let mut rows = Box::pin(self.timed(tx.query_raw(ALL_CODES, no_params)).await?);
+        while let Some(row) = self.timed(next(rows.as_mut())).await? {
+            seen.mark(&self.links.table, row.get::<_, &str>(0).as_bytes());
+        }
+        Ok(seen.remove_unseen(&self.links.table))
+    }
+
+    /// `url` if the row can be served; otherwise `None`, and the code is counted as skipped.
+    fn check<'r>(&mut self, code: &str, url: Option<&'r str>) -> Option<&'r str> {
+        if !self.skipped.is_empty() {
+            self.skipped.remove(code);
+        }
+        let url = url?;
+        match usable(code.as_bytes(), url.as_bytes()) {
+            Ok(()) => Some(url),
+            Err(why) => {
+                if self.skipped.len() < SKIPPED_LOGGED {
+                    tracing::warn!("skipping link {code:?} -> {url:?}: {why}");
+                }
+                self.skipped.insert(code.into());
+                None
+            }
+        }
+    }
+
+    fn log_skipped(&self) {
+        if self.skipped.len() > SKIPPED_LOGGED {
+            tracing::warn!("skipped {} links in all", self.skipped.len());
+        }
     }
 }
 
-async fn load(client: &Client, table: &LinkTable, metrics: &Metrics) -> Result<(), SessionError> {
-    let rows = client.query("SELECT code, url FROM links", &[]).await?;
-    let (map, skipped) = build(
-        rows.into_iter()
-            .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1))),
-    );
-    let first = !table.is_loaded();
-    metrics.links.set(map.len() as i64);
-    metrics.links_skipped.set(skipped as i64);
-    metrics.link_loads.inc();
-    if first {
-        tracing::info!("link table loaded: {} links", map.len());
-    } else {
-        tracing::debug!("link table reloaded: {} links", map.len());
-    }
-    table.replace(map);
-    Ok(())
+/// The next row of a stream.
+async fn next(
+    mut rows: std::pin::Pin<&mut tokio_postgres::RowStream>,
+) -> Result<Option<Row>, tokio_postgres::Error> {
+    rows.next().await.transpose()
 }
 
 /// Drives the connection and turns each `links_changed` notification into a wake-up.
@@ -217,30 +475,4 @@ impl<T> Drop for AbortOnDrop<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn build_skips_bad_codes_and_urls() {
-        let rows = [
-            ("ok", "https://example.com/a"),
-            ("bad code", "https://example.com/b"),
-            ("newline", "https://example.com/\nx"),
-        ]
-        .map(|(c, u)| (c.to_owned(), u.to_owned()));
-        let (map, skipped) = build(rows);
-        assert_eq!(skipped, 2);
-        assert_eq!(map.len(), 1);
-        assert_eq!(map["ok"], "https://example.com/a");
-    }
-
-    #[test]
-    fn lookup_tells_unloaded_from_unknown() {
-        let table = LinkTable::default();
-        assert!(matches!(table.lookup("a"), Lookup::NotLoaded));
-        table.replace(build([("a".to_owned(), "http://x/".to_owned())]).0);
-        assert!(matches!(table.lookup("a"), Lookup::Found(v) if v == "http://x/"));
-        assert!(matches!(table.lookup("b"), Lookup::Unknown));
-        assert!(table.is_loaded());
-    }
-}
+mod tests;

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use shared::metrics::{Counter, Gauge, LabeledCounter, Text};
+use shared::metrics::{Counter, FloatGauge, Gauge, LabeledCounter, Text};
 use shared::socket::SendErrorKind;
 
 use crate::links::LinkTable;
@@ -57,8 +57,15 @@ pub struct Metrics {
     pub links: Gauge,
     pub link_loads: Counter,
     pub link_load_errors: Counter,
-    /// Rows of the last load left out because their code or URL is unusable.
+    /// Rows of `links` left out because their code or URL is unusable.
     pub links_skipped: Gauge,
+    /// Changed codes applied from the change log.
+    pub link_changes_applied: Counter,
+    /// How old the served state was when it was published: for changes, seconds from the
+    /// newest applied change's `changed_at` to its application; for a full load, its duration.
+    pub links_lag: FloatGauge,
+    /// Unix time (the database's clock) of the last successful read of the change log.
+    pub links_synced: FloatGauge,
 }
 
 impl Default for Metrics {
@@ -83,6 +90,9 @@ impl Default for Metrics {
             link_loads: Counter::default(),
             link_load_errors: Counter::default(),
             links_skipped: Gauge::default(),
+            link_changes_applied: Counter::default(),
+            links_lag: FloatGauge::default(),
+            links_synced: FloatGauge::default(),
         }
     }
 }
@@ -164,13 +174,18 @@ impl shared::admin::Admin for AdminView {
             ),
             (
                 "link_loads_total",
-                "Successful loads of the link table.",
+                "Full loads of the link table (at start, or when the change log cannot catch up).",
                 &m.link_loads,
             ),
             (
                 "link_load_errors_total",
-                "Failed connections or loads of the link table.",
+                "Link table sessions lost: failed or timed-out connections, loads or reads.",
                 &m.link_load_errors,
+            ),
+            (
+                "link_changes_applied_total",
+                "Changed codes applied from the change log.",
+                &m.link_changes_applied,
             ),
         ];
         let gauges = [
@@ -184,8 +199,20 @@ impl shared::admin::Admin for AdminView {
             ("links", "Links being served.", m.links.get()),
             (
                 "links_skipped",
-                "Rows of the last load skipped for a bad code or URL.",
+                "Rows of links left out for a bad code or URL.",
                 m.links_skipped.get(),
+            ),
+        ];
+        let float_gauges = [
+            (
+                "links_lag_seconds",
+                "Seconds from the newest applied change's commit to its application (a full load: its duration).",
+                m.links_lag.get(),
+            ),
+            (
+                "links_synced_timestamp_seconds",
+                "Unix time of the last successful read of the change log (0: none yet).",
+                m.links_synced.get(),
             ),
         ];
         let mut text = Text::default();
@@ -194,6 +221,9 @@ impl shared::admin::Admin for AdminView {
         }
         for (name, help, value) in gauges {
             text.gauge(&format!("redirector_{name}"), help, value);
+        }
+        for (name, help, value) in float_gauges {
+            text.gauge_f64(&format!("redirector_{name}"), help, value);
         }
         text.labeled(
             "redirector_clicks_dropped_total",

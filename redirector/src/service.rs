@@ -30,6 +30,10 @@ pub enum Error {
     },
     #[error(transparent)]
     Drain(#[from] drain::Error),
+    #[error("--database-url: {}", shared::db::describe(.0))]
+    DatabaseUrl(tokio_postgres::Error),
+    #[error("starting the link loader thread: {0}")]
+    Loader(std::io::Error),
     #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
     Direct(tokio_postgres::Error),
     /// Serving on would hand clicks to a ring nobody empties, so the process stops instead.
@@ -61,6 +65,7 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 /// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
+    let db: tokio_postgres::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     let metrics = Arc::new(Metrics::default());
     let table = Arc::new(LinkTable::default());
     let ring = (cfg.clicks == ClickMode::Pipeline).then(|| new_ring(&cfg));
@@ -75,12 +80,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
             links: table.clone(),
         }),
     );
-    tokio::spawn(links::keep_loaded(
-        cfg.database_url.clone(),
-        table.clone(),
-        metrics.clone(),
-        cfg.reload_interval,
-    ));
+    let options = links::Options {
+        poll: cfg.reload_interval,
+        timeout: cfg.link_timeout,
+    };
+    links::spawn(db, table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let mut drain = match &ring {

@@ -37,6 +37,19 @@ impl Gauge {
     }
 }
 
+/// A gauge that takes fractions (seconds, timestamps).
+#[derive(Debug, Default)]
+pub struct FloatGauge(AtomicU64);
+
+impl FloatGauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Relaxed);
+    }
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+}
+
 /// Counters under one label whose values are known in advance (drop reasons, error kinds).
 #[derive(Debug)]
 pub struct LabeledCounter {
@@ -148,6 +161,12 @@ impl Text {
         self
     }
 
+    pub fn gauge_f64(&mut self, name: &str, help: &str, value: f64) -> &mut Self {
+        self.header(name, help, "gauge");
+        let _ = writeln!(self.0, "{name} {value}");
+        self
+    }
+
     pub fn labeled(
         &mut self,
         name: &str,
@@ -209,11 +228,13 @@ mod tests {
         let text = Text::default()
             .counter("x_total", "X.", 5)
             .gauge("depth", "Depth.", -1)
+            .gauge_f64("lag_seconds", "Lag.", 0.25)
             .labeled("dropped_total", "Dropped.", "reason", &dropped)
             .histogram("lat_seconds", "Latency.", &h)
             .finish();
         assert_eq!(sample(&text, "x_total"), Some(5.0));
         assert_eq!(sample(&text, "depth"), Some(-1.0));
+        assert_eq!(sample(&text, "lag_seconds"), Some(0.25));
         assert_eq!(
             sample(&text, "dropped_total{reason=\"ring_full\"}"),
             Some(3.0)

@@ -150,6 +150,50 @@ pub async fn add_link(db: &tokio_postgres::Client, code: &str, url: &str) {
     .unwrap_or_else(|e| panic!("adding link {code}: {e:?}"));
 }
 
+/// The one value `sql` returns.
+pub async fn scalar<T: tokio_postgres::types::FromSqlOwned>(
+    db: &tokio_postgres::Client,
+    sql: &str,
+) -> T {
+    db.query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)))
+        .get(0)
+}
+
+/// The database's clock, Unix seconds (what `redirector_links_synced_timestamp_seconds` uses).
+pub async fn db_now(db: &tokio_postgres::Client) -> f64 {
+    scalar(db, "SELECT extract(epoch FROM clock_timestamp())::float8").await
+}
+
+/// Cuts the redirector's link sessions and refuses new connections to `f`'s database until
+/// [`let_back`]; returns once the redirector counted the loss. The admin client it returns is
+/// what lets it back.
+pub async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
+    let admin = shared::pgtest::cluster().connect("postgres").await;
+    let errors = r.metric("redirector_link_load_errors_total").await;
+    let sql = format!(
+        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = '{0}' AND application_name = 'redirector-links';",
+        f.db.name
+    );
+    admin.batch_execute(&sql).await.expect("cutting off");
+    shared::testkit::eventually(
+        "the redirector to notice the lost session",
+        LIMIT,
+        || async { (r.metric("redirector_link_load_errors_total").await > errors).then_some(()) },
+    )
+    .await;
+    admin
+}
+
+/// Allows connections to `f`'s database again.
+pub async fn let_back(f: &Fixture, admin: &tokio_postgres::Client) {
+    let sql = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", f.db.name);
+    admin.batch_execute(&sql).await.expect("letting back");
+}
+
 /// Rows in `clicks` for `code`, or for every code if `None`.
 pub async fn rows(db: &tokio_postgres::Client, code: Option<&str>) -> u64 {
     let row = db

@@ -1,0 +1,423 @@
+//! The link table's structure: code -> URL for millions of links in compact memory, read by
+//! every request without a lock or a wait, changed by one writer shard by shard.
+//!
+//! [`SHARDS`] shards, chosen by a hash of the code. Each shard is immutable once published: one
+//! contiguous byte arena of entries `[code len: u8][code][url len: LEB128][url]` and an
+//! open-addressing index of `u64` slots, each a hash tag and an offset into the arena. A change copies the shards it touches (a few
+//! KB each at a million links) and swaps them in with [`ArcSwap`]; readers keep whatever shard
+//! they loaded. About 60 bytes of arena and 13-17 of index per link, against ~144 for a
+//! `HashMap<Box<str>, HeaderValue>` (BENCHMARKS.md).
+
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+
+/// How many shards. At 10 M links a shard holds ~2,400 links in ~140 KB, so one change copies
+/// that much; at 1 M, ~14 KB. 16384 shards measured worse at 10 M: 898 MB instead of 758 and
+/// slower loads, as arenas under glibc's mmap threshold grow by doubling in the heap and
+/// fragment it, where larger ones are mapped and grow in place.
+pub const SHARDS: usize = 4096;
+
+/// The longest URL an entry holds. Far beyond what any browser follows; a longer URL is
+/// skipped, so that offsets stay `u32`.
+pub const MAX_URL: usize = 1 << 20;
+
+/// Why a row is left out of the table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    #[error("bad code: {0}")]
+    Code(shared::wire::CodeError),
+    #[error("URL is not a valid Location header value")]
+    Url,
+    #[error("URL is longer than {MAX_URL} bytes")]
+    UrlTooLong,
+}
+
+/// Checks that `code` is a click code and `url` can go in a `Location` header as it is (the
+/// rule of `http::HeaderValue`: visible ASCII, space, tab, or bytes >= 0x80).
+pub fn usable(code: &[u8], url: &[u8]) -> Result<(), Unusable> {
+    shared::wire::validate_code(code).map_err(Unusable::Code)?;
+    if url.len() > MAX_URL {
+        return Err(Unusable::UrlTooLong);
+    }
+    if url.iter().all(|&b| (b >= 32 && b != 127) || b == b'\t') {
+        Ok(())
+    } else {
+        Err(Unusable::Url)
+    }
+}
+
+/// The hasher every shard and lookup uses: foldhash, seeded at random per process so that
+/// codes cannot be chosen to collide.
+#[derive(Clone, Default)]
+pub struct Hasher(foldhash::fast::RandomState);
+
+impl Hasher {
+    pub fn hash(&self, code: &[u8]) -> u64 {
+        self.0.hash_one(code)
+    }
+}
+
+/// Which shard a hash falls in. Bits 32.. are not the index's slot bits (the low ones), so the
+/// links of one shard spread over its index.
+pub fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize & (SHARDS - 1)
+}
+
+/// Open addressing with linear probing over `u64` slots: the hash's high 32 bits as a tag, and
+/// the entry's offset + 1 (0: empty). A lookup reads one slot and, only when the tag matches,
+/// the arena: one cache miss fewer than an index whose tags live apart from its values
+/// (hashbrown's control bytes), which measured 70 % slower on hits at 1 M links. Built once
+/// for a known number of entries, at most 80 % full, never grown.
+#[derive(Default)]
+struct Index {
+    slots: Box<[u64]>,
+    len: usize,
+}
+
+impl Index {
+    fn with_capacity(n: usize) -> Index {
+        let size = (n + n / 4 + 1).next_power_of_two();
+        Index {
+            slots: vec![0; size].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    fn insert(&mut self, hash: u64, at: u32) {
+        let mask = self.slots.len() - 1;
+        let mut i = hash as usize & mask;
+        while self.slots[i] != 0 {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = (hash & !0xffff_ffff) | (u64::from(at) + 1);
+        self.len += 1;
+    }
+
+    /// The slot of the entry whose tag matches and for which `eq(offset)` holds.
+    fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut i = hash as usize & mask;
+        loop {
+            let slot = self.slots[i];
+            if slot == 0 {
+                return None;
+            }
+            if slot >> 32 == hash >> 32 && eq(slot as u32 - 1) {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The offset in slot `i`, if it holds one.
+    fn at(&self, i: usize) -> Option<u32> {
+        self.slots
+            .get(i)
+            .filter(|&&s| s != 0)
+            .map(|&s| s as u32 - 1)
+    }
+}
+
+/// One shard: immutable once built.
+#[derive(Default)]
+pub struct Shard {
+    arena: Bytes,
+    index: Index,
+}
+
+impl Shard {
+    pub fn len(&self) -> usize {
+        self.index.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.len == 0
+    }
+
+    /// The URL of `code`, as a slice of the arena (no copy).
+    pub fn get(&self, hash: u64, code: &[u8]) -> Option<Bytes> {
+        self.find(hash, code).map(|url| self.arena.slice(url))
+    }
+
+    /// Where the URL of `code` is in the arena.
+    fn find(&self, hash: u64, code: &[u8]) -> Option<Range<usize>> {
+        let slot = self.index.find(hash, |at| self.code_at(at) == code)?;
+        Some(self.url_range(self.index.at(slot)?))
+    }
+
+    /// Where `code` is in the index (its slot), to mark it seen during a full comparison.
+    pub fn bucket_of(&self, hash: u64, code: &[u8], url: &[u8]) -> Lookup {
+        match self.index.find(hash, |at| self.code_at(at) == code) {
+            None => Lookup::Absent,
+            Some(bucket) => {
+                let at = self.index.at(bucket).expect("found");
+                if &self.arena[self.url_range(at)] == url {
+                    Lookup::Same(bucket)
+                } else {
+                    Lookup::Different(bucket)
+                }
+            }
+        }
+    }
+
+    pub fn buckets(&self) -> usize {
+        self.index.slots.len()
+    }
+
+    /// The code held in `bucket`, if that bucket is occupied.
+    pub fn code_in_bucket(&self, bucket: usize) -> Option<&[u8]> {
+        self.index.at(bucket).map(|at| self.code_at(at))
+    }
+
+    /// Every (code, url) entry, in arena order.
+    pub fn entries(&self) -> Entries<'_> {
+        Entries {
+            arena: &self.arena,
+            at: 0,
+        }
+    }
+
+    /// A copy of this shard without the codes of `changes` and with its entries added.
+    pub fn changed(&self, changes: &Changes, hasher: &Hasher) -> Shard {
+        let touched: HashSet<&[u8], foldhash::fast::RandomState> = changes.codes().collect();
+        // Sized once: growing it by doubling was most of the cost of applying a change.
+        let mut builder = Builder::with_capacity(self.arena.len() + changes.puts.arena.len());
+        for (code, url) in self.entries().filter(|(c, _)| !touched.contains(c)) {
+            builder.push(code, url);
+        }
+        for (code, url) in changes.puts.entries() {
+            builder.push(code, url);
+        }
+        builder.build(hasher)
+    }
+
+    fn code_at(&self, at: u32) -> &[u8] {
+        code_at(&self.arena, at)
+    }
+
+    fn url_range(&self, at: u32) -> Range<usize> {
+        let at = at as usize;
+        let after_code = at + 1 + usize::from(self.arena[at]);
+        let (len, start) = read_len(&self.arena, after_code);
+        start..start + len
+    }
+}
+
+/// What [`Shard::bucket_of`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    Absent,
+    Same(usize),
+    Different(usize),
+}
+
+/// The entries of an arena, in order.
+pub struct Entries<'a> {
+    arena: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let code_len = usize::from(*self.arena.get(self.at)?);
+        let code = &self.arena[self.at + 1..self.at + 1 + code_len];
+        let (url_len, start) = read_len(self.arena, self.at + 1 + code_len);
+        self.at = start + url_len;
+        Some((code, &self.arena[start..self.at]))
+    }
+}
+
+/// Appends entries to an arena; [`Builder::build`] indexes them.
+#[derive(Default)]
+pub struct Builder {
+    arena: Vec<u8>,
+    len: usize,
+}
+
+impl Builder {
+    pub fn with_capacity(bytes: usize) -> Builder {
+        Builder {
+            arena: Vec::with_capacity(bytes),
+            len: 0,
+        }
+    }
+
+    /// Appends an entry. The caller checked it with [`usable`] and pushes each code once.
+    pub fn push(&mut self, code: &[u8], url: &[u8]) {
+        debug_assert!(usable(code, url).is_ok());
+        self.arena.push(code.len() as u8);
+        self.arena.extend_from_slice(code);
+        write_len(&mut self.arena, url.len());
+        self.arena.extend_from_slice(url);
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn entries(&self) -> Entries<'_> {
+        Entries {
+            arena: &self.arena,
+            at: 0,
+        }
+    }
+
+    /// The arena, trimmed to its length, and an index sized for exactly its entries.
+    pub fn build(mut self, hasher: &Hasher) -> Shard {
+        self.arena.shrink_to_fit();
+        let arena = Bytes::from(self.arena);
+        let mut index = Index::with_capacity(self.len);
+        let mut entries = Entries {
+            arena: &arena,
+            at: 0,
+        };
+        loop {
+            let at = entries.at as u32;
+            let Some((code, _)) = entries.next() else {
+                break;
+            };
+            index.insert(hasher.hash(code), at);
+        }
+        Shard { arena, index }
+    }
+}
+
+/// Changes to one shard: entries to put (insert or replace) and codes to remove.
+#[derive(Default)]
+pub struct Changes {
+    pub puts: Builder,
+    pub removes: Vec<Box<[u8]>>,
+}
+
+impl Changes {
+    pub fn len(&self) -> usize {
+        self.puts.len() + self.removes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn codes(&self) -> impl Iterator<Item = &[u8]> {
+        self.puts
+            .entries()
+            .map(|(code, _)| code)
+            .chain(self.removes.iter().map(|c| &c[..]))
+    }
+}
+
+fn code_at(arena: &[u8], at: u32) -> &[u8] {
+    let at = at as usize;
+    &arena[at + 1..at + 1 + usize::from(arena[at])]
+}
+
+fn write_len(arena: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        arena.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    arena.push(n as u8);
+}
+
+/// Reads a LEB128 length at `at`; returns it and where the bytes after it start.
+fn read_len(arena: &[u8], mut at: usize) -> (usize, usize) {
+    let (mut n, mut shift) = (0usize, 0);
+    loop {
+        let b = arena[at];
+        at += 1;
+        n |= usize::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return (n, at);
+        }
+        shift += 7;
+    }
+}
+
+/// Every shard, each swapped whole when it changes. Reads never wait; one task writes.
+pub struct Table {
+    shards: Box<[ArcSwap<Shard>]>,
+    hasher: Hasher,
+    /// Links in all shards, kept by the writer (summing every shard per read cost more than
+    /// applying a few changes).
+    len: AtomicUsize,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            shards: (0..SHARDS).map(|_| ArcSwap::default()).collect(),
+            hasher: Hasher::default(),
+            len: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Table {
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
+    }
+
+    /// The URL of `code`.
+    pub fn get(&self, code: &[u8]) -> Option<Bytes> {
+        let hash = self.hasher.hash(code);
+        self.shards[shard_of(hash)].load().get(hash, code)
+    }
+
+    /// `f` of the URL of `code`, borrowed from the arena while `f` runs.
+    pub fn get_with<R>(&self, code: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let hash = self.hasher.hash(code);
+        let shard = self.shards[shard_of(hash)].load();
+        shard.find(hash, code).map(|url| f(&shard.arena[url]))
+    }
+
+    /// The shard being served at `i`.
+    pub fn shard(&self, i: usize) -> Arc<Shard> {
+        self.shards[i].load_full()
+    }
+
+    /// Publishes `shard` at `i`; readers that loaded the old one keep it until they are done.
+    pub fn publish(&self, i: usize, shard: Shard) {
+        let added = shard.len();
+        let old = self.shards[i].swap(Arc::new(shard));
+        self.len.fetch_add(added, Relaxed);
+        self.len.fetch_sub(old.len(), Relaxed);
+    }
+
+    /// Applies `changes` to shard `i`; returns how many links the shard gained (or lost).
+    pub fn apply(&self, i: usize, changes: Changes) -> isize {
+        let old = self.shard(i);
+        let new = if old.is_empty() && changes.removes.is_empty() {
+            // A first load: the pending arena becomes the shard, without a copy.
+            changes.puts.build(&self.hasher)
+        } else {
+            old.changed(&changes, &self.hasher)
+        };
+        let gained = new.len() as isize - old.len() as isize;
+        self.publish(i, new);
+        gained
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests;

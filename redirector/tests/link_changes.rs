@@ -1,0 +1,385 @@
+//! The link table follows `links` through the change log: bursts of changes on a large table
+//! under load, commits out of id order, TRUNCATE, a pruned log, and a session that stops
+//! answering.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{add_link, cut_off, db_now, fixture, let_back, redirector, scalar, Fixture};
+use common::{Redirector, LIMIT};
+use hyper::Method;
+use shared::testkit::eventually;
+
+/// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
+async fn served(http: SocketAddr, code: &str) -> Option<String> {
+    let response = common::request(http, Method::GET, &format!("/{code}")).await;
+    match response.status().as_u16() {
+        302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
+        404 => None,
+        other => panic!("GET /{code} answered {other}"),
+    }
+}
+
+/// Waits until `code` answers `want`.
+async fn await_served(http: SocketAddr, code: &str, want: Option<&str>, limit: Duration) {
+    let what = format!("/{code} to answer {want:?}");
+    eventually(&what, limit, || async {
+        (served(http, code).await.as_deref() == want).then_some(())
+    })
+    .await;
+}
+
+async fn execute(db: &tokio_postgres::Client, sql: &str) {
+    db.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
+}
+
+/// `n` links `big0` ... loaded with one statement.
+async fn big_table(f: &Fixture, n: u32) {
+    execute(
+        &f.client,
+        &format!(
+            "INSERT INTO links (code, url)
+             SELECT 'big' || n, 'https://example.com/articles/2026/' || lpad(n::text, 11, '0')
+             FROM generate_series(0, {n} - 1) AS n"
+        ),
+    )
+    .await;
+}
+
+/// One writer's share of a burst: the codes it owns (no other writer touches them, so the last
+/// commit per code is well defined) and what it did.
+struct Writer {
+    client: tokio_postgres::Client,
+    codes: Vec<String>,
+    rng: u64,
+}
+
+/// A code's expected answer and when the change that decided it committed.
+type Expected = HashMap<String, (Option<String>, Instant)>;
+
+impl Writer {
+    fn next(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// `ops` random inserts, updates and deletes, each its own transaction.
+    async fn burst(&mut self, tag: &str, ops: usize) -> Expected {
+        let mut done = Expected::new();
+        for i in 0..ops {
+            let (code, url) = self.one(&format!("{tag}_{i}")).await;
+            done.insert(code, (url, Instant::now()));
+        }
+        done
+    }
+
+    async fn one(&mut self, fresh: &str) -> (String, Option<String>) {
+        let pick = self.next() as usize % self.codes.len().max(1);
+        let op = if self.codes.is_empty() {
+            0
+        } else {
+            self.next() % 3
+        };
+        match op {
+            0 => {
+                let (code, url) = (
+                    format!("n{fresh}"),
+                    format!("https://example.com/n/{fresh}"),
+                );
+                add_link(&self.client, &code, &url).await;
+                self.codes.push(code.clone());
+                (code, Some(url))
+            }
+            1 => {
+                let code = self.codes[pick].clone();
+                let url = format!("https://example.com/u/{fresh}");
+                let sql = "UPDATE links SET url = $2 WHERE code = $1";
+                self.client.execute(sql, &[&code, &url]).await.unwrap();
+                (code, Some(url))
+            }
+            _ => {
+                let code = self.codes.swap_remove(pick);
+                let sql = "DELETE FROM links WHERE code = $1";
+                self.client.execute(sql, &[&code]).await.unwrap();
+                (code, None)
+            }
+        }
+    }
+}
+
+/// Polls every code of `expected` over HTTP, many at once, until each answers as expected;
+/// returns the longest time from a change's commit to the first answer that showed it.
+async fn slowest_change(http: SocketAddr, mut expected: Expected) -> Duration {
+    let mut slowest = Duration::ZERO;
+    let start = Instant::now();
+    while !expected.is_empty() {
+        assert!(start.elapsed() < LIMIT, "never served: {expected:?}");
+        let mut polls = tokio::task::JoinSet::new();
+        for code in expected.keys().take(64).cloned() {
+            polls.spawn(async move { (served(http, &code).await, code) });
+        }
+        while let Some(polled) = polls.join_next().await {
+            let (got, code) = polled.unwrap();
+            if got == expected[&code].0 {
+                slowest = slowest.max(expected.remove(&code).unwrap().1.elapsed());
+            }
+        }
+    }
+    slowest
+}
+
+/// Every code of `codes` answers as `links` says.
+async fn agrees_with_links(r: &Redirector, db: &tokio_postgres::Client, codes: &[String]) {
+    let rows = db
+        .query(
+            "SELECT c, l.url FROM unnest($1::text[]) AS c LEFT JOIN links AS l ON l.code = c",
+            &[&codes],
+        )
+        .await
+        .unwrap();
+    for row in rows {
+        let (code, url): (String, Option<String>) = (row.get(0), row.get(1));
+        assert_eq!(served(r.http, &code).await, url, "/{code}");
+    }
+}
+
+#[tokio::test]
+async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_within_a_second() {
+    const LINKS: u32 = 200_000;
+    let f = fixture(&[]).await;
+    big_table(&f, LINKS).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    assert_eq!(r.metric("redirector_links").await, f64::from(LINKS));
+    let load = common::load::Load::get(r.http, "/big42");
+    let running = load.start();
+
+    // Four writers at once, so that commits interleave and land out of id order.
+    let mut writers = Vec::new();
+    for w in 0..4u32 {
+        // big42 is the load's; nobody changes it.
+        let codes = (0..LINKS).filter(|n| n % 4 == w && *n != 42);
+        let codes = codes.map(|n| format!("big{n}"));
+        writers.push(Writer {
+            client: shared::pgtest::connect(&f.db.url).await,
+            codes: codes.collect(),
+            rng: 0x2545_f491_4f6c_dd1d + u64::from(w),
+        });
+    }
+    let mut changed = Vec::new();
+    for burst in 0..8 {
+        let mut running = tokio::task::JoinSet::new();
+        for (w, mut writer) in writers.drain(..).enumerate() {
+            running.spawn(async move {
+                let done = writer.burst(&format!("{burst}_{w}"), 150).await;
+                (writer, done)
+            });
+        }
+        let mut expected = Expected::new();
+        while let Some(finished) = running.join_next().await {
+            let (writer, done) = finished.unwrap();
+            writers.push(writer);
+            expected.extend(done);
+        }
+        changed.extend(expected.keys().cloned());
+        let slowest = slowest_change(r.http, expected).await;
+        assert!(
+            slowest <= Duration::from_secs(1),
+            "burst {burst}: a change took {slowest:?}"
+        );
+    }
+
+    load.stop();
+    let report = running.await.unwrap();
+    assert_eq!(report.errors, 0);
+    assert!(report.count(302) > 0, "{report:?}");
+    changed.sort();
+    changed.dedup();
+    agrees_with_links(&r, &f.client, &changed).await;
+    let unchanged: Vec<String> = (0..LINKS).step_by(397).map(|n| format!("big{n}")).collect();
+    agrees_with_links(&r, &f.client, &unchanged).await;
+    let count: i64 = scalar(&f.client, "SELECT count(*) FROM links").await;
+    assert_eq!(r.metric("redirector_links").await, count as f64);
+    assert!(r.metric("redirector_link_changes_applied_total").await >= changed.len() as f64);
+    assert_eq!(
+        r.metric("redirector_link_loads_total").await,
+        1.0,
+        "no full reload"
+    );
+    let lag = r.metric("redirector_links_lag_seconds").await;
+    assert!((0.0..=1.0).contains(&lag), "lag {lag}");
+}
+
+#[tokio::test]
+async fn a_change_that_commits_after_a_later_id_is_applied() {
+    let f = fixture(&[]).await;
+    // Only notifications wake the loader: each read below is the one a commit caused.
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    let mut early = shared::pgtest::connect(&f.db.url).await;
+    let tx = early.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO links (code, url) VALUES ('early', 'https://example.com/early')",
+        &[],
+    )
+    .await
+    .unwrap();
+    // A later id, committed first, and read while the first is still in progress.
+    add_link(&f.client, "late", "https://example.com/late").await;
+    await_served(r.http, "late", Some("https://example.com/late"), LIMIT).await;
+    let ids: Vec<i64> = f
+        .client
+        .query("SELECT id FROM link_changes ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(ids.len(), 1, "only 'late' is visible yet");
+    tx.commit().await.unwrap();
+    await_served(r.http, "early", Some("https://example.com/early"), LIMIT).await;
+    let early_id: i64 = scalar(
+        &f.client,
+        "SELECT id FROM link_changes WHERE code = 'early'",
+    )
+    .await;
+    assert!(early_id < ids[0], "'early' has the lower id");
+}
+
+#[tokio::test]
+async fn truncating_links_makes_a_full_reload() {
+    let f = fixture(&[
+        ("a", "https://example.com/a"),
+        ("b", "https://example.com/b"),
+    ])
+    .await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    execute(
+        &f.client,
+        "BEGIN; TRUNCATE links;
+         INSERT INTO links (code, url) VALUES ('c', 'https://example.com/c'); COMMIT;",
+    )
+    .await;
+    await_served(r.http, "c", Some("https://example.com/c"), LIMIT).await;
+    assert_eq!(served(r.http, "a").await, None);
+    assert_eq!(served(r.http, "b").await, None);
+    assert_eq!(r.metric("redirector_link_loads_total").await, 2.0);
+    assert_eq!(r.metric("redirector_links").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_log_pruned_past_a_redirector_makes_it_reload_and_one_not_pruned_lets_it_resume() {
+    let f = fixture(&[
+        ("stays", "https://example.com/stays"),
+        ("goes", "https://example.com/goes"),
+        ("moves", "https://example.com/moves"),
+    ])
+    .await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+
+    // Away while links change: the log still holds the changes, so it resumes from them.
+    let admin = cut_off(&f, &r).await;
+    execute(
+        &f.client,
+        "UPDATE links SET url = 'https://example.com/v2' WHERE code = 'moves'",
+    )
+    .await;
+    let_back(&f, &admin).await;
+    await_served(r.http, "moves", Some("https://example.com/v2"), LIMIT).await;
+    assert_eq!(r.metric("redirector_link_loads_total").await, 1.0);
+
+    // Away while links change and the log is pruned: only a full load can catch up.
+    let admin = cut_off(&f, &r).await;
+    execute(&f.client, "DELETE FROM links WHERE code = 'goes'").await;
+    add_link(&f.client, "new", "https://example.com/new").await;
+    execute(&f.client, "SELECT prune_link_changes('0 s')").await;
+    let_back(&f, &admin).await;
+    await_served(r.http, "goes", None, LIMIT).await;
+    assert_eq!(r.metric("redirector_link_loads_total").await, 2.0);
+    assert_eq!(
+        served(r.http, "new").await.as_deref(),
+        Some("https://example.com/new")
+    );
+    assert_eq!(
+        served(r.http, "stays").await.as_deref(),
+        Some("https://example.com/stays")
+    );
+    assert_eq!(r.metric("redirector_links").await, 3.0);
+    // Caught up: the next reads of the (empty) log load nothing again.
+    let now = db_now(&f.client).await;
+    eventually("two more reads of the change log", LIMIT, || async {
+        let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
+        (synced > now + 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(r.metric("redirector_link_loads_total").await, 2.0);
+}
+
+/// SIGCONTs a stopped backend when the test ends, passed or not.
+struct Stopped(nix::unistd::Pid);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+async fn loader_backends(f: &Fixture) -> Vec<i32> {
+    let sql = "SELECT pid FROM pg_stat_activity
+                WHERE datname = $1 AND application_name = 'redirector-links'";
+    let rows = f.client.query(sql, &[&f.db.name]).await.unwrap();
+    rows.iter().map(|row| row.get(0)).collect()
+}
+
+#[tokio::test]
+async fn a_session_that_stops_answering_is_replaced_and_a_delete_is_served_meanwhile() {
+    let f = fixture(&[("doomed", "https://example.com/doomed")]).await;
+    let flags = ["--reload-interval", "200ms", "--link-timeout", "1s"];
+    let r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    let pids = loader_backends(&f).await;
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let pid = nix::unistd::Pid::from_raw(pids[0]);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let _resume = Stopped(pid);
+
+    let deleted = Instant::now();
+    execute(&f.client, "DELETE FROM links WHERE code = 'doomed'").await;
+    // Noticed within a poll plus the timeout, then a reconnect (backoff starts at 100 ms).
+    await_served(r.http, "doomed", None, Duration::from_secs(10)).await;
+    let took = deleted.elapsed();
+    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+    let now = loader_backends(&f).await;
+    assert!(now.iter().any(|&p| p != pids[0]), "a new session: {now:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[tokio::test]
+async fn a_link_changed_to_an_unusable_url_is_removed_and_counted_until_fixed() {
+    let f = fixture(&[("fine", "https://example.com/fine")]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    execute(
+        &f.client,
+        "UPDATE links SET url = 'https://example.com/a' || chr(10) WHERE code = 'fine'",
+    )
+    .await;
+    await_served(r.http, "fine", None, LIMIT).await;
+    assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
+    execute(
+        &f.client,
+        "UPDATE links SET url = 'https://example.com/ok' WHERE code = 'fine'",
+    )
+    .await;
+    await_served(r.http, "fine", Some("https://example.com/ok"), LIMIT).await;
+    assert_eq!(r.metric("redirector_links_skipped").await, 0.0);
+}
