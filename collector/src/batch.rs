@@ -1,5 +1,5 @@
 //! One batch being filled: its clicks already encoded as binary COPY rows, its counts per
-//! (code, UTC day), and the highest seq of each sender in it.
+//! (code, UTC day), the highest seq of each sender in it, and the clicks it sets aside.
 
 use std::collections::HashMap;
 
@@ -9,11 +9,54 @@ use tokio::time::Instant;
 
 use crate::copy;
 
+/// Which clicks go into `clicks`: those dated within this window around the collector's clock
+/// when it received them. The others are set aside, so that a wrong clock or a forged datagram
+/// cannot write into a day long gone (or far ahead), nor into a day without a partition.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub max_age_us: i64,
+    pub max_skew_us: i64,
+}
+
+impl Window {
+    /// Why a click at `at_us`, received at `now_us`, is set aside; `None` if it is not.
+    pub fn judge(&self, at_us: i64, now_us: i64) -> Option<SetAside> {
+        if at_us < now_us.saturating_sub(self.max_age_us) {
+            Some(SetAside::TooOld)
+        } else if at_us > now_us.saturating_add(self.max_skew_us) {
+            Some(SetAside::TooNew)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetAside {
+    TooOld,
+    TooNew,
+}
+
+impl SetAside {
+    pub const ALL: [SetAside; 2] = [SetAside::TooOld, SetAside::TooNew];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetAside::TooOld => "too_old",
+            SetAside::TooNew => "too_new",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Batch {
     /// `clicks` COPY rows, without header and trailer.
     rows: BytesMut,
     clicks: usize,
+    /// `clicks_set_aside` COPY rows, and how many per reason (in `SetAside::ALL` order).
+    set_aside_rows: BytesMut,
+    set_aside: [u64; SetAside::ALL.len()],
     /// Clicks per day, then per code: looked up by `&str`, so a code is allocated only the
     /// first time it appears in a batch.
     counts: HashMap<i32, HashMap<Box<str>, i64>>,
@@ -26,14 +69,30 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Adds an accepted datagram's clicks.
-    pub fn push(&mut self, datagram: &shared::wire::Batch<'_>) {
+    /// Adds an accepted datagram's clicks, received at `now_us`: those outside `window` are
+    /// set aside.
+    pub fn push(&mut self, datagram: &shared::wire::Batch<'_>, window: &Window, now_us: i64) {
         for (code, at_us) in datagram.clicks_at() {
+            if let Some(why) = window.judge(at_us, now_us) {
+                copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str());
+                self.set_aside[why as usize] += 1;
+                continue;
+            }
             copy::put_click(&mut self.rows, code, at_us);
             self.count(code, copy::pg_day(at_us));
             self.clicked_at.push(at_us);
+            self.clicks += 1;
         }
-        self.clicks += datagram.clicks.len();
+    }
+
+    /// Clicks set aside, per reason.
+    pub fn set_aside(&self) -> impl Iterator<Item = (SetAside, u64)> + '_ {
+        SetAside::ALL.into_iter().zip(self.set_aside)
+    }
+
+    /// The `clicks_set_aside` COPY rows, leaving the buffer empty (see `take_rows`).
+    pub fn take_set_aside_rows(&mut self) -> Bytes {
+        self.set_aside_rows.split().freeze()
     }
 
     fn count(&mut self, code: &str, day: i32) {
@@ -59,13 +118,18 @@ impl Batch {
         &self.clicked_at
     }
 
-    /// Clicks in the batch.
+    /// Clicks in the batch for `clicks` (not those set aside).
     pub fn len(&self) -> usize {
         self.clicks
     }
 
+    /// Clicks of the batch in all: for `clicks`, and set aside.
+    pub fn received(&self) -> usize {
+        self.clicks + self.set_aside.iter().sum::<u64>() as usize
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.clicks == 0
+        self.received() == 0
     }
 
     /// When its first datagram arrived; `None` while there is nothing to commit. A datagram
@@ -122,6 +186,8 @@ impl Batch {
     pub fn clear(&mut self) {
         self.rows.clear();
         self.clicks = 0;
+        self.set_aside_rows.clear();
+        self.set_aside = Default::default();
         self.counts.clear();
         self.delta_count = 0;
         self.senders.clear();
@@ -165,6 +231,12 @@ mod tests {
     use super::*;
     use shared::wire::{Batch as Datagram, Click};
 
+    /// Sets nothing aside.
+    const OPEN: Window = Window {
+        max_age_us: i64::MAX,
+        max_skew_us: i64::MAX,
+    };
+
     const DAY: i64 = 86_400_000_000;
 
     fn datagram(clicks: &[(&'static str, u32)], base_us: i64) -> Datagram<'static> {
@@ -184,8 +256,12 @@ mod tests {
     fn counts_per_code_and_utc_day() {
         let mut b = Batch::default();
         let midnight = 20_000 * DAY;
-        b.push(&datagram(&[("a", 0), ("a", 1), ("b", 2)], midnight - 1));
-        b.push(&datagram(&[("a", 0)], midnight + 5));
+        b.push(
+            &datagram(&[("a", 0), ("a", 1), ("b", 2)], midnight - 1),
+            &OPEN,
+            0,
+        );
+        b.push(&datagram(&[("a", 0)], midnight + 5), &OPEN, 0);
         assert_eq!(b.len(), 4);
         let mut deltas: Vec<_> = b.deltas().map(|(c, d, n)| (c.to_owned(), d, n)).collect();
         deltas.sort();
@@ -202,6 +278,26 @@ mod tests {
     }
 
     #[test]
+    fn clicks_outside_the_window_are_set_aside_by_reason() {
+        let window = Window {
+            max_age_us: 100,
+            max_skew_us: 10,
+        };
+        let mut b = Batch::default();
+        let now = 1_000;
+        b.push(
+            &datagram(&[("old", 0), ("ok", 100), ("ok", 110), ("new", 112)], 899),
+            &window,
+            now,
+        );
+        assert_eq!((b.len(), b.received()), (2, 4));
+        let aside: Vec<_> = b.set_aside().map(|(why, n)| (why.as_str(), n)).collect();
+        assert_eq!(aside, [("too_old", 1), ("too_new", 1)]);
+        assert_eq!(b.clicked_at(), [999, 1_009]);
+        assert!(!b.take_set_aside_rows().is_empty());
+    }
+
+    #[test]
     fn keeps_each_senders_highest_seq_and_clears() {
         let mut b = Batch::default();
         b.note_sender(u64::MAX, 3);
@@ -212,7 +308,7 @@ mod tests {
         seqs.sort();
         assert_eq!((senders, seqs), (vec![-1, 1], vec![0, 3]));
         assert!(b.started().is_some() && b.is_empty());
-        b.push(&datagram(&[("x", 0)], 0));
+        b.push(&datagram(&[("x", 0)], 0), &OPEN, 0);
         let rows = b.take_rows();
         assert!(!rows.is_empty());
         b.clear();

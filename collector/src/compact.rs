@@ -12,14 +12,9 @@
 //! batch counts and upserts click_counts, neither of which a batch's transaction touches, so
 //! batch writes of every collector go on while it runs.
 
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::Client;
-
-use crate::db::{timed, Db};
-use crate::metrics::Metrics;
 
 /// One statement: moves every committed count, of both shapes (a batch's arrays, and the rows
 /// of click_count_deltas that collectors before version 5 of the schema write), sums per key,
@@ -58,13 +53,10 @@ const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)
 /// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
 /// (one per process start); without this both tables grow with every restart. A redirector
 /// idle that long comes back under a new sender id.
-const PRUNE: &str = "
+pub const PRUNE: &str = "
     SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
-
-/// How often the backlog is looked at (at most; more often with a shorter interval).
-const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// When to fold.
 #[derive(Debug, Clone, Copy)]
@@ -73,8 +65,6 @@ pub struct Policy {
     pub interval: Duration,
     /// Fold once this many counts wait.
     pub backlog: i64,
-    /// One deadline for a look and its fold.
-    pub timeout: Duration,
 }
 
 /// The counts waiting to be folded, and the age of the oldest, in seconds.
@@ -85,7 +75,7 @@ pub struct Backlog {
 }
 
 impl Backlog {
-    fn due(&self, policy: &Policy) -> bool {
+    pub fn due(&self, policy: &Policy) -> bool {
         self.counts >= policy.backlog
             || (self.counts > 0 && self.oldest_secs >= policy.interval.as_secs_f64())
     }
@@ -98,90 +88,6 @@ pub async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> 
         counts: row.get(0),
         oldest_secs: row.get(1),
     })
-}
-
-/// Looks at the backlog every second (or interval, if shorter) and folds when it is due, until
-/// aborted; a failure is logged, counted and tried again at the next look on a new connection.
-pub async fn run(db: Db, policy: Policy, metrics: Arc<Metrics>) {
-    let mut looks = tokio::time::interval(policy.interval.min(LOOK_EVERY));
-    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut conn = None;
-    let mut failing = false;
-    // Pruning rides on a fold, or on the first look after an interval without one.
-    let mut pruned = tokio::time::Instant::now() - policy.interval;
-    loop {
-        looks.tick().await;
-        let prune = pruned.elapsed() >= policy.interval;
-        match timed(
-            policy.timeout,
-            look(&db, &mut conn, &policy, &metrics, prune),
-        )
-        .await
-        {
-            Ok(did_prune) => {
-                if did_prune {
-                    pruned = tokio::time::Instant::now();
-                }
-                metrics.db_reachable.store(true, Relaxed);
-                if std::mem::take(&mut failing) {
-                    tracing::info!("folding counts into click_counts works again");
-                }
-            }
-            Err(failure) => {
-                conn = None;
-                metrics.db_errors.inc();
-                metrics.db_reachable.store(false, Relaxed);
-                // One warning per outage; each look's retry would repeat it.
-                if !std::mem::replace(&mut failing, true) {
-                    tracing::warn!("folding counts into click_counts: {failure}; retrying");
-                } else {
-                    tracing::debug!("folding counts into click_counts: {failure}");
-                }
-            }
-        }
-    }
-}
-
-/// One look at the backlog on `conn` (opened first if needed), and a fold if it is due; the
-/// pruning of idle bookkeeping rows with the fold, or alone if `prune`. Returns whether it
-/// pruned.
-async fn look(
-    db: &Db,
-    conn: &mut Option<Client>,
-    policy: &Policy,
-    metrics: &Metrics,
-    prune: bool,
-) -> Result<bool, tokio_postgres::Error> {
-    let client = match conn {
-        Some(client) => client,
-        slot => slot.insert(db.connect().await?),
-    };
-    let mut waiting = backlog(client).await?;
-    let mut pruned = false;
-    if waiting.due(policy) {
-        let started = std::time::Instant::now();
-        match fold(client).await? {
-            Some(moved) => {
-                let took = started.elapsed();
-                metrics.compactions.inc();
-                metrics.compaction_seconds.observe(took);
-                tracing::debug!("folded {moved} counts in {took:?}");
-                // What arrived meanwhile, for the gauges.
-                waiting = backlog(client).await?;
-                pruned = true;
-            }
-            None => tracing::debug!("another collector is folding; skipped this turn"),
-        }
-    }
-    if prune && !pruned {
-        client.batch_execute(PRUNE).await?;
-        pruned = true;
-    }
-    metrics.deltas_pending.set(waiting.counts);
-    metrics
-        .deltas_oldest_seconds
-        .set(waiting.oldest_secs.min(1e9) as i64);
-    Ok(pruned)
 }
 
 /// One fold and the pruning of idle bookkeeping rows, in one transaction, unless another
@@ -206,7 +112,6 @@ mod tests {
         let policy = Policy {
             interval: Duration::from_secs(60),
             backlog: 1_000,
-            timeout: Duration::from_secs(30),
         };
         let at = |counts, oldest_secs| {
             Backlog {

@@ -150,6 +150,40 @@ pub struct Config {
     )]
     pub compact_backlog: u32,
 
+    /// Clicks older than this (by the collector's clock when it receives them) are not written
+    /// into clicks but set aside (clicks_set_aside, reason too_old), as clicks dated more than
+    /// --max-click-skew ahead are (too_new): a wrong clock or a forged datagram cannot write
+    /// clicks into days long gone or far ahead. Partitions are kept for this many days back.
+    #[arg(
+        long,
+        env = "COLLECTOR_MAX_CLICK_AGE",
+        value_name = "DURATION",
+        default_value = "1d",
+        value_parser = shared::flags::duration
+    )]
+    pub max_click_age: Duration,
+
+    /// How far ahead of the collector's clock a click may be dated (see --max-click-age).
+    #[arg(
+        long,
+        env = "COLLECTOR_MAX_CLICK_SKEW",
+        value_name = "DURATION",
+        default_value = "5m",
+        value_parser = shared::flags::duration
+    )]
+    pub max_click_skew: Duration,
+
+    /// Drop the partitions of clicks older than this many days (whole days, UTC), detached
+    /// without a lock that would stop writers. click_counts and click_totals keep every day's
+    /// total. Default: keep everything.
+    #[arg(
+        long,
+        env = "COLLECTOR_RETENTION",
+        value_name = "DAYS",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub retention: Option<u16>,
+
     /// Give up on one attempt to write a batch (connect, writer lock, COPY, commit: one deadline
     /// for all of it) after this long; the connection is dropped and the same batch is retried
     /// on a new one. A stop waits for the last batches, so it can take longer than this (see

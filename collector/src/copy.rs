@@ -28,6 +28,15 @@ pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
     buf.put_i64(at_us - PG_EPOCH_US);
 }
 
+/// Appends one `clicks_set_aside` row: (code text, clicked_at timestamptz, reason text).
+pub fn put_set_aside(buf: &mut BytesMut, code: &str, at_us: i64, reason: &str) {
+    buf.put_i16(3);
+    put_text(buf, code);
+    buf.put_i32(8);
+    buf.put_i64(at_us - PG_EPOCH_US);
+    put_text(buf, reason);
+}
+
 /// Type oids of the array elements, as the binary array format names them.
 const TEXT_OID: i32 = 25;
 const INT8_OID: i32 = 20;

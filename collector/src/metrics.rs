@@ -5,6 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter, Text};
 use shared::wire::Reject;
 
+use crate::batch::SetAside;
+
+/// `SetAside::as_str` of each reason, for the label values.
+const SET_ASIDE_REASONS: [&str; SetAside::ALL.len()] = ["too_old", "too_new"];
+
 #[derive(Debug)]
 pub struct Metrics {
     pub datagrams_received: Counter,
@@ -17,6 +22,10 @@ pub struct Metrics {
     pub resend_requests: Counter,
     pub clicks_received: Counter,
     pub clicks_written: Counter,
+    /// Clicks not written into clicks but set aside, by reason.
+    pub clicks_set_aside: LabeledCounter,
+    pub partitions_created: Counter,
+    pub partitions_dropped: Counter,
     pub batches: Counter,
     pub batch_seconds: Histogram,
     /// Per click: its commit time minus its click time.
@@ -51,6 +60,9 @@ impl Default for Metrics {
             resend_requests: Counter::default(),
             clicks_received: Counter::default(),
             clicks_written: Counter::default(),
+            clicks_set_aside: LabeledCounter::new(&SET_ASIDE_REASONS),
+            partitions_created: Counter::default(),
+            partitions_dropped: Counter::default(),
             batches: Counter::default(),
             batch_seconds: Histogram::default(),
             commit_lag: Histogram::default(),
@@ -123,6 +135,22 @@ impl shared::admin::Admin for Metrics {
                 "collector_clicks_written_total",
                 "Clicks committed to PostgreSQL.",
                 self.clicks_written.get(),
+            )
+            .labeled(
+                "collector_clicks_set_aside_total",
+                "Clicks not written into clicks but into clicks_set_aside, by reason.",
+                "reason",
+                &self.clicks_set_aside,
+            )
+            .counter(
+                "collector_partitions_created_total",
+                "Daily partitions of clicks created ahead.",
+                self.partitions_created.get(),
+            )
+            .counter(
+                "collector_partitions_dropped_total",
+                "Partitions of clicks dropped for being older than --retention.",
+                self.partitions_dropped.get(),
             )
             .counter(
                 "collector_batches_total",

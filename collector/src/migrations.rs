@@ -32,6 +32,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "count_batches",
         include_str!("../migrations/0005_count_batches.sql"),
     ),
+    (
+        6,
+        "partitions",
+        include_str!("../migrations/0006_partitions.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.
@@ -44,6 +49,15 @@ pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// Applies the migrations the database lacks; returns the versions it applied.
 pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Error> {
+    apply_up_to(client, LATEST).await
+}
+
+/// Applies the migrations the database lacks up to version `last` (an older schema, for the
+/// tests of a migration on a populated database); returns the versions it applied.
+pub async fn apply_up_to(
+    client: &mut Client,
+    last: i32,
+) -> Result<Vec<i32>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await?;
@@ -61,7 +75,10 @@ pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Erro
         .map(|r| r.get(0))
         .collect();
     let mut applied = Vec::new();
-    for &(version, name, sql) in MIGRATIONS.iter().filter(|m| !done.contains(&m.0)) {
+    let missing = MIGRATIONS
+        .iter()
+        .filter(|m| m.0 <= last && !done.contains(&m.0));
+    for &(version, name, sql) in missing {
         tx.batch_execute(sql).await?;
         tx.execute(
             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",

@@ -16,7 +16,7 @@ use std::time::Duration;
 use shared::throttle::Throttle;
 use tokio::time::Instant;
 
-use crate::batch::{Batch, Handoff};
+use crate::batch::{Batch, Handoff, Window};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::senders::{Reply, Senders, Verdict};
@@ -38,6 +38,7 @@ pub struct Receiver {
     metrics: Arc<Metrics>,
     batch_rows: usize,
     flush_interval: Duration,
+    window: Window,
     handoff: Handoff,
     /// The batch being filled; `None` while both are with the writer.
     current: Option<Batch>,
@@ -63,6 +64,8 @@ enum Event {
 pub struct Settings {
     pub batch_rows: usize,
     pub flush_interval: Duration,
+    /// Clicks dated outside it are set aside, not written into `clicks`.
+    pub window: Window,
 }
 
 impl Receiver {
@@ -82,6 +85,7 @@ impl Receiver {
             metrics,
             batch_rows: settings.batch_rows,
             flush_interval: settings.flush_interval,
+            window: settings.window,
             handoff,
             current: Some(Batch::default()),
             spare: None,
@@ -259,12 +263,12 @@ impl Receiver {
             .current
             .as_mut()
             .expect("take runs only with a batch to fill");
-        batch.push(&decoded);
+        batch.push(&decoded, &self.window, shared::now_us());
         batch.note_sender(decoded.sender, decoded.seq);
         let clicks = decoded.clicks.len();
         self.metrics.clicks_received.add(clicks as u64);
         self.metrics.pending_clicks.add(clicks as i64);
-        if batch.len() >= self.batch_rows {
+        if batch.received() >= self.batch_rows {
             self.hand_over()?;
         }
         Ok(())

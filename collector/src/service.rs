@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::batch::{self, Handoff};
+use crate::batch::{self, Handoff, Window};
 use crate::config::Config;
 use crate::db::{self, describe, Db};
 use crate::metrics::Metrics;
@@ -17,7 +17,7 @@ use crate::senders::{self, Senders};
 use crate::socket::Inbox;
 use crate::store::Conn;
 use crate::writer::Writer;
-use crate::{compact, lock, migrations};
+use crate::{compact, lock, maintenance, migrations};
 
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +77,9 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mirror = config.mirror.clone().map(Mirror::new).transpose();
     let mirror = mirror.map_err(Fatal::Mirror)?;
     let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
+    let upkeep = maintenance_policy(&config);
     let start = tokio::select! {
-        start = prepare(&db, &config.instance, &metrics) => start,
+        start = prepare(&db, &config.instance, &upkeep, &metrics) => start,
         name = &mut stop => {
             tracing::info!("{name} before the database was reached; nothing received");
             return Ok(());
@@ -106,15 +107,14 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         Settings {
             batch_rows: config.batch_rows as usize,
             flush_interval: config.flush_interval,
+            window: Window {
+                max_age_us: micros(config.max_click_age),
+                max_skew_us: micros(config.max_click_skew),
+            },
         },
         handoff,
     );
-    let policy = compact::Policy {
-        interval: config.compact_interval,
-        backlog: i64::from(config.compact_backlog),
-        timeout: config.write_timeout,
-    };
-    let compactor = tokio::spawn(compact::run(db, policy, metrics.clone()));
+    let maintenance = tokio::spawn(maintenance::run(db, upkeep, metrics.clone()));
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
@@ -125,9 +125,30 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     if let Err(e) = writer.await {
         tracing::error!("the database writer failed: {e}");
     }
-    compactor.abort();
+    maintenance.abort();
     tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
     received.map_err(Fatal::from)
+}
+
+/// What the maintenance task does, from the flags.
+fn maintenance_policy(config: &Config) -> maintenance::Policy {
+    const DAY: u64 = 24 * 3600;
+    maintenance::Policy {
+        fold: compact::Policy {
+            interval: config.compact_interval,
+            backlog: i64::from(config.compact_backlog),
+        },
+        // Whole days, rounded up; at most 365 (the flags' own bound).
+        window_back_days: config.max_click_age.as_secs().div_ceil(DAY) as i32,
+        window_ahead_days: config.max_click_skew.as_secs().div_ceil(DAY) as i32,
+        retention_days: config.retention.map(i32::from),
+        timeout: config.write_timeout,
+    }
+}
+
+/// A flag's duration in microseconds (flags are at most 365 days).
+fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Binds the admin listener, logs its address (tests and scripts read it there) and serves.
@@ -158,12 +179,18 @@ fn start_writer(
 }
 
 /// Connects (retrying with backoff while the database is away), waits for the lock of
-/// `instance`, migrates, and loads the senders' seqs: the lock comes first, so that they are
-/// read only once no predecessor of this instance can still commit.
-async fn prepare(db: &Db, instance: &str, metrics: &Metrics) -> Start {
+/// `instance`, migrates, sees to the partitions (so the first batch finds its day), and loads
+/// the senders' seqs: the lock comes first, so that they are read only once no predecessor of
+/// this instance can still commit.
+async fn prepare(
+    db: &Db,
+    instance: &str,
+    upkeep: &maintenance::Policy,
+    metrics: &Metrics,
+) -> Start {
     let mut backoff = db::backoff();
     loop {
-        match try_prepare(db, instance).await {
+        match try_prepare(db, instance, upkeep, metrics).await {
             Ok(start) => return start,
             Err(e) => {
                 metrics.db_errors.inc();
@@ -174,10 +201,16 @@ async fn prepare(db: &Db, instance: &str, metrics: &Metrics) -> Start {
     }
 }
 
-async fn try_prepare(db: &Db, instance: &str) -> Result<Start, tokio_postgres::Error> {
+async fn try_prepare(
+    db: &Db,
+    instance: &str,
+    upkeep: &maintenance::Policy,
+    metrics: &Metrics,
+) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
     lock::take(&client, instance, &mut false).await?;
     migrations::apply(&mut client).await?;
+    maintenance::keep_partitions(&client, upkeep, metrics, shared::now_us()).await?;
     Ok(Start {
         senders: senders::load(&client).await?,
         deltas_pending: compact::backlog(&client).await?.counts,

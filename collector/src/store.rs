@@ -1,6 +1,6 @@
 //! The transaction that stores one batch: its claim (the writer's batch number), its senders'
-//! seqs, its clicks and its counts per (code, day) (one `click_count_batches` row per day),
-//! committed together or not at all.
+//! seqs, its clicks, the clicks it set aside, and its counts per (code, day) (one
+//! `click_count_batches` row per day), committed together or not at all.
 
 use std::pin::pin;
 
@@ -12,6 +12,8 @@ use crate::batch::Batch;
 use crate::copy::{HEADER, TRAILER};
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
+const COPY_SET_ASIDE: &str =
+    "COPY clicks_set_aside (code, clicked_at, reason) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
     "COPY click_count_batches (day, entries, codes, counts) FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
@@ -49,6 +51,13 @@ pub struct BatchNumber {
     pub batch: i64,
 }
 
+/// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
+#[derive(Debug)]
+pub struct Rows {
+    pub clicks: Bytes,
+    pub set_aside: Bytes,
+}
+
 /// What an attempt did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -63,6 +72,7 @@ pub struct Conn {
     client: Client,
     copy_clicks: Statement,
     copy_counts: Statement,
+    copy_set_aside: Statement,
     claim_batch: Statement,
     advance_senders: Statement,
 }
@@ -76,6 +86,7 @@ impl Conn {
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_counts: client.prepare(COPY_COUNTS).await?,
+            copy_set_aside: client.prepare(COPY_SET_ASIDE).await?,
             claim_batch: client.prepare(CLAIM_BATCH).await?,
             advance_senders: client.prepare(ADVANCE_SENDERS).await?,
             client,
@@ -87,7 +98,7 @@ impl Conn {
     pub async fn write(
         &mut self,
         batch: &Batch,
-        rows: &Bytes,
+        rows: &Rows,
         number: &BatchNumber,
     ) -> Result<Outcome, tokio_postgres::Error> {
         let tx = self.client.transaction().await?;
@@ -103,8 +114,11 @@ impl Conn {
         let (senders, seqs) = batch.sender_columns();
         tx.execute(&self.advance_senders, &[&senders, &seqs])
             .await?;
-        let written = copy_in(&tx, &self.copy_clicks, rows.clone()).await?;
+        let written = copy_in(&tx, &self.copy_clicks, rows.clicks.clone()).await?;
         debug_assert_eq!(written, batch.len() as u64);
+        if !rows.set_aside.is_empty() {
+            copy_in(&tx, &self.copy_set_aside, rows.set_aside.clone()).await?;
+        }
         copy_in(&tx, &self.copy_counts, batch.count_rows()).await?;
         tx.commit().await?;
         Ok(Outcome::Written)

@@ -5,13 +5,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use crate::batch::{Batch, WriterEnds};
 use crate::db::{self, timed, Db, Failure};
 use crate::lock;
 use crate::metrics::Metrics;
-use crate::store::{BatchNumber, Conn, Outcome};
+use crate::store::{BatchNumber, Conn, Outcome, Rows};
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
@@ -57,7 +55,10 @@ impl Writer {
         );
         while let Some(mut batch) = ends.full.recv().await {
             let started = Instant::now();
-            let rows = batch.take_rows();
+            let rows = Rows {
+                clicks: batch.take_rows(),
+                set_aside: batch.take_set_aside_rows(),
+            };
             self.last.batch += 1;
             let number = self.last.clone();
             self.write(&batch, &rows, &number).await;
@@ -69,7 +70,10 @@ impl Writer {
             m.batch_seconds.observe(started.elapsed());
             m.batches.inc();
             m.clicks_written.add(batch.len() as u64);
-            m.pending_clicks.add(-(batch.len() as i64));
+            for (why, n) in batch.set_aside() {
+                m.clicks_set_aside.add(why.as_str(), n);
+            }
+            m.pending_clicks.add(-(batch.received() as i64));
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
         }
@@ -77,7 +81,7 @@ impl Writer {
 
     /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
     /// waits (capped exponential backoff), reconnects and writes the same batch again.
-    async fn write(&mut self, batch: &Batch, rows: &Bytes, number: &BatchNumber) {
+    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) {
         let mut backoff = db::backoff();
         loop {
             match self.attempt(batch, rows, number).await {
@@ -115,7 +119,7 @@ impl Writer {
     async fn attempt(
         &mut self,
         batch: &Batch,
-        rows: &Bytes,
+        rows: &Rows,
         number: &BatchNumber,
     ) -> Result<Outcome, Failure> {
         let mut waiting = false;

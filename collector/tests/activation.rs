@@ -12,9 +12,6 @@ use common::*;
 use nix::sys::signal::Signal;
 use shared::pgtest::TestDb;
 
-/// 2026-07-01T00:00:00Z.
-const START_US: i64 = 1_782_864_000_000_000;
-
 /// The collector started the way systemd starts it: `fd` as fd 3, LISTEN_FDS=1 and
 /// LISTEN_PID set to its own pid, NOTIFY_SOCKET at `notify`.
 fn activated(db: &TestDb, fd: RawFd, dir: &Path, notify: &Path) -> Command {
@@ -37,7 +34,7 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     let notify_path = p.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(LIMIT)).unwrap();
-    let sent = clicks(9_000, 40, START_US, 13);
+    let sent = clicks(9_000, 40, start_us(), 13);
     let grams = datagrams(21, &sent);
     let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
     let sender = connect(&p.path);

@@ -8,9 +8,6 @@ use std::time::Duration;
 use common::*;
 use shared::pgtest;
 
-/// 2026-05-01T00:00:00Z.
-const START_US: i64 = 1_777_593_600_000_000;
-
 async fn health(c: &Collector) -> u16 {
     shared::admin::get(c.admin, "/healthz").await.unwrap().0
 }
@@ -50,7 +47,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     )
     .await;
     // Distinct timestamps, so a click written twice would show as a repeated row.
-    let sent = clicks(60_000, 300, START_US, 1_001);
+    let sent = clicks(60_000, 300, start_us(), 1_001);
     let grams = datagrams(11, &sent);
     let (early, late) = grams.split_at(grams.len() / 3);
 

@@ -12,15 +12,12 @@ use shared::pgtest;
 use shared::socket::SendErrorKind;
 use shared::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
 
-/// 2026-03-01T22:00:00Z: the clicks below run over several UTC midnights.
-const START_US: i64 = 1_772_402_400_000_000;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_clicks_land_exactly_with_totals() {
     let p = place().await;
     let c = Collector::start(&p.db, &p.path, &["--compact-interval", "3s"]).await;
-    // ~3 s apart: 100,000 clicks span about 3.5 days.
-    let sent = clicks(100_000, 997, START_US, 3_000_017);
+    // ~0.6 s apart: 100,000 clicks span 17 hours, across a UTC midnight.
+    let sent = clicks(100_000, 997, start_us(), 600_011);
     let grams = datagrams(0xfeed, &sent);
     let started = Instant::now();
     send_all(&p.path, grams.clone()).await;
@@ -114,7 +111,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
 /// larger than any valid datagram.
 fn garbage() -> Vec<Vec<u8>> {
     let mut enc = Encoder::new(77, DEFAULT_DATAGRAM).unwrap();
-    enc.push("abc", START_US).unwrap();
+    enc.push("abc", start_us()).unwrap();
     let good = enc.datagram().to_vec();
     let mut wrong_version = good.clone();
     wrong_version[0] = 2;
@@ -160,7 +157,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     for reason in ["undecodable", "wrong_version", "bad_code", "trailing_bytes"] {
         assert!(want.contains_key(reason), "the garbage covers {reason}");
     }
-    let good = clicks(10, 3, START_US, 1_000);
+    let good = clicks(10, 3, start_us(), 1_000);
     let mut all = bad;
     all.extend(datagrams(5, &good));
     send_all(&p.path, all).await;
@@ -191,7 +188,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
     let p = place().await;
-    let sent = clicks(6_000, 50, START_US, 10);
+    let sent = clicks(6_000, 50, start_us(), 10);
     let grams = datagrams(42, &sent);
     assert!(
         grams.len() >= 3,
@@ -229,7 +226,7 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
         &["--flush-interval", "1h", "--batch-rows", "1000000"],
     )
     .await;
-    let sent = clicks(30_000, 100, START_US, 7);
+    let sent = clicks(30_000, 100, start_us(), 7);
     let grams = datagrams(9, &sent);
     assert!(grams.len() >= 12, "{} datagrams", grams.len());
     let (taken, queued) = grams.split_at(grams.len() - 8);
@@ -282,11 +279,11 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
     // Another instance on the same database does not wait for either.
     let (_other_dir, other_path) = socket_path();
     let other = Collector::start(&p.db, &other_path, &["--instance", "host-b"]).await;
-    send_all(&other_path, datagrams(62, &clicks(10, 5, START_US, 1))).await;
+    send_all(&other_path, datagrams(62, &clicks(10, 5, start_us(), 1))).await;
     await_rows(&p.client, 10).await;
 
     // Pending in the first one (the batch is not due) when it is told to stop.
-    let sent = clicks(5_000, 50, START_US, 11);
+    let sent = clicks(5_000, 50, start_us(), 11);
     let grams = datagrams(61, &sent);
     send_all(&p.path, grams.clone()).await;
     first
@@ -305,7 +302,7 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
         .wait_for_log("ready: instance \"host-a\", 2 known senders", LIMIT)
         .await;
     let mut want = sent.clone();
-    want.extend(clicks(10, 5, START_US, 1));
+    want.extend(clicks(10, 5, start_us(), 1));
     want.sort();
     assert_eq!(stored_clicks(&p.client).await, want, "every click once");
     other
@@ -333,7 +330,7 @@ async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_star
     assert_eq!(SendErrorKind::of(&err), SendErrorKind::Refused);
 
     let _c = Collector::start(&p.db, &p.path, &[]).await;
-    send_all(&p.path, datagrams(1, &clicks(5, 5, START_US, 1))).await;
+    send_all(&p.path, datagrams(1, &clicks(5, 5, start_us(), 1))).await;
     await_rows(&p.client, 5).await;
 }
 
@@ -368,7 +365,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
     let tap = UnixDatagram::bind(&tap_path).unwrap();
     tap.set_read_timeout(Some(LIMIT)).unwrap();
     let c = Collector::start(&p.db, &p.path, &["--mirror", tap_path.to_str().unwrap()]).await;
-    let mut grams = datagrams(3, &clicks(2_000, 10, START_US, 1));
+    let mut grams = datagrams(3, &clicks(2_000, 10, start_us(), 1));
     grams.insert(1, b"not a datagram".to_vec());
     send_all(&p.path, grams.clone()).await;
     let mut buf = vec![0; 65_536];
@@ -384,7 +381,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
     // Nobody listening on the tap: counted as failed, not as sent, and the clicks still land.
     drop(tap);
     std::fs::remove_file(&tap_path).unwrap();
-    send_all(&p.path, datagrams(4, &clicks(10, 2, START_US, 1))).await;
+    send_all(&p.path, datagrams(4, &clicks(10, 2, start_us(), 1))).await;
     await_rows(&p.client, 2_010).await;
     assert_eq!(c.metric("collector_mirror_failed_total").await, 1.0);
     assert_eq!(c.metric("collector_mirror_sent_total").await, forwarded);
@@ -437,7 +434,7 @@ async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
         .unwrap();
     c.ready().await;
     assert!(path.exists());
-    send_all(&path, datagrams(2, &clicks(3, 3, START_US, 1))).await;
+    send_all(&path, datagrams(2, &clicks(3, 3, start_us(), 1))).await;
     await_rows(&pgtest::connect(&db.url).await, 3).await;
     assert!(c.metric("collector_db_errors_total").await >= 1.0);
 }
@@ -458,9 +455,9 @@ async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
     let c = Collector::start(&p.db, &p.path, &[]).await;
     // Sender 1: 0 then 3 (1 and 2 lost). Sender 2 first seen at seq 4 (0 to 3 lost).
     let grams = vec![
-        datagram_at(1, 0, START_US),
-        datagram_at(1, 3, START_US + 1),
-        datagram_at(2, 4, START_US + 2),
+        datagram_at(1, 0, start_us()),
+        datagram_at(1, 3, start_us() + 1),
+        datagram_at(2, 4, start_us() + 2),
     ];
     send_all(&p.path, grams).await;
     await_rows(&p.client, 3).await;
@@ -494,7 +491,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
     let kept = "SELECT (SELECT count(*) FROM click_senders WHERE sender = 2)
                      + (SELECT count(*) FROM click_writers WHERE writer = 4)";
     assert_eq!(count(&p.client, kept).await, 2, "rows in use are kept");
-    send_all(&p.path, datagrams(9, &clicks(10, 2, START_US, 1_000))).await;
+    send_all(&p.path, datagrams(9, &clicks(10, 2, start_us(), 1_000))).await;
     await_rows(&p.client, 10).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 10.0);
 }

@@ -11,9 +11,6 @@ use collector::metrics::Metrics;
 use common::*;
 use shared::pgtest;
 
-/// 2026-10-31T23:59:00Z: the clicks cross midnight, so a key is a (code, day).
-const START_US: i64 = 1_793_491_140_000_000;
-
 /// Keys whose totals differ from their rows in `clicks`, in one snapshot (one statement).
 const DISAGREEING: &str = "
     SELECT count(*) FROM (
@@ -65,7 +62,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
             let metrics = Arc::new(Metrics::default());
             let mut handoff = writer(&url, &format!("host{w}"), LIMIT, metrics).await;
             for b in 0..30 {
-                let start = START_US + (b * 3 + w as i64) * 1_000_000;
+                let start = start_us() + (b * 3 + w as i64) * 1_000_000;
                 let sent = clicks(1_000, 300, start, 997);
                 write(&mut handoff, batch_of(&datagrams(100 + w, &sent))).await;
             }
@@ -105,7 +102,7 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(&db.url, "cutoff", LIMIT, metrics).await;
-    let sent = clicks(20_000, 2_000, START_US, 1_000);
+    let sent = clicks(20_000, 2_000, start_us(), 1_000);
     write(&mut handoff, batch_of(&datagrams(7, &sent[..10_000]))).await;
     // Every key's upsert now takes a millisecond: the fold is long enough to be cut off.
     client

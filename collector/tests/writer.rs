@@ -13,9 +13,6 @@ use shared::pgtest;
 /// The instance name the writers of these tests write as.
 const INSTANCE: &str = "writer-test";
 
-/// 2026-09-01T00:00:00Z.
-const START_US: i64 = 1_788_220_800_000_000;
-
 /// An earlier attempt committed the batch and its answer was lost: the retry finds the
 /// batch's number committed and does not write it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +24,7 @@ async fn a_batch_whose_number_is_committed_is_not_written_again() {
 async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
-    let sent = clicks(2_000, 20, START_US, 1_000);
+    let sent = clicks(2_000, 20, start_us(), 1_000);
     let grams = datagrams(41, &sent);
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(
@@ -88,7 +85,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client.batch_execute(SLOW_COMMIT).await.unwrap();
-    let sent = clicks(3_000, 20, START_US, 1_000);
+    let sent = clicks(3_000, 20, start_us(), 1_000);
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(
         &db.url,
@@ -134,7 +131,7 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
-    let first = datagrams(71, &clicks(700, 20, START_US, 1_000));
+    let first = datagrams(71, &clicks(700, 20, start_us(), 1_000));
     write(&mut handoff, batch_of(&first)).await;
     let writer: i64 = client
         .query_one("SELECT writer FROM click_writers WHERE last_batch = 1", &[])
@@ -170,7 +167,7 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
 }
 
 fn second_grams() -> Vec<Vec<u8>> {
-    datagrams(72, &clicks(1_000, 20, START_US, 1_000))
+    datagrams(72, &clicks(1_000, 20, start_us(), 1_000))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +194,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
         .batch_execute("INSERT INTO click_senders (sender, last_seq) VALUES (81, 1000), (83, 1000)")
         .await
         .unwrap();
-    let sent = clicks(6_000, 20, START_US, 1_000);
+    let sent = clicks(6_000, 20, start_us(), 1_000);
     let mut second = datagrams(82, &sent[2_000..4_000]);
     second.extend(datagrams(83, &sent[4_000..]));
     let metrics = Arc::new(Metrics::default());
@@ -243,7 +240,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         metrics.clone(),
     )
     .await;
-    let grams = datagrams(91, &clicks(500, 20, START_US, 1_000));
+    let grams = datagrams(91, &clicks(500, 20, start_us(), 1_000));
     handoff.full.send(batch_of(&grams)).await.unwrap();
 
     // Each attempt asks for the lock on a connection of its own: a second one asking means

@@ -77,6 +77,12 @@ impl Collector {
 /// The collector command line for `db` and `socket`, admin on an ephemeral port.
 pub fn command(db: &TestDb, socket: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(binary("collector"));
+    // The clicks of these tests start yesterday evening and may run past now.
+    for (flag, wide) in [("--max-click-age", "2d"), ("--max-click-skew", "1d")] {
+        if !extra.contains(&flag) {
+            cmd.args([flag, wide]);
+        }
+    }
     cmd.arg("--database-url")
         .arg(&db.url)
         .arg("--socket")
@@ -116,6 +122,15 @@ pub async fn place() -> Place {
         dir,
         path,
     }
+}
+
+/// Where the tests' clicks start: yesterday 23:30 UTC, so that a few thousand seconds of
+/// clicks cross a UTC midnight into today, whose partitions exist (migration 6 creates
+/// yesterday's to the day after tomorrow's), and the collector's window (`command` widens it
+/// to two days back and one ahead) takes them all.
+pub fn start_us() -> i64 {
+    let now = shared::now_us();
+    now - now.rem_euclid(DAY_US) - 30 * 60 * 1_000_000
 }
 
 /// `n` clicks with distinct timestamps from `start_us`, `step_us` apart, over `codes` codes.
@@ -220,12 +235,18 @@ pub async fn totals(client: &tokio_postgres::Client, source: &str) -> Totals {
         .collect()
 }
 
+/// A window that sets nothing aside.
+const WIDE_OPEN: collector::batch::Window = collector::batch::Window {
+    max_age_us: i64::MAX,
+    max_skew_us: i64::MAX,
+};
+
 /// A batch holding `grams`, as the receiver builds it.
 pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
     let mut batch = Batch::default();
     for g in grams {
         let d = shared::wire::decode(g).unwrap();
-        batch.push(&d);
+        batch.push(&d, &WIDE_OPEN, start_us());
         batch.note_sender(d.sender, d.seq);
     }
     batch

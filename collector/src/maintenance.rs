@@ -1,0 +1,167 @@
+//! The collector's periodic work on the database, on a connection of its own beside the
+//! writer's: folding the per-batch counts (`compact`) when due, pruning idle bookkeeping rows,
+//! and keeping the daily partitions of `clicks` (`partitions`). Every collector of a database
+//! runs it; each piece is safe to run from several at once.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use crate::compact::{self, Backlog};
+use crate::db::{timed, Db};
+use crate::metrics::Metrics;
+use crate::partitions::{self, Plan};
+
+/// How often the backlog is looked at (at most; more often with a shorter interval).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How often the partitions are seen to (they are created days ahead).
+const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
+
+/// What the task does, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub fold: compact::Policy,
+    /// Days back and ahead a click may be dated (the window, rounded up to whole days).
+    pub window_back_days: i32,
+    pub window_ahead_days: i32,
+    /// Drop partitions older than this many days (`None`: keep everything).
+    pub retention_days: Option<i32>,
+    /// One deadline for each round of work.
+    pub timeout: Duration,
+}
+
+impl Policy {
+    /// The partitions to keep for `today` (a PostgreSQL day number).
+    pub fn partitions(&self, today: i32) -> Plan {
+        Plan::for_today(
+            today,
+            self.window_back_days,
+            self.window_ahead_days,
+            self.retention_days,
+        )
+    }
+}
+
+/// When each piece of work was last done.
+struct Due {
+    pruned: Instant,
+    partitions: Instant,
+}
+
+/// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
+/// next look on a new connection.
+pub async fn run(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+    let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
+    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn = None;
+    let mut failing = false;
+    // The partitions were seen to at start; pruning rides on a fold or on the first look after
+    // an interval without one.
+    let long_ago = Instant::now() - policy.fold.interval;
+    let mut due = Due {
+        pruned: long_ago,
+        partitions: Instant::now(),
+    };
+    loop {
+        looks.tick().await;
+        let round = round(&db, &mut conn, &policy, &metrics, &mut due);
+        match timed(policy.timeout, round).await {
+            Ok(()) => {
+                metrics.db_reachable.store(true, Relaxed);
+                if std::mem::take(&mut failing) {
+                    tracing::info!("the database's periodic work goes on again");
+                }
+            }
+            Err(failure) => {
+                conn = None;
+                metrics.db_errors.inc();
+                metrics.db_reachable.store(false, Relaxed);
+                // One warning per outage; each look's retry would repeat it.
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!("folding, pruning or partitioning: {failure}; retrying");
+                } else {
+                    tracing::debug!("folding, pruning or partitioning: {failure}");
+                }
+            }
+        }
+    }
+}
+
+/// One look on `conn` (opened first if needed): a fold if due, pruning if due, partitions if
+/// due, and the gauges.
+async fn round(
+    db: &Db,
+    conn: &mut Option<Client>,
+    policy: &Policy,
+    metrics: &Metrics,
+    due: &mut Due,
+) -> Result<(), tokio_postgres::Error> {
+    let client = match conn {
+        Some(client) => client,
+        slot => slot.insert(db.connect().await?),
+    };
+    let mut waiting = compact::backlog(client).await?;
+    if waiting.due(&policy.fold) && fold(client, metrics).await? {
+        due.pruned = Instant::now();
+        // What arrived meanwhile, for the gauges.
+        waiting = compact::backlog(client).await?;
+    }
+    if due.pruned.elapsed() >= policy.fold.interval {
+        client.batch_execute(compact::PRUNE).await?;
+        due.pruned = Instant::now();
+    }
+    if due.partitions.elapsed() >= PARTITIONS_EVERY {
+        keep_partitions(client, policy, metrics, shared::now_us()).await?;
+        due.partitions = Instant::now();
+    }
+    show(metrics, &waiting);
+    Ok(())
+}
+
+/// Folds (unless another collector is); whether it did.
+async fn fold(client: &mut Client, metrics: &Metrics) -> Result<bool, tokio_postgres::Error> {
+    let started = std::time::Instant::now();
+    let Some(moved) = compact::fold(client).await? else {
+        tracing::debug!("another collector is folding; skipped this turn");
+        return Ok(false);
+    };
+    let took = started.elapsed();
+    metrics.compactions.inc();
+    metrics.compaction_seconds.observe(took);
+    tracing::debug!("folded {moved} counts in {took:?}");
+    Ok(true)
+}
+
+/// Creates, drops and indexes partitions as the policy says for the day of `now_us`; counts
+/// and logs what it did.
+pub async fn keep_partitions(
+    client: &Client,
+    policy: &Policy,
+    metrics: &Metrics,
+    now_us: i64,
+) -> Result<(), tokio_postgres::Error> {
+    let today = crate::copy::pg_day(now_us);
+    let done = partitions::maintain(client, &policy.partitions(today), today).await?;
+    metrics.partitions_created.add(done.created);
+    metrics.partitions_dropped.add(done.dropped.len() as u64);
+    if done.created > 0 {
+        tracing::info!("created {} partitions of clicks ahead", done.created);
+    }
+    for (name, took) in &done.dropped {
+        tracing::info!("dropped partition {name} in {took:?}: older than the retention");
+    }
+    for name in &done.indexed {
+        tracing::info!("indexed partition {name} by code: its day is over");
+    }
+    Ok(())
+}
+
+fn show(metrics: &Metrics, waiting: &Backlog) {
+    metrics.deltas_pending.set(waiting.counts);
+    metrics
+        .deltas_oldest_seconds
+        .set(waiting.oldest_secs.min(1e9) as i64);
+}

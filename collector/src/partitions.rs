@@ -1,0 +1,213 @@
+//! The daily partitions of `clicks` (migration 6): created ahead of the clicks that need them,
+//! dropped once older than `--retention`, and indexed by code once their day is over.
+//!
+//! Days are PostgreSQL's day numbers (days since 2000-01-01, as `copy::pg_day` gives them), so
+//! that a test can pass any "today" and watch days go by. Every statement is idempotent and
+//! safe to run from several collectors at once: creating is serialized in
+//! `ensure_click_partition`; dropping and indexing use the `CONCURRENTLY` forms, which take no
+//! lock that would stop a batch from being written (and so run outside any transaction).
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+/// Days created ahead beyond the window's last: a batch never finds its day missing, even
+/// across a midnight with the database briefly away.
+pub const SPARE_DAYS: i32 = 2;
+
+/// What to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Partitions for every day from `first` to `last` must exist.
+    pub first: i32,
+    pub last: i32,
+    /// Partitions wholly before this day are dropped (`None`: keep everything).
+    pub drop_before: Option<i32>,
+}
+
+impl Plan {
+    /// For `today`: the days clicks may be accepted for (`back` days before today to `ahead`
+    /// after: the window, rounded up to whole days) and `SPARE_DAYS` more; and retention,
+    /// never inside the window.
+    pub fn for_today(today: i32, back: i32, ahead: i32, retention_days: Option<i32>) -> Plan {
+        let first = today - back;
+        Plan {
+            first,
+            last: today + ahead + SPARE_DAYS,
+            drop_before: retention_days.map(|keep| (today - keep).min(first)),
+        }
+    }
+}
+
+/// What one round of maintenance did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub created: u64,
+    /// Each table dropped, and how long detaching and dropping it took.
+    pub dropped: Vec<(String, Duration)>,
+    pub indexed: Vec<String>,
+}
+
+const ENSURE: &str = "SELECT count(*) FILTER (WHERE ensure_click_partition(date '2000-01-01' + d))
+                      FROM generate_series($1::int, $2::int) AS d";
+
+/// Partitions wholly before day $1 (a number of days since 2000-01-01): the daily ones by name,
+/// and the one holding everything from before partitioning by where it ends.
+const EXPIRED: &str = "
+    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND (
+        (c.relname ~ '^clicks_p[0-9]{8}$'
+         AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int)
+        OR (c.relname = 'clicks_before_partitioning'
+            AND (SELECT start FROM click_partitions_start)
+                <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')))
+    ORDER BY 1";
+
+/// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`.
+const PENDING_DETACH: &str = "
+    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending";
+
+/// Partition tables detached but not dropped (an interrupted drop).
+const DETACHED: &str = "
+    SELECT c.relname FROM pg_class AS c
+    WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
+      AND (c.relname ~ '^clicks_p[0-9]{8}$' OR c.relname = 'clicks_before_partitioning')
+      AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)";
+
+/// Partitions of days before $1 without a valid index on (code, clicked_at): an invalid one
+/// is what an interrupted `CREATE INDEX CONCURRENTLY` leaves.
+const UNINDEXED: &str = "
+    SELECT c.relname,
+           EXISTS (SELECT FROM pg_class AS x WHERE x.relname = c.relname || '_code') AS broken
+    FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass
+      AND (c.relname = 'clicks_before_partitioning'
+           OR (c.relname ~ '^clicks_p[0-9]{8}$'
+               AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int))
+      AND NOT EXISTS (
+          SELECT FROM pg_index AS ix JOIN pg_class AS x ON x.oid = ix.indexrelid
+          WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code' AND ix.indisvalid)
+    ORDER BY 1";
+
+/// Creates what is missing of `plan`, drops what it expires, and indexes the partitions of
+/// days before `today` by code.
+pub async fn maintain(
+    client: &Client,
+    plan: &Plan,
+    today: i32,
+) -> Result<Done, tokio_postgres::Error> {
+    let created = client
+        .query_one(ENSURE, &[&plan.first, &plan.last])
+        .await?
+        .get::<_, i64>(0) as u64;
+    let dropped = match plan.drop_before {
+        Some(day) => drop_before(client, day).await?,
+        None => Vec::new(),
+    };
+    let indexed = index_closed_days(client, today).await?;
+    Ok(Done {
+        created,
+        dropped,
+        indexed,
+    })
+}
+
+/// Drops the partitions wholly before `day`, and finishes what an earlier drop left undone;
+/// each table dropped, with how long detaching and dropping it took.
+async fn drop_before(
+    client: &Client,
+    day: i32,
+) -> Result<Vec<(String, Duration)>, tokio_postgres::Error> {
+    for row in client.query(PENDING_DETACH, &[]).await? {
+        let name: String = row.get(0);
+        let finalize = format!(
+            "ALTER TABLE clicks DETACH PARTITION {} FINALIZE",
+            ident(&name)
+        );
+        client.batch_execute(&finalize).await?;
+    }
+    let mut dropped = Vec::new();
+    for row in client.query(EXPIRED, &[&day]).await? {
+        let name: String = row.get(0);
+        let started = Instant::now();
+        // Waits for transactions that may still see the partition, but blocks no writer of
+        // the other partitions (it takes no lock that conflicts with an INSERT or a COPY).
+        let detach = format!(
+            "ALTER TABLE clicks DETACH PARTITION {} CONCURRENTLY",
+            ident(&name)
+        );
+        client.batch_execute(&detach).await?;
+        client
+            .batch_execute(&format!("DROP TABLE {}", ident(&name)))
+            .await?;
+        dropped.push((name, started.elapsed()));
+    }
+    // Detached before an interruption, never dropped.
+    for row in client.query(DETACHED, &[]).await? {
+        let name: String = row.get(0);
+        let started = Instant::now();
+        client
+            .batch_execute(&format!("DROP TABLE {}", ident(&name)))
+            .await?;
+        dropped.push((name, started.elapsed()));
+    }
+    Ok(dropped)
+}
+
+/// Indexes by (code, clicked_at) each partition of a day before `today` that lacks a valid
+/// index: built once its day is over, so that today's partition, where every click lands,
+/// stays without one and COPY keeps its speed.
+async fn index_closed_days(
+    client: &Client,
+    today: i32,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut indexed = Vec::new();
+    for row in client.query(UNINDEXED, &[&today]).await? {
+        let (name, broken): (String, bool) = (row.get(0), row.get(1));
+        let index = ident(&format!("{name}_code"));
+        if broken {
+            client
+                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
+                .await?;
+        }
+        let create = format!(
+            "CREATE INDEX CONCURRENTLY {index} ON {} (code, clicked_at)",
+            ident(&name)
+        );
+        client.batch_execute(&create).await?;
+        indexed.push(name);
+    }
+    Ok(indexed)
+}
+
+/// `name` quoted as an SQL identifier. The names come from the catalog, of the forms matched
+/// above: quoting is a second line of defence, not the first.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_covers_the_window_and_ahead_and_never_drops_inside_the_window() {
+        let plan = Plan::for_today(100, 1, 1, Some(30));
+        assert_eq!(
+            (plan.first, plan.last, plan.drop_before),
+            (99, 103, Some(70))
+        );
+        assert_eq!(Plan::for_today(100, 1, 1, None).drop_before, None);
+        // A retention shorter than the window keeps the window.
+        assert_eq!(Plan::for_today(100, 3, 1, Some(1)).drop_before, Some(97));
+        // A window far ahead gets its partitions too.
+        assert_eq!(Plan::for_today(100, 1, 30, None).last, 132);
+    }
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(ident("clicks_p20261201"), "\"clicks_p20261201\"");
+        assert_eq!(ident("a\"b"), "\"a\"\"b\"");
+    }
+}

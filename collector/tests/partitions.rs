@@ -1,0 +1,219 @@
+//! The daily partitions of `clicks`: there ahead of time across a day boundary (the maintenance
+//! is given the time), clicks outside the collector's window set aside while their batch lands,
+//! retention that drops old days while their totals stay, and the migration of a populated
+//! unpartitioned table.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use collector::compact;
+use collector::maintenance::{self, Policy};
+use collector::metrics::Metrics;
+use common::*;
+use shared::pgtest;
+use shared::wire::{Encoder, DEFAULT_DATAGRAM};
+
+const DAY_US: i64 = 86_400_000_000;
+const HOUR_US: i64 = 3_600_000_000;
+
+fn policy(retention_days: Option<i32>) -> Policy {
+    Policy {
+        fold: compact::Policy {
+            interval: Duration::from_secs(60),
+            backlog: 1_000_000,
+        },
+        window_back_days: 1,
+        window_ahead_days: 1,
+        retention_days,
+        timeout: LIMIT,
+    }
+}
+
+/// Today's UTC midnight, in Unix microseconds.
+fn midnight() -> i64 {
+    let now = shared::now_us();
+    now - now.rem_euclid(DAY_US)
+}
+
+/// The names of the partitions of clicks, in order.
+async fn partitions(client: &tokio_postgres::Client) -> Vec<String> {
+    let sql = "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'clicks'::regclass ORDER BY 1";
+    let rows = client.query(sql, &[]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// The partition name of the day of `at_us`.
+async fn name_of(client: &tokio_postgres::Client, at_us: i64) -> String {
+    let sql = "SELECT 'clicks_p' || to_char(to_timestamp($1::float8 / 1e6) AT TIME ZONE 'UTC', 'YYYYMMDD')";
+    client
+        .query_one(sql, &[&(at_us as f64)])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let metrics = Metrics::default();
+    // Ten days on, a second before midnight: that day and the two after it exist already.
+    let eve = midnight() + 11 * DAY_US - 1_000_000;
+    maintenance::keep_partitions(&client, &policy(None), &metrics, eve)
+        .await
+        .unwrap();
+    let names = partitions(&client).await;
+    for day in 0..=2 {
+        let name = name_of(&client, eve + day * DAY_US).await;
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    let created = metrics.partitions_created.get();
+    assert!(created >= 3, "{created} created");
+    // Past midnight: one more day ahead, nothing else.
+    maintenance::keep_partitions(&client, &policy(None), &metrics, eve + 2_000_000)
+        .await
+        .unwrap();
+    assert_eq!(metrics.partitions_created.get(), created + 1);
+    let after = name_of(&client, eve + 2_000_000 + 2 * DAY_US).await;
+    assert!(partitions(&client).await.contains(&after));
+
+    // A batch of clicks on both sides of that midnight lands: no day is missing.
+    let mut handoff = writer(&db.url, "ahead", LIMIT, Arc::new(Metrics::default())).await;
+    let sent = clicks(2_000, 20, eve - 1_000_000, 1_000);
+    write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
+    let stored = stored_clicks(&client).await;
+    assert_eq!(stored.len(), 2_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands() {
+    let p = place().await;
+    let window = ["--max-click-age", "1d", "--max-click-skew", "5m"];
+    let c = Collector::start(&p.db, &p.path, &window).await;
+    let now = shared::now_us();
+    let mut enc = Encoder::new(31, DEFAULT_DATAGRAM).unwrap();
+    // One click two days old, one an hour ahead, and clicks of now around them. The encoder
+    // starts a datagram per jump in time (its offsets are relative to the first click).
+    let mut grams = Vec::new();
+    for (code, at) in [
+        ("now", now - 1_000),
+        ("old", now - 2 * DAY_US),
+        ("now", now),
+        ("new", now + HOUR_US),
+        ("now", now + 1_000),
+    ] {
+        enc.push(code, at).unwrap();
+        grams.push(enc.datagram().to_vec());
+        enc.next();
+    }
+    send_all(&p.path, grams).await;
+    await_rows(&p.client, 3).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"too_old\"}", 1.0)
+        .await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"too_new\"}", 1.0)
+        .await;
+    let aside = "SELECT string_agg(code || ':' || reason, ' ' ORDER BY code) FROM clicks_set_aside";
+    let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
+    assert_eq!(aside, "new:too_new old:too_old");
+    let codes = "SELECT string_agg(DISTINCT code, ' ') FROM clicks";
+    let codes: String = p.client.query_one(codes, &[]).await.unwrap().get(0);
+    assert_eq!(codes, "now");
+    let totals = "SELECT sum(clicks)::int8 FROM click_totals";
+    assert_eq!(
+        count(&p.client, totals).await,
+        3,
+        "set-aside clicks are not counted"
+    );
+    assert_eq!(c.metric("collector_clicks_written_total").await, 3.0);
+    assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
+    let db = collector::migrations::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    let metrics = Metrics::default();
+    // Ten days ago, the collector made that day's partitions; clicks landed there.
+    let then = midnight() - 10 * DAY_US + 12 * HOUR_US;
+    maintenance::keep_partitions(&client, &policy(None), &metrics, then)
+        .await
+        .unwrap();
+    let mut handoff = writer(&db.url, "retention", LIMIT, Arc::new(Metrics::default())).await;
+    let old = clicks(3_000, 30, then, 1_000);
+    write(&mut handoff, batch_of(&datagrams(6, &old))).await;
+    let recent = clicks(1_000, 30, start_us(), 1_000);
+    write(&mut handoff, batch_of(&datagrams(7, &recent))).await;
+    // Half the old day folded before the drop, half after: both stay counted.
+    compact::fold(&mut client).await.unwrap();
+    let more_old = clicks(500, 30, then + HOUR_US, 1_000);
+    write(&mut handoff, batch_of(&datagrams(8, &more_old))).await;
+    let old_day = name_of(&client, then).await;
+    assert!(partitions(&client).await.contains(&old_day));
+
+    maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, shared::now_us())
+        .await
+        .unwrap();
+    let names = partitions(&client).await;
+    assert!(!names.contains(&old_day), "{old_day} dropped: {names:?}");
+    assert!(metrics.partitions_dropped.get() >= 1);
+    let gone = format!("SELECT count(*) FROM pg_class WHERE relname = '{old_day}'");
+    assert_eq!(count(&client, &gone).await, 0, "detached and dropped");
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 1_000);
+    compact::fold(&mut client).await.unwrap();
+    let mut all = old.clone();
+    all.extend(more_old.clone());
+    all.extend(recent.clone());
+    assert_eq!(totals(&client, "click_totals").await, expected_totals(&all));
+    assert_eq!(totals(&client, "click_counts").await, expected_totals(&all));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    collector::migrations::apply_up_to(&mut client, 5)
+        .await
+        .unwrap();
+    // 100,000 clicks of the last 100 days, and 3 dated decades ahead (the old decoder took any
+    // year), in the unpartitioned table.
+    client
+        .batch_execute(
+            "INSERT INTO clicks (code, clicked_at)
+                 SELECT 'c' || (n % 97), now() - n * interval '86 seconds'
+                 FROM generate_series(1, 100000) AS n;
+             INSERT INTO clicks (code, clicked_at)
+                 SELECT 'future', now() + interval '30 years' + n * interval '1 second'
+                 FROM generate_series(1, 3) AS n;",
+        )
+        .await
+        .unwrap();
+    let before = "SELECT md5(string_agg(code || clicked_at::text, ',' ORDER BY code, clicked_at))
+                  FROM clicks WHERE code <> 'future'";
+    let digest: String = client.query_one(before, &[]).await.unwrap().get(0);
+
+    assert_eq!(
+        collector::migrations::apply(&mut client).await.unwrap(),
+        [6],
+        "only the partitioning is left"
+    );
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 100_000);
+    let kept: String = client.query_one(before, &[]).await.unwrap().get(0);
+    assert_eq!(kept, digest, "every row kept, unchanged");
+    let aside = "SELECT count(*) FROM clicks_set_aside WHERE reason = 'migrated_future'";
+    assert_eq!(count(&client, aside).await, 3);
+    let legacy = "SELECT count(*) FROM clicks_before_partitioning";
+    assert_eq!(count(&client, legacy).await, 100_000);
+
+    // New clicks go to day partitions; a late one dated before the migration to the old table.
+    let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Metrics::default())).await;
+    let now = shared::now_us();
+    let fresh = clicks(10, 2, now, 1);
+    write(&mut handoff, batch_of(&datagrams(9, &fresh))).await;
+    let late = clicks(5, 2, now - 2 * HOUR_US, 1);
+    write(&mut handoff, batch_of(&datagrams(10, &late))).await;
+    assert_eq!(count(&client, legacy).await, 100_005);
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 100_015);
+}
