@@ -36,15 +36,18 @@ impl Window {
 pub enum SetAside {
     TooOld,
     TooNew,
+    /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
+    Refused,
 }
 
 impl SetAside {
-    pub const ALL: [SetAside; 2] = [SetAside::TooOld, SetAside::TooNew];
+    pub const ALL: [SetAside; 3] = [SetAside::TooOld, SetAside::TooNew, SetAside::Refused];
 
     pub fn as_str(self) -> &'static str {
         match self {
             SetAside::TooOld => "too_old",
             SetAside::TooNew => "too_new",
+            SetAside::Refused => "refused",
         }
     }
 }
@@ -62,6 +65,8 @@ pub struct Batch {
     counts: HashMap<i32, HashMap<Box<str>, i64>>,
     delta_count: usize,
     senders: HashMap<u64, u64>,
+    /// Sender ids the collector forgot: their click_senders rows go with this batch.
+    forgotten: Vec<u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,
     /// When its first datagram arrived.
@@ -74,7 +79,7 @@ impl Batch {
     pub fn push(&mut self, datagram: &shared::wire::Batch<'_>, window: &Window, now_us: i64) {
         for (code, at_us) in datagram.clicks_at() {
             if let Some(why) = window.judge(at_us, now_us) {
-                copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str());
+                copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
                 self.set_aside[why as usize] += 1;
                 continue;
             }
@@ -104,6 +109,16 @@ impl Batch {
                 self.delta_count += 1;
             }
         }
+    }
+
+    /// Sender ids to delete from click_senders with this batch.
+    pub fn forget_senders(&mut self, ids: Vec<u64>) {
+        self.forgotten.extend(ids);
+    }
+
+    /// The forgotten sender ids as a bigint column (the u64 bits reinterpreted).
+    pub fn forgotten_column(&self) -> Vec<i64> {
+        self.forgotten.iter().map(|&id| id as i64).collect()
     }
 
     /// Records that `sender`'s datagram `seq` is in this batch.
@@ -152,14 +167,11 @@ impl Batch {
     /// The batch's counts as `click_count_batches` COPY rows: one per UTC day, its codes and
     /// their counts in two arrays.
     pub fn count_rows(&self) -> Bytes {
-        let mut buf = BytesMut::with_capacity(self.delta_count * 24 + 64);
-        let mut entries = Vec::new();
-        for (&day, codes) in &self.counts {
-            entries.clear();
-            entries.extend(codes.iter().map(|(code, &n)| (&**code, n)));
-            copy::put_count_batch(&mut buf, day, &entries);
-        }
-        buf.freeze()
+        let days = self.counts.iter().map(|(&day, codes)| {
+            let entries = codes.iter().map(|(code, &n)| (&**code, n)).collect();
+            (day, entries)
+        });
+        copy::counts_rows(days)
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.
@@ -191,6 +203,7 @@ impl Batch {
         self.counts.clear();
         self.delta_count = 0;
         self.senders.clear();
+        self.forgotten.clear();
         self.clicked_at.clear();
         self.started = None;
     }
@@ -292,7 +305,7 @@ mod tests {
         );
         assert_eq!((b.len(), b.received()), (2, 4));
         let aside: Vec<_> = b.set_aside().map(|(why, n)| (why.as_str(), n)).collect();
-        assert_eq!(aside, [("too_old", 1), ("too_new", 1)]);
+        assert_eq!(aside, [("too_old", 1), ("too_new", 1), ("refused", 0)]);
         assert_eq!(b.clicked_at(), [999, 1_009]);
         assert!(!b.take_set_aside_rows().is_empty());
     }

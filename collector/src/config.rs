@@ -96,6 +96,16 @@ pub struct Config {
     )]
     pub instance: String,
 
+    /// Take datagrams only from processes of these uids (comma-separated); any other uid's are
+    /// rejected (reason unauthorized). Default: any process that may write to the socket.
+    #[arg(
+        long,
+        env = "COLLECTOR_ALLOW_UID",
+        value_name = "UID[,UID...]",
+        value_delimiter = ','
+    )]
+    pub allow_uid: Option<Vec<u32>>,
+
     /// Address of the admin listener: GET /metrics (Prometheus) and GET /healthz.
     #[arg(
         long,
@@ -268,6 +278,7 @@ mod tests {
             ("--batch-rows", "0", "0"),
             ("--instance", "", "1 to 255"),
             ("--instance", "a\tb", "control character"),
+            ("--allow-uid", "root", "invalid digit"),
         ] {
             let err = parse(&[url[0], url[1], flag, value])
                 .unwrap_err()

@@ -1,7 +1,9 @@
 //! PostgreSQL's binary COPY format: the stream's header and trailer, and the rows the collector
 //! writes, encoded straight into a byte buffer. Pure functions; `store` sends the bytes.
 
-use bytes::{BufMut, BytesMut};
+use std::collections::HashMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
 
 /// Signature, flags (no OIDs) and an empty header extension.
 pub const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
@@ -28,13 +30,58 @@ pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
     buf.put_i64(at_us - PG_EPOCH_US);
 }
 
-/// Appends one `clicks_set_aside` row: (code text, clicked_at timestamptz, reason text).
-pub fn put_set_aside(buf: &mut BytesMut, code: &str, at_us: i64, reason: &str) {
-    buf.put_i16(3);
+/// Appends one `clicks_set_aside` row: (code text, clicked_at timestamptz, reason text,
+/// error text, NULL without one).
+pub fn put_set_aside(
+    buf: &mut BytesMut,
+    code: &str,
+    at_us: i64,
+    reason: &str,
+    error: Option<&str>,
+) {
+    buf.put_i16(4);
     put_text(buf, code);
     buf.put_i32(8);
     buf.put_i64(at_us - PG_EPOCH_US);
     put_text(buf, reason);
+    match error {
+        Some(error) => put_text(buf, error),
+        None => buf.put_i32(-1),
+    }
+}
+
+/// One row of a `clicks` COPY buffer written by `put_click`: where it is, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClickRow<'a> {
+    pub bytes: std::ops::Range<usize>,
+    pub code: &'a str,
+    pub at_us: i64,
+}
+
+/// The rows of a buffer that `put_click` wrote, in order (for finding the one PostgreSQL
+/// refuses). Stops at anything it did not write.
+pub fn click_rows(buf: &[u8]) -> Vec<ClickRow<'_>> {
+    let mut rows = Vec::new();
+    let mut at = 0;
+    while let Some(row) = click_row(buf, at) {
+        at = row.bytes.end;
+        rows.push(row);
+    }
+    rows
+}
+
+fn click_row(buf: &[u8], start: usize) -> Option<ClickRow<'_>> {
+    let int = |at: usize, n: usize| buf.get(at..at + n);
+    let len = i32::from_be_bytes(int(start + 2, 4)?.try_into().ok()?);
+    let code_at = start + 6;
+    let code = std::str::from_utf8(buf.get(code_at..code_at + usize::try_from(len).ok()?)?).ok()?;
+    let time_at = code_at + code.len() + 4;
+    let pg_us = i64::from_be_bytes(int(time_at, 8)?.try_into().ok()?);
+    Some(ClickRow {
+        bytes: start..time_at + 8,
+        code,
+        at_us: pg_us + PG_EPOCH_US,
+    })
 }
 
 /// Type oids of the array elements, as the binary array format names them.
@@ -70,6 +117,32 @@ pub fn put_count_batch(buf: &mut BytesMut, day: i32, counts: &[(&str, i64)]) {
     }
 }
 
+/// `click_count_batches` rows: one per day, of its (code, clicks) entries.
+pub fn counts_rows<'a>(days: impl IntoIterator<Item = (i32, Vec<(&'a str, i64)>)>) -> Bytes {
+    let mut buf = BytesMut::new();
+    for (day, entries) in days {
+        put_count_batch(&mut buf, day, &entries);
+    }
+    buf.freeze()
+}
+
+/// The counts of `clicks` (code, Unix microseconds) per UTC day and code, as
+/// `click_count_batches` rows.
+pub fn count_rows<'a>(clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes {
+    let mut days: HashMap<i32, HashMap<&str, i64>> = HashMap::new();
+    for (code, at_us) in clicks {
+        *days
+            .entry(pg_day(at_us))
+            .or_default()
+            .entry(code)
+            .or_default() += 1;
+    }
+    counts_rows(
+        days.into_iter()
+            .map(|(day, codes)| (day, codes.into_iter().collect())),
+    )
+}
+
 /// The field length, then a one-dimensional array's header, without nulls, from index 1.
 fn put_array_header(buf: &mut BytesMut, bytes: usize, element: i32, len: usize) {
     buf.put_i32(bytes as i32);
@@ -99,6 +172,13 @@ mod tests {
         let mut buf = BytesMut::new();
         put_click(&mut buf, "ab", PG_EPOCH_US + 5);
         assert_eq!(&buf[..], b"\0\x02\0\0\0\x02ab\0\0\0\x08\0\0\0\0\0\0\0\x05");
+        put_click(&mut buf, "xyz", 7);
+        let rows = click_rows(&buf);
+        let read: Vec<_> = rows
+            .iter()
+            .map(|r| (r.bytes.clone(), r.code, r.at_us))
+            .collect();
+        assert_eq!(read, [(0..20, "ab", PG_EPOCH_US + 5), (20..41, "xyz", 7)]);
         buf.clear();
         put_count_batch(&mut buf, 1, &[("c", 7)]);
         let codes = b"\0\0\0\x19\0\0\0\x01\0\0\0\0\0\0\0\x19\0\0\0\x01\0\0\0\x01\0\0\0\x01c";

@@ -10,6 +10,7 @@ pub mod compact;
 pub mod config;
 pub mod copy;
 pub mod db;
+pub mod intake;
 pub mod lock;
 pub mod maintenance;
 pub mod metrics;

@@ -2,18 +2,21 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use crate::intake::REJECT_REASONS;
 use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter, Text};
-use shared::wire::Reject;
 
 use crate::batch::SetAside;
 
 /// `SetAside::as_str` of each reason, for the label values.
-const SET_ASIDE_REASONS: [&str; SetAside::ALL.len()] = ["too_old", "too_new"];
+const SET_ASIDE_REASONS: [&str; SetAside::ALL.len()] = ["too_old", "too_new", "refused"];
 
 #[derive(Debug)]
 pub struct Metrics {
     pub datagrams_received: Counter,
     pub datagrams_rejected: LabeledCounter,
+    /// Sender ids known, and those forgotten (idle, or past the bounds).
+    pub senders: Gauge,
+    pub senders_evicted: Counter,
     pub datagrams_duplicate: Counter,
     pub datagrams_lost: Counter,
     pub datagrams_out_of_order: Counter,
@@ -51,7 +54,9 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             datagrams_received: Counter::default(),
-            datagrams_rejected: LabeledCounter::new(&Reject::REASONS),
+            datagrams_rejected: LabeledCounter::new(&REJECT_REASONS),
+            senders: Gauge::default(),
+            senders_evicted: Counter::default(),
             datagrams_duplicate: Counter::default(),
             datagrams_lost: Counter::default(),
             datagrams_out_of_order: Counter::default(),
@@ -93,6 +98,16 @@ impl shared::admin::Admin for Metrics {
                 "Datagrams rejected whole, by reason.",
                 "reason",
                 &self.datagrams_rejected,
+            )
+            .gauge(
+                "collector_senders",
+                "Sender ids known (each redirector process has one).",
+                self.senders.get(),
+            )
+            .counter(
+                "collector_senders_evicted_total",
+                "Sender ids forgotten: idle for a day, or past the bounds of a flood of fresh ids.",
+                self.senders_evicted.get(),
             )
             .counter(
                 "collector_datagrams_duplicate_total",

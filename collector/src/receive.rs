@@ -17,9 +17,10 @@ use shared::throttle::Throttle;
 use tokio::time::Instant;
 
 use crate::batch::{Batch, Handoff, Window};
+use crate::intake::{Intake, Outcome, Why};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
-use crate::senders::{Reply, Senders, Verdict};
+use crate::senders::{Reply, Senders};
 use crate::socket::{Datagram, Inbox};
 
 /// Larger than any valid datagram (60 KiB), so a larger one is seen as truncated.
@@ -33,12 +34,11 @@ pub struct WriterGone;
 pub struct Receiver {
     inbox: Inbox,
     buf: Box<[u8]>,
-    senders: Senders,
+    intake: Intake,
     mirror: Option<Mirror>,
     metrics: Arc<Metrics>,
     batch_rows: usize,
     flush_interval: Duration,
-    window: Window,
     handoff: Handoff,
     /// The batch being filled; `None` while both are with the writer.
     current: Option<Batch>,
@@ -66,6 +66,8 @@ pub struct Settings {
     pub flush_interval: Duration,
     /// Clicks dated outside it are set aside, not written into `clicks`.
     pub window: Window,
+    /// `--allow-uid`: datagrams of any other uid are rejected.
+    pub allowed_uids: Option<Vec<u32>>,
 }
 
 impl Receiver {
@@ -80,12 +82,11 @@ impl Receiver {
         Receiver {
             inbox,
             buf: vec![0; BUF_SIZE].into_boxed_slice(),
-            senders,
+            intake: Intake::new(senders, settings.window, settings.allowed_uids, BUF_SIZE),
             mirror,
             metrics,
             batch_rows: settings.batch_rows,
             flush_interval: settings.flush_interval,
-            window: settings.window,
             handoff,
             current: Some(Batch::default()),
             spare: None,
@@ -179,7 +180,7 @@ impl Receiver {
         while let Some(batch) = empty.recv().await {
             acknowledge(
                 &self.inbox,
-                &mut self.senders,
+                self.intake.senders(),
                 &batch,
                 &mut self.reply_log,
                 &self.metrics,
@@ -192,7 +193,7 @@ impl Receiver {
     fn committed(&mut self, mut batch: Batch) {
         acknowledge(
             &self.inbox,
-            &mut self.senders,
+            self.intake.senders(),
             &batch,
             &mut self.reply_log,
             &self.metrics,
@@ -209,73 +210,59 @@ impl Receiver {
         self.metrics.datagrams_received.inc();
         let bytes = &self.buf[..datagram.len];
         if let Some(mirror) = &self.mirror {
-            match mirror.forward(bytes) {
-                Ok(()) => self.metrics.mirror_sent.inc(),
-                Err(e) => {
-                    self.metrics.mirror_failed.inc();
-                    if let Some(held) = self.mirror_log.allow() {
-                        tracing::warn!("mirror: {e} ({held} more failures not logged)");
-                    }
-                }
-            }
-        }
-        if datagram.truncated {
-            let why = format_args!("over {BUF_SIZE} bytes, cut by the receive buffer");
-            self.reject("undecodable", &why);
-            return Ok(());
-        }
-        let decoded = match shared::wire::decode(bytes) {
-            Ok(decoded) => decoded,
-            Err(reject) => {
-                self.reject(reject.reason(), &reject);
-                return Ok(());
-            }
-        };
-        let now = Instant::now();
-        let (verdict, reply) = self
-            .senders
-            .judge(decoded.sender, decoded.seq, datagram.from, now);
-        if let Some(reply) = reply {
-            send_reply(&self.inbox, reply, &mut self.reply_log, &self.metrics);
-        }
-        let lost = match verdict {
-            Verdict::Duplicate => {
-                self.metrics.datagrams_duplicate.inc();
-                return Ok(());
-            }
-            Verdict::Ahead => {
-                self.metrics.datagrams_out_of_order.inc();
-                return Ok(());
-            }
-            Verdict::Accept { lost } => lost,
-        };
-        if lost > 0 {
-            self.metrics.datagrams_lost.add(lost);
-            if let Some(held) = self.lost_log.allow() {
-                tracing::warn!(
-                    "sender {:016x}: {lost} datagrams lost before seq {} ({held} more gaps not logged)",
-                    decoded.sender,
-                    decoded.seq
-                );
-            }
+            forward(mirror, bytes, &self.metrics, &mut self.mirror_log);
         }
         let batch = self
             .current
             .as_mut()
             .expect("take runs only with a batch to fill");
-        batch.push(&decoded, &self.window, shared::now_us());
-        batch.note_sender(decoded.sender, decoded.seq);
-        let clicks = decoded.clicks.len();
-        self.metrics.clicks_received.add(clicks as u64);
-        self.metrics.pending_clicks.add(clicks as i64);
-        if batch.received() >= self.batch_rows {
+        let (now, now_us) = (Instant::now(), shared::now_us());
+        let (outcome, reply) = self.intake.take(bytes, &datagram, batch, now, now_us);
+        let full = batch.received() >= self.batch_rows;
+        if let Some(reply) = reply {
+            send_reply(&self.inbox, reply, &mut self.reply_log, &self.metrics);
+        }
+        self.count(outcome);
+        if full {
             self.hand_over()?;
         }
         Ok(())
     }
 
+    /// The metrics and log lines of one datagram's outcome.
+    fn count(&mut self, outcome: Outcome) {
+        let m = &self.metrics;
+        match outcome {
+            Outcome::Rejected(why) => self.reject(&why),
+            Outcome::Duplicate => m.datagrams_duplicate.inc(),
+            Outcome::Ahead => m.datagrams_out_of_order.inc(),
+            Outcome::Accepted {
+                sender,
+                seq,
+                clicks,
+                lost,
+                evicted,
+            } => {
+                m.clicks_received.add(clicks as u64);
+                m.pending_clicks.add(clicks as i64);
+                m.senders_evicted.add(evicted as u64);
+                m.senders.set(self.intake.senders().len() as i64);
+                if lost > 0 {
+                    m.datagrams_lost.add(lost);
+                    if let Some(held) = self.lost_log.allow() {
+                        tracing::warn!(
+                            "sender {sender:016x}: {lost} datagrams lost before seq {seq} ({held} \
+                             more gaps not logged)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Counts a rejected datagram; `why` is formatted only when the line is logged.
-    fn reject(&mut self, reason: &'static str, why: &dyn std::fmt::Display) {
+    fn reject(&mut self, why: &Why) {
+        let reason = why.reason();
         self.metrics.datagrams_rejected.inc(reason);
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(
@@ -325,6 +312,19 @@ fn send_reply(inbox: &Inbox, reply: Reply, log: &mut Throttle, metrics: &Metrics
                     reply.ack.sender,
                     reply.to
                 );
+            }
+        }
+    }
+}
+
+/// Forwards a datagram to `--mirror`, never waiting; counts what was not forwarded.
+fn forward(mirror: &Mirror, bytes: &[u8], metrics: &Metrics, log: &mut Throttle) {
+    match mirror.forward(bytes) {
+        Ok(()) => metrics.mirror_sent.inc(),
+        Err(e) => {
+            metrics.mirror_failed.inc();
+            if let Some(held) = log.allow() {
+                tracing::warn!("mirror: {e} ({held} more failures not logged)");
             }
         }
     }

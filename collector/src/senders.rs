@@ -1,5 +1,6 @@
-//! Each sender's seqs as this collector knows them: which datagrams are new, repeated or
-//! missing, and what to tell a sender that waits for acknowledgements.
+//! Each sender's seqs as this collector knows them: which datagrams are new, repeated, missing
+//! or not believable, what to tell a sender that waits for acknowledgements, and which process
+//! a sender id belongs to.
 //!
 //! Two kinds of sender. One that sends from an address of its own (a redirector) expects
 //! acknowledgements and resends what is not acknowledged: its datagrams are accepted strictly
@@ -8,12 +9,19 @@
 //! without an address (`clicktap send`, an older redirector) is never acknowledged: a gap in
 //! its seqs is counted as lost, as the wire format's first version had it.
 //!
+//! A sender id belongs to the process (pid and uid, as the kernel attests them) whose datagram
+//! of it this collector accepted first; another process's datagram claiming it is refused, and
+//! so is a seq further ahead than any sender could have got. Memory stays bounded: a process
+//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS`, and ids idle for two
+//! days are forgotten; what is forgotten leaves `click_senders` with the next batch.
+//!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use nix::sys::socket::UnixAddr;
+use shared::socket::Creds;
 use shared::wire::Ack;
 use tokio::time::Instant;
 use tokio_postgres::Client;
@@ -21,8 +29,23 @@ use tokio_postgres::Client;
 /// An acknowledgement or resend request identical to one sent this recently is not sent again:
 /// a burst of repeated or early datagrams gets one answer, not one each.
 const REPEAT_AFTER: Duration = Duration::from_millis(200);
+/// The furthest a seq may be past the next one expected: far more datagrams than a collector
+/// can lose (its two batches and the socket's queue hold a few hundred), far fewer than a
+/// forged seq would claim.
+pub const MAX_JUMP: u64 = 100_000;
+/// Sender ids one process keeps: a redirector has one per process start (a new one after a
+/// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's.
+pub const PER_PROCESS: usize = 4;
+/// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
+pub const MAX_SENDERS: usize = 100_000;
+/// An id not seen for this long is forgotten: its redirector, if alive, went on under a new id
+/// after a day idle (twice that here, so that a datagram sent just before the redirector's day
+/// is up still finds its sender known).
+const IDLE: Duration = Duration::from_secs(2 * 24 * 3600);
+/// How often idle ids are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// What a datagram is, by its sender's seq.
+/// What a datagram is, by its sender's id and seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// New; `lost` datagrams of this sender were skipped before it (never for a sender that
@@ -33,6 +56,25 @@ pub enum Verdict {
     /// From a sender that expects acknowledgements, past the next seq expected: not accepted,
     /// the sender resends from the missing one.
     Ahead,
+    /// Not believed: the datagram is rejected whole.
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The sender id belongs to another process.
+    SenderMismatch,
+    /// The seq is more than `MAX_JUMP` past the next one expected.
+    SeqJump,
+}
+
+impl Refusal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::SenderMismatch => "sender_mismatch",
+            Refusal::SeqJump => "seq_jump",
+        }
+    }
 }
 
 /// A message for a sender: where, and what.
@@ -42,7 +84,23 @@ pub struct Reply {
     pub ack: Ack,
 }
 
-#[derive(Debug, Default)]
+/// The process a sender id belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Owner {
+    pid: i32,
+    uid: u32,
+}
+
+impl Owner {
+    fn of(creds: Option<Creds>) -> Option<Owner> {
+        creds.map(|c| Owner {
+            pid: c.pid,
+            uid: c.uid,
+        })
+    }
+}
+
+#[derive(Debug)]
 struct Sender {
     /// Highest seq accepted into a batch, committed or not.
     accepted: Option<u64>,
@@ -52,9 +110,23 @@ struct Sender {
     reply: Option<UnixAddr>,
     /// The last message sent to it, and when.
     told: Option<(Ack, Instant)>,
+    /// Whose it is: set by the first datagram of it accepted in this collector's life.
+    owner: Option<Owner>,
+    seen: Instant,
 }
 
 impl Sender {
+    fn new(now: Instant) -> Sender {
+        Sender {
+            accepted: None,
+            committed: None,
+            reply: None,
+            told: None,
+            owner: None,
+            seen: now,
+        }
+    }
+
     /// A reply of `ack`, unless the sender has no address or was told the same just now.
     fn tell(&mut self, ack: Ack, now: Instant, repeat: bool) -> Option<Reply> {
         let to = self.reply?;
@@ -67,66 +139,139 @@ impl Sender {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Senders {
     map: HashMap<u64, Sender>,
+    /// Each process's ids, oldest first.
+    by_process: HashMap<Owner, Vec<u64>>,
+    /// Forgotten since `forgotten` was last called: to delete from click_senders.
+    forgotten: Vec<u64>,
+    swept: Instant,
+}
+
+impl Default for Senders {
+    fn default() -> Senders {
+        Senders::committed([])
+    }
 }
 
 impl Senders {
     /// The senders whose seqs were committed, each with its last committed seq.
     pub fn committed(last: impl IntoIterator<Item = (u64, u64)>) -> Senders {
+        let now = Instant::now();
         let map = last
             .into_iter()
             .map(|(sender, seq)| {
-                let known = Sender {
-                    accepted: Some(seq),
-                    committed: Some(seq),
-                    ..Sender::default()
-                };
+                let mut known = Sender::new(now);
+                (known.accepted, known.committed) = (Some(seq), Some(seq));
                 (sender, known)
             })
             .collect();
-        Senders { map }
+        Senders {
+            map,
+            by_process: HashMap::new(),
+            forgotten: Vec::new(),
+            swept: now,
+        }
     }
 
-    /// Judges datagram `seq` of `sender`, sent from `from`, and, if new, remembers it as
-    /// accepted; also what to tell the sender, if anything.
+    /// Judges datagram `seq` of `sender`, sent from `from` by the process of `creds`, and, if
+    /// new, remembers it as accepted; also what to tell the sender, if anything.
     pub fn judge(
         &mut self,
         sender: u64,
         seq: u64,
         from: Option<UnixAddr>,
+        creds: Option<Creds>,
         now: Instant,
     ) -> (Verdict, Option<Reply>) {
-        let s = self.map.entry(sender).or_default();
-        s.reply = from;
-        let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
-        let (verdict, reply) = match (from, s.accepted) {
-            (None, accepted) => match shared::seq::judge(accepted, seq, true) {
-                shared::seq::Verdict::Duplicate => (Verdict::Duplicate, None),
-                shared::seq::Verdict::Accept { lost } => (Verdict::Accept { lost }, None),
-            },
-            (Some(_), Some(accepted)) if seq <= accepted => {
-                // Committed already: the sender missed the acknowledgement (or this collector
-                // restarted), so it is told again. Pending: its commit will tell.
-                let reply = match s.committed {
-                    Some(committed) if seq <= committed => {
-                        s.tell(Ack::new(sender, Some(committed), None), now, false)
-                    }
-                    _ => None,
-                };
-                (Verdict::Duplicate, reply)
-            }
-            (Some(_), _) if seq == expected => (Verdict::Accept { lost: 0 }, None),
-            (Some(_), _) => {
-                let ask = Ack::new(sender, s.committed, Some(expected));
-                (Verdict::Ahead, s.tell(ask, now, false))
-            }
+        self.sweep(now);
+        let owner = Owner::of(creds);
+        let Some(s) = self.map.get_mut(&sender) else {
+            return self.first(sender, seq, from, owner, now);
         };
+        if s.owner.is_some() && s.owner != owner {
+            return (Verdict::Refused(Refusal::SenderMismatch), None);
+        }
+        let (verdict, reply) = judge_known(s, sender, seq, from, now);
         if let Verdict::Accept { .. } = verdict {
             s.accepted = Some(seq);
+            if s.owner.is_none() {
+                s.owner = owner;
+                self.bind(sender, owner);
+            }
         }
         (verdict, reply)
+    }
+
+    /// The first datagram of a sender this collector does not know (never seen, or forgotten):
+    /// remembered only if accepted, so that refused or early ones take no memory.
+    fn first(
+        &mut self,
+        sender: u64,
+        seq: u64,
+        from: Option<UnixAddr>,
+        owner: Option<Owner>,
+        now: Instant,
+    ) -> (Verdict, Option<Reply>) {
+        let mut s = Sender::new(now);
+        let (verdict, reply) = judge_known(&mut s, sender, seq, from, now);
+        if let Verdict::Accept { .. } = verdict {
+            (s.accepted, s.owner) = (Some(seq), owner);
+            self.map.insert(sender, s);
+            self.bind(sender, owner);
+        }
+        (verdict, reply)
+    }
+
+    /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
+    /// oldest is forgotten.
+    fn bind(&mut self, sender: u64, owner: Option<Owner>) {
+        let Some(owner) = owner else { return };
+        let ids = self.by_process.entry(owner).or_default();
+        ids.push(sender);
+        if ids.len() > PER_PROCESS {
+            let oldest = ids.remove(0);
+            self.forget(oldest);
+        }
+    }
+
+    fn forget(&mut self, sender: u64) {
+        let Some(s) = self.map.remove(&sender) else {
+            return;
+        };
+        if let Some(owner) = s.owner {
+            if let Some(ids) = self.by_process.get_mut(&owner) {
+                ids.retain(|&id| id != sender);
+                if ids.is_empty() {
+                    self.by_process.remove(&owner);
+                }
+            }
+        }
+        self.forgotten.push(sender);
+    }
+
+    /// Once a minute: forgets ids idle for `IDLE`, and the least recently seen tenth while
+    /// there are more than `MAX_SENDERS`.
+    fn sweep(&mut self, now: Instant) {
+        if now - self.swept < SWEEP_EVERY && self.map.len() <= MAX_SENDERS {
+            return;
+        }
+        self.swept = now;
+        let mut by_age: Vec<(Instant, u64)> =
+            self.map.iter().map(|(&id, s)| (s.seen, id)).collect();
+        by_age.sort_unstable();
+        let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
+        let excess = if self.map.len() > MAX_SENDERS {
+            over
+        } else {
+            0
+        };
+        for (i, (seen, id)) in by_age.into_iter().enumerate() {
+            if i < excess || now - seen >= IDLE {
+                self.forget(id);
+            }
+        }
     }
 
     /// Records that `sender`'s datagrams up to `seq` are committed; the acknowledgement to
@@ -138,13 +283,57 @@ impl Senders {
         s.tell(Ack::new(sender, Some(committed), None), now, true)
     }
 
-    /// Senders seen or known.
+    /// The ids forgotten since the last call, to delete from click_senders.
+    pub fn forgotten(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.forgotten)
+    }
+
+    /// Senders known.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+}
+
+/// The verdict on datagram `seq` of the known (or new) sender `s`, and its reply; updates
+/// what it knows of the sender but not its accepted seq.
+fn judge_known(
+    s: &mut Sender,
+    sender: u64,
+    seq: u64,
+    from: Option<UnixAddr>,
+    now: Instant,
+) -> (Verdict, Option<Reply>) {
+    let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
+    if seq.saturating_sub(expected) > MAX_JUMP {
+        return (Verdict::Refused(Refusal::SeqJump), None);
+    }
+    s.seen = now;
+    s.reply = from;
+    match (from, s.accepted) {
+        (None, accepted) => match shared::seq::judge(accepted, seq, true) {
+            shared::seq::Verdict::Duplicate => (Verdict::Duplicate, None),
+            shared::seq::Verdict::Accept { lost } => (Verdict::Accept { lost }, None),
+        },
+        (Some(_), Some(accepted)) if seq <= accepted => {
+            // Committed already: the sender missed the acknowledgement (or this collector
+            // restarted), so it is told again. Pending: its commit will tell.
+            let reply = match s.committed {
+                Some(committed) if seq <= committed => {
+                    s.tell(Ack::new(sender, Some(committed), None), now, false)
+                }
+                _ => None,
+            };
+            (Verdict::Duplicate, reply)
+        }
+        (Some(_), _) if seq == expected => (Verdict::Accept { lost: 0 }, None),
+        (Some(_), _) => {
+            let ask = Ack::new(sender, s.committed, Some(expected));
+            (Verdict::Ahead, s.tell(ask, now, false))
+        }
     }
 }
 
@@ -168,6 +357,14 @@ mod tests {
         Some(UnixAddr::new_abstract(b"sender").unwrap())
     }
 
+    fn creds(pid: i32) -> Option<Creds> {
+        Some(Creds {
+            pid,
+            uid: 1000,
+            gid: 1000,
+        })
+    }
+
     fn ack(committed: Option<u64>, resend_from: Option<u64>) -> Option<Reply> {
         let to = addr().unwrap();
         Some(Reply {
@@ -180,35 +377,36 @@ mod tests {
     async fn a_sender_with_an_address_is_taken_in_order_and_told_what_is_committed() {
         let mut s = Senders::default();
         let now = Instant::now();
+        let c = creds(10);
         assert_eq!(
-            s.judge(7, 1, addr(), now),
+            s.judge(7, 1, addr(), c, now),
             (Verdict::Ahead, ack(None, Some(0)))
         );
+        assert_eq!(s.judge(7, 0, addr(), c, now).0, Verdict::Accept { lost: 0 });
+        assert_eq!(s.judge(7, 1, addr(), c, now).0, Verdict::Accept { lost: 0 });
         assert_eq!(
-            s.judge(7, 2, addr(), now),
-            (Verdict::Ahead, None),
-            "asked once"
-        );
-        assert_eq!(s.judge(7, 0, addr(), now).0, Verdict::Accept { lost: 0 });
-        assert_eq!(s.judge(7, 1, addr(), now).0, Verdict::Accept { lost: 0 });
-        assert_eq!(
-            s.judge(7, 1, addr(), now),
+            s.judge(7, 1, addr(), c, now),
             (Verdict::Duplicate, None),
             "pending"
         );
         assert_eq!(
-            s.judge(7, 3, addr(), now),
+            s.judge(7, 3, addr(), c, now),
             (Verdict::Ahead, ack(None, Some(2)))
+        );
+        assert_eq!(
+            s.judge(7, 3, addr(), c, now),
+            (Verdict::Ahead, None),
+            "asked once"
         );
         assert_eq!(s.commit(7, 1, now), ack(Some(1), None));
         assert_eq!(
-            s.judge(7, 0, addr(), now),
+            s.judge(7, 0, addr(), c, now),
             (Verdict::Duplicate, None),
             "just told"
         );
         let later = now + REPEAT_AFTER;
         assert_eq!(
-            s.judge(7, 0, addr(), later),
+            s.judge(7, 0, addr(), c, later),
             (Verdict::Duplicate, ack(Some(1), None))
         );
         assert_eq!(
@@ -222,13 +420,13 @@ mod tests {
     fn a_sender_without_an_address_gets_gaps_counted_and_nothing_back() {
         let mut s = Senders::committed([(7, 4)]);
         let now = Instant::now();
-        assert_eq!(s.judge(7, 4, None, now), (Verdict::Duplicate, None));
+        assert_eq!(s.judge(7, 4, None, None, now), (Verdict::Duplicate, None));
         assert_eq!(
-            s.judge(7, 8, None, now),
+            s.judge(7, 8, None, None, now),
             (Verdict::Accept { lost: 3 }, None)
         );
         assert_eq!(
-            s.judge(9, 2, None, now),
+            s.judge(9, 2, None, None, now),
             (Verdict::Accept { lost: 2 }, None)
         );
         assert_eq!(s.commit(7, 8, now), None);
@@ -239,14 +437,96 @@ mod tests {
     fn a_restarted_collector_acknowledges_what_was_committed_before_it() {
         let mut s = Senders::committed([(7, 4)]);
         let now = Instant::now();
+        let c = creds(10);
         assert_eq!(
-            s.judge(7, 3, addr(), now),
+            s.judge(7, 3, addr(), c, now),
             (Verdict::Duplicate, ack(Some(4), None))
         );
         assert_eq!(
-            s.judge(7, 6, addr(), now),
+            s.judge(7, 6, addr(), c, now),
             (Verdict::Ahead, ack(Some(4), Some(5)))
         );
-        assert_eq!(s.judge(7, 5, addr(), now).0, Verdict::Accept { lost: 0 });
+        assert_eq!(s.judge(7, 5, addr(), c, now).0, Verdict::Accept { lost: 0 });
+    }
+
+    #[test]
+    fn an_id_belongs_to_the_process_that_sent_it_first_and_forged_seqs_are_refused() {
+        let mut s = Senders::default();
+        let now = Instant::now();
+        assert_eq!(
+            s.judge(7, 0, None, creds(10), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let mismatch = Verdict::Refused(Refusal::SenderMismatch);
+        assert_eq!(
+            s.judge(7, 1, None, creds(11), now).0,
+            mismatch,
+            "another pid"
+        );
+        let other_uid = Some(Creds {
+            pid: 10,
+            uid: 0,
+            gid: 0,
+        });
+        assert_eq!(
+            s.judge(7, 1, None, other_uid, now).0,
+            mismatch,
+            "another uid"
+        );
+        assert_eq!(
+            s.judge(7, 1, None, creds(10), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let jump = Verdict::Refused(Refusal::SeqJump);
+        assert_eq!(
+            s.judge(7, 9_000_000_000_000_000_000, None, creds(10), now)
+                .0,
+            jump
+        );
+        assert_eq!(
+            s.judge(8, MAX_JUMP + 1, None, creds(12), now).0,
+            jump,
+            "a first seq too"
+        );
+        assert_eq!(
+            s.judge(7, 2 + MAX_JUMP, None, creds(10), now).0,
+            Verdict::Accept { lost: MAX_JUMP }
+        );
+        assert_eq!(s.len(), 1, "refused ids take no memory");
+    }
+
+    #[test]
+    fn a_flood_of_fresh_ids_keeps_each_process_to_a_few_and_forgets_the_rest() {
+        let mut s = Senders::committed([(1, 5)]);
+        let now = Instant::now();
+        for id in 100..10_100 {
+            assert_eq!(
+                s.judge(id, 0, None, creds(66), now).0,
+                Verdict::Accept { lost: 0 }
+            );
+        }
+        assert_eq!(
+            s.len(),
+            1 + PER_PROCESS,
+            "the flooder's last ids, and the other sender"
+        );
+        let forgotten = s.forgotten();
+        assert_eq!(forgotten.len(), 10_000 - PER_PROCESS);
+        assert!(!forgotten.contains(&1));
+        assert!(s.forgotten().is_empty(), "reported once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ids_idle_for_two_days_are_forgotten() {
+        let mut s = Senders::committed([(1, 5)]);
+        let start = Instant::now();
+        s.judge(2, 0, None, creds(3), start);
+        tokio::time::advance(IDLE).await;
+        let later = Instant::now();
+        s.judge(4, 0, None, creds(5), later);
+        assert_eq!(s.len(), 1);
+        let mut forgotten = s.forgotten();
+        forgotten.sort();
+        assert_eq!(forgotten, [1, 2]);
     }
 }

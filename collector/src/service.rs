@@ -111,6 +111,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
                 max_age_us: micros(config.max_click_age),
                 max_skew_us: micros(config.max_click_skew),
             },
+            allowed_uids: config.allow_uid.clone(),
         },
         handoff,
     );

@@ -4,16 +4,19 @@
 
 use std::pin::pin;
 
-use bytes::Bytes;
+use std::collections::HashSet;
+
+use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
-use crate::batch::Batch;
-use crate::copy::{HEADER, TRAILER};
+use crate::batch::{Batch, SetAside};
+use crate::copy::{self, HEADER, TRAILER};
+use crate::db::describe;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =
-    "COPY clicks_set_aside (code, clicked_at, reason) FROM STDIN (FORMAT binary)";
+    "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
     "COPY click_count_batches (day, entries, codes, counts) FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
@@ -41,6 +44,10 @@ const ADVANCE_SENDERS: &str = "
     ON CONFLICT (sender) DO UPDATE
        SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq), updated_at = now()";
 
+/// Sender ids the collector forgot (idle, or past its bounds under a flood of fresh ids): their
+/// rows go, so that click_senders stays as bounded as the collector's memory.
+const FORGET_SENDERS: &str = "DELETE FROM click_senders WHERE sender = ANY($1::bigint[])";
+
 /// Which batch of which writer: each collector process writes as a random writer id, under
 /// its instance name, and numbers its batches 1, 2, 3, ... in the order it writes them; a
 /// retry keeps the number.
@@ -59,11 +66,25 @@ pub struct Rows {
 }
 
 /// What an attempt did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Written,
+    /// Committed; `refused` clicks PostgreSQL refused for good were set aside instead.
+    Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
     AlreadyCommitted,
+    /// PostgreSQL refused every click of the batch (this error, the first): not taken as bad
+    /// clicks but as a table that refuses everything; nothing was committed.
+    AllRefused(String),
+}
+
+/// Whether PostgreSQL would refuse the same rows again however often they are sent: a data
+/// exception (SQLSTATE class 22) or an integrity constraint violation (23). Not the classes of
+/// a schema that does not match (42: a missing table or column, a privilege): those refuse
+/// every row, and setting every click aside would only move the stream elsewhere, so they are
+/// retried like an outage until an operator fixes the schema.
+pub fn refuses_rows(e: &tokio_postgres::Error) -> bool {
+    e.code()
+        .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
 }
 
 /// The writer's connection, with its statements prepared once when it opens. Its session
@@ -75,6 +96,7 @@ pub struct Conn {
     copy_set_aside: Statement,
     claim_batch: Statement,
     advance_senders: Statement,
+    forget_senders: Statement,
 }
 
 impl Conn {
@@ -89,19 +111,23 @@ impl Conn {
             copy_set_aside: client.prepare(COPY_SET_ASIDE).await?,
             claim_batch: client.prepare(CLAIM_BATCH).await?,
             advance_senders: client.prepare(ADVANCE_SENDERS).await?,
+            forget_senders: client.prepare(FORGET_SENDERS).await?,
             client,
         })
     }
 
     /// One transaction: the claim of batch `number`, senders, clicks, counts, commit; unless
-    /// the claim shows that this batch is in already. Dropping it midway rolls it back.
+    /// the claim shows that this batch is in already. Dropping it midway rolls it back. With
+    /// `sift`, the clicks go in halves until the rows PostgreSQL refuses for good are found
+    /// (`refuses_rows`), which are set aside with their error, their counts left out.
     pub async fn write(
         &mut self,
         batch: &Batch,
         rows: &Rows,
         number: &BatchNumber,
+        sift: bool,
     ) -> Result<Outcome, tokio_postgres::Error> {
-        let tx = self.client.transaction().await?;
+        let mut tx = self.client.transaction().await?;
         let claim = [
             &number.writer as _,
             &number.batch as _,
@@ -114,15 +140,95 @@ impl Conn {
         let (senders, seqs) = batch.sender_columns();
         tx.execute(&self.advance_senders, &[&senders, &seqs])
             .await?;
-        let written = copy_in(&tx, &self.copy_clicks, rows.clicks.clone()).await?;
-        debug_assert_eq!(written, batch.len() as u64);
-        if !rows.set_aside.is_empty() {
-            copy_in(&tx, &self.copy_set_aside, rows.set_aside.clone()).await?;
+        let forgotten = batch.forgotten_column();
+        if !forgotten.is_empty() {
+            tx.execute(&self.forget_senders, &[&forgotten]).await?;
         }
-        copy_in(&tx, &self.copy_counts, batch.count_rows()).await?;
+        let (counts, set_aside, refused) = if sift {
+            let clicks = copy::click_rows(&rows.clicks);
+            let refused = sift_in(&mut tx, &self.copy_clicks, &rows.clicks, &clicks).await?;
+            if !clicks.is_empty() && refused.len() == clicks.len() {
+                tx.rollback().await?;
+                return Ok(Outcome::AllRefused(refused[0].1.clone()));
+            }
+            let (counts, set_aside) = without_refused(&clicks, &refused, &rows.set_aside);
+            (counts, set_aside, refused.len() as u64)
+        } else {
+            let written = copy_in(&tx, &self.copy_clicks, rows.clicks.clone()).await?;
+            debug_assert_eq!(written, batch.len() as u64);
+            (batch.count_rows(), rows.set_aside.clone(), 0)
+        };
+        if !set_aside.is_empty() {
+            copy_in(&tx, &self.copy_set_aside, set_aside).await?;
+        }
+        copy_in(&tx, &self.copy_counts, counts).await?;
         tx.commit().await?;
-        Ok(Outcome::Written)
+        Ok(Outcome::Written { refused })
     }
+}
+
+/// COPYs the click rows `clicks` of `buf`, each range under a savepoint, halving a range that
+/// PostgreSQL refuses for good until single rows are left: those are returned, by index, with
+/// the error. Any other error ends the attempt.
+async fn sift_in(
+    tx: &mut tokio_postgres::Transaction<'_>,
+    statement: &Statement,
+    buf: &Bytes,
+    clicks: &[copy::ClickRow<'_>],
+) -> Result<Vec<(usize, String)>, tokio_postgres::Error> {
+    let mut refused = Vec::new();
+    // A stack of ranges still to try, the whole batch first.
+    let mut ranges = Vec::new();
+    ranges.push(0..clicks.len());
+    while let Some(range) = ranges.pop() {
+        if range.is_empty() {
+            continue;
+        }
+        let bytes = clicks[range.start].bytes.start..clicks[range.end - 1].bytes.end;
+        let savepoint = tx.savepoint("sift").await?;
+        match copy_in(&savepoint, statement, buf.slice(bytes)).await {
+            Ok(_) => savepoint.commit().await?,
+            Err(e) if refuses_rows(&e) => {
+                savepoint.rollback().await?;
+                if range.len() == 1 {
+                    refused.push((range.start, describe(&e)));
+                } else {
+                    let mid = range.start + range.len() / 2;
+                    ranges.push(mid..range.end);
+                    ranges.push(range.start..mid);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(refused)
+}
+
+/// The counts of the clicks that were written, and the set-aside rows: the batch's own and
+/// the refused clicks, with their errors.
+fn without_refused(
+    clicks: &[copy::ClickRow<'_>],
+    refused: &[(usize, String)],
+    set_aside: &Bytes,
+) -> (Bytes, Bytes) {
+    let mut aside = BytesMut::from(&set_aside[..]);
+    for (i, error) in refused {
+        let row = &clicks[*i];
+        copy::put_set_aside(
+            &mut aside,
+            row.code,
+            row.at_us,
+            SetAside::Refused.as_str(),
+            Some(error),
+        );
+    }
+    let refused: HashSet<usize> = refused.iter().map(|(i, _)| *i).collect();
+    let written = clicks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !refused.contains(i))
+        .map(|(_, row)| (row.code, row.at_us));
+    (copy::count_rows(written), aside.freeze())
 }
 
 /// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.

@@ -5,11 +5,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Batch, WriterEnds};
-use crate::db::{self, timed, Db, Failure};
+use crate::batch::{Batch, SetAside, WriterEnds};
+use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
 use crate::metrics::Metrics;
-use crate::store::{BatchNumber, Conn, Outcome, Rows};
+use crate::store::{refuses_rows, BatchNumber, Conn, Outcome, Rows};
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
@@ -61,7 +61,7 @@ impl Writer {
             };
             self.last.batch += 1;
             let number = self.last.clone();
-            self.write(&batch, &rows, &number).await;
+            let refused = self.write(&batch, &rows, &number).await;
             drop(rows);
             let m = &self.metrics;
             let now = shared::now_us();
@@ -69,10 +69,11 @@ impl Writer {
             m.commit_lag.observe_all(batch.clicked_at().iter().map(lag));
             m.batch_seconds.observe(started.elapsed());
             m.batches.inc();
-            m.clicks_written.add(batch.len() as u64);
+            m.clicks_written.add(batch.len() as u64 - refused);
             for (why, n) in batch.set_aside() {
                 m.clicks_set_aside.add(why.as_str(), n);
             }
+            m.clicks_set_aside.add(SetAside::Refused.as_str(), refused);
             m.pending_clicks.add(-(batch.received() as i64));
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
@@ -80,21 +81,52 @@ impl Writer {
     }
 
     /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
-    /// waits (capped exponential backoff), reconnects and writes the same batch again.
-    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) {
+    /// waits (capped exponential backoff), reconnects and writes the same batch again. Once
+    /// PostgreSQL refuses a row for good (`store::refuses_rows`), the attempts sift the rows
+    /// to set the refused ones aside. Returns how many were.
+    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> u64 {
         let mut backoff = db::backoff();
+        let mut sift = false;
         loop {
-            match self.attempt(batch, rows, number).await {
-                Ok(outcome) => {
-                    if outcome == Outcome::AlreadyCommitted {
-                        tracing::info!(
-                            "a batch of {} clicks was committed by an attempt whose answer was \
-                             lost; not writing it again",
+            match self.attempt(batch, rows, number, sift).await {
+                Ok(Outcome::Written { refused }) => {
+                    if refused > 0 {
+                        tracing::warn!(
+                            "{refused} clicks of a batch of {} refused by the database for \
+                             good: set aside in clicks_set_aside with the error",
                             batch.len()
                         );
                     }
                     self.metrics.db_reachable.store(true, Relaxed);
-                    return;
+                    return refused;
+                }
+                Ok(Outcome::AlreadyCommitted) => {
+                    tracing::info!(
+                        "a batch of {} clicks was committed by an attempt whose answer was lost; \
+                         not writing it again",
+                        batch.len()
+                    );
+                    self.metrics.db_reachable.store(true, Relaxed);
+                    return 0;
+                }
+                Ok(Outcome::AllRefused(error)) => {
+                    tracing::warn!(
+                        "every click of a batch of {} refused ({error}): not set aside, as a \
+                         table that takes no row needs an operator; retrying",
+                        batch.len()
+                    );
+                    self.metrics.db_errors.inc();
+                    self.metrics.db_reachable.store(false, Relaxed);
+                }
+                Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
+                    tracing::warn!(
+                        "writing a batch of {} clicks: {}; looking for the rows refused",
+                        batch.len(),
+                        describe(&e)
+                    );
+                    self.metrics.db_errors.inc();
+                    sift = true;
+                    continue;
                 }
                 Err(waiting @ Failure::LockHeld(_)) => {
                     tracing::info!("{waiting}; asking again on a new connection");
@@ -121,6 +153,7 @@ impl Writer {
         batch: &Batch,
         rows: &Rows,
         number: &BatchNumber,
+        sift: bool,
     ) -> Result<Outcome, Failure> {
         let mut waiting = false;
         let (db, slot) = (&self.db, &mut self.conn);
@@ -133,7 +166,7 @@ impl Writer {
                     slot.insert(Conn::prepare(client).await?)
                 }
             };
-            conn.write(batch, rows, number).await
+            conn.write(batch, rows, number, sift).await
         };
         let result = timed(self.timeout, attempt).await;
         match result {

@@ -106,9 +106,9 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
             .await
             > 0.0
     );
-    let before = common::rss_kib(r.service.pid());
+    let before = shared::testkit::rss_kib(r.service.pid());
     let flood = load.run(100_000).await;
-    let after = common::rss_kib(r.service.pid());
+    let after = shared::testkit::rss_kib(r.service.pid());
     assert_eq!(flood.count(302), 100_000, "{flood:?}");
     // 100,000 clicks kept would take 8 MB at 80 bytes each; the ring is allocated once.
     assert!(

@@ -158,6 +158,30 @@ impl Drop for Service {
     }
 }
 
+/// A process's resident memory, in KiB.
+pub fn rss_kib(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// A seeded xorshift stream: random enough for tests, and the same again from the same seed,
+/// so a failure can be replayed.
+#[derive(Debug, Clone)]
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
 /// `cmd` started the way systemd starts a socket-activated service: `fd` as descriptor 3,
 /// LISTEN_FDS=1 and LISTEN_PID set to the service's own pid (by a shell that then execs it).
 /// `fd` must stay open in the caller until the command has started.

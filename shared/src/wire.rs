@@ -68,6 +68,12 @@ impl Batch<'_> {
             .iter()
             .map(|c| (c.code, self.base_us + i64::from(c.offset_us)))
     }
+
+    /// Its bytes, as an [`Encoder`] would write them: for tools and tests that set the header
+    /// fields themselves (a forged seq, say) rather than count up to them.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("a Batch always serializes into a Vec")
+    }
 }
 
 /// Why a code is not a valid click code.

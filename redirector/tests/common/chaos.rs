@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use shared::testkit::{eventually, Service};
+use shared::testkit::{eventually, Service, XorShift};
 
 use super::load::{Load, Report};
 use super::{collector_command, fixture, metric, redirector, spawn_collector, Redirector, LIMIT};
@@ -40,16 +40,13 @@ struct Pair {
     codes: Vec<String>,
 }
 
-/// A seeded xorshift: random moments that a failure can be replayed with (the seed is printed).
-struct Moments(u64);
+/// Random moments that a failure can be replayed with (the seed is printed).
+struct Moments(XorShift);
 
 impl Moments {
     /// A pause of 300 ms to 1.5 s.
     fn next(&mut self) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        Duration::from_millis(300 + self.0 % 1_200)
+        Duration::from_millis(300 + self.0.next_u64() % 1_200)
     }
 }
 
@@ -82,7 +79,7 @@ pub async fn crash_and_count(scenario: Scenario) {
         .as_nanos() as u64
         | 1;
     eprintln!("chaos: seed {seed}");
-    let mut moments = Moments(seed);
+    let mut moments = Moments(XorShift(seed));
     let codes: Vec<Vec<String>> = (0..scenario.pairs)
         .map(|p| {
             (0..CODES_PER_PAIR)

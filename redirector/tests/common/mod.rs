@@ -217,16 +217,6 @@ pub async fn await_rows(db: &tokio_postgres::Client, code: Option<&str>, expecte
     assert_eq!(got, expected, "more rows than clicks");
 }
 
-/// A process's resident memory, in KiB.
-pub fn rss_kib(pid: nix::unistd::Pid) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
 /// Parses the redirector's last line, `redirector: N clicks sent, M dropped`.
 pub fn final_counts(log: &[String]) -> (u64, u64) {
     let line = log

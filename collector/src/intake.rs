@@ -1,0 +1,248 @@
+//! What the collector does with one received datagram, apart from any I/O: check who sent it,
+//! decode it, judge its sender's seq, and add its clicks to the batch being filled. Pure, so
+//! that it is tested (and fuzzed) alone; the receive loop (`receive`) does the I/O and turns
+//! each outcome into metrics and log lines.
+
+use shared::socket::Received;
+use shared::wire::Reject;
+use tokio::time::Instant;
+
+use crate::batch::{Batch, Window};
+use crate::senders::{Refusal, Reply, Senders, Verdict};
+
+/// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
+/// sent it and what it claims.
+pub const REJECT_REASONS: [&str; 8] = [
+    "undecodable",
+    "wrong_version",
+    "bad_code",
+    "bad_timestamp",
+    "trailing_bytes",
+    "unauthorized",
+    "sender_mismatch",
+    "seq_jump",
+];
+
+/// Why a datagram was rejected whole; formatted only when logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    /// Larger than the receive buffer: cut, so not decoded.
+    Truncated(usize),
+    Wire(Reject),
+    /// Sent by a uid not in `--allow-uid` (`None`: the kernel attached no credentials).
+    Unauthorized(Option<u32>),
+    Refused(Refusal),
+}
+
+impl Why {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Why::Truncated(_) => "undecodable",
+            Why::Wire(reject) => reject.reason(),
+            Why::Unauthorized(_) => "unauthorized",
+            Why::Refused(refusal) => refusal.reason(),
+        }
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Truncated(limit) => write!(f, "over {limit} bytes, cut by the receive buffer"),
+            Why::Wire(reject) => write!(f, "{reject}"),
+            Why::Unauthorized(uid) => write!(f, "from uid {uid:?}, not one --allow-uid names"),
+            Why::Refused(Refusal::SenderMismatch) => {
+                f.write_str("the sender id belongs to another process")
+            }
+            Why::Refused(Refusal::SeqJump) => {
+                f.write_str("its seq is further ahead than any sender could have got")
+            }
+        }
+    }
+}
+
+/// What became of one datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Rejected(Why),
+    /// Accepted before: skipped.
+    Duplicate,
+    /// Past the seq its sender's next datagram must have: not accepted, resent later.
+    Ahead,
+    /// Its clicks are in the batch; `lost` datagrams of its sender were skipped before it;
+    /// `evicted` sender ids were forgotten (idle, or past the bounds) since the last one.
+    Accepted {
+        sender: u64,
+        seq: u64,
+        clicks: usize,
+        lost: u64,
+        evicted: usize,
+    },
+}
+
+pub struct Intake {
+    senders: Senders,
+    window: Window,
+    /// `--allow-uid`: datagrams of any other uid are rejected (`None`: any uid).
+    allowed_uids: Option<Vec<u32>>,
+    /// The receive buffer's size: a datagram that filled it is cut.
+    buffer: usize,
+}
+
+impl Intake {
+    pub fn new(
+        senders: Senders,
+        window: Window,
+        allowed_uids: Option<Vec<u32>>,
+        buffer: usize,
+    ) -> Intake {
+        Intake {
+            senders,
+            window,
+            allowed_uids,
+            buffer,
+        }
+    }
+
+    /// Takes one datagram, `bytes` as `meta` describes them, received at `now` (`now_us` on
+    /// the wall clock) into `batch`; what became of it, and what to tell its sender.
+    pub fn take(
+        &mut self,
+        bytes: &[u8],
+        meta: &Received,
+        batch: &mut Batch,
+        now: Instant,
+        now_us: i64,
+    ) -> (Outcome, Option<Reply>) {
+        if meta.truncated {
+            return (Outcome::Rejected(Why::Truncated(self.buffer)), None);
+        }
+        if let Some(allowed) = &self.allowed_uids {
+            let uid = meta.creds.map(|c| c.uid);
+            if !uid.is_some_and(|uid| allowed.contains(&uid)) {
+                return (Outcome::Rejected(Why::Unauthorized(uid)), None);
+            }
+        }
+        let datagram = match shared::wire::decode(bytes) {
+            Ok(datagram) => datagram,
+            Err(reject) => return (Outcome::Rejected(Why::Wire(reject)), None),
+        };
+        let (sender, seq) = (datagram.sender, datagram.seq);
+        let (verdict, reply) = self.senders.judge(sender, seq, meta.from, meta.creds, now);
+        let outcome = match verdict {
+            Verdict::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
+            Verdict::Duplicate => Outcome::Duplicate,
+            Verdict::Ahead => Outcome::Ahead,
+            Verdict::Accept { lost } => {
+                batch.push(&datagram, &self.window, now_us);
+                batch.note_sender(sender, seq);
+                let evicted = self.senders.forgotten();
+                let evicted_count = evicted.len();
+                batch.forget_senders(evicted);
+                Outcome::Accepted {
+                    sender,
+                    seq,
+                    clicks: datagram.clicks.len(),
+                    lost,
+                    evicted: evicted_count,
+                }
+            }
+        };
+        (outcome, reply)
+    }
+
+    /// The senders, to record what a committed batch committed.
+    pub fn senders(&mut self) -> &mut Senders {
+        &mut self.senders
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::socket::Creds;
+    use shared::wire::{Encoder, DEFAULT_DATAGRAM};
+
+    const OPEN: Window = Window {
+        max_age_us: i64::MAX,
+        max_skew_us: i64::MAX,
+    };
+
+    fn meta(pid: i32, uid: u32, len: usize) -> Received {
+        Received {
+            len,
+            truncated: false,
+            from: None,
+            creds: Some(Creds { pid, uid, gid: uid }),
+        }
+    }
+
+    fn datagram(sender: u64, clicks: usize) -> Vec<u8> {
+        let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+        for i in 0..clicks {
+            enc.push("abc", 1_000_000 + i as i64).unwrap();
+        }
+        enc.datagram().to_vec()
+    }
+
+    #[test]
+    fn takes_a_datagram_into_the_batch_and_names_each_rejection() {
+        let mut intake = Intake::new(Senders::default(), OPEN, Some(vec![1000]), 65_536);
+        let mut batch = Batch::default();
+        let now = Instant::now();
+        let good = datagram(5, 3);
+        let take = |intake: &mut Intake, bytes: &[u8], m: Received, batch: &mut Batch| {
+            intake.take(bytes, &m, batch, now, 0).0
+        };
+        let accepted = Outcome::Accepted {
+            sender: 5,
+            seq: 0,
+            clicks: 3,
+            lost: 0,
+            evicted: 0,
+        };
+        assert_eq!(
+            take(&mut intake, &good, meta(10, 1000, good.len()), &mut batch),
+            accepted
+        );
+        assert_eq!(batch.len(), 3);
+        let outcome = take(&mut intake, &good, meta(10, 0, good.len()), &mut batch);
+        assert_eq!(outcome, Outcome::Rejected(Why::Unauthorized(Some(0))));
+        let outcome = take(&mut intake, &good, meta(11, 1000, good.len()), &mut batch);
+        assert_eq!(
+            outcome.clone(),
+            Outcome::Rejected(Why::Refused(Refusal::SenderMismatch))
+        );
+        let Outcome::Rejected(why) = outcome else {
+            unreachable!()
+        };
+        assert_eq!(why.reason(), "sender_mismatch");
+        assert_eq!(
+            take(&mut intake, &good, meta(10, 1000, good.len()), &mut batch),
+            Outcome::Duplicate
+        );
+        let outcome = take(&mut intake, b"\x02", meta(10, 1000, 1), &mut batch);
+        assert_eq!(
+            outcome,
+            Outcome::Rejected(Why::Wire(Reject::WrongVersion { got: 2, want: 1 }))
+        );
+        let mut cut = meta(10, 1000, 5);
+        cut.truncated = true;
+        assert_eq!(
+            take(&mut intake, &good, cut, &mut batch),
+            Outcome::Rejected(Why::Truncated(65_536))
+        );
+        assert_eq!(batch.len(), 3, "nothing else entered the batch");
+        for reason in [
+            Why::Truncated(1).reason(),
+            "unauthorized",
+            "sender_mismatch",
+            "seq_jump",
+        ] {
+            assert!(REJECT_REASONS.contains(&reason), "{reason}");
+        }
+        for reason in Reject::REASONS {
+            assert!(REJECT_REASONS.contains(&reason), "{reason}");
+        }
+    }
+}
