@@ -166,12 +166,17 @@ impl Batch {
 
     /// The batch's counts as `click_count_batches` COPY rows: one per UTC day, its codes and
     /// their counts in two arrays.
-    pub fn count_rows(&self) -> Bytes {
+    pub fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
         let days = self.counts.iter().map(|(&day, codes)| {
             let entries = codes.iter().map(|(code, &n)| (&**code, n)).collect();
             (day, entries)
         });
-        copy::counts_rows(days)
+        copy::counts_rows(tag, days)
+    }
+
+    /// How many `click_count_batches` rows [`Batch::count_rows`] makes: one per day.
+    pub fn count_row_count(&self) -> usize {
+        self.counts.len()
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.

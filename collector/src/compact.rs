@@ -1,11 +1,14 @@
 //! Folding the per-batch counts into click_counts, on a connection of its own, so that the
 //! batch path only appends and each (code, day) key is upserted once per fold, not per batch.
 //!
-//! What a fold costs is mostly one upsert per distinct key (a few microseconds each, HOT or
-//! not), whatever the number of clicks behind it; so folds are spaced out: one when the
-//! backlog reaches `--compact-backlog` counts, or when the oldest has waited
-//! `--compact-interval`. `click_totals` is exact whatever the backlog (it adds the unfolded
-//! counts); the backlog bounds what a reader of it has to add up.
+//! A collector folds the batches it wrote from the sums it kept of them in memory
+//! (`unfolded`): PostgreSQL deletes their rows by number and upserts one row per key. What it
+//! does not hold (its own batches it lost track of, other writers' rows left behind by a
+//! collector that stopped, rows of earlier versions) goes the SQL way, `FOLD_ROWS`: unnest,
+//! sum, upsert, which costs the database about a microsecond per count on top of the upsert
+//! per key. Folds are spaced out: one when the sums reach `--compact-backlog` keys, or when
+//! the oldest has waited `--compact-interval`. `click_totals` is exact whatever the backlog (it
+//! adds the unfolded counts); the backlog bounds what a reader of it has to add up.
 //!
 //! Every collector of a database runs this task; one folds at a time (a transaction-level
 //! advisory lock taken with `try`), and the others skip that turn. The fold only deletes
@@ -16,11 +19,20 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-/// One statement: moves every committed count, of both shapes (a batch's arrays, and the rows
-/// of click_count_deltas that collectors before version 5 of the schema write), sums per key,
-/// upserts in key order (so two folds never deadlock), and returns how many counts it moved.
-const FOLD: &str = "
-    WITH batches AS (DELETE FROM click_count_batches RETURNING day, codes, counts, entries),
+use crate::unfolded::{Taken, Unfolded};
+
+/// One statement: moves the committed counts the collector does not hold in memory (the rows
+/// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
+/// seconds, which a live collector would have folded itself: those of a previous life or of a
+/// host gone; rows without a writer; and the rows of click_count_deltas that collectors before
+/// version 5 of the schema write), sums per key, upserts in key order, and returns how many
+/// counts it moved.
+const FOLD_ROWS: &str = "
+    WITH batches AS (
+        DELETE FROM click_count_batches
+        WHERE (writer = $1 AND batch <= $2) OR writer IS NULL
+           OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
+        RETURNING day, codes, counts, entries),
     rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
     moved AS (
         SELECT u.code, b.day, u.clicks
@@ -33,6 +45,18 @@ const FOLD: &str = "
         ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
     SELECT (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
 
+/// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
+const DELETE_OWN: &str = "
+    DELETE FROM click_count_batches WHERE writer = $1 AND batch BETWEEN $2 AND $3";
+
+/// The sums of those rows, one per key (days as PostgreSQL's day numbers). One fold runs at a
+/// time (TRY_FOLD_LOCK) and nothing else updates click_counts, so the keys need no order.
+const UPSERT_SUMS: &str = "
+    INSERT INTO click_counts (code, day, clicks)
+    SELECT code, DATE '2000-01-01' + day, clicks
+    FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(code, day, clicks)
+    ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks";
+
 /// The backlog: counts waiting (without reading the arrays), and how long the oldest has
 /// waited, in seconds (a row of click_count_deltas has no time: it counts as due at once).
 const BACKLOG: &str = "
@@ -42,6 +66,13 @@ const BACKLOG: &str = "
                 ELSE coalesce(extract(epoch FROM now() - (SELECT min(written_at)
                                                            FROM click_count_batches)), 0)::float8
            END";
+
+/// Whether FOLD_ROWS would find anything but this collector's own batches.
+const OTHERS_DUE: &str = "
+    SELECT EXISTS (SELECT FROM click_count_batches
+                   WHERE writer IS NULL
+                      OR (writer <> $1 AND written_at < now() - $2::float8 * interval '1 second'))
+        OR EXISTS (SELECT FROM click_count_deltas)";
 
 /// Held for the fold's transaction, so one collector folds at a time; the others skip their
 /// turn instead of waiting (or deadlocking) on rows another fold is moving. A fixed key, not
@@ -67,18 +98,20 @@ pub struct Policy {
     pub backlog: i64,
 }
 
+impl Policy {
+    /// How old another writer's counts must be before this collector folds them: a live
+    /// collector folds its own within about an interval, so what is older than a few is of
+    /// a collector that stopped (a previous life of this one, or a host gone).
+    pub fn orphaned_after(&self) -> Duration {
+        3 * self.interval
+    }
+}
+
 /// The counts waiting to be folded, and the age of the oldest, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backlog {
     pub counts: i64,
     pub oldest_secs: f64,
-}
-
-impl Backlog {
-    pub fn due(&self, policy: &Policy) -> bool {
-        self.counts >= policy.backlog
-            || (self.counts > 0 && self.oldest_secs >= policy.interval.as_secs_f64())
-    }
 }
 
 /// The backlog, whichever collector wrote it.
@@ -90,39 +123,85 @@ pub async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> 
     })
 }
 
+/// Whether this collector has anything to fold: its own sums (`Unfolded::due`), or counts
+/// that only the SQL way folds.
+pub async fn due(
+    client: &Client,
+    policy: &Policy,
+    own: &Unfolded,
+) -> Result<bool, tokio_postgres::Error> {
+    if own.due(policy.backlog as usize, policy.interval) {
+        return Ok(true);
+    }
+    let orphaned = policy.orphaned_after().as_secs_f64();
+    let row = client
+        .query_one(OTHERS_DUE, &[&own.writer(), &orphaned])
+        .await?;
+    Ok(row.get(0))
+}
+
 /// One fold and the pruning of idle bookkeeping rows, in one transaction, unless another
 /// collector is folding (`None`); the counts it moved.
-pub async fn fold(client: &mut Client) -> Result<Option<i64>, tokio_postgres::Error> {
-    let tx = client.transaction().await?;
+pub async fn fold(
+    client: &mut Client,
+    policy: &Policy,
+    own: &Unfolded,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    let mut tx = client.transaction().await?;
     if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
         return Ok(None);
     }
-    let moved = tx.query_one(FOLD, &[]).await?.get(0);
-    tx.batch_execute(PRUNE).await?;
-    tx.commit().await?;
-    Ok(Some(moved))
+    let taken = own.take();
+    let moved = fold_taken(&mut tx, policy, own.writer(), &taken).await;
+    let committed = match moved {
+        Ok(moved) => tx.batch_execute(PRUNE).await.map(|()| moved),
+        Err(e) => Err(e),
+    };
+    let done = match committed {
+        Ok(moved) => tx.commit().await.map(|()| moved),
+        Err(e) => Err(e),
+    };
+    // Whatever was taken is still in the rows unless the commit went through.
+    if done.is_err() {
+        own.give_back(&taken);
+    }
+    done.map(Some)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fold_is_due_at_the_backlog_or_the_interval() {
-        let policy = Policy {
-            interval: Duration::from_secs(60),
-            backlog: 1_000,
-        };
-        let at = |counts, oldest_secs| {
-            Backlog {
-                counts,
-                oldest_secs,
-            }
-            .due(&policy)
-        };
-        assert!(!at(0, 100.0), "nothing to fold");
-        assert!(!at(999, 59.0));
-        assert!(at(1_000, 0.0), "the backlog reached");
-        assert!(at(1, 60.0), "the oldest waited the interval");
+/// The fold's statements: the sums, unless another collector's fold took some of their rows
+/// (then those batches go the SQL way), and the SQL way for the rest.
+async fn fold_taken(
+    tx: &mut tokio_postgres::Transaction<'_>,
+    policy: &Policy,
+    writer: i64,
+    taken: &Taken,
+) -> Result<i64, tokio_postgres::Error> {
+    let mut moved = 0;
+    let mut stray_upto = taken.stray_upto.unwrap_or(0);
+    if let Some(sums) = &taken.sums {
+        let own = tx.savepoint("own").await?;
+        let range = [&writer as _, &sums.first as _, &sums.last as _];
+        let deleted = own.execute(DELETE_OWN, &range).await?;
+        if deleted as i64 == sums.rows {
+            let codes: Vec<&str> = sums.codes.iter().map(|c| &**c).collect();
+            own.execute(UPSERT_SUMS, &[&codes, &sums.days, &sums.clicks])
+                .await?;
+            own.commit().await?;
+            moved += sums.codes.len() as i64;
+        } else {
+            tracing::info!(
+                "batches {}..={} of this collector were folded in part by another: folding \
+                 the rest of them from their rows",
+                sums.first,
+                sums.last
+            );
+            own.rollback().await?;
+            stray_upto = stray_upto.max(sums.last);
+        }
     }
+    let orphaned = policy.orphaned_after().as_secs_f64();
+    let row = tx
+        .query_one(FOLD_ROWS, &[&writer, &stray_upto, &orphaned])
+        .await?;
+    Ok(moved + row.get::<_, i64>(0))
 }

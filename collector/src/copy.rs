@@ -90,12 +90,21 @@ const INT8_OID: i32 = 20;
 /// One-dimensional array header: ndim, has-nulls flag, element type, length, lower bound.
 const ARRAY_HEADER: usize = 5 * 4;
 
+/// Which batch of which writer a `click_count_batches` row belongs to: its `writer` and
+/// `batch` columns, by which the writer folds the rows it wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchTag {
+    pub writer: i64,
+    pub batch: i64,
+}
+
 /// Appends one `click_count_batches` row: (day date, entries integer, codes text[], counts
-/// bigint[]): one batch's counts for one day, in two arrays of `counts.len()` entries.
-pub fn put_count_batch(buf: &mut BytesMut, day: i32, counts: &[(&str, i64)]) {
+/// bigint[], writer bigint, batch bigint): one batch's counts for one day, in two arrays of
+/// `counts.len()` entries.
+pub fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, counts: &[(&str, i64)]) {
     let codes_len: usize = counts.iter().map(|(code, _)| 4 + code.len()).sum();
-    buf.reserve(2 + 16 + 2 * (4 + ARRAY_HEADER) + codes_len + counts.len() * 12);
-    buf.put_i16(4);
+    buf.reserve(2 + 16 + 2 * (4 + ARRAY_HEADER) + codes_len + counts.len() * 12 + 24);
+    buf.put_i16(6);
     buf.put_i32(4);
     buf.put_i32(day);
     buf.put_i32(4);
@@ -115,20 +124,27 @@ pub fn put_count_batch(buf: &mut BytesMut, day: i32, counts: &[(&str, i64)]) {
         buf.put_i32(8);
         buf.put_i64(*n);
     }
+    for id in [tag.writer, tag.batch] {
+        buf.put_i32(8);
+        buf.put_i64(id);
+    }
 }
 
 /// `click_count_batches` rows: one per day, of its (code, clicks) entries.
-pub fn counts_rows<'a>(days: impl IntoIterator<Item = (i32, Vec<(&'a str, i64)>)>) -> Bytes {
+pub fn counts_rows<'a>(
+    tag: BatchTag,
+    days: impl IntoIterator<Item = (i32, Vec<(&'a str, i64)>)>,
+) -> Bytes {
     let mut buf = BytesMut::new();
     for (day, entries) in days {
-        put_count_batch(&mut buf, day, &entries);
+        put_count_batch(&mut buf, tag, day, &entries);
     }
     buf.freeze()
 }
 
 /// The counts of `clicks` (code, Unix microseconds) per UTC day and code, as
 /// `click_count_batches` rows.
-pub fn count_rows<'a>(clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes {
+pub fn count_rows<'a>(tag: BatchTag, clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes {
     let mut days: HashMap<i32, HashMap<&str, i64>> = HashMap::new();
     for (code, at_us) in clicks {
         *days
@@ -138,6 +154,7 @@ pub fn count_rows<'a>(clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes
             .or_default() += 1;
     }
     counts_rows(
+        tag,
         days.into_iter()
             .map(|(day, codes)| (day, codes.into_iter().collect())),
     )
@@ -180,13 +197,18 @@ mod tests {
             .collect();
         assert_eq!(read, [(0..20, "ab", PG_EPOCH_US + 5), (20..41, "xyz", 7)]);
         buf.clear();
-        put_count_batch(&mut buf, 1, &[("c", 7)]);
+        let tag = BatchTag {
+            writer: 2,
+            batch: 3,
+        };
+        put_count_batch(&mut buf, tag, 1, &[("c", 7)]);
         let codes = b"\0\0\0\x19\0\0\0\x01\0\0\0\0\0\0\0\x19\0\0\0\x01\0\0\0\x01\0\0\0\x01c";
         let counts = b"\0\0\0\x20\0\0\0\x01\0\0\0\0\0\0\0\x14\0\0\0\x01\0\0\0\x01\0\0\0\x08\0\0\0\0\0\0\0\x07";
         let want = [
-            &b"\0\x04\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x01"[..],
+            &b"\0\x06\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x01"[..],
             codes,
             counts,
+            b"\0\0\0\x08\0\0\0\0\0\0\0\x02\0\0\0\x08\0\0\0\0\0\0\0\x03",
         ]
         .concat();
         assert_eq!(&buf[..], &want[..]);

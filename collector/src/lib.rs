@@ -22,4 +22,5 @@ pub mod senders;
 pub mod service;
 pub mod socket;
 pub mod store;
+pub mod unfolded;
 pub mod writer;

@@ -14,6 +14,7 @@ use crate::compact::{self, Backlog};
 use crate::db::{timed, Db};
 use crate::metrics::Metrics;
 use crate::partitions::{self, Plan};
+use crate::unfolded::Unfolded;
 
 /// How often the backlog is looked at (at most; more often with a shorter interval).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -53,7 +54,7 @@ struct Due {
 
 /// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
 /// next look on a new connection.
-pub async fn run(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metrics>) {
     let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
@@ -67,7 +68,7 @@ pub async fn run(db: Db, policy: Policy, metrics: Arc<Metrics>) {
     };
     loop {
         looks.tick().await;
-        let round = round(&db, &mut conn, &policy, &metrics, &mut due);
+        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut due);
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 metrics.db_reachable.store(true, Relaxed);
@@ -96,6 +97,7 @@ async fn round(
     db: &Db,
     conn: &mut Option<Client>,
     policy: &Policy,
+    own: &Unfolded,
     metrics: &Metrics,
     due: &mut Due,
 ) -> Result<(), tokio_postgres::Error> {
@@ -103,11 +105,8 @@ async fn round(
         Some(client) => client,
         slot => slot.insert(db.connect().await?),
     };
-    let mut waiting = compact::backlog(client).await?;
-    if waiting.due(&policy.fold) && fold(client, metrics).await? {
+    if compact::due(client, &policy.fold, own).await? && fold(client, policy, own, metrics).await? {
         due.pruned = Instant::now();
-        // What arrived meanwhile, for the gauges.
-        waiting = compact::backlog(client).await?;
     }
     if due.pruned.elapsed() >= policy.fold.interval {
         client.batch_execute(compact::PRUNE).await?;
@@ -117,14 +116,19 @@ async fn round(
         keep_partitions(client, policy, metrics, shared::now_us()).await?;
         due.partitions = Instant::now();
     }
-    show(metrics, &waiting);
+    show(metrics, &compact::backlog(client).await?);
     Ok(())
 }
 
 /// Folds (unless another collector is); whether it did.
-async fn fold(client: &mut Client, metrics: &Metrics) -> Result<bool, tokio_postgres::Error> {
+async fn fold(
+    client: &mut Client,
+    policy: &Policy,
+    own: &Unfolded,
+    metrics: &Metrics,
+) -> Result<bool, tokio_postgres::Error> {
     let started = std::time::Instant::now();
-    let Some(moved) = compact::fold(client).await? else {
+    let Some(moved) = compact::fold(client, &policy.fold, own).await? else {
         tracing::debug!("another collector is folding; skipped this turn");
         return Ok(false);
     };

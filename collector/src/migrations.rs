@@ -37,6 +37,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "partitions",
         include_str!("../migrations/0006_partitions.sql"),
     ),
+    (
+        9,
+        "count_batch_writer",
+        include_str!("../migrations/0009_count_batch_writer.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -16,6 +16,7 @@ use crate::receive::{Receiver, Settings};
 use crate::senders::{self, Senders};
 use crate::socket::Inbox;
 use crate::store::Conn;
+use crate::unfolded::Unfolded;
 use crate::writer::Writer;
 use crate::{compact, lock, maintenance, migrations};
 
@@ -98,7 +99,9 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     );
     shared::systemd::notify_or_log("READY=1");
 
-    let (handoff, writer) = start_writer(&db, start.conn, &config, &metrics);
+    // Below 2^63: a positive bigint.
+    let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
+    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics);
     let receiver = Receiver::new(
         inbox,
         start.senders,
@@ -115,7 +118,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         },
         handoff,
     );
-    let maintenance = tokio::spawn(maintenance::run(db, upkeep, metrics.clone()));
+    let maintenance = tokio::spawn(maintenance::run(db, upkeep, unfolded, metrics.clone()));
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
@@ -166,6 +169,7 @@ fn start_writer(
     db: &Db,
     conn: Conn,
     config: &Config,
+    unfolded: &Arc<Unfolded>,
     metrics: &Arc<Metrics>,
 ) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
@@ -173,6 +177,7 @@ fn start_writer(
         db.clone(),
         &config.instance,
         config.write_timeout,
+        unfolded.clone(),
         metrics.clone(),
         Some(conn),
     );

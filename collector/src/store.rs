@@ -18,7 +18,7 @@ const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT bin
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
-    "COPY click_count_batches (day, entries, codes, counts) FROM STDIN (FORMAT binary)";
+    "COPY click_count_batches (day, entries, codes, counts, writer, batch) FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
 /// statement: the writer's row is inserted, or moved forward only if its committed number is
 /// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
@@ -56,6 +56,16 @@ pub struct BatchNumber {
     pub writer: i64,
     pub instance: String,
     pub batch: i64,
+}
+
+impl BatchNumber {
+    /// The columns that tie the batch's `click_count_batches` rows to it.
+    pub fn tag(&self) -> copy::BatchTag {
+        copy::BatchTag {
+            writer: self.writer,
+            batch: self.batch,
+        }
+    }
 }
 
 /// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
@@ -151,12 +161,13 @@ impl Conn {
                 tx.rollback().await?;
                 return Ok(Outcome::AllRefused(refused[0].1.clone()));
             }
-            let (counts, set_aside) = without_refused(&clicks, &refused, &rows.set_aside);
+            let (counts, set_aside) =
+                without_refused(number.tag(), &clicks, &refused, &rows.set_aside);
             (counts, set_aside, refused.len() as u64)
         } else {
             let written = copy_in(&tx, &self.copy_clicks, rows.clicks.clone()).await?;
             debug_assert_eq!(written, batch.len() as u64);
-            (batch.count_rows(), rows.set_aside.clone(), 0)
+            (batch.count_rows(number.tag()), rows.set_aside.clone(), 0)
         };
         if !set_aside.is_empty() {
             copy_in(&tx, &self.copy_set_aside, set_aside).await?;
@@ -207,6 +218,7 @@ async fn sift_in(
 /// The counts of the clicks that were written, and the set-aside rows: the batch's own and
 /// the refused clicks, with their errors.
 fn without_refused(
+    tag: copy::BatchTag,
     clicks: &[copy::ClickRow<'_>],
     refused: &[(usize, String)],
     set_aside: &Bytes,
@@ -228,7 +240,7 @@ fn without_refused(
         .enumerate()
         .filter(|(i, _)| !refused.contains(i))
         .map(|(_, row)| (row.code, row.at_us));
-    (copy::count_rows(written), aside.freeze())
+    (copy::count_rows(tag, written), aside.freeze())
 }
 
 /// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.

@@ -10,6 +10,7 @@ use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
 use crate::metrics::Metrics;
 use crate::store::{refuses_rows, BatchNumber, Conn, Outcome, Rows};
+use crate::unfolded::Unfolded;
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
@@ -18,29 +19,32 @@ pub struct Writer {
     last: BatchNumber,
     timeout: Duration,
     conn: Option<Conn>,
+    /// The sums of the batches committed and not folded yet, for the maintenance task.
+    unfolded: Arc<Unfolded>,
     metrics: Arc<Metrics>,
 }
 
 impl Writer {
-    /// A writer for collector instance `instance` that starts on `conn` (opened at start-up,
-    /// holding the instance lock) or else opens its own.
+    /// A writer for collector instance `instance`, writing as `unfolded`'s writer id, that
+    /// starts on `conn` (opened at start-up, holding the instance lock) or else opens its own.
     pub fn new(
         db: Db,
         instance: &str,
         timeout: Duration,
+        unfolded: Arc<Unfolded>,
         metrics: Arc<Metrics>,
         conn: Option<Conn>,
     ) -> Writer {
         Writer {
             db,
             last: BatchNumber {
-                // Below 2^63: a positive bigint.
-                writer: shared::wire::random_sender() as i64,
+                writer: unfolded.writer(),
                 instance: instance.to_owned(),
                 batch: 0,
             },
             timeout,
             conn,
+            unfolded,
             metrics,
         }
     }
@@ -61,8 +65,17 @@ impl Writer {
             };
             self.last.batch += 1;
             let number = self.last.clone();
-            let refused = self.write(&batch, &rows, &number).await;
+            let written = self.write(&batch, &rows, &number).await;
             drop(rows);
+            match written {
+                Outcome::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
+                // Its counts are not the batch's: the rows will tell.
+                _ => self.unfolded.lose(number.batch),
+            }
+            let refused = match written {
+                Outcome::Written { refused } => refused,
+                _ => 0,
+            };
             let m = &self.metrics;
             let now = shared::now_us();
             let lag = |&at: &i64| Duration::from_micros(now.saturating_sub(at).max(0) as u64);
@@ -83,8 +96,9 @@ impl Writer {
     /// Writes `batch` whatever it takes: on any error or timeout it drops the connection,
     /// waits (capped exponential backoff), reconnects and writes the same batch again. Once
     /// PostgreSQL refuses a row for good (`store::refuses_rows`), the attempts sift the rows
-    /// to set the refused ones aside. Returns how many were.
-    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> u64 {
+    /// to set the refused ones aside. Returns how it went in: written (with how many refused),
+    /// or already committed by an attempt whose answer was lost.
+    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> Outcome {
         let mut backoff = db::backoff();
         let mut sift = false;
         loop {
@@ -98,7 +112,7 @@ impl Writer {
                         );
                     }
                     self.metrics.db_reachable.store(true, Relaxed);
-                    return refused;
+                    return Outcome::Written { refused };
                 }
                 Ok(Outcome::AlreadyCommitted) => {
                     tracing::info!(
@@ -107,7 +121,7 @@ impl Writer {
                         batch.len()
                     );
                     self.metrics.db_reachable.store(true, Relaxed);
-                    return 0;
+                    return Outcome::AlreadyCommitted;
                 }
                 Ok(Outcome::AllRefused(error)) => {
                     tracing::warn!(

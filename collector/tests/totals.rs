@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use collector::metrics::Metrics;
+use collector::unfolded::Unfolded;
 use common::*;
 use shared::pgtest;
 
@@ -40,27 +41,14 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
     let done = Arc::new(AtomicBool::new(false));
     let checker = tokio::spawn(check_until(db.url.clone(), done.clone()));
     let folds = Arc::new(AtomicU64::new(0));
-    let folder = {
-        let (url, done, folds) = (db.url.clone(), done.clone(), folds.clone());
-        tokio::spawn(async move {
-            let mut client = pgtest::connect(&url).await;
-            while !done.load(Relaxed) {
-                if collector::compact::fold(&mut client)
-                    .await
-                    .unwrap()
-                    .is_some()
-                {
-                    folds.fetch_add(1, Relaxed);
-                }
-            }
-        })
-    };
     let mut writers = Vec::new();
+    let mut sums = Vec::new();
     for w in 0..3u64 {
-        let url = db.url.clone();
+        let metrics = Arc::new(Metrics::default());
+        let (handoff, own) = writer_with_sums(&db.url, &format!("host{w}"), LIMIT, metrics).await;
+        sums.push(own);
         writers.push(tokio::spawn(async move {
-            let metrics = Arc::new(Metrics::default());
-            let mut handoff = writer(&url, &format!("host{w}"), LIMIT, metrics).await;
+            let mut handoff = handoff;
             for b in 0..30 {
                 let start = start_us() + (b * 3 + w as i64) * 1_000_000;
                 let sent = clicks(1_000, 300, start, 997);
@@ -68,6 +56,24 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
             }
         }));
     }
+    // Folds in turn: each writer's from its sums, and a stranger's, which folds every other
+    // writer's rows the SQL way at once, so that both ways race for the same rows.
+    let stranger = Arc::new(Unfolded::new(-1));
+    let folder = {
+        let (url, done, folds) = (db.url.clone(), done.clone(), folds.clone());
+        let turns: Vec<_> = sums.iter().cloned().chain([stranger.clone()]).collect();
+        tokio::spawn(async move {
+            let mut client = pgtest::connect(&url).await;
+            for own in turns.iter().cycle() {
+                if done.load(Relaxed) {
+                    break;
+                }
+                if fold_all(&mut client, own).await.unwrap().is_some() {
+                    folds.fetch_add(1, Relaxed);
+                }
+            }
+        })
+    };
     for w in writers {
         w.await.unwrap();
     }
@@ -83,7 +89,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 90_000);
     assert_eq!(count(&client, DISAGREEING).await, 0);
     let mut client = client;
-    collector::compact::fold(&mut client).await.unwrap();
+    fold_all(&mut client, &stranger).await.unwrap();
     let folded = "SELECT coalesce(sum(clicks), 0)::int8 FROM click_counts";
     assert_eq!(
         count(&client, folded).await,
@@ -101,7 +107,7 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(&db.url, "cutoff", LIMIT, metrics).await;
+    let (mut handoff, own) = writer_with_sums(&db.url, "cutoff", LIMIT, metrics).await;
     let sent = clicks(20_000, 2_000, start_us(), 1_000);
     write(&mut handoff, batch_of(&datagrams(7, &sent[..10_000]))).await;
     // Every key's upsert now takes a millisecond: the fold is long enough to be cut off.
@@ -115,12 +121,15 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
         .await
         .unwrap();
     let url = db.url.clone();
-    let folding = tokio::spawn(async move {
-        let mut client = pgtest::connect(&url).await;
-        collector::compact::fold(&mut client).await
-    });
+    let folding = {
+        let own = own.clone();
+        tokio::spawn(async move {
+            let mut client = pgtest::connect(&url).await;
+            fold_all(&mut client, &own).await
+        })
+    };
     let busy = "SELECT pid FROM pg_stat_activity
-                WHERE datname = current_database() AND query LIKE '%DELETE FROM click_count_batches%'
+                WHERE datname = current_database() AND query LIKE '%INSERT INTO click_counts%'
                   AND state = 'active' AND pid <> pg_backend_pid()";
     let pid: i32 = shared::testkit::eventually("the fold under way", LIMIT, || async {
         client.query_opt(busy, &[]).await.unwrap().map(|r| r.get(0))
@@ -142,10 +151,7 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
         .await
         .unwrap();
     let mut client = client;
-    assert!(collector::compact::fold(&mut client)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(fold_all(&mut client, &own).await.unwrap().is_some());
     assert_eq!(count(&client, DISAGREEING).await, 0);
     assert_eq!(
         totals(&client, "click_counts").await,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use collector::batch::{self, Batch, Handoff};
 use collector::db::Db;
 use collector::metrics::Metrics;
+use collector::unfolded::Unfolded;
 use collector::writer::Writer;
 use shared::pgtest::TestDb;
 use shared::testkit::{binary, eventually, Service};
@@ -261,11 +262,36 @@ pub async fn writer(
     timeout: Duration,
     metrics: Arc<Metrics>,
 ) -> Handoff {
+    writer_with_sums(url, instance, timeout, metrics).await.0
+}
+
+/// [`writer`], with the sums it keeps of the batches it committed, for its folds.
+pub async fn writer_with_sums(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) -> (Handoff, Arc<Unfolded>) {
     let (mut handoff, ends) = batch::handoff();
-    let writer = Writer::new(Db::parse(url).unwrap(), instance, timeout, metrics, None);
+    let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
+    let db = Db::parse(url).unwrap();
+    let writer = Writer::new(db, instance, timeout, unfolded.clone(), metrics, None);
     tokio::spawn(writer.run(ends));
     handoff.empty.recv().await.unwrap();
-    handoff
+    (handoff, unfolded)
+}
+
+/// Folds now, whatever waits: the batches `own` holds the sums of, and every other writer's
+/// rows (orphaned at once, with a zero interval).
+pub async fn fold_all(
+    client: &mut tokio_postgres::Client,
+    own: &Unfolded,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    let policy = collector::compact::Policy {
+        interval: Duration::ZERO,
+        backlog: 1,
+    };
+    collector::compact::fold(client, &policy, own).await
 }
 
 /// Hands `batch` to the writer and waits until it is committed.
