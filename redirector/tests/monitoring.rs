@@ -35,9 +35,22 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
     let running = load.start();
     let prometheus = Prometheus::start(&binary, r.admin, collector_admin).await;
 
-    // Both targets scraped, traffic written, a fold done, every rule evaluated.
+    // Both targets scraped at least three times (a rate needs two samples of its target, and
+    // the targets' scrapes are not in step), traffic at both, a fold done, every rule evaluated.
     prometheus
         .await_data("both targets up", "sum(up) == 2")
+        .await;
+    prometheus
+        .await_data(
+            "three scrapes of each target",
+            "min(count_over_time(up[1m])) >= 3",
+        )
+        .await;
+    prometheus
+        .await_data(
+            "redirects at a rate",
+            "rate(redirector_redirects_total[1m]) > 0",
+        )
         .await;
     prometheus
         .await_data(
