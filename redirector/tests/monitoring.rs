@@ -80,6 +80,20 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
     for panel in panels(&dashboard) {
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().expect("a target has an expr");
+            // Per host when there are several: every query follows the instance variable, on the
+            // data source the datasource variable picks.
+            if !expr.contains(r#"instance=~"$instance""#) {
+                failures.push(format!(
+                    "panel {:?}: {expr}: ignores $instance",
+                    panel["title"]
+                ));
+            }
+            if target["datasource"]["uid"] != "${datasource}" {
+                failures.push(format!(
+                    "panel {:?}: not on ${{datasource}}",
+                    panel["title"]
+                ));
+            }
             let promql = expr
                 .replace("$instance", ".*")
                 .replace("$__rate_interval", "1m")
@@ -93,6 +107,12 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
     let variables = dashboard["templating"]["list"]
         .as_array()
         .expect("variables");
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "datasource" && v["query"] == "prometheus"),
+        "a Prometheus datasource variable"
+    );
     let instance = variables
         .iter()
         .find(|v| v["name"] == "instance")
