@@ -12,11 +12,10 @@
 //! the writer's rows up to that batch are folded the SQL way, which is always exact, because
 //! the rows are the truth and the sums only a cache of them.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::batch::Batch;
+use crate::batch::{Batch, CodeCounts};
 
 /// This writer's committed, unfolded counts.
 #[derive(Debug)]
@@ -34,7 +33,7 @@ struct State {
     /// `click_count_batches` rows of batches `first..=last`.
     rows: i64,
     /// Clicks per day, then per code (looked up by `&str`: a code is allocated once a fold).
-    sums: HashMap<i32, HashMap<Box<str>, i64>>,
+    sums: CodeCounts,
     /// Distinct (code, day) keys in `sums`.
     keys: usize,
     /// When the first batch of the sums was committed.
