@@ -41,6 +41,8 @@ pub enum Error {
     DrainDied(String),
     #[error("the http server task failed: {0}")]
     Server(tokio::task::JoinError),
+    #[error("--max-connections: {0}")]
+    MaxConnections(String),
 }
 
 /// The final counts, as logged at exit.
@@ -68,6 +70,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let db: tokio_postgres::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     let metrics = Arc::new(Metrics::default());
     let table = Arc::new(LinkTable::default());
+    let max_connections =
+        http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
     let ring = (cfg.clicks == ClickMode::Pipeline).then(|| new_ring(&cfg));
 
     let http_listener = bind("http", cfg.listen).await?;
@@ -114,6 +118,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let limits = Limits {
         header_read_timeout: cfg.header_read_timeout,
         grace: cfg.drain_timeout,
+        max_connections,
+        idle_timeout: cfg.idle_timeout,
+        write_timeout: cfg.write_timeout,
     };
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(http_listener, app, limits, async {
