@@ -245,3 +245,31 @@ async fn a_request_head_not_finished_in_time_is_closed_as_a_header_timeout() {
     await_closed(&r, "header_timeout", 1.0).await;
     assert_eq!(closed(&r, "idle_timeout").await, 0.0);
 }
+
+/// Under systemd both listeners come from socket units (redirector.socket,
+/// redirector-admin.socket), each found by its name in LISTEN_FDNAMES whatever the order.
+#[tokio::test]
+async fn listeners_passed_by_systemd_are_taken_by_name() {
+    use std::os::fd::AsRawFd;
+    let f = fixture(&[(CODE, URL)]).await;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("admin listener");
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("http listener");
+    let (admin_addr, http_addr) = (admin.local_addr().unwrap(), http.local_addr().unwrap());
+    let cmd = redirector_command(&f.db.url, &f.socket, &[]);
+    let cmd = shared::testkit::socket_activated_named(
+        &cmd,
+        &[("admin", admin.as_raw_fd()), ("http", http.as_raw_fd())],
+    );
+    let r = start_redirector(cmd).await;
+    drop((admin, http));
+    assert_eq!((r.http, r.admin), (http_addr, admin_addr));
+    r.service
+        .wait_for_log(
+            &format!("http listening on {http_addr} (from systemd)"),
+            LIMIT,
+        )
+        .await;
+    r.ready().await;
+    let response = common::request(http_addr, Method::GET, "/c").await;
+    assert_eq!(response.status(), 302);
+}
