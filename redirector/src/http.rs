@@ -1,10 +1,11 @@
 //! The redirect server: `GET /{code}` answers `302 Found` from the link table and records the
 //! click; `HEAD` answers the same without recording. Connections are served by hyper's HTTP/1
 //! server with a header read timeout and a bounded buffer (so a bounded request line), within
-//! the bounds of `bounded` (how many, how long idle, how long a response may wait for its
-//! client), and shut down gracefully.
+//! the bounds of `bounded` (how many, how long idle) and `watched` (how long a response may
+//! wait for its client), and shut down gracefully.
 
 mod bounded;
+mod watched;
 
 pub use bounded::connection_limit;
 
@@ -27,7 +28,8 @@ use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{reason, Metrics};
 use crate::ring::{PushError, Ring};
-use bounded::{Conn, Connections, Watched};
+use bounded::{Conn, Connections};
+use watched::Watched;
 
 /// hyper's smallest allowed read buffer; it bounds the request line and headers together.
 const MAX_HEAD: usize = 8192;
