@@ -69,7 +69,11 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         .map_err(Fatal::Url)?
         .for_instance(&config.instance);
     let metrics = Arc::new(Metrics::default());
-    listen_admin(config.admin_listen, metrics.clone())
+    // Under systemd: the datagram socket (collector.socket) and the admin listener
+    // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
+    // own.
+    let mut passed = shared::systemd::Passed::take().map_err(crate::socket::OpenError::Io)?;
+    listen_admin(passed.named("admin"), config.admin_listen, metrics.clone())
         .await
         .map_err(|source| Fatal::Admin {
             addr: config.admin_listen,
@@ -88,7 +92,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     };
     // Opened only now: until the database is reached, senders find no socket and keep their
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
-    let inbox = Inbox::open(&config.socket, config.socket_mode)?;
+    let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
+    let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
     metrics.deltas_pending.set(start.deltas_pending);
     metrics.db_reachable.store(true, Relaxed);
     metrics.started.store(true, Relaxed);
@@ -155,10 +160,21 @@ fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Binds the admin listener, logs its address (tests and scripts read it there) and serves.
-async fn listen_admin(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!("admin listening on {}", listener.local_addr()?);
+/// Takes the admin listener systemd passed, or binds one at `addr`; logs its address (tests
+/// and scripts read it there) and serves.
+async fn listen_admin(
+    passed: Option<std::os::fd::OwnedFd>,
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
+    let (listener, from) = match passed {
+        Some(fd) => {
+            let std = shared::systemd::Passed::tcp_listener(fd, "admin")?;
+            (TcpListener::from_std(std)?, " (from systemd)")
+        }
+        None => (TcpListener::bind(addr).await?, ""),
+    };
+    tracing::info!("admin listening on {}{from}", listener.local_addr()?);
     shared::admin::spawn(listener, metrics);
     Ok(())
 }

@@ -43,9 +43,10 @@ pub enum OpenError {
 }
 
 impl Inbox {
-    /// Takes the socket systemd passed (LISTEN_FDS) or else binds `path` with `mode`.
-    pub fn open(path: &Path, mode: u32) -> Result<Inbox, OpenError> {
-        let mut fds = shared::systemd::take_listen_fds()?;
+    /// Takes the socket systemd passed (`passed`: what LISTEN_FDS held besides the admin
+    /// listener) or else binds `path` with `mode`.
+    pub fn open(path: &Path, mode: u32, passed: Vec<OwnedFd>) -> Result<Inbox, OpenError> {
+        let mut fds = passed;
         match fds.len() {
             0 => {
                 let sock = shared::socket::bind_datagram(path, mode)?;
@@ -153,7 +154,7 @@ mod tests {
     async fn fence_refuses_new_sends_and_keeps_the_queue_readable() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sock");
-        let inbox = Inbox::open(&path, 0o600).unwrap();
+        let inbox = Inbox::open(&path, 0o600, Vec::new()).unwrap();
         let sender = StdDatagram::unbound().unwrap();
         sender.connect(&path).unwrap();
         for d in [&b"one"[..], b"", b"three"] {
@@ -186,7 +187,7 @@ mod tests {
     async fn a_bound_sender_is_answered_from_this_socket_and_nobody_else_can_reach_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sock");
-        let inbox = Inbox::open(&path, 0o600).unwrap();
+        let inbox = Inbox::open(&path, 0o600, Vec::new()).unwrap();
         let mut buf = [0u8; 16];
         StdDatagram::unbound()
             .unwrap()
@@ -214,7 +215,7 @@ mod tests {
     async fn a_datagram_larger_than_the_buffer_is_marked_truncated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.sock");
-        let inbox = Inbox::open(&path, 0o600).unwrap();
+        let inbox = Inbox::open(&path, 0o600, Vec::new()).unwrap();
         StdDatagram::unbound()
             .unwrap()
             .send_to(&[7; 100], &path)

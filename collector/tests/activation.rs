@@ -72,3 +72,29 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     await_rows(&p.client, per(0) + per(1)).await;
     assert!(!p.dir.path().join("not-bound.sock").exists());
 }
+
+/// Under systemd the admin listener comes from collector-admin.socket too (named "admin"),
+/// beside the datagram socket, so the service needs no Internet sockets of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_passed_by_name_is_used_beside_the_datagram_socket() {
+    let p = place().await;
+    let passed = shared::socket::bind_datagram(&p.path, 0o600).unwrap();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let inner = command(&p.db, &p.dir.path().join("not-bound.sock"), &[]);
+    let cmd = shared::testkit::socket_activated_named(
+        &inner,
+        &[
+            ("collector.socket", passed.as_raw_fd()),
+            ("admin", admin.as_raw_fd()),
+        ],
+    );
+    let c = Collector::spawn(cmd).await;
+    drop(admin);
+    assert_eq!(c.admin, admin_addr, "the passed admin listener is used");
+    c.ready().await;
+    let sent = clicks(100, 4, start_us(), 5);
+    connect(&p.path).send(&datagrams(1, &sent)[0]).unwrap();
+    await_rows(&p.client, 100).await;
+    assert!(!p.dir.path().join("not-bound.sock").exists());
+}

@@ -115,6 +115,22 @@ pub struct Config {
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = shared::flags::duration)]
     pub header_read_timeout: Duration,
 
+    /// Client connections open at once. At the limit a new client takes the place of the
+    /// connection idle the longest; it is refused only when none is idle. Fitted at start
+    /// under the descriptor limit (RLIMIT_NOFILE, less 64, less a fifth: 768 at 1024).
+    #[arg(long, value_name = "N", env = "REDIRECTOR_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+
+    /// A keep-alive connection idle between requests this long is closed.
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_IDLE_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
+    pub idle_timeout: Duration,
+
+    /// A client that does not take its response within this time is disconnected (a client
+    /// that stops reading cannot hold a connection longer).
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_WRITE_TIMEOUT", default_value = "10s", value_parser = shared::flags::duration)]
+    pub write_timeout: Duration,
+
     /// `--clicks direct` only: database connections the INSERTs are spread over.
     #[arg(long, value_name = "N", env = "REDIRECTOR_DIRECT_CONNECTIONS", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -150,6 +166,28 @@ mod tests {
         assert_eq!(c.flush_interval, Duration::from_millis(250));
         assert_eq!(c.reload_interval, Duration::from_secs(1));
         assert_eq!(c.link_timeout, Duration::from_secs(5));
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.write_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn refuses_zero_and_absurd_connection_limits_and_timeouts() {
+        let parse = |flag: &str, value: &str| {
+            Config::try_parse_from(["redirector", "--database-url", "x", flag, value])
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(parse("--max-connections", "0").unwrap_err().contains("0"));
+        assert!(parse("--max-connections", "1000001").is_err());
+        assert!(parse("--max-connections", "-1").is_err());
+        assert!(parse("--max-connections", "many").is_err());
+        assert!(parse("--max-connections", "1000000").is_ok());
+        for flag in ["--idle-timeout", "--write-timeout"] {
+            assert!(parse(flag, "0s").unwrap_err().contains("more than zero"));
+            assert!(parse(flag, "400days").is_err());
+            assert!(parse(flag, "250ms").is_ok());
+        }
     }
 
     #[test]

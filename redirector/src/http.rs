@@ -1,7 +1,13 @@
 //! The redirect server: `GET /{code}` answers `302 Found` from the link table and records the
 //! click; `HEAD` answers the same without recording. Connections are served by hyper's HTTP/1
-//! server with a header read timeout and a bounded buffer (so a bounded request line), and
-//! shut down gracefully.
+//! server with a header read timeout and a bounded buffer (so a bounded request line), within
+//! the bounds of `bounded` (how many, how long idle) and `watched` (how long a response may
+//! wait for its client), and shut down gracefully.
+
+mod bounded;
+mod watched;
+
+pub use bounded::connection_limit;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +28,8 @@ use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{reason, Metrics};
 use crate::ring::{PushError, Ring};
+use bounded::{Conn, Connections};
+use watched::Watched;
 
 /// hyper's smallest allowed read buffer; it bounds the request line and headers together.
 const MAX_HEAD: usize = 8192;
@@ -122,7 +130,18 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// At shutdown, how long requests in flight get to finish.
     pub grace: Duration,
+    /// Connections open at once (already fitted under the descriptor limit).
+    pub max_connections: usize,
+    /// A connection idle between requests this long is closed.
+    pub idle_timeout: Duration,
+    /// A response the client leaves untaken this long closes its connection.
+    pub write_timeout: Duration,
 }
+
+/// Waits after a failed accept: the first short (a burst of clients), doubling to a cap that
+/// still lets closing connections give their descriptors back quickly, never a busy loop.
+const ACCEPT_RETRY_FIRST: Duration = Duration::from_millis(5);
+const ACCEPT_RETRY_CAP: Duration = Duration::from_millis(500);
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (for up to `limits.grace`) and closes every connection. When it returns, no handler
@@ -135,6 +154,9 @@ pub async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    let open = Connections::new(limits.max_connections, app.metrics.clone());
+    let mut retry = shared::backoff::Backoff::new(ACCEPT_RETRY_FIRST, ACCEPT_RETRY_CAP);
+    let mut accept_log = shared::throttle::Throttle::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -142,23 +164,31 @@ pub async fn serve(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    retry.reset();
+                    // Refused (and counted) when every connection is busy: dropping closes it.
+                    let Some(held) = open.admit() else { continue };
                     let _ = stream.set_nodelay(true);
+                    let conn = held.conn().clone();
+                    let io = Watched::new(stream, conn.clone(), limits.write_timeout);
                     let connection = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(limits.header_read_timeout)
                         .max_buf_size(MAX_HEAD)
-                        .serve_connection(TokioIo::new(stream), service(app.clone()));
+                        .serve_connection(TokioIo::new(io), service(app.clone(), conn));
                     let watched = graceful.watch(connection);
-                    connections.spawn(async move {
-                        if let Err(e) = watched.await {
-                            tracing::debug!("http connection: {e}");
-                        }
-                    });
+                    connections.spawn(bounded::drive(watched, held, limits.idle_timeout));
                 }
                 Err(e) => {
-                    // Out of file descriptors, typically: give connections time to close.
-                    tracing::warn!("http accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    app.metrics.accept_errors.inc();
+                    // Out of descriptors: the connection idle the longest gives its own back.
+                    let evicted = out_of_descriptors(&e) && open.evict_one();
+                    if let Some(held_back) = accept_log.allow() {
+                        tracing::warn!(
+                            "http accept: {e}{}; {held_back} more since the last line",
+                            if evicted { " (closed the longest idle connection)" } else { "" }
+                        );
+                    }
+                    retry.wait().await;
                 }
             },
         }
@@ -178,8 +208,14 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(code) if code == nix::libc::EMFILE || code == nix::libc::ENFILE)
+}
+
+/// The handler of one connection's requests; each marks the connection busy while it runs.
 fn service(
     app: Arc<App>,
+    conn: Arc<Conn>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<Body>,
@@ -188,7 +224,12 @@ fn service(
 > + Clone {
     hyper::service::service_fn(move |req: Request<Incoming>| {
         let app = app.clone();
-        async move { Ok::<_, Infallible>(app.answer(&req).await) }
+        let answering = conn.begin_request();
+        async move {
+            let response = app.answer(&req).await;
+            drop(answering);
+            Ok::<_, Infallible>(response)
+        }
     })
 }
 

@@ -22,6 +22,27 @@ pub mod reason {
     pub const ALL: [&str; 4] = [RING_FULL, SHUTDOWN, INVALID, DIRECT_FAILED];
 }
 
+/// Why the redirect server closed a client's connection itself.
+pub mod closed {
+    /// At the connection limit, it was the one idle the longest when a new client came.
+    pub const EVICTED: &str = "evicted";
+    /// A new client at the limit while no connection was idle: closed at once.
+    pub const REFUSED: &str = "refused";
+    /// Idle between requests for `--idle-timeout`.
+    pub const IDLE_TIMEOUT: &str = "idle_timeout";
+    /// A request head not received whole within `--header-read-timeout`.
+    pub const HEADER_TIMEOUT: &str = "header_timeout";
+    /// A response the client did not take within `--write-timeout`.
+    pub const WRITE_TIMEOUT: &str = "write_timeout";
+    pub const ALL: [&str; 5] = [
+        EVICTED,
+        REFUSED,
+        IDLE_TIMEOUT,
+        HEADER_TIMEOUT,
+        WRITE_TIMEOUT,
+    ];
+}
+
 static SEND_ERROR_KINDS: LazyLock<[&'static str; SendErrorKind::ALL.len()]> =
     LazyLock::new(|| SendErrorKind::ALL.map(SendErrorKind::as_str));
 
@@ -66,6 +87,13 @@ pub struct Metrics {
     pub links_lag: FloatGauge,
     /// Unix time (the database's clock) of the last successful read of the change log.
     pub links_synced: FloatGauge,
+    /// Client connections open, and the most that may be.
+    pub connections: Gauge,
+    pub connections_limit: Gauge,
+    /// Connections the server closed itself, by `closed` reason.
+    pub connections_closed: LabeledCounter,
+    /// Failed accepts (out of descriptors, typically), each followed by a short wait.
+    pub accept_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -93,6 +121,10 @@ impl Default for Metrics {
             link_changes_applied: Counter::default(),
             links_lag: FloatGauge::default(),
             links_synced: FloatGauge::default(),
+            connections: Gauge::default(),
+            connections_limit: Gauge::default(),
+            connections_closed: LabeledCounter::new(&closed::ALL),
+            accept_errors: Counter::default(),
         }
     }
 }
@@ -187,6 +219,11 @@ impl shared::admin::Admin for AdminView {
                 "Changed codes applied from the change log.",
                 &m.link_changes_applied,
             ),
+            (
+                "accept_errors_total",
+                "Failed accepts of client connections (out of descriptors, typically).",
+                &m.accept_errors,
+            ),
         ];
         let gauges = [
             ("ring_depth", "Clicks waiting in the ring.", depth),
@@ -201,6 +238,16 @@ impl shared::admin::Admin for AdminView {
                 "links_skipped",
                 "Rows of links left out for a bad code or URL.",
                 m.links_skipped.get(),
+            ),
+            (
+                "connections",
+                "Client connections open.",
+                m.connections.get(),
+            ),
+            (
+                "connections_limit",
+                "Client connections allowed at once (--max-connections, fitted under the descriptor limit).",
+                m.connections_limit.get(),
             ),
         ];
         let float_gauges = [
@@ -236,6 +283,12 @@ impl shared::admin::Admin for AdminView {
             "Failed datagram sends, by kind.",
             "kind",
             &m.send_errors,
+        )
+        .labeled(
+            "redirector_connections_closed_total",
+            "Client connections the server closed itself, by reason.",
+            "reason",
+            &m.connections_closed,
         )
         .finish()
     }

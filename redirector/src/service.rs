@@ -22,6 +22,8 @@ use crate::ring::Ring;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("the sockets systemd passed: {0}")]
+    Passed(std::io::Error),
     #[error("binding the {what} listener on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -41,6 +43,8 @@ pub enum Error {
     DrainDied(String),
     #[error("the http server task failed: {0}")]
     Server(tokio::task::JoinError),
+    #[error("--max-connections: {0}")]
+    MaxConnections(String),
 }
 
 /// The final counts, as logged at exit.
@@ -68,10 +72,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let db: tokio_postgres::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     let metrics = Arc::new(Metrics::default());
     let table = Arc::new(LinkTable::default());
+    let max_connections =
+        http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
     let ring = (cfg.clicks == ClickMode::Pipeline).then(|| new_ring(&cfg));
 
-    let http_listener = bind("http", cfg.listen).await?;
-    let admin_listener = bind("admin", cfg.admin_listen).await?;
+    // Under systemd the listeners come from redirector.socket and redirector-admin.socket, so
+    // the service itself needs no Internet sockets of its own (RestrictAddressFamilies=AF_UNIX).
+    let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
+    let http_listener = listener(&mut passed, "http", cfg.listen).await?;
+    let admin_listener = listener(&mut passed, "admin", cfg.admin_listen).await?;
+    for (name, _) in passed.rest() {
+        tracing::warn!(
+            "systemd passed a socket named {name:?}; only \"http\" and \"admin\" are used"
+        );
+    }
     shared::admin::spawn(
         admin_listener,
         Arc::new(AdminView {
@@ -114,6 +128,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let limits = Limits {
         header_read_timeout: cfg.header_read_timeout,
         grace: cfg.drain_timeout,
+        max_connections,
+        idle_timeout: cfg.idle_timeout,
+        write_timeout: cfg.write_timeout,
     };
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(http_listener, app, limits, async {
@@ -230,11 +247,33 @@ fn new_ring(cfg: &Config) -> Arc<Ring> {
     Arc::new(ring)
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
-    let bind_err = |source| Error::Bind { what, addr, source };
-    let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
-    let local = listener.local_addr().map_err(bind_err)?;
-    tracing::info!("{what} listening on {local}");
+/// The listener systemd passed under the name `what`, or else one bound at `addr`. Its address
+/// is logged either way (scripts and tests read it there).
+async fn listener(
+    passed: &mut shared::systemd::Passed,
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<TcpListener, Error> {
+    let (listener, from) = match passed.named(what) {
+        Some(fd) => {
+            let std = shared::systemd::Passed::tcp_listener(fd, what).map_err(Error::Passed)?;
+            (
+                TcpListener::from_std(std).map_err(Error::Passed)?,
+                " (from systemd)",
+            )
+        }
+        None => {
+            let bound = TcpListener::bind(addr).await;
+            (
+                bound.map_err(|source| Error::Bind { what, addr, source })?,
+                "",
+            )
+        }
+    };
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { what, addr, source })?;
+    tracing::info!("{what} listening on {local}{from}");
     Ok(listener)
 }
 

@@ -2,7 +2,7 @@
 # A private PostgreSQL cluster in a directory of its own, for scripts/dev and scripts/bench:
 # data in $PGDIR/data, its Unix socket in $PGDIR, no TCP. Set PGDIR (and PG_USER, the user it
 # runs as when we are root: PostgreSQL refuses to run as root), then:
-#   PGBIN=$(pg_bindir); pg_prepare; pg_initdb LOG; pg_running || pg_start LOG; ...; pg_stop
+#   pg_install_server; PGBIN=$(pg_bindir); pg_prepare; pg_initdb LOG; pg_running || pg_start LOG; ...; pg_stop
 # Each function returns non-zero with the reason on stderr; the caller decides what to say.
 
 PG_USER=${PG_USER:-postgres}
@@ -24,6 +24,28 @@ pg_bindir() {
     done
     echo "PostgreSQL server binaries (initdb, pg_ctl) not found: install them (Debian: apt-get install postgresql)" >&2
     return 1
+}
+
+# Makes sure the server binaries are there: when pg_bindir finds none, installs Debian's
+# `postgresql` package if it can (root, apt-get; its output on stderr), as CI does on a fresh
+# machine. Otherwise fails, saying the one command to run.
+pg_install_server() {
+    pg_bindir >/dev/null 2>&1 && return 0
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "PostgreSQL server binaries (initdb, pg_ctl) not found and there is no apt-get:" \
+            "install PostgreSQL's server package with this system's package manager" >&2
+        return 1
+    fi
+    if ((EUID != 0)); then
+        echo "PostgreSQL server binaries (initdb, pg_ctl) not found. Install them with:" \
+            "sudo apt-get install postgresql" >&2
+        return 1
+    fi
+    echo "PostgreSQL server binaries (initdb, pg_ctl) not found: installing Debian's postgresql package" >&2
+    apt-get update -q >&2 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql >&2 ||
+        { echo "apt-get install postgresql failed (see above)" >&2; return 1; }
+    pg_bindir >/dev/null
 }
 
 # Runs a command in the cluster's dir, as $PG_USER when we are root.

@@ -186,6 +186,18 @@ impl XorShift {
 /// LISTEN_FDS=1 and LISTEN_PID set to the service's own pid (by a shell that then execs it).
 /// `fd` must stay open in the caller until the command has started.
 pub fn socket_activated(cmd: &Command, fd: std::os::fd::RawFd) -> Command {
+    activated(cmd, &[fd], None)
+}
+
+/// [`socket_activated`] with several sockets, each under a name (LISTEN_FDNAMES), passed as
+/// descriptors 3, 4, ... in the order given.
+pub fn socket_activated_named(cmd: &Command, named: &[(&str, std::os::fd::RawFd)]) -> Command {
+    let fds: Vec<_> = named.iter().map(|(_, fd)| *fd).collect();
+    let names: Vec<_> = named.iter().map(|(name, _)| *name).collect();
+    activated(cmd, &fds, Some(names.join(":")))
+}
+
+fn activated(cmd: &Command, fds: &[std::os::fd::RawFd], names: Option<String>) -> Command {
     use std::os::unix::process::CommandExt;
     let mut activated = Command::new("sh");
     activated
@@ -198,15 +210,25 @@ pub fn socket_activated(cmd: &Command, fd: std::os::fd::RawFd) -> Command {
             None => activated.env_remove(key),
         };
     }
-    activated.env("LISTEN_FDS", "1");
-    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
+    activated.env("LISTEN_FDS", fds.len().to_string());
+    match names {
+        Some(names) => activated.env("LISTEN_FDNAMES", names),
+        None => activated.env_remove("LISTEN_FDNAMES"),
+    };
+    let fds = fds.to_vec();
+    let first_free = 3 + fds.len() as i32;
+    // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec; `fds` was
+    // allocated before the fork.
     unsafe {
         activated.pre_exec(move || {
-            if fd == 3 {
-                let inherit = nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty());
-                nix::fcntl::fcntl(3, inherit)?;
-            } else {
-                nix::unistd::dup2(fd, 3)?;
+            // First out of the way of descriptors 3, 4, ..., then into place (dup2 clears
+            // close-on-exec on its target).
+            let mut moved = [0; 16];
+            for (i, fd) in fds.iter().enumerate().take(moved.len()) {
+                moved[i] = nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_DUPFD(first_free))?;
+            }
+            for (i, fd) in moved.iter().take(fds.len()).enumerate() {
+                nix::unistd::dup2(*fd, 3 + i as i32)?;
             }
             Ok(())
         });

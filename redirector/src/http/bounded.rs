@@ -1,0 +1,322 @@
+//! Bounds on the connections the redirect server holds, so that idle or slow clients can take
+//! neither the descriptors that accepting, the database and the drain need, nor a new client's
+//! turn:
+//!
+//! - at most `--max-connections` at once, fitted under the process's descriptor limit; at the
+//!   limit a new connection takes the place of the one idle the longest (`evicted`), and is
+//!   refused only when none is idle (`refused`);
+//! - a connection idle between requests for `--idle-timeout` is closed (`idle_timeout`);
+//! - a response the client does not take within `--write-timeout` closes its connection
+//!   (`write_timeout`); hyper's header read timeout bounds a request head (`header_timeout`).
+//!
+//! "Idle" means: no request being answered, everything answered written out, and no byte of
+//! a next request received. Closing such a connection loses nothing; a client that sends a
+//! request just as its connection is closed sees the close, as with any keep-alive timeout.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::metrics::{closed, Metrics};
+
+/// Descriptors kept out of the connection limit for everything else the process holds: the
+/// runtime's own, the listeners, the datagram and ack sockets, database sessions, admin
+/// connections.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The most connections `nofile` descriptors allow: what the reserve leaves, less a fifth, so
+/// that connections still closing (an evicted one closes after its successor was accepted)
+/// never run the process out of descriptors.
+pub fn fit_to_descriptors(requested: u64, nofile: u64) -> u64 {
+    (nofile.saturating_sub(RESERVED_DESCRIPTORS) / 5 * 4).min(requested)
+}
+
+/// `requested` (`--max-connections`), fitted under the soft `RLIMIT_NOFILE` with a log line
+/// when that lowers it; an error when the descriptor limit leaves room for none.
+pub fn connection_limit(requested: u64) -> Result<usize, String> {
+    let nofile = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((soft, _hard)) => soft,
+        Err(e) => {
+            // A seccomp filter may refuse the call; the limit then stands as configured.
+            tracing::warn!("reading RLIMIT_NOFILE: {e}; --max-connections {requested} not fitted");
+            return usize::try_from(requested).map_err(|e| e.to_string());
+        }
+    };
+    let fitted = fit_to_descriptors(requested, nofile);
+    if fitted == 0 {
+        return Err(format!(
+            "the descriptor limit (RLIMIT_NOFILE soft limit {nofile}) leaves no room for \
+             connections: raise it (ulimit -n, or LimitNOFILE= in the unit)"
+        ));
+    }
+    if fitted < requested {
+        tracing::info!(
+            "max connections fitted to the descriptor limit: {fitted} (--max-connections \
+             {requested}; RLIMIT_NOFILE soft limit {nofile}, {RESERVED_DESCRIPTORS} kept for \
+             the rest, a fifth as headroom)"
+        );
+    }
+    usize::try_from(fitted).map_err(|e| e.to_string())
+}
+
+/// `idle_since` while the connection is not idle.
+const BUSY: u64 = u64::MAX;
+
+/// One connection's state, shared by its I/O, its request handler and the registry.
+#[derive(Debug)]
+pub struct Conn {
+    id: u64,
+    epoch: Instant,
+    /// Milliseconds after `epoch` at which the connection last became idle, or [`BUSY`].
+    idle_since: AtomicU64,
+    /// Requests being answered (hyper answers one at a time; a count keeps it simple).
+    in_flight: AtomicU32,
+    evicted: Notify,
+    write_timed_out: AtomicBool,
+}
+
+impl Conn {
+    /// The write timeout closed it (see `Watched`).
+    pub(super) fn write_timed_out(&self) {
+        self.write_timed_out.store(true, Relaxed);
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(BUSY - 1)
+    }
+
+    /// A byte of a request arrived.
+    pub(super) fn busy(&self) {
+        self.idle_since.store(BUSY, Relaxed);
+    }
+
+    /// Everything handed to the socket was taken: idle from now unless a request is running.
+    pub(super) fn wrote_all(&self) {
+        if self.in_flight.load(Relaxed) == 0 {
+            self.idle_since.store(self.millis(), Relaxed);
+        }
+    }
+
+    /// Marks a request as being answered until the guard is dropped.
+    pub fn begin_request(self: &Arc<Self>) -> Answering {
+        self.in_flight.fetch_add(1, Relaxed);
+        self.busy();
+        Answering(self.clone())
+    }
+
+    /// When it became idle (milliseconds after the epoch), if it is.
+    fn idle_since(&self) -> Option<u64> {
+        let since = self.idle_since.load(Relaxed);
+        (since != BUSY && self.in_flight.load(Relaxed) == 0).then_some(since)
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        let since = self.idle_since()?;
+        Some(Duration::from_millis(self.millis().saturating_sub(since)))
+    }
+}
+
+/// A request being answered on a connection (see [`Conn::begin_request`]).
+pub struct Answering(Arc<Conn>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// The open connections, up to the limit.
+pub struct Connections {
+    limit: usize,
+    epoch: Instant,
+    open: Mutex<Open>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Open {
+    next_id: u64,
+    by_id: HashMap<u64, Arc<Conn>>,
+}
+
+impl Connections {
+    pub fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
+        metrics.connections_limit.set(limit as i64);
+        Arc::new(Connections {
+            limit,
+            epoch: Instant::now(),
+            open: Mutex::default(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Open> {
+        // Nothing panics while holding it; a poisoned lock still holds consistent data.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for a connection just accepted: a free one, or the place of the connection idle
+    /// the longest, which is told to close. `None` (counted as refused) when every connection
+    /// is busy; the caller then closes the new one.
+    pub fn admit(self: &Arc<Self>) -> Option<Held> {
+        let mut open = self.lock();
+        if open.by_id.len() >= self.limit && !self.evict_oldest_idle(&mut open) {
+            self.metrics.connections_closed.inc(closed::REFUSED);
+            return None;
+        }
+        open.next_id += 1;
+        let conn = Arc::new(Conn {
+            id: open.next_id,
+            epoch: self.epoch,
+            idle_since: AtomicU64::new(0),
+            in_flight: AtomicU32::new(0),
+            evicted: Notify::new(),
+            write_timed_out: AtomicBool::new(false),
+        });
+        conn.idle_since.store(conn.millis(), Relaxed);
+        open.by_id.insert(conn.id, conn.clone());
+        self.metrics.connections.set(open.by_id.len() as i64);
+        Some(Held {
+            conn,
+            connections: self.clone(),
+        })
+    }
+
+    /// Closes the connection idle the longest, to free its descriptor (accept ran out).
+    pub fn evict_one(&self) -> bool {
+        let mut open = self.lock();
+        self.evict_oldest_idle(&mut open)
+    }
+
+    fn evict_oldest_idle(&self, open: &mut Open) -> bool {
+        let oldest = open
+            .by_id
+            .values()
+            .filter_map(|c| Some((c.idle_since()?, c.id)))
+            .min();
+        let Some(conn) = oldest.and_then(|(_, id)| open.by_id.remove(&id)) else {
+            return false;
+        };
+        // A stored permit: the connection's task closes it even if it is not waiting yet.
+        conn.evicted.notify_one();
+        self.metrics.connections_closed.inc(closed::EVICTED);
+        self.metrics.connections.set(open.by_id.len() as i64);
+        true
+    }
+}
+
+/// A connection's place among the open ones, given back when dropped.
+pub struct Held {
+    conn: Arc<Conn>,
+    connections: Arc<Connections>,
+}
+
+impl Held {
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.connections.lock();
+        // An evicted connection gave its place up already.
+        if open.by_id.remove(&self.conn.id).is_some() {
+            self.connections
+                .metrics
+                .connections
+                .set(open.by_id.len() as i64);
+        }
+    }
+}
+
+/// Serves one connection (hyper's future) until it ends, is evicted, or stays idle for
+/// `idle_timeout`, and counts why it was closed.
+pub async fn drive(
+    connection: impl Future<Output = hyper::Result<()>>,
+    held: Held,
+    idle_timeout: Duration,
+) {
+    tokio::pin!(connection);
+    let conn = held.conn.clone();
+    let mut check = tokio::time::Instant::now() + idle_timeout;
+    let closed = loop {
+        tokio::select! {
+            result = &mut connection => break ended(result, &conn),
+            // Counted when it was chosen.
+            () = conn.evicted.notified() => break None,
+            () = tokio::time::sleep_until(check) => {
+                let now = tokio::time::Instant::now();
+                match conn.idle_for() {
+                    Some(idle) if idle >= idle_timeout => break Some(closed::IDLE_TIMEOUT),
+                    Some(idle) => check = now + (idle_timeout - idle),
+                    None => check = now + idle_timeout,
+                }
+            }
+        }
+    };
+    if let Some(reason) = closed {
+        held.connections.metrics.connections_closed.inc(reason);
+    }
+}
+
+/// Why hyper's connection ended, if it was one of ours to count.
+fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<&'static str> {
+    let e = result.err()?;
+    if conn.write_timed_out.load(Relaxed) {
+        Some(closed::WRITE_TIMEOUT)
+    } else if e.is_timeout() {
+        Some(closed::HEADER_TIMEOUT)
+    } else {
+        tracing::debug!("http connection: {e}");
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_fits_under_the_descriptors_with_a_reserve_and_a_fifth_to_spare() {
+        assert_eq!(fit_to_descriptors(10_000, 1_024), 768);
+        assert_eq!(fit_to_descriptors(10_000, 16_384), 10_000);
+        assert_eq!(fit_to_descriptors(100, 1_024), 100);
+        assert_eq!(fit_to_descriptors(10_000, 64), 0);
+        assert_eq!(fit_to_descriptors(10_000, u64::MAX), 10_000);
+    }
+
+    fn admitted(connections: &Arc<Connections>) -> Held {
+        connections.admit().expect("a place")
+    }
+
+    #[test]
+    fn at_the_limit_the_longest_idle_makes_room_and_busy_ones_are_kept() {
+        let metrics = Arc::new(Metrics::default());
+        let connections = Connections::new(2, metrics.clone());
+        let first = admitted(&connections);
+        let second = admitted(&connections);
+        // The first is answering a request: not idle, so the second goes.
+        let _answering = first.conn().begin_request();
+        let third = admitted(&connections);
+        assert_eq!(metrics.connections_closed.get(closed::EVICTED), 1);
+        assert!(!connections.lock().by_id.contains_key(&second.conn().id));
+        assert_eq!(metrics.connections.get(), 2);
+        // The third has received a byte of a request: nothing is idle, so a fourth is refused.
+        third.conn().busy();
+        assert!(connections.admit().is_none());
+        assert_eq!(metrics.connections_closed.get(closed::REFUSED), 1);
+        drop(second);
+        assert_eq!(
+            metrics.connections.get(),
+            2,
+            "an evicted place is not given twice"
+        );
+        drop(third);
+        assert_eq!(metrics.connections.get(), 1);
+    }
+}

@@ -1,0 +1,145 @@
+//! The client's socket as a connection's state sees it (`bounded::Conn`): a byte read marks the
+//! connection busy, a write that hands over everything marks it idle again, and a response the
+//! client leaves untaken for `--write-timeout` fails the write, which ends the connection.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+
+use super::bounded::Conn;
+
+/// A client's socket as the connection sees it: reads mark the connection busy, a write that
+/// takes everything marks it idle again, and a response the client leaves untaken for
+/// `write_timeout` fails the write.
+pub struct Watched {
+    stream: TcpStream,
+    conn: Arc<Conn>,
+    write_timeout: Duration,
+    /// Armed when a write could not hand over everything at once; disarmed when one does.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl Watched {
+    pub fn new(stream: TcpStream, conn: Arc<Conn>, write_timeout: Duration) -> Watched {
+        Watched {
+            stream,
+            conn,
+            write_timeout,
+            stalled: None,
+        }
+    }
+
+    /// The write timeout's verdict, before a write and while one waits.
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let Some(stalled) = self.stalled.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(stalled.as_mut().poll(cx));
+        self.conn.write_timed_out();
+        Poll::Ready(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the client took no response for {:?}", self.write_timeout),
+        ))
+    }
+
+    fn after_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        wrote: Poll<io::Result<usize>>,
+        asked: usize,
+    ) -> Poll<io::Result<usize>> {
+        match wrote {
+            Poll::Ready(Ok(n)) if n == asked => {
+                self.stalled = None;
+                self.conn.wrote_all();
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(result) => {
+                self.arm();
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                self.arm();
+                match self.poll_stall(cx) {
+                    Poll::Ready(e) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn arm(&mut self) {
+        if self.stalled.is_none() {
+            self.stalled = Some(Box::pin(tokio::time::sleep(self.write_timeout)));
+        }
+    }
+
+    /// A stall already past its deadline fails the write before it starts.
+    fn overdue(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        match self.poll_stall(cx) {
+            Poll::Ready(e) => Some(e),
+            Poll::Pending => None,
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.conn.busy();
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.overdue(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let wrote = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.after_write(cx, wrote, buf.len())
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.overdue(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let asked = bufs.iter().map(|b| b.len()).sum();
+        let wrote = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.after_write(cx, wrote, asked)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}

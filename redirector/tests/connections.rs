@@ -1,0 +1,275 @@
+//! The redirect server's connection bounds, on the real binary over real sockets: at the
+//! connection limit a new client is still served (the connection idle the longest makes room),
+//! and idle, slow-to-send and never-reading clients are closed and counted by reason.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use common::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
+use hyper::Method;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use shared::testkit::eventually;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CODE: &str = "c";
+const URL: &str = "https://example.com/c";
+/// Long enough that a few thousand unread responses fill the kernel's buffers.
+const LONG_CODE: &str = "long";
+
+/// What the redirector's descriptor limit is set to, as on a host with the default soft limit.
+const NOFILE: u64 = 1_024;
+/// What `--max-connections` (10,000 by default) is fitted to under it: (1024 - 64) / 5 * 4.
+const FITTED: u64 = 768;
+const IDLE_CLIENTS: u64 = 2_000;
+
+/// This process holds thousands of sockets: its soft descriptor limit goes up to the hard one.
+fn raise_own_descriptor_limit() {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raising RLIMIT_NOFILE");
+    }
+    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    assert!(
+        soft >= IDLE_CLIENTS + 200,
+        "the test needs {} descriptors; the hard limit allows {soft}",
+        IDLE_CLIENTS + 200
+    );
+}
+
+async fn closed(r: &Redirector, reason: &str) -> f64 {
+    r.metric(&format!(
+        "redirector_connections_closed_total{{reason=\"{reason}\"}}"
+    ))
+    .await
+}
+
+/// Waits until the counter of connections closed for `reason` reaches `n`.
+async fn await_closed(r: &Redirector, reason: &str, n: f64) {
+    eventually(
+        &format!("{n} connections closed as {reason}"),
+        LIMIT,
+        || async { (closed(r, reason).await >= n).then_some(()) },
+    )
+    .await;
+}
+
+/// Reads one response head (through the blank line) from `stream`.
+async fn read_head(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(LIMIT, async {
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = stream.read(&mut byte).await.expect("reading a response");
+            assert!(
+                n > 0,
+                "connection closed after {:?}",
+                String::from_utf8_lossy(&head)
+            );
+            head.push(byte[0]);
+        }
+    })
+    .await
+    .expect("a response head in time");
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Waits until the server closes `stream` (EOF or reset); returns how long that took.
+async fn await_close(stream: &mut TcpStream, what: &str) -> Duration {
+    let start = Instant::now();
+    let mut buf = [0u8; 512];
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the server did not close the connection in {LIMIT:?}"));
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_302() {
+    raise_own_descriptor_limit();
+    let f = fixture(&[(CODE, URL)]).await;
+    // Timeouts far away: the idle connections must be there when the new client comes.
+    let mut cmd = redirector_command(
+        &f.db.url,
+        &f.socket,
+        &["--idle-timeout", "10m", "--header-read-timeout", "10m"],
+    );
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            setrlimit(Resource::RLIMIT_NOFILE, NOFILE, NOFILE).map_err(std::io::Error::from)
+        });
+    }
+    let r = start_redirector(cmd).await;
+    r.ready().await;
+    r.service
+        .wait_for_log(
+            &format!("max connections fitted to the descriptor limit: {FITTED}"),
+            LIMIT,
+        )
+        .await;
+    assert_eq!(
+        r.metric("redirector_connections_limit").await,
+        FITTED as f64
+    );
+
+    let mut idle = Vec::new();
+    for i in 0..IDLE_CLIENTS {
+        let stream = TcpStream::connect(r.http)
+            .await
+            .unwrap_or_else(|e| panic!("idle connection {i}: {e}"));
+        idle.push(stream);
+    }
+    let evicted = (IDLE_CLIENTS - FITTED) as f64;
+    await_closed(&r, "evicted", evicted).await;
+    assert_eq!(r.metric("redirector_connections").await, FITTED as f64);
+
+    let response = tokio::time::timeout(LIMIT, common::request(r.http, Method::GET, "/c"))
+        .await
+        .expect("the new client is answered in time");
+    assert_eq!(response.status(), 302);
+    assert_eq!(response.headers()["location"], URL);
+    assert_eq!(closed(&r, "evicted").await, evicted + 1.0);
+    assert_eq!(closed(&r, "refused").await, 0.0);
+    assert_eq!(
+        r.metric("redirector_accept_errors_total").await,
+        0.0,
+        "the descriptors never ran out"
+    );
+    drop(idle);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
+    let long_url = format!("https://example.com/{}", "a".repeat(1_500));
+    let f = fixture(&[(LONG_CODE, &long_url)]).await;
+    let r = common::redirector(
+        &f.db.url,
+        &f.socket,
+        &[
+            "--write-timeout",
+            "1s",
+            "--idle-timeout",
+            "10m",
+            "--header-read-timeout",
+            "10m",
+        ],
+    )
+    .await;
+    r.ready().await;
+
+    // A small receive buffer, and pipelined requests whose responses it never reads.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let stream = socket.connect(r.http).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let requests = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(1_000);
+    let sending = tokio::spawn(async move {
+        // Until the server stops reading and then closes the connection.
+        while writer.write_all(requests.as_bytes()).await.is_ok() {}
+    });
+
+    await_closed(&r, "write_timeout", 1.0).await;
+    eventually("the connection to be closed", LIMIT, || async {
+        (r.metric("redirector_connections").await == 0.0).then_some(())
+    })
+    .await;
+    tokio::time::timeout(LIMIT, sending)
+        .await
+        .expect("the sender sees the connection closed")
+        .expect("the sender task");
+    let mut first = [0u8; 12];
+    reader
+        .read_exact(&mut first)
+        .await
+        .expect("responses were sent");
+    assert_eq!(&first, b"HTTP/1.1 302");
+    assert_eq!(closed(&r, "idle_timeout").await, 0.0);
+    assert_eq!(closed(&r, "header_timeout").await, 0.0);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let f = fixture(&[(CODE, URL)]).await;
+    let r = common::redirector(
+        &f.db.url,
+        &f.socket,
+        &["--idle-timeout", "1s", "--header-read-timeout", "10m"],
+    )
+    .await;
+    r.ready().await;
+
+    let mut stream = TcpStream::connect(r.http).await.expect("connect");
+    stream
+        .write_all(b"GET /c HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("request");
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 302"), "{head}");
+    let idle = await_close(&mut stream, "idle keep-alive").await;
+    assert!(
+        idle >= Duration::from_millis(900),
+        "closed after {idle:?}, before the 1s idle timeout"
+    );
+    await_closed(&r, "idle_timeout", 1.0).await;
+    assert_eq!(closed(&r, "header_timeout").await, 0.0);
+    assert_eq!(r.metric("redirector_connections").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_request_head_not_finished_in_time_is_closed_as_a_header_timeout() {
+    let f = fixture(&[(CODE, URL)]).await;
+    let r = common::redirector(
+        &f.db.url,
+        &f.socket,
+        &["--idle-timeout", "10m", "--header-read-timeout", "1s"],
+    )
+    .await;
+    r.ready().await;
+
+    let mut stream = TcpStream::connect(r.http).await.expect("connect");
+    stream
+        .write_all(b"GET /c HTTP/1.1\r\nHost: t\r\n")
+        .await
+        .expect("half a request head");
+    await_close(&mut stream, "half a request head").await;
+    await_closed(&r, "header_timeout", 1.0).await;
+    assert_eq!(closed(&r, "idle_timeout").await, 0.0);
+}
+
+/// Under systemd both listeners come from socket units (redirector.socket,
+/// redirector-admin.socket), each found by its name in LISTEN_FDNAMES whatever the order.
+#[tokio::test]
+async fn listeners_passed_by_systemd_are_taken_by_name() {
+    use std::os::fd::AsRawFd;
+    let f = fixture(&[(CODE, URL)]).await;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("admin listener");
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("http listener");
+    let (admin_addr, http_addr) = (admin.local_addr().unwrap(), http.local_addr().unwrap());
+    let cmd = redirector_command(&f.db.url, &f.socket, &[]);
+    let cmd = shared::testkit::socket_activated_named(
+        &cmd,
+        &[("admin", admin.as_raw_fd()), ("http", http.as_raw_fd())],
+    );
+    let r = start_redirector(cmd).await;
+    drop((admin, http));
+    assert_eq!((r.http, r.admin), (http_addr, admin_addr));
+    r.service
+        .wait_for_log(
+            &format!("http listening on {http_addr} (from systemd)"),
+            LIMIT,
+        )
+        .await;
+    r.ready().await;
+    let response = common::request(http_addr, Method::GET, "/c").await;
+    assert_eq!(response.status(), 302);
+}
