@@ -6,8 +6,8 @@
 //! does not hold (its own batches it lost track of, other writers' rows left behind by a
 //! collector that stopped, rows of earlier versions) goes the SQL way, `FOLD_ROWS`: unnest,
 //! sum, upsert, which costs the database about a microsecond per count on top of the upsert
-//! per key. Folds are spaced out: one when the sums reach `--compact-backlog` keys, or when
-//! the oldest has waited `--compact-interval`. `click_totals` is exact whatever the backlog (it
+//! per key. Folds are spaced out: one when the batches summed hold `--compact-backlog` counts,
+//! or when the oldest has waited `--compact-interval`. `click_totals` is exact whatever the backlog (it
 //! adds the unfolded counts); the backlog bounds what a reader of it has to add up.
 //!
 //! Every collector of a database runs this task; one folds at a time (a transaction-level

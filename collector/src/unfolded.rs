@@ -36,6 +36,9 @@ struct State {
     sums: CodeCounts,
     /// Distinct (code, day) keys in `sums`.
     keys: usize,
+    /// Entries (code, day, clicks) in the rows of batches `first..=last`: what a reader of
+    /// click_totals adds up on top of click_counts for them.
+    entries: usize,
     /// When the first batch of the sums was committed.
     since: Option<Instant>,
     /// This writer's rows up to this batch must be folded the SQL way.
@@ -86,6 +89,7 @@ impl Unfolded {
         }
         s.last = number;
         s.rows += batch.count_row_count() as i64;
+        s.entries += batch.delta_count();
         for (code, day, clicks) in batch.deltas() {
             let codes = s.sums.entry(day).or_default();
             match codes.get_mut(code) {
@@ -114,12 +118,12 @@ impl Unfolded {
         }
     }
 
-    /// Whether a fold is due: sums over `entries` keys, the oldest committed `interval` ago,
-    /// or stray batches.
+    /// Whether a fold is due: `entries` counts in the rows of the batches summed, the oldest
+    /// committed `interval` ago, or stray batches.
     pub fn due(&self, entries: usize, interval: Duration) -> bool {
         let s = self.lock();
         s.stray_upto.is_some()
-            || s.keys >= entries
+            || s.entries >= entries
             || s.since.is_some_and(|t| t.elapsed() >= interval)
     }
 
@@ -179,6 +183,7 @@ impl State {
         self.first = self.last + 1;
         self.rows = 0;
         self.keys = 0;
+        self.entries = 0;
         self.sums.clear();
         self.since = None;
     }
@@ -273,7 +278,9 @@ mod tests {
         assert!(!u.due(10, hour));
         u.add(1, &batch(&["a", "b"]));
         assert!(!u.due(10, hour));
-        assert!(u.due(2, hour), "two keys");
+        u.add(2, &batch(&["a"]));
+        assert!(!u.due(4, hour));
+        assert!(u.due(3, hour), "three counts in the rows, of two keys");
         assert!(u.due(10, Duration::ZERO), "old enough");
         u.lose(2);
         assert!(u.due(10, hour), "strays");
