@@ -16,18 +16,37 @@
 -- databases of one cluster migrating at once race to create them: the loser's unique
 -- violation is caught.
 DO $$
+DECLARE
+    role text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'clicks_collector') THEN
-        BEGIN
-            CREATE ROLE clicks_collector NOLOGIN;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'clicks_link_reader') THEN
-        BEGIN
-            CREATE ROLE clicks_link_reader NOLOGIN;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
+    FOREACH role IN ARRAY ARRAY['clicks_collector', 'clicks_link_reader'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', role);
+            EXCEPTION
+                WHEN duplicate_object OR unique_violation THEN NULL;
+                WHEN insufficient_privilege THEN
+                    RAISE EXCEPTION 'migration 8: role % is missing, and % may not create it',
+                        role, current_user
+                        USING HINT = 'As a superuser, create the roles and make the services'' '
+                                     'login roles members (README, "Database access").';
+            END;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Handing the schema to clicks_collector needs the migrating role to be a member of it (a
+-- superuser is). A collector upgraded from before this migration, under the roles of an
+-- older systemd/database.sql, is not: say what to run rather than fail obscurely.
+DO $$
+BEGIN
+    IF NOT pg_has_role(current_user, 'clicks_collector', 'MEMBER') THEN
+        RAISE EXCEPTION 'migration 8: role % is not a member of clicks_collector', current_user
+            USING HINT = format('As a superuser, run: GRANT clicks_collector TO %I; '
+                                'GRANT clicks_link_reader TO <the redirector''s role>; '
+                                'then start the collector again (README, "Database access").',
+                                current_user);
     END IF;
 END
 $$;
@@ -58,6 +77,27 @@ BEGIN
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO clicks_collector', r.name);
     END LOOP;
+END
+$$;
+
+-- A partition created later belongs to clicks_collector too, not to whichever member's login
+-- created it, so that any member can drop it when retention comes (migration 6's function,
+-- plus the ALTER ... OWNER).
+CREATE OR REPLACE FUNCTION ensure_click_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    name  text := 'clicks_p' || to_char(day, 'YYYYMMDD');
+    lower timestamptz := (day::timestamp AT TIME ZONE 'UTC');
+    upper timestamptz := ((day + 1)::timestamp AT TIME ZONE 'UTC');
+    start timestamptz := (SELECT p.start FROM click_partitions_start AS p);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('clicks partitions', 0));
+    IF to_regclass(name) IS NOT NULL OR upper <= start THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('CREATE TABLE %I PARTITION OF clicks FOR VALUES FROM (%L) TO (%L)',
+                   name, greatest(lower, start), upper);
+    EXECUTE format('ALTER TABLE %I OWNER TO clicks_collector', name);
+    RETURN true;
 END
 $$;
 

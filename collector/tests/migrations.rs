@@ -348,3 +348,70 @@ async fn migration_7_validates_a_clean_table_and_warns_about_rows_that_break_the
         Some("links_url_clean")
     );
 }
+
+/// A collector upgraded under the roles of an older `database.sql` (its login role owns the
+/// database but is no member of clicks_collector) stops at migration 8 and says what to run;
+/// once granted, the migration goes through and hands the schema over.
+#[tokio::test]
+async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
+    let cluster = pgtest::cluster();
+    // The group roles exist once any database of the cluster is migrated.
+    let _ = migrations::test_db().await;
+    let admin = cluster.connect("postgres").await;
+    let name = format!("legacy_{}", std::process::id());
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin.batch_execute(&sql).await.unwrap();
+    }
+    let url = format!("{} user={name}", cluster.url(&name));
+    let mut legacy = pgtest::connect(&url).await;
+    migrations::apply_up_to(&mut legacy, 7)
+        .await
+        .expect("migrations 1-7 as the database owner");
+    let err = migrations::apply(&mut legacy).await.unwrap_err();
+    let db_err = err.as_db_error().expect("a server error");
+    assert!(
+        db_err
+            .message()
+            .contains(&format!("role {name} is not a member of clicks_collector")),
+        "{db_err:?}"
+    );
+    assert!(
+        db_err
+            .hint()
+            .is_some_and(|h| h.contains(&format!("GRANT clicks_collector TO {name}"))),
+        "{db_err:?}"
+    );
+
+    admin
+        .batch_execute(&format!("GRANT clicks_collector TO {name}"))
+        .await
+        .unwrap();
+    assert_eq!(migrations::apply(&mut legacy).await.unwrap(), [8]);
+    let owner: String = legacy
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE tablename = 'clicks'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "clicks_collector");
+    // A partition made later belongs to the group role too, not to the login that made it.
+    legacy
+        .batch_execute("SELECT ensure_click_partition((now() AT TIME ZONE 'UTC')::date + 10)")
+        .await
+        .unwrap();
+    let owner: String = legacy
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables
+             WHERE tablename = 'clicks_p' || to_char((now() AT TIME ZONE 'UTC')::date + 10, 'YYYYMMDD')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "clicks_collector");
+}
