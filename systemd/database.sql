@@ -1,13 +1,20 @@
 -- PostgreSQL roles and database for the pipeline, on a server on the same host that
 -- authenticates local connections by peer (the OS user name; Debian's default). Run once:
 --   sudo -u postgres psql -v ON_ERROR_STOP=1 < systemd/database.sql
-CREATE ROLE "clicks-collector" LOGIN;
-CREATE ROLE "clicks-redirector" LOGIN;
--- The collector owns the database: its migrations create the tables at start.
+--
+-- Two group roles hold the privileges (migration 8 grants them; it creates them too when the
+-- collector may, which it may not here), and one login role per service is a member:
+--   clicks_collector   owns the schema: the collector applies the migrations at start and
+--                      manages clicks' partitions, which only the owner may do.
+--   clicks_link_reader SELECT on links and its change log; LISTEN. Nothing else: it cannot
+--                      read clicks.
+-- (\gexec: created only if missing, as migration 8 may have on this server already.)
+SELECT 'CREATE ROLE clicks_collector NOLOGIN'
+WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'clicks_collector') \gexec
+SELECT 'CREATE ROLE clicks_link_reader NOLOGIN'
+WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'clicks_link_reader') \gexec
+CREATE ROLE "clicks-collector" LOGIN IN ROLE clicks_collector;
+CREATE ROLE "clicks-redirector" LOGIN IN ROLE clicks_link_reader;
+-- The collector's login role owns the database, so that it can create the schema's tables
+-- (and hand them to clicks_collector) in its first migrations.
 CREATE DATABASE clicks OWNER "clicks-collector";
-\connect clicks
--- The redirector only reads links and its change log, link_changes (and LISTENs, which needs
--- no grant). Roles that change links need no grant on the log: its triggers write it as the
--- collector.
-ALTER DEFAULT PRIVILEGES FOR ROLE "clicks-collector" IN SCHEMA public
-    GRANT SELECT ON TABLES TO "clicks-redirector";

@@ -10,11 +10,11 @@ use tokio_postgres::Client;
 /// Where the database is, parsed once at start so a malformed URL fails at once.
 #[derive(Debug, Clone)]
 pub struct Db {
-    config: tokio_postgres::Config,
+    config: shared::db::Config,
 }
 
 impl Db {
-    pub fn parse(url: &str) -> Result<Db, tokio_postgres::Error> {
+    pub fn parse(url: &str) -> Result<Db, shared::db::ConfigError> {
         Ok(Db {
             config: url.parse()?,
         })
@@ -23,8 +23,9 @@ impl Db {
     /// Names the collector's sessions in `pg_stat_activity` (`collector <instance>`), unless
     /// the URL names them already.
     pub fn for_instance(mut self, instance: &str) -> Db {
-        if self.config.get_application_name().is_none() {
+        if self.config.pg.get_application_name().is_none() {
             self.config
+                .pg
                 .application_name(format!("collector {instance}"));
         }
         self

@@ -38,6 +38,12 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../migrations/0006_partitions.sql"),
     ),
     (
+        7,
+        "link_url_check",
+        include_str!("../migrations/0007_link_url_check.sql"),
+    ),
+    (8, "roles", include_str!("../migrations/0008_roles.sql")),
+    (
         9,
         "count_batch_writer",
         include_str!("../migrations/0009_count_batch_writer.sql"),
@@ -100,7 +106,13 @@ pub async fn apply_up_to(
 /// A fresh database of the test cluster with every migration applied, for tests.
 #[cfg(feature = "testkit")]
 pub async fn test_db() -> shared::pgtest::TestDb {
-    let db = shared::pgtest::cluster().fresh_database().await;
+    test_db_on(shared::pgtest::cluster()).await
+}
+
+/// A fresh database of `cluster` with every migration applied, for tests.
+#[cfg(feature = "testkit")]
+pub async fn test_db_on(cluster: &shared::pgtest::Cluster) -> shared::pgtest::TestDb {
+    let db = cluster.fresh_database().await;
     let mut client = shared::pgtest::connect(&db.url).await;
     apply(&mut client)
         .await

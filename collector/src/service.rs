@@ -23,8 +23,8 @@ use crate::{compact, lock, maintenance, migrations};
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]
 pub enum Fatal {
-    #[error("--database-url: {}", describe(.0))]
-    Url(tokio_postgres::Error),
+    #[error("--database-url: {0}")]
+    Url(shared::db::ConfigError),
     #[error("database: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("admin listener on {addr}: {source}")]

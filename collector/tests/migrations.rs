@@ -195,3 +195,223 @@ async fn every_unique_key_contains_the_column_the_table_would_be_sharded_by() {
         .get(0);
     assert!(view.contains("GROUP BY parts.code, parts.day"), "{view}");
 }
+
+#[tokio::test]
+async fn links_refuse_control_characters_and_urls_over_2048_bytes() {
+    let db = migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let insert = "INSERT INTO links (code, url) VALUES ($1, $2)";
+    let longest = format!("https://example.com/{}", "x".repeat(2048 - 20));
+    assert_eq!(longest.len(), 2048);
+    client
+        .execute(insert, &[&"longest", &longest])
+        .await
+        .expect("2,048 bytes is allowed");
+    let too_long = format!("{longest}x");
+    let bad = [
+        ("nl", "https://example.com/a\nb".to_owned()),
+        ("cr", "https://example.com/a\rb".to_owned()),
+        ("tab", "https://example.com/a\tb".to_owned()),
+        ("soh", "https://example.com/a\u{1}b".to_owned()),
+        ("del", "https://example.com/a\u{7f}b".to_owned()),
+        ("long", too_long),
+    ];
+    for (code, url) in &bad {
+        let err = client.execute(insert, &[code, url]).await.unwrap_err();
+        let db_err = err.as_db_error().expect("a server error");
+        assert_eq!(
+            (db_err.code(), db_err.constraint()),
+            (
+                &tokio_postgres::error::SqlState::CHECK_VIOLATION,
+                Some("links_url_clean")
+            ),
+            "{code}: {err:?}"
+        );
+    }
+    // An UPDATE cannot bring one in either.
+    let err = client
+        .execute(
+            "UPDATE links SET url = url || chr(10) WHERE code = 'longest'",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_db_error().and_then(|e| e.constraint()),
+        Some("links_url_clean")
+    );
+}
+
+/// Whether `links_url_clean` is validated.
+async fn url_check_validated(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_one(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'links_url_clean'",
+            &[],
+        )
+        .await
+        .expect("links_url_clean exists")
+        .get(0)
+}
+
+/// Migrations 1-6, then `rows` written into links, then the rest; returns a client and the
+/// warnings the rest raised.
+async fn migrate_links_holding(rows: &[(&str, String)]) -> (tokio_postgres::Client, Vec<String>) {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    migrations::apply_up_to(&mut client, 6).await.unwrap();
+    for (code, url) in rows {
+        client
+            .execute(
+                "INSERT INTO links (code, url) VALUES ($1, $2)",
+                &[code, url],
+            )
+            .await
+            .unwrap();
+    }
+    // A session of our own, to see the server's notices.
+    let config: shared::db::Config = db.url.parse().unwrap();
+    let (mut migrator, mut conn) = config.connect_raw().await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = message {
+                let _ = tx.send(format!("{}: {}", n.severity(), n.message()));
+            }
+        }
+    });
+    migrations::apply(&mut migrator).await.unwrap();
+    drop(migrator);
+    // The session ends once its client is dropped, and with it the stream of notices.
+    let mut notices = Vec::new();
+    let limit = std::time::Duration::from_secs(30);
+    while let Some(n) = tokio::time::timeout(limit, rx.recv())
+        .await
+        .expect("the migrating session to end")
+    {
+        notices.push(n);
+    }
+    (client, notices)
+}
+
+#[tokio::test]
+async fn migration_7_validates_a_clean_table_and_warns_about_rows_that_break_the_check() {
+    let (clean, notices) =
+        migrate_links_holding(&[("a", "https://example.com/a".to_owned())]).await;
+    assert!(url_check_validated(&clean).await);
+    assert!(
+        !notices.iter().any(|n| n.contains("links_url_clean")),
+        "{notices:?}"
+    );
+
+    let (dirty, notices) = migrate_links_holding(&[
+        ("a", "https://example.com/a".to_owned()),
+        ("nl", "https://example.com/a\nb".to_owned()),
+        ("long", format!("https://example.com/{}", "x".repeat(3000))),
+    ])
+    .await;
+    assert!(
+        !url_check_validated(&dirty).await,
+        "left NOT VALID while rows break it"
+    );
+    let warning = notices
+        .iter()
+        .find(|n| n.contains("links_url_clean"))
+        .unwrap_or_else(|| panic!("no warning about links_url_clean in {notices:?}"));
+    assert!(
+        warning.starts_with("WARNING: 2 row(s) of links")
+            && warning.contains("SELECT code FROM links"),
+        "{warning}"
+    );
+    // The query the warning gives finds exactly those rows.
+    let query = &warning[warning.find("SELECT code FROM links").unwrap()..];
+    let query = &query[..query.find(';').unwrap()];
+    let mut found: Vec<String> = dirty
+        .query(query, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{query}: {e:?}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    found.sort();
+    assert_eq!(found, ["long", "nl"]);
+    // New rows are checked all the same.
+    let err = dirty
+        .execute(
+            "INSERT INTO links (code, url) VALUES ('t', 'https://x/' || chr(9))",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_db_error().and_then(|e| e.constraint()),
+        Some("links_url_clean")
+    );
+}
+
+/// A collector upgraded under the roles of an older `database.sql` (its login role owns the
+/// database but is no member of clicks_collector) stops at migration 8 and says what to run;
+/// once granted, the migration goes through and hands the schema over.
+#[tokio::test]
+async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
+    let cluster = pgtest::cluster();
+    // The group roles exist once any database of the cluster is migrated.
+    let _ = migrations::test_db().await;
+    let admin = cluster.connect("postgres").await;
+    let name = format!("legacy_{}", std::process::id());
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin.batch_execute(&sql).await.unwrap();
+    }
+    let url = format!("{} user={name}", cluster.url(&name));
+    let mut legacy = pgtest::connect(&url).await;
+    migrations::apply_up_to(&mut legacy, 7)
+        .await
+        .expect("migrations 1-7 as the database owner");
+    let err = migrations::apply(&mut legacy).await.unwrap_err();
+    let db_err = err.as_db_error().expect("a server error");
+    assert!(
+        db_err
+            .message()
+            .contains(&format!("role {name} is not a member of clicks_collector")),
+        "{db_err:?}"
+    );
+    assert!(
+        db_err
+            .hint()
+            .is_some_and(|h| h.contains(&format!("GRANT clicks_collector TO {name}"))),
+        "{db_err:?}"
+    );
+
+    admin
+        .batch_execute(&format!("GRANT clicks_collector TO {name}"))
+        .await
+        .unwrap();
+    assert_eq!(migrations::apply(&mut legacy).await.unwrap(), [8]);
+    let owner: String = legacy
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE tablename = 'clicks'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "clicks_collector");
+    // A partition made later belongs to the group role too, not to the login that made it.
+    legacy
+        .batch_execute("SELECT ensure_click_partition((now() AT TIME ZONE 'UTC')::date + 10)")
+        .await
+        .unwrap();
+    let owner: String = legacy
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables
+             WHERE tablename = 'clicks_p' || to_char((now() AT TIME ZONE 'UTC')::date + 10, 'YYYYMMDD')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "clicks_collector");
+}

@@ -23,12 +23,15 @@ pub struct Direct {
 }
 
 impl Direct {
-    /// Opens `connections` (at least 1) connections to `url`, each with the INSERT prepared.
-    pub async fn connect(url: &str, connections: usize) -> Result<Direct, tokio_postgres::Error> {
-        let config: tokio_postgres::Config = url.parse()?;
+    /// Opens `connections` (at least 1) connections to the database, each with the INSERT
+    /// prepared.
+    pub async fn connect(
+        config: &shared::db::Config,
+        connections: usize,
+    ) -> Result<Direct, tokio_postgres::Error> {
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
-            let client = shared::db::connect(&config).await?;
+            let client = shared::db::connect(config).await?;
             let insert = client
                 .prepare("INSERT INTO clicks (code, clicked_at) VALUES ($1, $2)")
                 .await?;

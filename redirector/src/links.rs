@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, IsolationLevel, NoTls, Row, Transaction};
+use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Transaction};
 
 use crate::metrics::Metrics;
 use crate::table::{usable, Table};
@@ -107,7 +107,7 @@ pub struct Options {
 
 /// Starts the loader on a thread of its own, for as long as the process runs.
 pub fn spawn(
-    config: tokio_postgres::Config,
+    config: shared::db::Config,
     links: Arc<LinkTable>,
     metrics: Arc<Metrics>,
     options: Options,
@@ -126,16 +126,17 @@ pub fn spawn(
 }
 
 /// The database settings that keep a session from hanging unnoticed.
-fn session_config(mut config: tokio_postgres::Config, options: &Options) -> tokio_postgres::Config {
+fn session_config(mut config: shared::db::Config, options: &Options) -> shared::db::Config {
     config
+        .pg
         .connect_timeout(options.timeout)
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
         .tcp_user_timeout(options.timeout * 3);
-    if config.get_application_name().is_none() {
-        config.application_name(APPLICATION_NAME);
+    if config.pg.get_application_name().is_none() {
+        config.pg.application_name(APPLICATION_NAME);
     }
     config
 }
@@ -253,7 +254,7 @@ impl Loader {
         }
     }
 
-    async fn run(&mut self, config: &tokio_postgres::Config) {
+    async fn run(&mut self, config: &shared::db::Config) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let err = self.session(config, &mut backoff).await;
@@ -282,10 +283,10 @@ impl Loader {
     /// notification and each poll tick, until something fails.
     async fn session(
         &mut self,
-        config: &tokio_postgres::Config,
+        config: &shared::db::Config,
         backoff: &mut Backoff,
     ) -> SessionError {
-        let (mut client, connection) = match self.timed(config.connect(NoTls)).await {
+        let (mut client, connection) = match self.timed(config.connect_raw()).await {
             Ok(pair) => pair,
             Err(e) => return e,
         };
@@ -444,13 +445,7 @@ async fn next(
 }
 
 /// Drives the connection and turns each `links_changed` notification into a wake-up.
-async fn drive(
-    mut connection: tokio_postgres::Connection<
-        tokio_postgres::Socket,
-        tokio_postgres::tls::NoTlsStream,
-    >,
-    changed: Arc<Notify>,
-) {
+async fn drive(mut connection: shared::db::Connection, changed: Arc<Notify>) {
     loop {
         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notification(_))) => changed.notify_one(),

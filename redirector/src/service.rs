@@ -32,8 +32,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Drain(#[from] drain::Error),
-    #[error("--database-url: {}", shared::db::describe(.0))]
-    DatabaseUrl(tokio_postgres::Error),
+    #[error("--database-url: {0}")]
+    DatabaseUrl(shared::db::ConfigError),
     #[error("starting the link loader thread: {0}")]
     Loader(std::io::Error),
     #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
@@ -69,7 +69,7 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 /// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
-    let db: tokio_postgres::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
+    let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     let metrics = Arc::new(Metrics::default());
     let table = Arc::new(LinkTable::default());
     let max_connections =
@@ -98,7 +98,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         poll: cfg.reload_interval,
         timeout: cfg.link_timeout,
     };
-    links::spawn(db, table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
+    links::spawn(db.clone(), table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let mut drain = match &ring {
@@ -109,7 +109,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     };
     let direct = match (&ring, cfg.clicks) {
         (None, ClickMode::Direct) => Some(Arc::new(
-            Direct::connect(&cfg.database_url, cfg.direct_connections as usize)
+            Direct::connect(&db, cfg.direct_connections as usize)
                 .await
                 .map_err(Error::Direct)?,
         )),

@@ -23,29 +23,31 @@ use bytes::Bytes;
 /// fragment it, where larger ones are mapped and grow in place.
 pub const SHARDS: usize = 4096;
 
-/// The longest URL an entry holds. Far beyond what any browser follows; a longer URL is
-/// skipped, so that offsets stay `u32`.
-pub const MAX_URL: usize = 1 << 20;
+/// The longest URL served, in bytes: the same limit as the `links_url_clean` CHECK
+/// (migration 7), so that a row which predates the constraint is skipped, never served.
+pub const MAX_URL: usize = 2048;
 
 /// Why a row is left out of the table.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unusable {
     #[error("bad code: {0}")]
     Code(shared::wire::CodeError),
-    #[error("URL is not a valid Location header value")]
+    #[error("URL holds a control character")]
     Url,
     #[error("URL is longer than {MAX_URL} bytes")]
     UrlTooLong,
 }
 
-/// Checks that `code` is a click code and `url` can go in a `Location` header as it is (the
-/// rule of `http::HeaderValue`: visible ASCII, space, tab, or bytes >= 0x80).
+/// Checks that `code` is a click code and `url` is what the `links_url_clean` CHECK
+/// (migration 7) lets into `links`: no control character (0x00-0x1f, 0x7f; tab included,
+/// which a header would take), at most [`MAX_URL`] bytes. What passes goes into a `Location`
+/// header as it is (`http::HeaderValue` takes visible ASCII, space, tab, bytes >= 0x80).
 pub fn usable(code: &[u8], url: &[u8]) -> Result<(), Unusable> {
     shared::wire::validate_code(code).map_err(Unusable::Code)?;
     if url.len() > MAX_URL {
         return Err(Unusable::UrlTooLong);
     }
-    if url.iter().all(|&b| (b >= 32 && b != 127) || b == b'\t') {
+    if url.iter().all(|&b| b >= 32 && b != 127) {
         Ok(())
     } else {
         Err(Unusable::Url)

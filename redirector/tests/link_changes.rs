@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{add_link, cut_off, db_now, fixture, let_back, redirector, scalar, Fixture};
+use common::{
+    add_link, cut_off, db_now, drop_url_check, fixture, let_back, redirector, scalar, Fixture,
+};
 use common::{Redirector, LIMIT};
 use hyper::Method;
 use shared::testkit::eventually;
@@ -366,6 +368,9 @@ async fn a_session_that_stops_answering_is_replaced_and_a_delete_is_served_meanw
 #[tokio::test]
 async fn a_link_changed_to_an_unusable_url_is_removed_and_counted_until_fixed() {
     let f = fixture(&[("fine", "https://example.com/fine")]).await;
+    // Without links_url_clean (migration 7), as on a database whose operator dropped it: the
+    // redirector's own rule still keeps the row out.
+    drop_url_check(&f.client).await;
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     execute(

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{add_link, fixture, redirector, LIMIT};
+use common::{add_link, add_link_predating_check, fixture, redirector, LIMIT};
 use hyper::Method;
 use shared::testkit::eventually;
 
@@ -112,23 +112,28 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
 }
 
 #[tokio::test]
-async fn rows_with_an_unusable_url_are_skipped_and_counted() {
-    // Passes the table's CHECK, but a newline cannot go in a Location header.
-    let f = fixture(&[
-        ("good", "https://example.com/good"),
+async fn rows_from_before_the_url_check_are_skipped_and_counted() {
+    // Rows links_url_clean (migration 7) would refuse, written before it: a control
+    // character, a tab, one byte over 2,048. The redirector's rule is the CHECK's.
+    let f = fixture(&[("good", "https://example.com/good")]).await;
+    let long = format!("https://example.com/{}", "x".repeat(2049 - 20));
+    assert_eq!(long.len(), 2049);
+    for (code, url) in [
         ("broken", "https://example.com/a\nb"),
-    ])
-    .await;
+        ("tabbed", "https://example.com/a\tb"),
+        ("long", long.as_str()),
+    ] {
+        add_link_predating_check(&f.client, code, url).await;
+    }
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     assert_eq!(r.metric("redirector_links").await, 1.0);
-    assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
-    assert_eq!(
-        common::request(r.http, Method::GET, "/broken")
-            .await
-            .status(),
-        404
-    );
+    assert_eq!(r.metric("redirector_links_skipped").await, 3.0);
+    for code in ["broken", "tabbed", "long"] {
+        let path = format!("/{code}");
+        let status = common::request(r.http, Method::GET, &path).await.status();
+        assert_eq!(status, 404, "{code} must not be served");
+    }
     assert_eq!(
         common::request(r.http, Method::GET, "/good").await.status(),
         302

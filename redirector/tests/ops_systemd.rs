@@ -512,4 +512,14 @@ async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links(
         write.is_err(),
         "the redirector's role must not write clicks"
     );
+    let read = redirector
+        .query_one("SELECT count(*) FROM clicks", &[])
+        .await
+        .expect_err("the redirector's role must not read clicks");
+    assert_eq!(
+        read.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{}",
+        shared::db::describe(&read)
+    );
 }

@@ -13,6 +13,8 @@ pub mod socket;
 pub mod systemd;
 pub mod tap;
 #[cfg(feature = "testkit")]
+pub mod testcerts;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod throttle;
 pub mod wire;

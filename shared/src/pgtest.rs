@@ -1,6 +1,8 @@
 //! A private PostgreSQL cluster for tests: one per test binary, started on first use with
 //! `initdb` in a temp dir, reachable only through a Unix socket in that dir, and stopped
-//! (and its dir removed) when the test binary exits, even if it is killed.
+//! (and its dir removed) when the test binary exits, even if it is killed. [`tls_cluster`]
+//! and [`tcp_cluster`] are two more, on loopback TCP, with and without TLS (a certificate
+//! made at start by [`crate::testcerts`]), for the tests of `sslmode`.
 //!
 //! The cluster is supervised by a small shell process whose stdin is a pipe from the test
 //! binary: when the test binary exits for any reason the pipe closes, and the shell stops
@@ -21,7 +23,7 @@ const SUPERVISOR: &str = r#"
 set -e
 "$BIN/initdb" -D "$DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
   || { cat "$DIR/initdb.log"; exit 1; }
-"$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS" \
+"$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS $EXTRA_OPTIONS" \
   start >/dev/null || { cat "$DIR/server.log"; exit 1; }
 echo ready
 read _ || true
@@ -34,10 +36,27 @@ rm -rf "$DIR"
 const SERVER_OPTIONS: &str = "-c listen_addresses= -c fsync=off -c synchronous_commit=off \
      -c full_page_writes=off -c max_connections=300";
 
+/// How a cluster is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Unix socket only: what every test but the TLS ones uses.
+    Unix,
+    /// Loopback TCP with `ssl=on` and a certificate for `localhost` and 127.0.0.1.
+    Tls,
+    /// Loopback TCP without TLS: a server that refuses `sslmode=require`.
+    PlainTcp,
+}
+
 /// A running private cluster.
 pub struct Cluster {
     bin: PathBuf,
     dir: PathBuf,
+    /// Options added to [`SERVER_OPTIONS`] (TCP port, TLS files).
+    extra: String,
+    /// The TCP port, for the TCP kinds.
+    port: Option<u16>,
+    /// The certificates the TLS kind's server uses.
+    certs: Option<crate::testcerts::Certs>,
     next_db: AtomicU32,
     /// Held so the supervisor's stdin stays open for as long as the test binary lives.
     _supervisor: Mutex<Child>,
@@ -54,11 +73,32 @@ pub struct TestDb {
 /// The cluster of this test binary, started on first call.
 pub fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| Cluster::start().unwrap_or_else(|msg| panic!("{msg}")))
+    CLUSTER.get_or_init(|| Cluster::start(Kind::Unix).unwrap_or_else(|msg| panic!("{msg}")))
+}
+
+/// A cluster of this test binary on loopback TCP with TLS (`ssl=on`), started on first call.
+/// Its certificate is for `localhost` and `127.0.0.1`, signed by [`Cluster::ca_file`].
+pub fn tls_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| Cluster::start(Kind::Tls).unwrap_or_else(|msg| panic!("{msg}")))
+}
+
+/// A cluster of this test binary on loopback TCP without TLS, started on first call.
+pub fn tcp_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| Cluster::start(Kind::PlainTcp).unwrap_or_else(|msg| panic!("{msg}")))
+}
+
+/// A TCP port free on 127.0.0.1 now (the kernel's pick; PostgreSQL binds it a moment later).
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free TCP port: {e}"))
 }
 
 impl Cluster {
-    fn start() -> Result<Cluster, String> {
+    fn start(kind: Kind) -> Result<Cluster, String> {
         let bin = find_bindir().ok_or_else(|| {
             format!(
                 "PostgreSQL server binaries ({}) were not found on PATH, in `pg_config --bindir`, \
@@ -72,11 +112,32 @@ impl Cluster {
             .tempdir()
             .map_err(|e| format!("creating the cluster's temp dir: {e}"))?
             .keep();
+        let port = match kind {
+            Kind::Unix => None,
+            Kind::Tls | Kind::PlainTcp => Some(free_port()?),
+        };
+        let mut extra = port
+            .map(|p| format!("-c listen_addresses=127.0.0.1 -c port={p}"))
+            .unwrap_or_default();
+        let certs = match kind {
+            Kind::Tls => {
+                let certs = crate::testcerts::Certs::write(&dir)?;
+                hand_to_server(&certs.server_key)?;
+                extra.push_str(&format!(
+                    " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                    certs.server_cert.display(),
+                    certs.server_key.display()
+                ));
+                Some(certs)
+            }
+            Kind::Unix | Kind::PlainTcp => None,
+        };
         let mut cmd = Command::new("sh");
         cmd.args(["-c", SUPERVISOR])
             .env("BIN", &bin)
             .env("DIR", &dir)
             .env("SERVER_OPTIONS", SERVER_OPTIONS)
+            .env("EXTRA_OPTIONS", &extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -95,6 +156,9 @@ impl Cluster {
         Ok(Cluster {
             bin,
             dir,
+            extra,
+            port,
+            certs,
             next_db: AtomicU32::new(0),
             _supervisor: Mutex::new(child),
         })
@@ -110,7 +174,7 @@ impl Cluster {
     /// Blocks until it accepts connections.
     pub fn start_server(&self) {
         self.pg_ctl(
-            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS" start"#,
+            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS $EXTRA_OPTIONS" start"#,
         );
     }
 
@@ -118,7 +182,7 @@ impl Cluster {
     /// and recovers from its WAL at start. Blocks until it accepts connections again.
     pub fn restart_immediately(&self) {
         self.pg_ctl(
-            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -m immediate -w -t 60 -o "-k $DIR $SERVER_OPTIONS" restart"#,
+            r#""$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -m immediate -w -t 60 -o "-k $DIR $SERVER_OPTIONS $EXTRA_OPTIONS" restart"#,
         );
     }
 
@@ -130,6 +194,7 @@ impl Cluster {
             .env("BIN", &self.bin)
             .env("DIR", &self.dir)
             .env("SERVER_OPTIONS", SERVER_OPTIONS)
+            .env("EXTRA_OPTIONS", &self.extra)
             .stdin(Stdio::null());
         run_unprivileged(&mut cmd, &self.dir).unwrap_or_else(|e| panic!("{e}"));
         let out = cmd
@@ -149,9 +214,28 @@ impl Cluster {
         &self.dir
     }
 
-    /// A libpq key=value connection string for database `db` as the superuser `postgres`.
+    /// A libpq key=value connection string for database `db` as the superuser `postgres`
+    /// (for the TCP kinds: on 127.0.0.1, `sslmode` left to its default, `prefer`).
     pub fn url(&self, db: &str) -> String {
-        format!("host={} user=postgres dbname={db}", self.dir.display())
+        match self.port {
+            None => format!("host={} user=postgres dbname={db}", self.dir.display()),
+            Some(port) => format!("host=127.0.0.1 port={port} user=postgres dbname={db}"),
+        }
+    }
+
+    /// The TCP port of a TCP cluster.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// The PEM file of the CA that signed a TLS cluster's certificate (for `sslrootcert`).
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.certs.as_ref().map(|c| c.ca_cert.as_path())
+    }
+
+    /// The PEM file of a CA that signed nothing this cluster uses (a wrong `sslrootcert`).
+    pub fn other_ca_file(&self) -> Option<&Path> {
+        self.certs.as_ref().map(|c| c.other_ca_cert.as_path())
     }
 
     /// Creates a new empty database that no other test uses.
@@ -176,17 +260,17 @@ impl Cluster {
 
 /// Connects to `url`, panicking with the reason if it cannot; for tests.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let config: tokio_postgres::Config =
-        url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
+    let config: crate::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
     crate::db::connect(&config)
         .await
         .unwrap_or_else(|e| panic!("connecting to {url}: {}", crate::db::describe(&e)))
 }
 
-/// As root, hands `dir` to an unprivileged user and makes `cmd` run as that user.
-fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
+/// As root, the unprivileged user PostgreSQL runs as (`postgres`, or `$PGTEST_USER`); else
+/// none: it runs as we do.
+fn server_user() -> Result<Option<nix::unistd::User>, String> {
     if !nix::unistd::geteuid().is_root() {
-        return Ok(());
+        return Ok(None);
     }
     let name = std::env::var("PGTEST_USER").unwrap_or_else(|_| "postgres".into());
     let user = nix::unistd::User::from_name(&name)
@@ -198,8 +282,24 @@ fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
                  Create one (Debian's postgresql package does) or set PGTEST_USER."
             )
         })?;
-    nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
-        .map_err(|e| format!("chown {} to {name}: {e}", dir.display()))?;
+    Ok(Some(user))
+}
+
+/// Gives `path` to the user the server runs as (it refuses a key file it does not own).
+fn hand_to_server(path: &Path) -> Result<(), String> {
+    if let Some(user) = server_user()? {
+        nix::unistd::chown(path, Some(user.uid), Some(user.gid))
+            .map_err(|e| format!("chown {} to {}: {e}", path.display(), user.name))?;
+    }
+    Ok(())
+}
+
+/// As root, hands `dir` to an unprivileged user and makes `cmd` run as that user.
+fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
+    let Some(user) = server_user()? else {
+        return Ok(());
+    };
+    hand_to_server(dir)?;
     cmd.uid(user.uid.as_raw())
         .gid(user.gid.as_raw())
         .current_dir(dir);

@@ -150,6 +150,27 @@ pub async fn add_link(db: &tokio_postgres::Client, code: &str, url: &str) {
     .unwrap_or_else(|e| panic!("adding link {code}: {e:?}"));
 }
 
+/// Drops migration 7's `links_url_clean` CHECK, as on a database where it is gone (or a
+/// row predates it): what the redirector then must not serve can be written.
+pub async fn drop_url_check(db: &tokio_postgres::Client) {
+    db.batch_execute("ALTER TABLE links DROP CONSTRAINT links_url_clean")
+        .await
+        .unwrap_or_else(|e| panic!("dropping links_url_clean: {}", shared::db::describe(&e)));
+}
+
+/// Adds a link as if it had been written before migration 7: with `links_url_clean` dropped,
+/// then added back NOT VALID, as migration 7 leaves a table that held such rows.
+pub async fn add_link_predating_check(db: &tokio_postgres::Client, code: &str, url: &str) {
+    drop_url_check(db).await;
+    add_link(db, code, url).await;
+    db.batch_execute(
+        r"ALTER TABLE links ADD CONSTRAINT links_url_clean
+              CHECK (url !~ '[\x01-\x1f\x7f]' AND octet_length(url) <= 2048) NOT VALID",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("adding links_url_clean back: {}", shared::db::describe(&e)));
+}
+
 /// The one value `sql` returns.
 pub async fn scalar<T: tokio_postgres::types::FromSqlOwned>(
     db: &tokio_postgres::Client,

@@ -1,0 +1,115 @@
+//! Reaching PostgreSQL: the connection string (libpq's `sslmode` and `sslrootcert` included),
+//! a connection over TLS or not as it asks, driven by its own task, and error text that says
+//! what the server said.
+
+pub mod options;
+pub mod tls;
+
+use std::sync::Arc;
+
+use tokio_postgres::config::{Host, SslMode as PgSslMode};
+
+pub use options::{SslMode, TlsOptions};
+
+/// The connection type both services get: TCP or Unix socket, TLS or plain.
+pub type Connection =
+    tokio_postgres::Connection<tokio_postgres::Socket, tls::TlsStream<tokio_postgres::Socket>>;
+
+/// Why a `DATABASE_URL` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Options(#[from] options::OptionsError),
+    #[error("{0}")]
+    Parse(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// A parsed connection string: tokio-postgres' settings plus the TLS ones it does not know.
+#[derive(Clone)]
+pub struct Config {
+    /// Everything but TLS; callers set timeouts and `application_name` here.
+    pub pg: tokio_postgres::Config,
+    tls: TlsOptions,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("pg", &self.pg)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl std::str::FromStr for Config {
+    type Err = ConfigError;
+
+    fn from_str(url: &str) -> Result<Config, ConfigError> {
+        let (tls, rest) = options::split(url)?;
+        let pg = rest.parse().map_err(ConfigError::Parse)?;
+        let client = tls::client_config(&tls)?;
+        Ok(Config { pg, tls, client })
+    }
+}
+
+impl Config {
+    /// The TLS settings it was given.
+    pub fn tls(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// The settings to hand tokio-postgres, with its own `sslmode`: ours but `verify-*` are
+    /// `require` (the verifier does the rest), and none over Unix sockets.
+    fn connect_config(&self) -> tokio_postgres::Config {
+        let mut pg = self.pg.clone();
+        let unix_only =
+            !pg.get_hosts().is_empty() && pg.get_hosts().iter().all(|h| matches!(h, Host::Unix(_)));
+        // libpq never uses TLS over a Unix socket (the server would refuse it anyway, and
+        // `require` would then fail). tokio-postgres' mode is per connection string, so a list
+        // mixing Unix and TCP hosts keeps the mode given for all of them.
+        pg.ssl_mode(match self.tls.mode {
+            _ if unix_only => PgSslMode::Disable,
+            SslMode::Disable => PgSslMode::Disable,
+            SslMode::Prefer => PgSslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => PgSslMode::Require,
+        });
+        pg
+    }
+
+    /// Connects, and hands back the connection for the caller to drive.
+    pub async fn connect_raw(
+        &self,
+    ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
+        self.connect_config()
+            .connect(tls::MakeTls::new(self.client.clone(), self.tls.mode))
+            .await
+    }
+}
+
+/// Connects, and drives the connection on a spawned task that ends when the client is dropped
+/// (or the connection fails: the client's next query then reports it).
+pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect_raw().await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("database connection ended: {}", describe(&e));
+        }
+    });
+    Ok(client)
+}
+
+/// tokio_postgres errors display as just "db error"; this adds the server's severity, message
+/// and detail, or the underlying cause (connection refused, socket missing, ...).
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let detail = db.detail().map(|d| format!(" ({d})")).unwrap_or_default();
+        return format!("{}: {}{detail}", db.severity(), db.message());
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
