@@ -389,7 +389,7 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
         .batch_execute(&format!("GRANT clicks_collector TO {name}"))
         .await
         .unwrap();
-    assert_eq!(migrations::apply(&mut legacy).await.unwrap(), [8]);
+    assert_eq!(migrations::apply_up_to(&mut legacy, 8).await.unwrap(), [8]);
     let owner: String = legacy
         .query_one(
             "SELECT tableowner::text FROM pg_tables WHERE tablename = 'clicks'",
