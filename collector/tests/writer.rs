@@ -1,13 +1,11 @@
 //! The batch writer against the private PostgreSQL: retries never write a batch twice.
 
-mod common;
-
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use collector::metrics::Metrics;
-use common::*;
+use collector::testkit::*;
 use shared::pgtest;
 
 /// The instance name the writers of these tests write as.
@@ -223,9 +221,13 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
-    collector::lock::take(&holder, INSTANCE, &mut false)
-        .await
-        .unwrap();
+    collector::lock::take(
+        &holder,
+        INSTANCE,
+        &mut shared::throttle::Throttle::per_outage(),
+    )
+    .await
+    .unwrap();
     let holder_pid: i32 = holder
         .query_one("SELECT pg_backend_pid()", &[])
         .await

@@ -2,20 +2,22 @@
 //! under load, commits out of id order, TRUNCATE, a pruned log, and a session that stops
 //! answering.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{add_link, cut_off, db_now, fixture, let_back, redirector, scalar, Fixture};
-use common::{Redirector, LIMIT};
 use hyper::Method;
+use redirector::testkit::{
+    add_link, cut_off, db_now, fixture, let_back, redirector, scalar, Fixture,
+};
+use redirector::testkit::{Redirector, LIMIT};
 use shared::testkit::eventually;
 
 /// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
 async fn served(http: SocketAddr, code: &str) -> Option<String> {
-    let response = common::request(http, Method::GET, &format!("/{code}")).await;
+    let response = shared::testkit::http::request(http, Method::GET, &format!("/{code}"))
+        .await
+        .expect("an answer");
     match response.status().as_u16() {
         302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
         404 => None,
@@ -158,7 +160,7 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_within_a_
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     assert_eq!(r.metric("redirector_links").await, f64::from(LINKS));
-    let load = common::load::Load::get(r.http, "/big42");
+    let load = redirector::testkit::load::Load::get(r.http, "/big42");
     let running = load.start();
 
     // Four writers at once, so that commits interleave and land out of id order.

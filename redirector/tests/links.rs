@@ -1,11 +1,9 @@
 //! The link table follows the database without a restart, and survives losing it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{add_link, fixture, redirector, LIMIT};
 use hyper::Method;
+use redirector::testkit::{add_link, fixture, redirector, LIMIT};
 use shared::testkit::eventually;
 
 /// Waits until `GET /code` answers `status` (and, for a redirect, `location`).
@@ -18,7 +16,9 @@ async fn await_answer(
 ) {
     let what = format!("GET /{code} to answer {status} {location}");
     eventually(&what, limit, || async {
-        let response = common::request(http, Method::GET, &format!("/{code}")).await;
+        let response = shared::testkit::http::request(http, Method::GET, &format!("/{code}"))
+            .await
+            .expect("an answer");
         let got = response
             .headers()
             .get("location")
@@ -35,8 +35,9 @@ async fn a_link_inserted_with_sql_redirects_within_a_second() {
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     assert_eq!(
-        common::request(r.http, Method::GET, "/fresh")
+        shared::testkit::http::request(r.http, Method::GET, "/fresh")
             .await
+            .expect("an answer")
             .status(),
         404
     );
@@ -81,12 +82,14 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
     r.ready().await;
 
     // Cut the redirector's session from the server side, and refuse new ones for a while.
-    let admin = common::cut_off(&f, &r).await;
-    let response = common::request(r.http, Method::GET, "/steady").await;
+    let admin = redirector::testkit::cut_off(&f, &r).await;
+    let response = shared::testkit::http::request(r.http, Method::GET, "/steady")
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), 302, "the last table is still served");
 
-    common::let_back(&f, &admin).await;
-    let allowed_at = common::db_now(&admin).await;
+    redirector::testkit::let_back(&f, &admin).await;
+    let allowed_at = redirector::testkit::db_now(&admin).await;
     // Reconnected: a read of the change log after connections were allowed again. A new
     // session reads once at its start, so only now does a change test the notification.
     eventually(
@@ -124,13 +127,17 @@ async fn rows_with_an_unusable_url_are_skipped_and_counted() {
     assert_eq!(r.metric("redirector_links").await, 1.0);
     assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
     assert_eq!(
-        common::request(r.http, Method::GET, "/broken")
+        shared::testkit::http::request(r.http, Method::GET, "/broken")
             .await
+            .expect("an answer")
             .status(),
         404
     );
     assert_eq!(
-        common::request(r.http, Method::GET, "/good").await.status(),
+        shared::testkit::http::request(r.http, Method::GET, "/good")
+            .await
+            .expect("an answer")
+            .status(),
         302
     );
     assert!(r

@@ -1,9 +1,7 @@
 //! `--clicks off` records nothing; `--clicks direct` writes one row per redirect itself,
 //! without a collector.
 
-mod common;
-
-use common::{fixture, load::Load, redirector, rows};
+use redirector::testkit::{fixture, load::Load, redirector, rows};
 
 #[tokio::test]
 async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
@@ -21,7 +19,7 @@ async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
 #[tokio::test]
 async fn off_mode_redirects_and_records_nothing() {
     let f = fixture(&[("quiet", "https://example.com/")]).await;
-    let _collector = common::collector(&f.db.url, &f.socket).await;
+    let _collector = redirector::testkit::collector(&f.db.url, &f.socket).await;
     let r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
     r.ready().await;
     let report = Load::get(r.http, "/quiet").run(2_000).await;
@@ -51,27 +49,31 @@ async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
     let mut r = redirector(&f.db.url, &f.socket, &flags).await;
     r.ready().await;
     let running = Load::get(r.http, "/cutoff").start();
-    shared::testkit::eventually("rows being written", common::LIMIT, || async {
+    shared::testkit::eventually("rows being written", redirector::testkit::LIMIT, || async {
         (rows(&f.client, Some("cutoff")).await >= 200).then_some(())
     })
     .await;
     r.service.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(r.service.wait_exit(common::LIMIT).await.success());
+    assert!(r
+        .service
+        .wait_exit(redirector::testkit::LIMIT)
+        .await
+        .success());
     // INSERTs the server had already been sent still run after the process is gone.
     let busy = "SELECT count(*) FROM pg_stat_activity
                 WHERE datname = current_database() AND pid <> pg_backend_pid()";
     shared::testkit::eventually(
         "the redirector's sessions to end",
-        common::LIMIT,
+        redirector::testkit::LIMIT,
         || async {
             let n: i64 = f.client.query_one(busy, &[]).await.unwrap().get(0);
             (n == 0).then_some(())
         },
     )
     .await;
-    let (sent, dropped) = common::final_counts(&r.service.log());
+    let (sent, dropped) = redirector::testkit::final_counts(&r.service.log());
     assert_eq!(dropped, 0);
     assert_eq!(rows(&f.client, Some("cutoff")).await, sent);
-    assert_eq!(common::final_redirects(&r.service.log()), sent);
+    assert_eq!(redirector::testkit::final_redirects(&r.service.log()), sent);
     running.await.unwrap();
 }

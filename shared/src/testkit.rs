@@ -1,10 +1,19 @@
 //! Test support beside the PostgreSQL harness: the workspace's real binaries, and bounded
-//! waits on conditions instead of sleeps.
+//! waits on conditions instead of sleeps. What both services' tests use lives here once:
+//! starting the collector (`services`), the HTTP client (`http`), reading the clicks back
+//! (`db`).
+
+pub mod db;
+pub mod http;
+pub mod services;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Upper bound for anything the tests await.
+pub const LIMIT: Duration = Duration::from_secs(60);
 
 /// The path of workspace binary `name` in the same profile as the running test, built (or
 /// brought up to date) by cargo once per test process: a test of one crate may spawn another
