@@ -271,3 +271,35 @@ pub fn send_as_user(
         },
     }
 }
+
+/// Checks that every flag of `command` whose value is a `DURATION` refuses zero and absurd
+/// values with the reason, as [`crate::flags::duration`] does: a flag parsed another way
+/// could take `0s` and panic a timer later. `required` are the arguments the command needs
+/// besides the flag tried.
+pub fn assert_duration_flags_refuse_zero_and_absurd(command: clap::Command, required: &[&str]) {
+    let flags: Vec<String> = command
+        .get_arguments()
+        .filter(|a| {
+            a.get_value_names()
+                .is_some_and(|v| v.iter().any(|n| n == "DURATION"))
+        })
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    assert!(
+        !flags.is_empty(),
+        "no DURATION flags in {}",
+        command.get_name()
+    );
+    for flag in &flags {
+        for (value, why) in [("0s", "more than zero"), ("400days", "365 days")] {
+            let args = [command.get_name(), flag, value];
+            let err = command
+                .clone()
+                .try_get_matches_from(args.iter().copied().chain(required.iter().copied()))
+                .err()
+                .unwrap_or_else(|| panic!("{flag} {value} was taken"))
+                .to_string();
+            assert!(err.contains(why), "{flag} {value}: {err}");
+        }
+    }
+}
