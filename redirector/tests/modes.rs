@@ -1,7 +1,8 @@
 //! `--clicks off` records nothing; `--clicks direct` writes one row per redirect itself,
 //! without a collector.
 
-use redirector::testkit::{fixture, load::Load, redirector, rows};
+use nix::sys::signal::Signal;
+use redirector::testkit::{await_rows, fixture, load::Load, redirector, rows, LIMIT};
 
 #[tokio::test]
 async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
@@ -20,14 +21,23 @@ async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
 async fn off_mode_redirects_and_records_nothing() {
     let f = fixture(&[("quiet", "https://example.com/")]).await;
     let _collector = redirector::testkit::collector(&f.db.url, &f.socket).await;
-    let r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
+    let mut r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
     r.ready().await;
     let report = Load::get(r.http, "/quiet").run(2_000).await;
     assert_eq!(report.count(302), 2_000, "{report:?}");
     assert_eq!(r.metric("redirector_redirects_total").await, 2_000.0);
     assert_eq!(r.metric("redirector_clicks_queued_total").await, 0.0);
     assert_eq!(r.metric("redirector_clicks_sent_total").await, 0.0);
-    assert_eq!(rows(&f.client, None).await, 0);
+
+    // A stop sends whatever the redirector still held. A marker click sent after it queues
+    // behind all of that on the collector's socket, so once the marker is a row, any click of
+    // the redirector's would be one too: the one row must be the marker's.
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    let marker = [("marker".to_owned(), shared::now_us())];
+    collector::testkit::send_all(&f.socket, collector::testkit::datagrams(1, &marker)).await;
+    await_rows(&f.client, Some("marker"), 1).await;
+    assert_eq!(rows(&f.client, None).await, 1, "only the marker is a row");
 }
 
 /// Requests cut off while their INSERT is under way (a stop that gives requests in flight

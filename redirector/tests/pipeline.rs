@@ -34,7 +34,6 @@ async fn twenty_thousand_gets_become_twenty_thousand_rows() {
     assert_eq!(r.metric("redirector_clicks_sent_total").await, 20_000.0);
     assert_eq!(r.metric("redirector_redirects_total").await, 20_000.0);
     eprintln!("20,000 GETs: max latency {:?}", gets.max_latency);
-    assert_handlers_did_not_wait(gets.max_latency);
 }
 
 #[tokio::test]
@@ -50,8 +49,14 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
     first.signal(Signal::SIGTERM);
     assert!(first.wait_exit(LIMIT).await.success());
     let sent_before = r.metric("redirector_clicks_sent_total").await;
+    let served_before = r.metric("redirector_redirects_total").await;
     // The outage itself: the scenario's length, not a wait for a condition.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // A handler that waited on the collector's socket would answer nothing until it is back.
+    assert!(
+        r.metric("redirector_redirects_total").await > served_before,
+        "redirects are answered while the collector is away"
+    );
     let held = r.metric("redirector_ring_depth").await;
     assert!(
         held > 0.0,
@@ -87,7 +92,6 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         report.count(302),
         report.max_latency
     );
-    assert_handlers_did_not_wait(report.max_latency);
 }
 
 #[tokio::test]
@@ -193,15 +197,6 @@ async fn sigterm_with_the_collector_away_counts_the_ring_as_dropped_at_shutdown(
         (0, 3_000)
     );
     assert_eq!(rows(&f.client, None).await, 0);
-}
-
-/// Handlers never wait on the collector's socket: one that did would take most of a 3 s
-/// collector outage. The bound is far above any ordinary request, so a slow machine passes.
-fn assert_handlers_did_not_wait(max_latency: Duration) {
-    assert!(
-        max_latency < Duration::from_millis(1_500),
-        "a request took {max_latency:?}: did a handler wait on the socket?"
-    );
 }
 
 async fn dropped(r: &redirector::testkit::Redirector) -> f64 {
