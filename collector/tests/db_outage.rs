@@ -6,13 +6,6 @@ use std::time::Duration;
 use collector::testkit::*;
 use shared::pgtest;
 
-async fn health(c: &Collector) -> u16 {
-    shared::testkit::http::get(c.admin, "/healthz")
-        .await
-        .unwrap()
-        .0
-}
-
 /// Polls of an unchanged value that show the receiver stalled: ten in a row span well over
 /// the 40 ms between the late sender's datagrams.
 const STALLED_POLLS: u32 = 10;
@@ -59,7 +52,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     shared::testkit::eventually(
         "/healthz to say 503 while the database is down",
         LIMIT,
-        || async { (health(&c).await == 503).then_some(()) },
+        || async { (c.health().await == 503).then_some(()) },
     )
     .await;
     // Clicks keep arriving, paced, during the outage and after it.

@@ -208,13 +208,7 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     send_all(&p.path, vec![datagram(10, 0, "later", 100)]).await;
     await_rows(&p.client, None, 104).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 104.0);
-    assert_eq!(
-        shared::testkit::http::get(c.admin, "/healthz")
-            .await
-            .unwrap()
-            .0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,13 +99,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
             "{series}"
         );
     }
-    assert_eq!(
-        shared::testkit::http::get(c.admin, "/healthz")
-            .await
-            .unwrap()
-            .0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 /// Datagrams that are wrong in each way the wire format names, plus an empty one and one
@@ -180,13 +174,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
         .log()
         .iter()
         .any(|l| l.contains("rejected a datagram")));
-    assert_eq!(
-        shared::testkit::http::get(c.admin, "/healthz")
-            .await
-            .unwrap()
-            .0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

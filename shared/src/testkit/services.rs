@@ -52,6 +52,14 @@ impl Collector {
         await_healthy("collector", self.admin).await;
     }
 
+    /// The status `/healthz` answers now.
+    pub async fn health(&self) -> u16 {
+        http::get(self.admin, "/healthz")
+            .await
+            .expect("GET /healthz")
+            .0
+    }
+
     pub async fn metrics(&self) -> String {
         http::get(self.admin, "/metrics")
             .await
