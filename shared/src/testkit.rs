@@ -71,7 +71,13 @@ pub struct Service {
     name: String,
     child: std::process::Child,
     lines: std::sync::Arc<Mutex<Vec<String>>>,
+    /// Set once stderr is read to its end.
+    read_all: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long [`Service::wait_exit`] waits, after the exit, for the last stderr lines: a process
+/// the service started may still hold the pipe open, so its end is not always seen.
+const LAST_LINES: Duration = Duration::from_secs(5);
 
 impl Service {
     /// Starts `cmd` with stderr captured.
@@ -84,6 +90,8 @@ impl Service {
         let stderr = child.stderr.take().expect("piped");
         let lines = std::sync::Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
+        let read_all = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let at_end = read_all.clone();
         let tag = name.to_owned();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr)
@@ -93,11 +101,13 @@ impl Service {
                 eprintln!("[{tag}] {line}");
                 sink.lock().unwrap().push(line);
             }
+            at_end.store(true, std::sync::atomic::Ordering::Release);
         });
         Service {
             name: name.to_owned(),
             child,
             lines,
+            read_all,
         }
     }
 
@@ -146,15 +156,23 @@ impl Service {
             .unwrap_or_else(|e| panic!("signalling {}: {e}", self.name));
     }
 
-    /// Waits for the process to exit, for at most `limit`.
+    /// Waits for the process to exit, for at most `limit`, and then for its last stderr lines
+    /// to be in [`Service::log`] (the reader may be behind the exit).
     pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let what = format!("{} to exit", self.name);
         let child = Mutex::new(&mut self.child);
-        eventually(&what, limit, || {
+        let status = eventually(&what, limit, || {
             let status = child.lock().unwrap().try_wait().ok().flatten();
             async move { status }
         })
-        .await
+        .await;
+        let read = Instant::now();
+        while !self.read_all.load(std::sync::atomic::Ordering::Acquire)
+            && read.elapsed() < LAST_LINES
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        status
     }
 }
 
