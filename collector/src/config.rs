@@ -297,13 +297,13 @@ mod tests {
             .lines()
             .find_map(|l| l.strip_prefix("TimeoutStopSec="))
             .expect("TimeoutStopSec in collector.service");
-        let stop = humantime::parse_duration(stop.trim()).unwrap();
+        let stop = shared::flags::duration(stop.trim()).unwrap();
         let mut command = <Cli as clap::CommandFactory>::command();
         let write_timeout = command
             .get_arguments()
             .find(|a| a.get_long() == Some("write-timeout"))
             .and_then(|a| a.get_default_values().first()?.to_str())
-            .map(|d| humantime::parse_duration(d).unwrap())
+            .map(|d| shared::flags::duration(d).unwrap())
             .expect("a default --write-timeout");
         assert!(
             stop > 2 * write_timeout,
@@ -317,6 +317,12 @@ mod tests {
     }
 
     #[test]
+    fn every_duration_flag_refuses_zero_and_absurd_values() {
+        let command = <Cli as clap::CommandFactory>::command();
+        shared::testkit::assert_duration_flags_refuse_zero_and_absurd(command, &[]);
+    }
+
+    #[test]
     fn migrate_needs_only_the_database() {
         let cli = parse(&["migrate", "--database-url", "host=/tmp"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Migrate)));
@@ -325,10 +331,13 @@ mod tests {
 
     #[test]
     fn the_database_url_is_required() {
-        if std::env::var_os("DATABASE_URL").is_some() {
-            return;
-        }
-        let err = parse(&[]).unwrap().database_url().unwrap_err();
+        // Whatever this process's environment holds: the command's DATABASE_URL fallback is
+        // taken off (process env is not changed, which would race the other tests' threads).
+        let command = <Cli as clap::CommandFactory>::command()
+            .mut_arg("database_url", |a| a.env(None::<&str>));
+        let matches = command.try_get_matches_from(["collector"]).unwrap();
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let err = cli.database_url().unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         assert!(err.to_string().contains("--database-url"), "{err}");
     }

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use shared::throttle::Throttle;
 use tokio_postgres::Client;
 
 /// The lock's key: a 64-bit hash of the instance name, prefixed so that it cannot meet the
@@ -24,28 +25,27 @@ const TRY_LOCK: &str =
 const POLL: Duration = Duration::from_millis(100);
 
 /// Takes the lock of `instance` for `client`'s session, waiting while another session holds
-/// it. Kept until the session ends. `*waiting` (false when called) is true while another
-/// session holds the lock, so that a caller that gives up can tell that from a database that
-/// does not answer.
+/// it. Kept until the session ends. `wait` (a fresh [`Throttle::per_outage`]) is in a run
+/// while another session holds the lock, so that a caller that gives up can tell that from a
+/// database that does not answer; the wait is logged once, and its end.
 pub async fn take(
     client: &Client,
     instance: &str,
-    waiting: &mut bool,
+    wait: &mut Throttle,
 ) -> Result<(), tokio_postgres::Error> {
     loop {
         let row = client.query_one(TRY_LOCK, &[&instance]).await?;
         if row.get::<_, bool>(0) {
-            if std::mem::take(waiting) {
+            if wait.end().is_some() {
                 tracing::info!("took the lock of instance {instance:?}: the other writer is gone");
             }
             return Ok(());
         }
-        if !*waiting {
+        if wait.hit().is_some() {
             tracing::info!(
                 "waiting for the lock of instance {instance:?}: another collector of this \
                  instance, or an abandoned connection of this one, is still writing"
             );
-            *waiting = true;
         }
         tokio::time::sleep(POLL).await;
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shared::throttle::Throttle;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
@@ -58,7 +59,8 @@ pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metric
     let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
-    let mut failing = false;
+    // One warning per outage; each look's retry would repeat it.
+    let mut outage = Throttle::per_outage();
     // The partitions were seen to at start; pruning rides on a fold or on the first look after
     // an interval without one.
     let long_ago = Instant::now() - policy.fold.interval;
@@ -72,7 +74,7 @@ pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metric
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 metrics.db_reachable.store(true, Relaxed);
-                if std::mem::take(&mut failing) {
+                if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
                 }
             }
@@ -80,8 +82,7 @@ pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metric
                 conn = None;
                 metrics.db_errors.inc();
                 metrics.db_reachable.store(false, Relaxed);
-                // One warning per outage; each look's retry would repeat it.
-                if !std::mem::replace(&mut failing, true) {
+                if outage.hit().is_some() {
                     tracing::warn!("folding, pruning or partitioning: {failure}; retrying");
                 } else {
                     tracing::debug!("folding, pruning or partitioning: {failure}");

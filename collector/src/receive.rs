@@ -13,15 +13,17 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::throttle::Throttle;
 use tokio::time::Instant;
 
 use crate::batch::{Batch, Handoff, Window};
-use crate::intake::{Intake, Outcome, Why};
+use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::senders::{Reply, Senders};
 use crate::socket::{Datagram, Inbox};
+
+mod events;
+use events::Events;
 
 /// Larger than any valid datagram (60 KiB), so a larger one is seen as truncated.
 const BUF_SIZE: usize = 64 * 1024;
@@ -36,7 +38,7 @@ pub struct Receiver {
     buf: Box<[u8]>,
     intake: Intake,
     mirror: Option<Mirror>,
-    metrics: Arc<Metrics>,
+    events: Events,
     batch_rows: usize,
     flush_interval: Duration,
     handoff: Handoff,
@@ -44,11 +46,6 @@ pub struct Receiver {
     current: Option<Batch>,
     /// A committed batch back from the writer, emptied, while another fills.
     spare: Option<Batch>,
-    reject_log: Throttle,
-    lost_log: Throttle,
-    mirror_log: Throttle,
-    recv_log: Throttle,
-    reply_log: Throttle,
 }
 
 /// What woke the loop.
@@ -84,17 +81,12 @@ impl Receiver {
             buf: vec![0; BUF_SIZE].into_boxed_slice(),
             intake: Intake::new(senders, settings.window, settings.allowed_uids, BUF_SIZE),
             mirror,
-            metrics,
+            events: Events::new(metrics),
             batch_rows: settings.batch_rows,
             flush_interval: settings.flush_interval,
             handoff,
             current: Some(Batch::default()),
             spare: None,
-            reject_log: Throttle::default(),
-            lost_log: Throttle::default(),
-            mirror_log: Throttle::default(),
-            recv_log: Throttle::default(),
-            reply_log: Throttle::default(),
         }
     }
 
@@ -111,9 +103,7 @@ impl Receiver {
                 Event::Received(Ok(Some(datagram))) => self.take(datagram)?,
                 Event::Received(Ok(None)) => {}
                 Event::Received(Err(e)) => {
-                    if let Some(held) = self.recv_log.allow() {
-                        tracing::warn!("receiving: {e} ({held} more errors not logged)");
-                    }
+                    self.events.receive_failed(&e);
                     // Not a reason to stop; a pause keeps a persistent error from spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -178,26 +168,14 @@ impl Receiver {
         // Closing the full end lets the writer stop once it has handed back what it holds.
         drop(full);
         while let Some(batch) = empty.recv().await {
-            acknowledge(
-                &self.inbox,
-                self.intake.senders(),
-                &batch,
-                &mut self.reply_log,
-                &self.metrics,
-            );
+            acknowledge(&self.inbox, self.intake.senders(), &batch, &mut self.events);
         }
     }
 
     /// A batch back from the writer, committed: acknowledges its senders, then keeps it,
     /// emptied, to fill next.
     fn committed(&mut self, mut batch: Batch) {
-        acknowledge(
-            &self.inbox,
-            self.intake.senders(),
-            &batch,
-            &mut self.reply_log,
-            &self.metrics,
-        );
+        acknowledge(&self.inbox, self.intake.senders(), &batch, &mut self.events);
         batch.clear();
         match self.current {
             None => self.current = Some(batch),
@@ -207,10 +185,10 @@ impl Receiver {
 
     /// Handles one datagram in the buffer; hands the batch over if it is full.
     fn take(&mut self, datagram: Datagram) -> Result<(), WriterGone> {
-        self.metrics.datagrams_received.inc();
+        self.events.received();
         let bytes = &self.buf[..datagram.len];
         if let Some(mirror) = &self.mirror {
-            forward(mirror, bytes, &self.metrics, &mut self.mirror_log);
+            self.events.mirrored(mirror.forward(bytes));
         }
         let batch = self
             .current
@@ -220,55 +198,13 @@ impl Receiver {
         let (outcome, reply) = self.intake.take(bytes, &datagram, batch, now, now_us);
         let full = batch.received() >= self.batch_rows;
         if let Some(reply) = reply {
-            send_reply(&self.inbox, reply, &mut self.reply_log, &self.metrics);
+            send_reply(&self.inbox, reply, &mut self.events);
         }
-        self.count(outcome);
+        self.events.outcome(outcome, self.intake.senders().len());
         if full {
             self.hand_over()?;
         }
         Ok(())
-    }
-
-    /// The metrics and log lines of one datagram's outcome.
-    fn count(&mut self, outcome: Outcome) {
-        let m = &self.metrics;
-        match outcome {
-            Outcome::Rejected(why) => self.reject(&why),
-            Outcome::Duplicate => m.datagrams_duplicate.inc(),
-            Outcome::Ahead => m.datagrams_out_of_order.inc(),
-            Outcome::Accepted {
-                sender,
-                seq,
-                clicks,
-                lost,
-                evicted,
-            } => {
-                m.clicks_received.add(clicks as u64);
-                m.pending_clicks.add(clicks as i64);
-                m.senders_evicted.add(evicted as u64);
-                m.senders.set(self.intake.senders().len() as i64);
-                if lost > 0 {
-                    m.datagrams_lost.add(lost);
-                    if let Some(held) = self.lost_log.allow() {
-                        tracing::warn!(
-                            "sender {sender:016x}: {lost} datagrams lost before seq {seq} ({held} \
-                             more gaps not logged)"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Counts a rejected datagram; `why` is formatted only when the line is logged.
-    fn reject(&mut self, why: &Why) {
-        let reason = why.reason();
-        self.metrics.datagrams_rejected.inc(reason);
-        if let Some(held) = self.reject_log.allow() {
-            tracing::warn!(
-                "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"
-            );
-        }
     }
 
     /// Sends the current batch to the writer and goes on with the spare one, if it is back.
@@ -284,48 +220,17 @@ impl Receiver {
 }
 
 /// Tells every sender of a committed batch what is committed.
-fn acknowledge(
-    inbox: &Inbox,
-    senders: &mut Senders,
-    batch: &Batch,
-    log: &mut Throttle,
-    metrics: &Metrics,
-) {
+fn acknowledge(inbox: &Inbox, senders: &mut Senders, batch: &Batch, events: &mut Events) {
     let now = Instant::now();
     for (sender, seq) in batch.senders() {
         if let Some(reply) = senders.commit(sender, seq, now) {
-            send_reply(inbox, reply, log, metrics);
+            send_reply(inbox, reply, events);
         }
     }
 }
 
-/// Sends an acknowledgement or a resend request, never waiting; counts what was not sent.
-fn send_reply(inbox: &Inbox, reply: Reply, log: &mut Throttle, metrics: &Metrics) {
-    match inbox.send_to(&reply.ack.encode(), &reply.to) {
-        Ok(()) if reply.ack.resend_from.is_some() => metrics.resend_requests.inc(),
-        Ok(()) => metrics.acks_sent.inc(),
-        Err(e) => {
-            metrics.acks_failed.inc();
-            if let Some(held) = log.allow() {
-                tracing::warn!(
-                    "acknowledging sender {:016x} at {}: {e} ({held} more failures not logged)",
-                    reply.ack.sender,
-                    reply.to
-                );
-            }
-        }
-    }
-}
-
-/// Forwards a datagram to `--mirror`, never waiting; counts what was not forwarded.
-fn forward(mirror: &Mirror, bytes: &[u8], metrics: &Metrics, log: &mut Throttle) {
-    match mirror.forward(bytes) {
-        Ok(()) => metrics.mirror_sent.inc(),
-        Err(e) => {
-            metrics.mirror_failed.inc();
-            if let Some(held) = log.allow() {
-                tracing::warn!("mirror: {e} ({held} more failures not logged)");
-            }
-        }
-    }
+/// Sends an acknowledgement or a resend request, never waiting.
+fn send_reply(inbox: &Inbox, reply: Reply, events: &mut Events) {
+    let sent = inbox.send_to(&reply.ack.encode(), &reply.to);
+    events.replied(&reply, sent);
 }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use shared::throttle::Throttle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -230,7 +231,7 @@ async fn try_prepare(
     metrics: &Metrics,
 ) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
-    lock::take(&client, instance, &mut false).await?;
+    lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
     maintenance::keep_partitions(&client, upkeep, metrics, shared::now_us()).await?;
     Ok(Start {

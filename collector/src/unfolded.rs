@@ -193,7 +193,7 @@ impl State {
 mod tests {
     use super::*;
     use crate::batch::Window;
-    use shared::wire::{Batch as Datagram, Click};
+    use shared::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {
         let clicks = codes

@@ -5,6 +5,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shared::throttle::Throttle;
+
 use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
@@ -169,14 +171,16 @@ impl Writer {
         number: &BatchNumber,
         sift: bool,
     ) -> Result<Outcome, Failure> {
-        let mut waiting = false;
+        // Kept outside the attempt, which a timeout drops: it tells a lock held by another
+        // session from a database that does not answer.
+        let mut wait = Throttle::per_outage();
         let (db, slot) = (&self.db, &mut self.conn);
         let attempt = async {
             let conn = match slot {
                 Some(conn) => conn,
                 slot => {
                     let client = db.connect().await?;
-                    lock::take(&client, &number.instance, &mut waiting).await?;
+                    lock::take(&client, &number.instance, &mut wait).await?;
                     slot.insert(Conn::prepare(client).await?)
                 }
             };
@@ -184,7 +188,7 @@ impl Writer {
         };
         let result = timed(self.timeout, attempt).await;
         match result {
-            Err(Failure::Timeout(limit)) if waiting => Err(Failure::LockHeld(limit)),
+            Err(Failure::Timeout(limit)) if wait.in_run() => Err(Failure::LockHeld(limit)),
             result => result,
         }
     }

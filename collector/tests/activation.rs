@@ -1,14 +1,12 @@
 //! Socket activation as systemd does it: the socket is bound by someone else, passed as fd 3
 //! with LISTEN_FDS/LISTEN_PID, and outlives the collector with its queued datagrams.
 
-mod common;
-
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use collector::testkit::*;
 use nix::sys::signal::Signal;
 use shared::pgtest::TestDb;
 
@@ -36,7 +34,7 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     notify.set_read_timeout(Some(LIMIT)).unwrap();
     let sent = clicks(9_000, 40, start_us(), 13);
     let grams = datagrams(21, &sent);
-    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
+    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
     let sender = connect(&p.path);
 
     // Queued before any collector runs, as systemd holds them.
@@ -49,7 +47,7 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     ))
     .await;
     assert_eq!(notification(&notify), "READY=1");
-    await_rows(&p.client, per(0)).await;
+    await_rows(&p.client, None, per(0)).await;
     assert!(c
         .service
         .log()
@@ -69,7 +67,7 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
         &notify_path,
     ))
     .await;
-    await_rows(&p.client, per(0) + per(1)).await;
+    await_rows(&p.client, None, per(0) + per(1)).await;
     assert!(!p.dir.path().join("not-bound.sock").exists());
 }
 
@@ -95,6 +93,6 @@ async fn the_admin_listener_passed_by_name_is_used_beside_the_datagram_socket() 
     c.ready().await;
     let sent = clicks(100, 4, start_us(), 5);
     connect(&p.path).send(&datagrams(1, &sent)[0]).unwrap();
-    await_rows(&p.client, 100).await;
+    await_rows(&p.client, None, 100).await;
     assert!(!p.dir.path().join("not-bound.sock").exists());
 }

@@ -1,16 +1,10 @@
 //! PostgreSQL stopped and started again under the running collector. Its own test binary,
 //! so the outage hits only this test's private cluster.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use collector::testkit::*;
 use shared::pgtest;
-
-async fn health(c: &Collector) -> u16 {
-    shared::admin::get(c.admin, "/healthz").await.unwrap().0
-}
 
 /// Polls of an unchanged value that show the receiver stalled: ten in a row span well over
 /// the 40 ms between the late sender's datagrams.
@@ -33,7 +27,7 @@ async fn unchanged_for_polls(c: &Collector, series: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     let p = place().await;
-    let mut c = Collector::start(
+    let mut c = start_collector(
         &p.db,
         &p.path,
         &[
@@ -58,7 +52,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     shared::testkit::eventually(
         "/healthz to say 503 while the database is down",
         LIMIT,
-        || async { (health(&c).await == 503).then_some(()) },
+        || async { (c.health().await == 503).then_some(()) },
     )
     .await;
     // Clicks keep arriving, paced, during the outage and after it.
@@ -93,7 +87,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
 
     // The connection from before the outage was cut.
     let client = pgtest::connect(&p.db.url).await;
-    await_rows(&client, sent.len() as i64).await;
+    await_rows(&client, None, sent.len() as u64).await;
     let mut want = sent.clone();
     want.sort();
     assert_eq!(stored_clicks(&client).await, want, "every click once");

@@ -1,18 +1,16 @@
 //! Hostile input on the real collector: a forged sender id, a uid not allowed, a flood of
 //! fresh sender ids, a flood of garbage while valid clicks flow, and a row PostgreSQL refuses.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use collector::testkit::*;
 use shared::testkit::XorShift;
-use shared::wire::{Batch, Click, Encoder, DEFAULT_DATAGRAM, VERSION};
+use shared::wire::{Click, Datagram, Encoder, DEFAULT_DATAGRAM, VERSION};
 
 /// A datagram of `sender` at `seq` with `clicks` clicks of `code`, stamped now.
 fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
     let click = Click { code, offset_us: 0 };
-    let batch = Batch {
+    let batch = Datagram {
         version: VERSION,
         sender,
         seq,
@@ -25,10 +23,10 @@ fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_sender_id_from_another_process_is_rejected_and_the_real_senders_clicks_land() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let real = connect(&p.path);
     real.send(&datagram(77, 0, "real", 10)).unwrap();
-    await_rows(&p.client, 10).await;
+    await_rows(&p.client, None, 10).await;
     // Another process (the same uid) claims the id: a seq far ahead, and the very next one.
     let uid = nix::unistd::getuid().as_raw();
     for seq in [9_000_000_000_000_000_000, 1] {
@@ -42,7 +40,7 @@ async fn a_forged_sender_id_from_another_process_is_rejected_and_the_real_sender
     for seq in 1..=3 {
         real.send(&datagram(77, seq, "real", 10)).unwrap();
     }
-    await_rows(&p.client, 40).await;
+    await_rows(&p.client, None, 40).await;
     let forged = "SELECT count(*) FROM clicks WHERE code = 'forged'";
     assert_eq!(count(&p.client, forged).await, 0);
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
@@ -53,7 +51,7 @@ async fn only_the_uids_allowed_are_taken() {
     let p = place().await;
     let uid = nix::unistd::getuid().as_raw().to_string();
     let flags = ["--allow-uid", &uid, "--socket-mode", "0666"];
-    let c = Collector::start(&p.db, &p.path, &flags).await;
+    let c = start_collector(&p.db, &p.path, &flags).await;
     // The directories must let the other user reach the socket.
     for dir in [p.dir.path(), p.path.parent().unwrap()] {
         let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
@@ -66,7 +64,7 @@ async fn only_the_uids_allowed_are_taken() {
     )
     .await;
     send_all(&p.path, vec![datagram(6, 0, "mine", 4)]).await;
-    await_rows(&p.client, 4).await;
+    await_rows(&p.client, None, 4).await;
     assert_eq!(
         count(
             &p.client,
@@ -80,7 +78,7 @@ async fn only_the_uids_allowed_are_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_bounded() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let flood =
         |ids: std::ops::Range<u64>| ids.map(|id| datagram(id, 0, "x", 0)).collect::<Vec<_>>();
     // Warm up: the allocator and the batches reach their working size.
@@ -94,7 +92,7 @@ async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_b
     let after = shared::testkit::rss_kib(c.service.pid());
     // A marker sent last: once its row is in, every batch before it is committed.
     send_all(&p.path, vec![datagram(2_000_000, 0, "marker", 1)]).await;
-    await_rows(&p.client, 1).await;
+    await_rows(&p.client, None, 1).await;
     assert!(
         after <= before + 8 * 1024,
         "RSS grew from {before} KiB to {after} KiB over 900,000 fresh sender ids"
@@ -137,7 +135,7 @@ impl Noise {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let mut noise = Noise(XorShift(0x2545_f491_4f6c_dd1d));
     let template = datagram(3, 0, "template", 5);
     let garbage: Vec<Vec<u8>> = (0..1_000_000).map(|_| noise.garbage(&template)).collect();
@@ -163,7 +161,7 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
         .await;
     let before = shared::testkit::rss_kib(c.service.pid());
     send_all(&p.path, rest.to_vec()).await;
-    await_rows(&p.client, seq as i64 * 50).await;
+    await_rows(&p.client, None, seq * 50).await;
     let total = all.len() as f64;
     c.await_metric("collector_datagrams_received_total", total)
         .await;
@@ -186,14 +184,14 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
         .batch_execute("ALTER TABLE clicks ADD CONSTRAINT no_poison CHECK (code <> 'poison')")
         .await
         .unwrap();
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
     let now = shared::now_us();
     for (i, code) in ["a", "b", "poison", "c", "d"].into_iter().enumerate() {
         enc.push(code, now + i as i64).unwrap();
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
-    await_rows(&p.client, 4).await;
+    await_rows(&p.client, None, 4).await;
     c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
         .await;
     let aside = "SELECT code || ' ' || reason || ' ' || (error LIKE '%no_poison%')::text
@@ -208,12 +206,9 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     );
     // The pipeline keeps going.
     send_all(&p.path, vec![datagram(10, 0, "later", 100)]).await;
-    await_rows(&p.client, 104).await;
+    await_rows(&p.client, None, 104).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 104.0);
-    assert_eq!(
-        shared::admin::get(c.admin, "/healthz").await.unwrap().0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,13 +218,18 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         .batch_execute("ALTER TABLE clicks ADD CONSTRAINT nothing CHECK (code = 'nothing')")
         .await
         .unwrap();
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     send_all(&p.path, vec![datagram(11, 0, "held", 20)]).await;
     c.service
         .wait_for_log("every click of a batch of 20 refused", LIMIT)
         .await;
     shared::testkit::eventually("/healthz to say 503", LIMIT, || async {
-        (shared::admin::get(c.admin, "/healthz").await.ok()?.0 == 503).then_some(())
+        (shared::testkit::http::get(c.admin, "/healthz")
+            .await
+            .ok()?
+            .0
+            == 503)
+            .then_some(())
     })
     .await;
     assert_eq!(
@@ -241,7 +241,7 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         .batch_execute("ALTER TABLE clicks DROP CONSTRAINT nothing")
         .await
         .unwrap();
-    await_rows(&p.client, 20).await;
+    await_rows(&p.client, None, 20).await;
     c.ready().await;
     assert_eq!(
         c.metric("collector_clicks_set_aside_total{reason=\"refused\"}")

@@ -3,12 +3,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use shared::testkit::{binary, eventually, Service};
-
-const LIMIT: Duration = Duration::from_secs(60);
+use shared::testkit::db::await_rows;
+use shared::testkit::services::Collector;
+use shared::testkit::{binary, eventually, Service, LIMIT};
 
 fn clicktap(args: &[&str], socket: &Path) -> Command {
     let mut cmd = Command::new(binary("clicktap"));
@@ -50,19 +49,6 @@ fn tapped_clicks(out: &Path) -> usize {
         .sum()
 }
 
-async fn await_rows(client: &tokio_postgres::Client, n: i64) {
-    let what = format!("{n} rows in clicks");
-    let count = || async {
-        let row = client.query_one("SELECT count(*) FROM clicks", &[]).await;
-        row.unwrap().get::<_, i64>(0)
-    };
-    eventually(&what, LIMIT, || async {
-        (count().await >= n).then_some(())
-    })
-    .await;
-    assert_eq!(count().await, n, "clicks holds more rows than were sent");
-}
-
 async fn await_tapped(out: &Path, n: usize) {
     let what = format!("clicktap listen to show {n} clicks");
     eventually(&what, LIMIT, || async {
@@ -90,28 +76,16 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
     let mut listen = Service::spawn("clicktap listen", listen_cmd);
     listen.wait_for_log("listening on", LIMIT).await;
 
-    let mut collector_cmd = Command::new(binary("collector"));
-    collector_cmd
-        .arg("--database-url")
-        .arg(&db.url)
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--mirror")
-        .arg(&tap)
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .env_remove("LISTEN_FDS")
-        .env_remove("NOTIFY_SOCKET");
-    let mut collector = Service::spawn("collector", collector_cmd);
-    collector.wait_for_log("ready:", LIMIT).await;
+    let mirror = ["--mirror", tap.to_str().unwrap()];
+    let mut collector = Collector::start(&db.url, &socket, &mirror).await;
 
     // Two rounds, each seen by the tap and written by the collector before the next starts.
     send(&socket, "11", 500).await;
     await_tapped(&tap_out, 500).await;
-    await_rows(&client, 500).await;
+    await_rows(&client, None, 500).await;
     send(&socket, "12", 300).await;
     await_tapped(&tap_out, 800).await;
-    await_rows(&client, 800).await;
+    await_rows(&client, None, 800).await;
 
     listen.signal(Signal::SIGTERM);
     assert!(listen.wait_exit(LIMIT).await.success());
@@ -119,8 +93,8 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
 
     // With nobody on the mirror, the collector still writes everything.
     send(&socket, "13", 200).await;
-    await_rows(&client, 1000).await;
+    await_rows(&client, None, 1000).await;
 
-    collector.signal(Signal::SIGTERM);
-    assert!(collector.wait_exit(LIMIT).await.success());
+    collector.service.signal(Signal::SIGTERM);
+    assert!(collector.service.wait_exit(LIMIT).await.success());
 }

@@ -3,15 +3,13 @@
 //! retention that drops old days while their totals stay, and the migration of a populated
 //! unpartitioned table.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use collector::compact;
 use collector::maintenance::{self, Policy};
 use collector::metrics::Metrics;
-use common::*;
+use collector::testkit::*;
 use shared::pgtest;
 use shared::wire::{Encoder, DEFAULT_DATAGRAM};
 
@@ -92,7 +90,7 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
 async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands() {
     let p = place().await;
     let window = ["--max-click-age", "1d", "--max-click-skew", "5m"];
-    let c = Collector::start(&p.db, &p.path, &window).await;
+    let c = start_collector(&p.db, &p.path, &window).await;
     let now = shared::now_us();
     let mut enc = Encoder::new(31, DEFAULT_DATAGRAM).unwrap();
     // One click two days old, one an hour ahead, and clicks of now around them. The encoder
@@ -110,7 +108,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
         enc.next();
     }
     send_all(&p.path, grams).await;
-    await_rows(&p.client, 3).await;
+    await_rows(&p.client, None, 3).await;
     c.await_metric("collector_clicks_set_aside_total{reason=\"too_old\"}", 1.0)
         .await;
     c.await_metric("collector_clicks_set_aside_total{reason=\"too_new\"}", 1.0)

@@ -1,12 +1,10 @@
 //! The real collector binary against real sockets and the private PostgreSQL.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::Instant;
 
-use common::*;
+use collector::testkit::*;
 use nix::sys::signal::Signal;
 use shared::pgtest;
 use shared::socket::SendErrorKind;
@@ -15,13 +13,13 @@ use shared::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_clicks_land_exactly_with_totals() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &["--compact-interval", "3s"]).await;
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "3s"]).await;
     // ~0.6 s apart: 100,000 clicks span 17 hours, across a UTC midnight.
     let sent = clicks(100_000, 997, start_us(), 600_011);
     let grams = datagrams(0xfeed, &sent);
     let started = Instant::now();
     send_all(&p.path, grams.clone()).await;
-    await_rows(&p.client, 100_000).await;
+    await_rows(&p.client, None, 100_000).await;
     let took = started.elapsed();
     let expected = expected_totals(&sent);
     assert_eq!(totals(&p.client, "click_totals").await, expected);
@@ -68,7 +66,7 @@ async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &["--socket-mode", "0620"]).await;
+    let c = start_collector(&p.db, &p.path, &["--socket-mode", "0620"]).await;
     let mode = std::fs::metadata(&p.path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o620);
     let text = c.metrics().await;
@@ -101,10 +99,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
             "{series}"
         );
     }
-    assert_eq!(
-        shared::admin::get(c.admin, "/healthz").await.unwrap().0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 /// Datagrams that are wrong in each way the wire format names, plus an empty one and one
@@ -144,7 +139,7 @@ fn garbage() -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let bad = garbage();
     let mut want = std::collections::BTreeMap::<&str, f64>::new();
     for g in &bad[..bad.len() - 1] {
@@ -161,7 +156,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     let mut all = bad;
     all.extend(datagrams(5, &good));
     send_all(&p.path, all).await;
-    await_rows(&p.client, 10).await;
+    await_rows(&p.client, None, 10).await;
     let mut sorted = good.clone();
     sorted.sort();
     assert_eq!(stored_clicks(&p.client).await, sorted);
@@ -179,10 +174,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
         .log()
         .iter()
         .any(|l| l.contains("rejected a datagram")));
-    assert_eq!(
-        shared::admin::get(c.admin, "/healthz").await.unwrap().0,
-        200
-    );
+    assert_eq!(c.health().await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,23 +187,23 @@ async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
         "need three datagrams, got {}",
         grams.len()
     );
-    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as i64;
+    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
 
-    let mut c = Collector::start(&p.db, &p.path, &[]).await;
+    let mut c = start_collector(&p.db, &p.path, &[]).await;
     send_all(
         &p.path,
         vec![grams[0].clone(), grams[0].clone(), grams[1].clone()],
     )
     .await;
-    await_rows(&p.client, per(0) + per(1)).await;
+    await_rows(&p.client, None, per(0) + per(1)).await;
     assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
 
     // A new process knows the committed seq from click_senders.
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     send_all(&p.path, vec![grams[1].clone(), grams[2].clone()]).await;
-    await_rows(&p.client, per(0) + per(1) + per(2)).await;
+    await_rows(&p.client, None, per(0) + per(1) + per(2)).await;
     assert_eq!(c.metric("collector_datagrams_duplicate_total").await, 1.0);
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 0.0);
 }
@@ -220,7 +212,7 @@ async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
 async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
     let p = place().await;
     // Long interval and big batches: the burst is still pending when the signal comes.
-    let mut c = Collector::start(
+    let mut c = start_collector(
         &p.db,
         &p.path,
         &["--flush-interval", "1h", "--batch-rows", "1000000"],
@@ -269,7 +261,7 @@ async fn sigterm_right_after_a_burst_writes_every_click_and_exits_0() {
 async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_and_exited() {
     let p = place().await;
     let a = ["--instance", "host-a"];
-    let mut first = Collector::start(&p.db, &p.path, &[a[0], a[1], "--flush-interval", "1h"]).await;
+    let mut first = start_collector(&p.db, &p.path, &[a[0], a[1], "--flush-interval", "1h"]).await;
     let (_second_dir, second_path) = socket_path();
     let second = Collector::spawn(command(&p.db, &second_path, &a)).await;
     second
@@ -278,9 +270,9 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
         .await;
     // Another instance on the same database does not wait for either.
     let (_other_dir, other_path) = socket_path();
-    let other = Collector::start(&p.db, &other_path, &["--instance", "host-b"]).await;
+    let other = start_collector(&p.db, &other_path, &["--instance", "host-b"]).await;
     send_all(&other_path, datagrams(62, &clicks(10, 5, start_us(), 1))).await;
-    await_rows(&p.client, 10).await;
+    await_rows(&p.client, None, 10).await;
 
     // Pending in the first one (the batch is not due) when it is told to stop.
     let sent = clicks(5_000, 50, start_us(), 11);
@@ -289,7 +281,9 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
     first
         .await_metric("collector_datagrams_received_total", grams.len() as f64)
         .await;
-    let (status, body) = shared::admin::get(second.admin, "/healthz").await.unwrap();
+    let (status, body) = shared::testkit::http::get(second.admin, "/healthz")
+        .await
+        .unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(!second_path.exists(), "no socket while it waits");
     first.service.signal(Signal::SIGTERM);
@@ -319,7 +313,7 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_start() {
     let p = place().await;
-    let mut c = Collector::start(&p.db, &p.path, &[]).await;
+    let mut c = start_collector(&p.db, &p.path, &[]).await;
     c.service.signal(Signal::SIGKILL);
     c.service.wait_exit(LIMIT).await;
     assert!(p.path.exists(), "a killed collector leaves its socket file");
@@ -329,15 +323,15 @@ async fn a_stale_socket_file_from_a_killed_collector_does_not_stop_the_next_star
         .unwrap_err();
     assert_eq!(SendErrorKind::of(&err), SendErrorKind::Refused);
 
-    let _c = Collector::start(&p.db, &p.path, &[]).await;
+    let _c = start_collector(&p.db, &p.path, &[]).await;
     send_all(&p.path, datagrams(1, &clicks(5, 5, start_us(), 1))).await;
-    await_rows(&p.client, 5).await;
+    await_rows(&p.client, None, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_collector_is_not_replaced_and_a_plain_file_is_not_removed() {
     let p = place().await;
-    let _live = Collector::start(&p.db, &p.path, &[]).await;
+    let _live = start_collector(&p.db, &p.path, &[]).await;
     // Another instance: one of the same would wait for the live one's lock before binding.
     let other = ["--instance", "another-host"];
     let out = command(&p.db, &p.path, &other).output().unwrap();
@@ -364,7 +358,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
     let tap_path = p.dir.path().join("tap.sock");
     let tap = UnixDatagram::bind(&tap_path).unwrap();
     tap.set_read_timeout(Some(LIMIT)).unwrap();
-    let c = Collector::start(&p.db, &p.path, &["--mirror", tap_path.to_str().unwrap()]).await;
+    let c = start_collector(&p.db, &p.path, &["--mirror", tap_path.to_str().unwrap()]).await;
     let mut grams = datagrams(3, &clicks(2_000, 10, start_us(), 1));
     grams.insert(1, b"not a datagram".to_vec());
     send_all(&p.path, grams.clone()).await;
@@ -373,7 +367,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
         let n = tap.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], &want[..], "datagram {i}");
     }
-    await_rows(&p.client, 2_000).await;
+    await_rows(&p.client, None, 2_000).await;
     let forwarded = grams.len() as f64;
     assert_eq!(c.metric("collector_mirror_sent_total").await, forwarded);
     assert_eq!(c.metric("collector_mirror_failed_total").await, 0.0);
@@ -382,7 +376,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
     drop(tap);
     std::fs::remove_file(&tap_path).unwrap();
     send_all(&p.path, datagrams(4, &clicks(10, 2, start_us(), 1))).await;
-    await_rows(&p.client, 2_010).await;
+    await_rows(&p.client, None, 2_010).await;
     assert_eq!(c.metric("collector_mirror_failed_total").await, 1.0);
     assert_eq!(c.metric("collector_mirror_sent_total").await, forwarded);
 }
@@ -423,7 +417,9 @@ async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
     let (_dir, path) = socket_path();
     let c = Collector::spawn(command(&db, &path, &[])).await;
     c.service.wait_for_log("database not ready", LIMIT).await;
-    let (status, body) = shared::admin::get(c.admin, "/healthz").await.unwrap();
+    let (status, body) = shared::testkit::http::get(c.admin, "/healthz")
+        .await
+        .unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(!path.exists(), "no socket before the database is reached");
 
@@ -435,7 +431,7 @@ async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
     c.ready().await;
     assert!(path.exists());
     send_all(&path, datagrams(2, &clicks(3, 3, start_us(), 1))).await;
-    await_rows(&pgtest::connect(&db.url).await, 3).await;
+    await_rows(&pgtest::connect(&db.url).await, None, 3).await;
     assert!(c.metric("collector_db_errors_total").await >= 1.0);
 }
 
@@ -452,7 +448,7 @@ fn datagram_at(sender: u64, seq: u64, at_us: i64) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     // Sender 1: 0 then 3 (1 and 2 lost). Sender 2 first seen at seq 4 (0 to 3 lost).
     let grams = vec![
         datagram_at(1, 0, start_us()),
@@ -460,7 +456,7 @@ async fn gaps_in_a_senders_seq_are_counted_as_lost_and_logged() {
         datagram_at(2, 4, start_us() + 2),
     ];
     send_all(&p.path, grams).await;
-    await_rows(&p.client, 3).await;
+    await_rows(&p.client, None, 3).await;
     assert_eq!(c.metric("collector_datagrams_lost_total").await, 6.0);
     c.service.wait_for_log("datagrams lost", LIMIT).await;
     assert_eq!(
@@ -481,7 +477,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
         )
         .await
         .unwrap();
-    let c = Collector::start(&p.db, &p.path, &["--compact-interval", "100ms"]).await;
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "100ms"]).await;
     let remaining = "SELECT (SELECT count(*) FROM click_senders WHERE sender = 1)
                           + (SELECT count(*) FROM click_writers WHERE writer = 3)";
     shared::testkit::eventually("the idle rows pruned", LIMIT, || async {
@@ -492,7 +488,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
                      + (SELECT count(*) FROM click_writers WHERE writer = 4)";
     assert_eq!(count(&p.client, kept).await, 2, "rows in use are kept");
     send_all(&p.path, datagrams(9, &clicks(10, 2, start_us(), 1_000))).await;
-    await_rows(&p.client, 10).await;
+    await_rows(&p.client, None, 10).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 10.0);
 }
 
@@ -501,10 +497,10 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
     let p = place().await;
-    let c = Collector::start(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
     let stamped = shared::now_us() - 1_500_000;
     send_all(&p.path, datagrams(8, &clicks(3_000, 10, stamped, 1))).await;
-    await_rows(&p.client, 3_000).await;
+    await_rows(&p.client, None, 3_000).await;
     c.await_metric("collector_commit_lag_seconds_count", 3_000.0)
         .await;
     let bucket = |le: &str| format!("collector_commit_lag_seconds_bucket{{le=\"{le}\"}}");

@@ -2,14 +2,12 @@
 //! of `clicks`, key by key, while several writers commit batches and folds move the counts
 //! into `click_counts`, and when a fold is cut off midway.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use collector::metrics::Metrics;
+use collector::testkit::*;
 use collector::unfolded::Unfolded;
-use common::*;
 use shared::pgtest;
 
 /// Keys whose totals differ from their rows in `clicks`, in one snapshot (one statement).

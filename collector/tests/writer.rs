@@ -1,13 +1,12 @@
 //! The batch writer against the private PostgreSQL: retries never write a batch twice.
 
-mod common;
-
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use collector::batch::Handoff;
 use collector::metrics::Metrics;
-use common::*;
+use collector::testkit::*;
 use shared::pgtest;
 
 /// The instance name the writers of these tests write as.
@@ -20,20 +19,25 @@ async fn a_batch_whose_number_is_committed_is_not_written_again() {
     assert_eq!(second_batch_after(Orphan::Committed).await, (700, 1_700));
 }
 
+/// How long an impatient writer's attempt may take.
+const IMPATIENT: Duration = Duration::from_millis(300);
+
+/// A writer whose attempts time out after [`IMPATIENT`], and its metrics.
+async fn impatient_writer(url: &str) -> (Handoff, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    (
+        writer(url, INSTANCE, IMPATIENT, metrics.clone()).await,
+        metrics,
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let sent = clicks(2_000, 20, start_us(), 1_000);
     let grams = datagrams(41, &sent);
-    let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(
-        &db.url,
-        INSTANCE,
-        Duration::from_millis(300),
-        metrics.clone(),
-    )
-    .await;
+    let (mut handoff, metrics) = impatient_writer(&db.url).await;
 
     // Holding this lock stops every attempt midway, after its COPY into clicks.
     let mut locker = pgtest::connect(&db.url).await;
@@ -86,14 +90,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     let client = pgtest::connect(&db.url).await;
     client.batch_execute(SLOW_COMMIT).await.unwrap();
     let sent = clicks(3_000, 20, start_us(), 1_000);
-    let metrics = Arc::new(Metrics::default());
-    let mut handoff = writer(
-        &db.url,
-        INSTANCE,
-        Duration::from_millis(300),
-        metrics.clone(),
-    )
-    .await;
+    let (mut handoff, metrics) = impatient_writer(&db.url).await;
 
     // The first attempt times out in COMMIT, which the dropped connection's backend still
     // completes a moment later, while retries are under way.
@@ -223,9 +220,13 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     let db = collector::migrations::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
-    collector::lock::take(&holder, INSTANCE, &mut false)
-        .await
-        .unwrap();
+    collector::lock::take(
+        &holder,
+        INSTANCE,
+        &mut shared::throttle::Throttle::per_outage(),
+    )
+    .await
+    .unwrap();
     let holder_pid: i32 = holder
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -233,13 +234,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         .get(0);
     let metrics = Arc::new(Metrics::default());
     metrics.db_reachable.store(true, Relaxed);
-    let mut handoff = writer(
-        &db.url,
-        INSTANCE,
-        Duration::from_millis(300),
-        metrics.clone(),
-    )
-    .await;
+    let mut handoff = writer(&db.url, INSTANCE, IMPATIENT, metrics.clone()).await;
     let grams = datagrams(91, &clicks(500, 20, start_us(), 1_000));
     handoff.full.send(batch_of(&grams)).await.unwrap();
 

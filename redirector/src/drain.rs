@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use shared::backoff::Backoff;
 use shared::socket::SendErrorKind;
-use shared::throttle::Throttle;
-use shared::wire::{BadLimit, Encoder, PushError, MAX_ACK};
+use shared::throttle::{Pass, Throttle};
+use shared::wire::{BadLimit, EncodeError, Encoder, MAX_ACK};
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
@@ -122,8 +122,10 @@ pub struct Drain {
     /// other uid are refused.
     collector_uid: Option<u32>,
     backoff: Backoff,
-    /// The failures since the last send that worked, so a streak is not logged per attempt.
-    failing: Option<Streak>,
+    /// The kind of the failures since the last send that worked, if any.
+    failing: Option<SendErrorKind>,
+    /// Those failures, so that a streak is not logged per attempt.
+    failures: Throttle,
     /// When the last acknowledgement freed the window (or the wait for one began).
     progress: Instant,
     /// When a datagram last entered the window.
@@ -156,6 +158,7 @@ impl Drain {
             collector_uid: None,
             backoff: Backoff::new(RECONNECT_FIRST, RECONNECT_CAP),
             failing: None,
+            failures: Throttle::every(REPORT_EVERY),
             progress: now,
             last_datagram: now,
             refused_log: Throttle::default(),
@@ -261,7 +264,7 @@ impl Drain {
             self.renew_sender_after_idle();
             match self.encoder.push(slot.code(), slot.at_us()) {
                 Ok(()) => budget -= 1,
-                Err(PushError::Full) => {
+                Err(EncodeError::Full) => {
                     self.held = Some(slot);
                     self.seal();
                 }
@@ -332,12 +335,12 @@ impl Drain {
             None => self.metrics.resends.inc(),
         }
         self.backoff.reset();
-        if let Some(streak) = self.failing.take() {
-            if streak.kind != SendErrorKind::QueueFull {
+        if let (Some(kind), Some(lasting)) = (self.failing.take(), self.failures.end()) {
+            if kind != SendErrorKind::QueueFull {
                 tracing::info!(
                     "sending to {} again after {}",
                     self.settings.collector.display(),
-                    seconds(streak.since.elapsed())
+                    seconds(lasting)
                 );
             }
         }
@@ -468,16 +471,14 @@ impl Drain {
     /// so a send that never works (permissions, say) stays visible while the ring fills and
     /// drops. A full queue is ordinary backpressure, not a warning.
     fn note_failure(&mut self, kind: SendErrorKind, err: &io::Error) {
-        let now = Instant::now();
-        let again = match &mut self.failing {
-            Some(streak) if streak.kind == kind => match streak.again(now) {
-                Some(failures) => Some((failures, now - streak.since)),
-                None => return,
-            },
-            _ => {
-                self.failing = Some(Streak::new(kind, now));
-                None
-            }
+        if self.failing.replace(kind) != Some(kind) {
+            self.failures.end();
+        }
+        let again = match self.failures.hit() {
+            None => return,
+            Some(Pass::First) => None,
+            // The failures since the last report, this one included.
+            Some(Pass::Again { held, lasting }) => Some((held + 1, lasting)),
         };
         let held = self.ring.len() as u64 + self.window.clicks();
         let path = self.settings.collector.display();
@@ -498,37 +499,6 @@ impl Drain {
                 self.metrics.clicks_dropped.get(reason::RING_FULL)
             ),
         }
-    }
-}
-
-/// A run of failed sends of one kind.
-struct Streak {
-    kind: SendErrorKind,
-    since: Instant,
-    reported: Instant,
-    /// Failures since the last log line.
-    unreported: u64,
-}
-
-impl Streak {
-    fn new(kind: SendErrorKind, now: Instant) -> Streak {
-        Streak {
-            kind,
-            since: now,
-            reported: now,
-            unreported: 0,
-        }
-    }
-
-    /// Counts one more failure. Once `REPORT_EVERY` has passed since the last report, returns
-    /// how many failed since then (this one included): time to log again.
-    fn again(&mut self, now: Instant) -> Option<u64> {
-        self.unreported += 1;
-        if now - self.reported < REPORT_EVERY {
-            return None;
-        }
-        self.reported = now;
-        Some(std::mem::take(&mut self.unreported))
     }
 }
 
@@ -556,18 +526,5 @@ mod tests {
         assert_eq!(SendErrorKind::of(&enobufs), SendErrorKind::QueueFull);
         assert!(awaits_writability(&eagain));
         assert!(!awaits_writability(&enobufs));
-    }
-
-    #[test]
-    fn a_streak_is_reported_again_each_minute_with_the_failures_since() {
-        let start = Instant::now();
-        let mut streak = Streak::new(SendErrorKind::PermissionDenied, start);
-        let at = |secs| start + Duration::from_secs(secs);
-        assert_eq!(streak.again(at(1)), None);
-        assert_eq!(streak.again(at(59)), None);
-        assert_eq!(streak.again(at(60)), Some(3));
-        assert_eq!(streak.again(at(61)), None);
-        assert_eq!(streak.again(at(119)), None);
-        assert_eq!(streak.again(at(120)), Some(3));
     }
 }

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{reason, Metrics};
-use crate::ring::{PushError, Ring};
+use crate::ring::{Refusal, Ring};
 use bounded::{Conn, Connections};
 use watched::Watched;
 
@@ -106,8 +106,8 @@ impl App {
             Clicks::Pipeline(ring) => {
                 match ring.push(code, shared::now_us()) {
                     Ok(()) => m.clicks_queued.inc(),
-                    Err(PushError::Full) => m.clicks_dropped.inc(reason::RING_FULL),
-                    Err(PushError::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
+                    Err(Refusal::Full) => m.clicks_dropped.inc(reason::RING_FULL),
+                    Err(Refusal::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
                 }
                 m.redirects.inc();
             }

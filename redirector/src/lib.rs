@@ -11,4 +11,6 @@ pub mod metrics;
 pub mod ring;
 pub mod service;
 pub mod table;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod window;

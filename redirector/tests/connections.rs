@@ -2,15 +2,14 @@
 //! connection limit a new client is still served (the connection idle the longest makes room),
 //! and idle, slow-to-send and never-reading clients are closed and counted by reason.
 
-mod common;
-
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use common::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
 use hyper::Method;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use redirector::testkit::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
 use shared::testkit::eventually;
+use shared::testkit::http::request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -133,9 +132,10 @@ async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_30
     await_closed(&r, "evicted", evicted).await;
     assert_eq!(r.metric("redirector_connections").await, FITTED as f64);
 
-    let response = tokio::time::timeout(LIMIT, common::request(r.http, Method::GET, "/c"))
+    let response = tokio::time::timeout(LIMIT, request(r.http, Method::GET, "/c"))
         .await
-        .expect("the new client is answered in time");
+        .expect("the new client is answered in time")
+        .expect("an answer");
     assert_eq!(response.status(), 302);
     assert_eq!(response.headers()["location"], URL);
     assert_eq!(closed(&r, "evicted").await, evicted + 1.0);
@@ -152,7 +152,7 @@ async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_30
 async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     let long_url = format!("https://example.com/{}", "a".repeat(1_500));
     let f = fixture(&[(LONG_CODE, &long_url)]).await;
-    let r = common::redirector(
+    let r = redirector::testkit::redirector(
         &f.db.url,
         &f.socket,
         &[
@@ -200,7 +200,7 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = common::redirector(
+    let r = redirector::testkit::redirector(
         &f.db.url,
         &f.socket,
         &["--idle-timeout", "1s", "--header-read-timeout", "10m"],
@@ -228,7 +228,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
 #[tokio::test]
 async fn a_request_head_not_finished_in_time_is_closed_as_a_header_timeout() {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = common::redirector(
+    let r = redirector::testkit::redirector(
         &f.db.url,
         &f.socket,
         &["--idle-timeout", "10m", "--header-read-timeout", "1s"],
@@ -270,6 +270,8 @@ async fn listeners_passed_by_systemd_are_taken_by_name() {
         )
         .await;
     r.ready().await;
-    let response = common::request(http_addr, Method::GET, "/c").await;
+    let response = request(http_addr, Method::GET, "/c")
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), 302);
 }

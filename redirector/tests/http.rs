@@ -1,12 +1,10 @@
 //! The redirect endpoint of the real binary: status codes, headers, what counts as a click,
 //! and the not-ready state before the first link table load.
 
-mod common;
-
 use std::os::unix::net::UnixDatagram;
 
-use common::{add_link, fixture, load::Load, redirector, LIMIT};
 use hyper::Method;
+use redirector::testkit::{add_link, fixture, load::Load, redirector, LIMIT};
 
 #[tokio::test]
 async fn answers_redirects_not_found_and_wrong_methods() {
@@ -14,14 +12,18 @@ async fn answers_redirects_not_found_and_wrong_methods() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
-    let response = common::request(r.http, Method::GET, "/home").await;
+    let response = shared::testkit::http::request(r.http, Method::GET, "/home")
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), 302);
     assert_eq!(
         response.headers()["location"],
         "https://example.com/home?x=1"
     );
     assert_eq!(response.headers()["cache-control"], "no-store");
-    let head = common::request(r.http, Method::HEAD, "/home").await;
+    let head = shared::testkit::http::request(r.http, Method::HEAD, "/home")
+        .await
+        .expect("an answer");
     assert_eq!(head.status(), 302);
     assert_eq!(head.headers()["location"], "https://example.com/home?x=1");
     for path in [
@@ -31,12 +33,16 @@ async fn answers_redirects_not_found_and_wrong_methods() {
         "/home/more",
         &format!("/{}", "a".repeat(65)),
     ] {
-        let status = common::request(r.http, Method::GET, path).await.status();
+        let status = shared::testkit::http::request(r.http, Method::GET, path)
+            .await
+            .expect("an answer")
+            .status();
         assert_eq!(status, 404, "GET {path}");
     }
     for method in [Method::POST, Method::PUT, Method::DELETE] {
-        let status = common::request(r.http, method.clone(), "/home")
+        let status = shared::testkit::http::request(r.http, method.clone(), "/home")
             .await
+            .expect("an answer")
             .status();
         assert_eq!(status, 405, "{method} /home");
     }
@@ -71,7 +77,10 @@ async fn a_request_head_over_the_limit_is_refused() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     let long = format!("/{}", "a".repeat(20_000));
-    let status = common::request(r.http, Method::GET, &long).await.status();
+    let status = shared::testkit::http::request(r.http, Method::GET, &long)
+        .await
+        .expect("an answer")
+        .status();
     assert_eq!(
         status, 431,
         "a 20 kB request line is refused before routing"
@@ -86,14 +95,22 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
     let name = format!("late_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let notify = UnixDatagram::bind(dir.path().join("notify.sock")).unwrap();
-    let mut cmd = common::redirector_command(&cluster.url(&name), &dir.path().join("c.sock"), &[]);
+    let mut cmd = redirector::testkit::redirector_command(
+        &cluster.url(&name),
+        &dir.path().join("c.sock"),
+        &[],
+    );
     cmd.env("NOTIFY_SOCKET", dir.path().join("notify.sock"));
-    let mut r = common::start_redirector(cmd).await;
+    let mut r = redirector::testkit::start_redirector(cmd).await;
 
-    let response = common::request(r.http, Method::GET, "/soon").await;
+    let response = shared::testkit::http::request(r.http, Method::GET, "/soon")
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
-    let (status, body) = shared::admin::get(r.admin, "/healthz").await.unwrap();
+    let (status, body) = shared::testkit::http::get(r.admin, "/healthz")
+        .await
+        .unwrap();
     assert_eq!(status, 503, "{body}");
     shared::testkit::eventually("a failed link load counted", LIMIT, || async {
         (r.metric("redirector_link_load_errors_total").await >= 1.0).then_some(())
@@ -114,7 +131,9 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
     collector::migrations::apply(&mut client).await.unwrap();
     add_link(&client, "soon", "https://example.com/soon").await;
     r.ready().await;
-    let response = common::request(r.http, Method::GET, "/soon").await;
+    let response = shared::testkit::http::request(r.http, Method::GET, "/soon")
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), 302);
     shared::testkit::eventually("READY=1", LIMIT, || async {
         (notifications(&notify) == ["READY=1"]).then_some(())

@@ -1,9 +1,8 @@
 //! `--clicks off` records nothing; `--clicks direct` writes one row per redirect itself,
 //! without a collector.
 
-mod common;
-
-use common::{fixture, load::Load, redirector, rows};
+use nix::sys::signal::Signal;
+use redirector::testkit::{await_rows, fixture, load::Load, redirector, rows, LIMIT};
 
 #[tokio::test]
 async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
@@ -21,15 +20,24 @@ async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
 #[tokio::test]
 async fn off_mode_redirects_and_records_nothing() {
     let f = fixture(&[("quiet", "https://example.com/")]).await;
-    let _collector = common::collector(&f.db.url, &f.socket).await;
-    let r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
+    let _collector = redirector::testkit::collector(&f.db.url, &f.socket).await;
+    let mut r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
     r.ready().await;
     let report = Load::get(r.http, "/quiet").run(2_000).await;
     assert_eq!(report.count(302), 2_000, "{report:?}");
     assert_eq!(r.metric("redirector_redirects_total").await, 2_000.0);
     assert_eq!(r.metric("redirector_clicks_queued_total").await, 0.0);
     assert_eq!(r.metric("redirector_clicks_sent_total").await, 0.0);
-    assert_eq!(rows(&f.client, None).await, 0);
+
+    // A stop sends whatever the redirector still held. A marker click sent after it queues
+    // behind all of that on the collector's socket, so once the marker is a row, any click of
+    // the redirector's would be one too: the one row must be the marker's.
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    let marker = [("marker".to_owned(), shared::now_us())];
+    collector::testkit::send_all(&f.socket, collector::testkit::datagrams(1, &marker)).await;
+    await_rows(&f.client, Some("marker"), 1).await;
+    assert_eq!(rows(&f.client, None).await, 1, "only the marker is a row");
 }
 
 /// Requests cut off while their INSERT is under way (a stop that gives requests in flight
@@ -51,27 +59,31 @@ async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
     let mut r = redirector(&f.db.url, &f.socket, &flags).await;
     r.ready().await;
     let running = Load::get(r.http, "/cutoff").start();
-    shared::testkit::eventually("rows being written", common::LIMIT, || async {
+    shared::testkit::eventually("rows being written", redirector::testkit::LIMIT, || async {
         (rows(&f.client, Some("cutoff")).await >= 200).then_some(())
     })
     .await;
     r.service.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(r.service.wait_exit(common::LIMIT).await.success());
+    assert!(r
+        .service
+        .wait_exit(redirector::testkit::LIMIT)
+        .await
+        .success());
     // INSERTs the server had already been sent still run after the process is gone.
     let busy = "SELECT count(*) FROM pg_stat_activity
                 WHERE datname = current_database() AND pid <> pg_backend_pid()";
     shared::testkit::eventually(
         "the redirector's sessions to end",
-        common::LIMIT,
+        redirector::testkit::LIMIT,
         || async {
             let n: i64 = f.client.query_one(busy, &[]).await.unwrap().get(0);
             (n == 0).then_some(())
         },
     )
     .await;
-    let (sent, dropped) = common::final_counts(&r.service.log());
+    let (sent, dropped) = redirector::testkit::final_counts(&r.service.log());
     assert_eq!(dropped, 0);
     assert_eq!(rows(&f.client, Some("cutoff")).await, sent);
-    assert_eq!(common::final_redirects(&r.service.log()), sent);
+    assert_eq!(redirector::testkit::final_redirects(&r.service.log()), sent);
     running.await.unwrap();
 }

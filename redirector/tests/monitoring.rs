@@ -5,13 +5,11 @@
 //! every rule must evaluate cleanly, and no alert may be pending or firing while the pipeline is
 //! healthy. Without Prometheus installed the test fails (CI installs it), it does not skip.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{collector_with, fixture, load::Load, redirector, LIMIT};
+use redirector::testkit::{collector_with, fixture, load::Load, redirector, LIMIT};
 use serde_json::Value;
 use shared::testkit::{eventually, Service};
 
@@ -321,7 +319,7 @@ impl Prometheus {
             .current_dir(dir.path());
         let service = Service::spawn("prometheus", cmd);
         eventually("Prometheus /-/ready", LIMIT, || async {
-            let (status, _) = shared::admin::get(addr, "/-/ready").await.ok()?;
+            let (status, _) = shared::testkit::http::get(addr, "/-/ready").await.ok()?;
             (status == 200).then_some(())
         })
         .await;
@@ -334,7 +332,7 @@ impl Prometheus {
 
     /// The JSON answer of a GET on the API.
     async fn api(&self, path: &str) -> Value {
-        let (status, body) = shared::admin::get(self.addr, path)
+        let (status, body) = shared::testkit::http::get(self.addr, path)
             .await
             .unwrap_or_else(|e| panic!("GET {path} from Prometheus: {e}"));
         serde_json::from_str(&body)

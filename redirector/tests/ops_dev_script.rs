@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use shared::testkit::{eventually, Service};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The first run builds the release binaries (fat LTO) on two cores.
 const FIRST_READY: Duration = Duration::from_secs(15 * 60);
@@ -101,27 +100,14 @@ async fn wait_ready(run: &Service, limit: Duration) -> Ready {
     }
 }
 
-/// GET `path` over plain HTTP/1.1; the status and the Location header.
+/// GET `path`: the status and the Location header.
 async fn get(addr: SocketAddr, path: &str) -> (u16, Option<String>) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
+    let response = shared::testkit::http::request(addr, hyper::Method::GET, path)
         .await
-        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.expect("answer");
-    let head = raw.split("\r\n\r\n").next().unwrap_or_default();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("malformed answer {raw:?}"));
-    let location = head.lines().find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.eq_ignore_ascii_case("location")
-            .then(|| value.trim().to_owned())
-    });
-    (status, location)
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"));
+    let location = response.headers().get("location");
+    let location = location.map(|l| l.to_str().expect("a text Location").to_owned());
+    (response.status().as_u16(), location)
 }
 
 /// The clicks `psql_line` (the command the script printed) shows for CODE, if any.
@@ -286,7 +272,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
     assert_eq!(shown, 1, "one redirect, one click");
     assert_eq!(ready.metrics.len(), 2, "two metrics URLs printed");
     for addr in &ready.metrics {
-        let (status, body) = shared::admin::get(*addr, "/metrics")
+        let (status, body) = shared::testkit::http::get(*addr, "/metrics")
             .await
             .expect("metrics");
         assert_eq!(status, 200, "GET http://{addr}/metrics");

@@ -2,10 +2,9 @@
 //! servers on loopback TCP: one with TLS (a CA and a certificate for `localhost` and
 //! 127.0.0.1, made at start), one without.
 
-mod common;
-
-use common::*;
+use redirector::testkit::*;
 use shared::pgtest::{cluster, tcp_cluster, tls_cluster};
+use shared::testkit::http::request;
 
 /// Connects with `url` through `shared::db`, as both services do.
 async fn try_connect(url: &str) -> Result<tokio_postgres::Client, String> {
@@ -206,7 +205,9 @@ async fn pipeline_runs_over_tls_with_a_role_per_process() {
 
     const N: u64 = 50;
     for _ in 0..N {
-        let response = request(redirector.http, hyper::Method::GET, "/tls").await;
+        let response = request(redirector.http, hyper::Method::GET, "/tls")
+            .await
+            .expect("an answer");
         assert_eq!(response.status(), 302);
     }
     await_rows(&admin, Some("tls"), N).await;

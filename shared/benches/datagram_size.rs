@@ -6,7 +6,7 @@
 use std::os::unix::net::UnixDatagram;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use shared::wire::{decode, Encoder, PushError, MAX_DATAGRAM};
+use shared::wire::{decode, EncodeError, Encoder, MAX_DATAGRAM};
 
 /// Fills one datagram of at most `limit` bytes with 9-byte codes; returns it and its clicks.
 fn full_datagram(limit: usize) -> (Vec<u8>, u64) {
@@ -15,7 +15,7 @@ fn full_datagram(limit: usize) -> (Vec<u8>, u64) {
     for i in 0.. {
         let code = format!("seed{:05}", i % 100_000);
         at += 7;
-        if enc.push(&code, at) == Err(PushError::Full) {
+        if enc.push(&code, at) == Err(EncodeError::Full) {
             break;
         }
     }

@@ -76,29 +76,10 @@ fn answer(admin: &dyn Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// A minimal `GET` for tests and tools that read an admin listener: returns the status code
-/// and the body. Speaks HTTP/1.0 so the server closes the connection after one answer.
-pub async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await?;
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP answer");
-    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(bad)?;
-    Ok((status, body.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::http::get;
 
     struct Fixed(bool);
 

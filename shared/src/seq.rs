@@ -25,19 +25,22 @@ pub fn judge(last: Option<u64>, seq: u64, from_start: bool) -> Verdict {
     Verdict::Accept { lost }
 }
 
+/// Each sender's last accepted seq and nothing else: what an observer such as `clicktap listen`
+/// keeps. The collector's `Senders` judges by the same [`judge`] but also keeps reply addresses,
+/// owners and committed seqs, so it is a sender table, not this.
 #[derive(Debug, Default)]
-pub struct Seqs {
+pub struct LastSeqs {
     last: HashMap<u64, u64>,
     /// Whether a sender's first datagram seen was preceded by none (the receiver saw the
     /// sender from its start) or may have been (the receiver joined mid-stream).
     joined_mid_stream: bool,
 }
 
-impl Seqs {
+impl LastSeqs {
     /// For a receiver that sees every sender from seq 0 on, given the last seqs known so far:
     /// a sender seen first at seq N lost seqs 0 to N-1.
-    pub fn from_start(last: HashMap<u64, u64>) -> Seqs {
-        Seqs {
+    pub fn from_start(last: HashMap<u64, u64>) -> LastSeqs {
+        LastSeqs {
             last,
             joined_mid_stream: false,
         }
@@ -45,8 +48,8 @@ impl Seqs {
 
     /// For an observer that starts listening at any moment: a sender's first datagram seen
     /// counts nothing as missing.
-    pub fn mid_stream() -> Seqs {
-        Seqs {
+    pub fn mid_stream() -> LastSeqs {
+        LastSeqs {
             last: HashMap::new(),
             joined_mid_stream: true,
         }
@@ -81,7 +84,7 @@ mod tests {
 
     #[test]
     fn duplicates_and_gaps() {
-        let mut s = Seqs::default();
+        let mut s = LastSeqs::default();
         assert_eq!(s.accept(7, 0), Verdict::Accept { lost: 0 });
         assert_eq!(s.accept(7, 0), Verdict::Duplicate);
         assert_eq!(s.accept(7, 1), Verdict::Accept { lost: 0 });
@@ -93,7 +96,7 @@ mod tests {
 
     #[test]
     fn a_mid_stream_observer_counts_nothing_before_a_first_sight() {
-        let mut s = Seqs::mid_stream();
+        let mut s = LastSeqs::mid_stream();
         assert_eq!(s.accept(7, 40), Verdict::Accept { lost: 0 });
         assert_eq!(s.accept(7, 42), Verdict::Accept { lost: 1 });
         assert_eq!(s.accept(7, 42), Verdict::Duplicate);

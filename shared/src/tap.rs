@@ -5,7 +5,7 @@
 //! Everything here is synchronous on std sockets: one socket, one loop, nothing to schedule.
 
 mod decode;
-mod hex;
+pub mod hex;
 mod listen;
 mod send;
 mod show;
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 
 use crate::socket::{BindError, SendErrorKind};
-use crate::wire::PushError;
+use crate::wire::EncodeError;
 
 /// Socket-level inspection of the click pipeline's datagram socket.
 #[derive(Debug, Parser)]
@@ -66,7 +66,7 @@ pub enum TapError {
     #[error(transparent)]
     Hex(#[from] hex::HexError),
     #[error("cannot encode click {index}: {error}")]
-    Encode { index: u64, error: PushError },
+    Encode { index: u64, error: EncodeError },
     #[error("--code-file line {line}: {why}")]
     CodeFile { line: usize, why: String },
     #[error("interrupted by a signal")]

@@ -1,10 +1,19 @@
 //! Test support beside the PostgreSQL harness: the workspace's real binaries, and bounded
-//! waits on conditions instead of sleeps.
+//! waits on conditions instead of sleeps. What both services' tests use lives here once:
+//! starting the collector (`services`), the HTTP client (`http`), reading the clicks back
+//! (`db`).
+
+pub mod db;
+pub mod http;
+pub mod services;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Upper bound for anything the tests await.
+pub const LIMIT: Duration = Duration::from_secs(60);
 
 /// The path of workspace binary `name` in the same profile as the running test, built (or
 /// brought up to date) by cargo once per test process: a test of one crate may spawn another
@@ -62,7 +71,13 @@ pub struct Service {
     name: String,
     child: std::process::Child,
     lines: std::sync::Arc<Mutex<Vec<String>>>,
+    /// Set once stderr is read to its end.
+    read_all: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long [`Service::wait_exit`] waits, after the exit, for the last stderr lines: a process
+/// the service started may still hold the pipe open, so its end is not always seen.
+const LAST_LINES: Duration = Duration::from_secs(5);
 
 impl Service {
     /// Starts `cmd` with stderr captured.
@@ -75,6 +90,8 @@ impl Service {
         let stderr = child.stderr.take().expect("piped");
         let lines = std::sync::Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
+        let read_all = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let at_end = read_all.clone();
         let tag = name.to_owned();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr)
@@ -84,11 +101,13 @@ impl Service {
                 eprintln!("[{tag}] {line}");
                 sink.lock().unwrap().push(line);
             }
+            at_end.store(true, std::sync::atomic::Ordering::Release);
         });
         Service {
             name: name.to_owned(),
             child,
             lines,
+            read_all,
         }
     }
 
@@ -137,15 +156,23 @@ impl Service {
             .unwrap_or_else(|e| panic!("signalling {}: {e}", self.name));
     }
 
-    /// Waits for the process to exit, for at most `limit`.
+    /// Waits for the process to exit, for at most `limit`, and then for its last stderr lines
+    /// to be in [`Service::log`] (the reader may be behind the exit).
     pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let what = format!("{} to exit", self.name);
         let child = Mutex::new(&mut self.child);
-        eventually(&what, limit, || {
+        let status = eventually(&what, limit, || {
             let status = child.lock().unwrap().try_wait().ok().flatten();
             async move { status }
         })
-        .await
+        .await;
+        let read = Instant::now();
+        while !self.read_all.load(std::sync::atomic::Ordering::Acquire)
+            && read.elapsed() < LAST_LINES
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        status
     }
 }
 
@@ -282,5 +309,37 @@ pub fn send_as_user(
             WaitStatus::Exited(_, code) => Err(nix::errno::Errno::from_raw(code)),
             other => panic!("the sending child ended as {other:?}"),
         },
+    }
+}
+
+/// Checks that every flag of `command` whose value is a `DURATION` refuses zero and absurd
+/// values with the reason, as [`crate::flags::duration`] does: a flag parsed another way
+/// could take `0s` and panic a timer later. `required` are the arguments the command needs
+/// besides the flag tried.
+pub fn assert_duration_flags_refuse_zero_and_absurd(command: clap::Command, required: &[&str]) {
+    let flags: Vec<String> = command
+        .get_arguments()
+        .filter(|a| {
+            a.get_value_names()
+                .is_some_and(|v| v.iter().any(|n| n == "DURATION"))
+        })
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    assert!(
+        !flags.is_empty(),
+        "no DURATION flags in {}",
+        command.get_name()
+    );
+    for flag in &flags {
+        for (value, why) in [("0s", "more than zero"), ("400days", "365 days")] {
+            let args = [command.get_name(), flag, value];
+            let err = command
+                .clone()
+                .try_get_matches_from(args.iter().copied().chain(required.iter().copied()))
+                .err()
+                .unwrap_or_else(|| panic!("{flag} {value} was taken"))
+                .to_string();
+            assert!(err.contains(why), "{flag} {value}: {err}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The two messages of the click socket, postcard-encoded, one per datagram:
 //!
-//! - a click datagram, version 1 ([`Batch`]), from a sender (a redirector) to the collector;
+//! - a click datagram, version 1 ([`Datagram`]), from a sender (a redirector) to the collector;
 //! - an acknowledgement, version 1 ([`Ack`]), from the collector back to a sender that sent
 //!   from an address of its own.
 //!
@@ -10,7 +10,7 @@
 //!
 //! Decoding borrows every code from the receive buffer and rejects a datagram whole, by a
 //! named [`Reject`] reason, if anything in it is wrong. Encoding goes through [`Encoder`],
-//! which writes postcard's bytes directly (no intermediate `Batch`) and never passes its
+//! which writes postcard's bytes directly (no intermediate `Datagram`) and never passes its
 //! size limit; the property tests hold it byte-identical to the serde derivation.
 
 use serde::{Deserialize, Serialize};
@@ -44,7 +44,7 @@ const MAX_CLICK_LEN: usize = 1 + MAX_CODE_LEN + 5;
 
 /// One datagram: clicks from one sender, numbered by `seq` (0, 1, 2, ... per sender).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batch<'a> {
+pub struct Datagram<'a> {
     pub version: u8,
     pub sender: u64,
     pub seq: u64,
@@ -60,7 +60,7 @@ pub struct Click<'a> {
     pub offset_us: u32,
 }
 
-impl Batch<'_> {
+impl Datagram<'_> {
     /// Each click's code with its absolute time in microseconds since the Unix epoch.
     /// Only meaningful on a batch that [`decode`] accepted (which checked the sums).
     pub fn clicks_at(&self) -> impl Iterator<Item = (&str, i64)> + '_ {
@@ -72,7 +72,7 @@ impl Batch<'_> {
     /// Its bytes, as an [`Encoder`] would write them: for tools and tests that set the header
     /// fields themselves (a forged seq, say) rather than count up to them.
     pub fn encode(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("a Batch always serializes into a Vec")
+        postcard::to_allocvec(self).expect("a Datagram always serializes into a Vec")
     }
 }
 
@@ -142,13 +142,13 @@ impl Reject {
 }
 
 /// Decodes and validates one datagram, borrowing the codes from `buf`. Never panics.
-pub fn decode(buf: &[u8]) -> Result<Batch<'_>, Reject> {
+pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
     match buf.first() {
         None => return Err(Reject::Undecodable("empty datagram".into())),
         Some(&got) if got != VERSION => return Err(Reject::WrongVersion { got, want: VERSION }),
         Some(_) => {}
     }
-    let (batch, rest): (Batch<'_>, &[u8]) =
+    let (batch, rest): (Datagram<'_>, &[u8]) =
         postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
     if !rest.is_empty() {
         return Err(Reject::TrailingBytes(rest.len()));
@@ -232,7 +232,7 @@ pub fn random_sender() -> u64 {
 
 /// Why [`Encoder::push`] did not take a click.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PushError {
+pub enum EncodeError {
     /// The click would pass the size limit or the `u32` offset: send this datagram, then push
     /// the click again. An empty encoder never answers this.
     #[error("datagram full")]
@@ -248,7 +248,7 @@ pub enum PushError {
 #[error("datagram size {0} is outside {MIN_DATAGRAM}..={MAX_DATAGRAM} bytes")]
 pub struct BadLimit(pub usize);
 
-/// Builds the datagrams of one sender: push clicks until [`PushError::Full`], send
+/// Builds the datagrams of one sender: push clicks until [`EncodeError::Full`], send
 /// [`Encoder::datagram`] (as often as it takes), then [`Encoder::next`].
 ///
 /// The header is written last, right-aligned into space reserved at the front of the buffer,
@@ -313,18 +313,18 @@ impl Encoder {
     }
 
     /// Adds a click at `at_us` (microseconds since the Unix epoch).
-    pub fn push(&mut self, code: &str, at_us: i64) -> Result<(), PushError> {
+    pub fn push(&mut self, code: &str, at_us: i64) -> Result<(), EncodeError> {
         validate_code(code.as_bytes())?;
         if !(MIN_CLICKED_AT_US..END_CLICKED_AT_US).contains(&at_us) {
-            return Err(PushError::BadTimestamp(at_us));
+            return Err(EncodeError::BadTimestamp(at_us));
         }
         if self.clicks == 0 {
             self.base_us = at_us.saturating_sub(BASE_SLACK_US).max(MIN_CLICKED_AT_US);
         }
-        let offset = u32::try_from(at_us - self.base_us).map_err(|_| PushError::Full)?;
+        let offset = u32::try_from(at_us - self.base_us).map_err(|_| EncodeError::Full)?;
         let click_len = 1 + code.len() + varint_len(u64::from(offset));
         if self.header_len(self.clicks + 1) + self.body_len() + click_len > self.limit {
-            return Err(PushError::Full);
+            return Err(EncodeError::Full);
         }
         self.buf.push(code.len() as u8);
         self.buf.extend_from_slice(code.as_bytes());

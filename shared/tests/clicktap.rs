@@ -440,7 +440,7 @@ fn decode_prints_the_golden_vector_fields() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("golden.bin");
-    std::fs::write(&file, bytes_of_hex(GOLDEN)).unwrap();
+    std::fs::write(&file, shared::tap::hex::parse(GOLDEN).unwrap()).unwrap();
     let from_file = run_args(&["decode", file.to_str().unwrap()]);
 
     for out in [from_hex, from_file] {
@@ -470,14 +470,6 @@ fn decode_prints_the_golden_vector_fields() {
             "{text}"
         );
     }
-}
-
-/// Hex text to bytes, for writing binary fixtures.
-fn bytes_of_hex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 #[test]

@@ -24,7 +24,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
         input
     };
     match show::judge(&bytes, bytes.len()) {
-        Verdict::Batch(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
+        Verdict::Datagram(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
         Verdict::Rejected { reason, error } => Err(TapError::Invalid {
             len: bytes.len(),
             reason,

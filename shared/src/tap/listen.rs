@@ -15,9 +15,9 @@ use serde_json::json;
 
 use super::show::{self, SeqNote, Verdict};
 use super::{signals, TapError};
-use crate::seq::{self, Seqs};
+use crate::seq::{self, LastSeqs};
 use crate::socket::bind_datagram;
-use crate::wire::{Batch, MAX_DATAGRAM};
+use crate::wire::{Datagram, MAX_DATAGRAM};
 
 /// How long one `recv` blocks: bounds how late a `--stats` line or a signal is noticed when a
 /// signal lands just before the call (otherwise `EINTR` wakes it at once).
@@ -99,7 +99,7 @@ impl Listener<'_> {
     fn show(&mut self, bytes: &[u8], len: usize) -> io::Result<()> {
         let (now, json, quiet) = (crate::now_us(), self.args.json, self.args.stats);
         match show::judge(bytes, len) {
-            Verdict::Batch(batch) => {
+            Verdict::Datagram(batch) => {
                 let note = self.tally.batch(&batch, len);
                 if quiet {
                     return Ok(());
@@ -175,7 +175,7 @@ impl Totals {
 /// Each sender's last seq, and the counts of the current second and of the whole run.
 #[derive(Debug)]
 struct Tally {
-    seqs: Seqs,
+    seqs: LastSeqs,
     second: Totals,
     all: Totals,
 }
@@ -184,7 +184,7 @@ impl Default for Tally {
     fn default() -> Tally {
         Tally {
             // A tap starts listening at any moment: a sender's first datagram is its start.
-            seqs: Seqs::mid_stream(),
+            seqs: LastSeqs::mid_stream(),
             second: Totals::default(),
             all: Totals::default(),
         }
@@ -192,7 +192,7 @@ impl Default for Tally {
 }
 
 impl Tally {
-    fn batch(&mut self, batch: &Batch<'_>, len: usize) -> SeqNote {
+    fn batch(&mut self, batch: &Datagram<'_>, len: usize) -> SeqNote {
         let note = match self.seqs.accept(batch.sender, batch.seq) {
             seq::Verdict::Accept { lost } => SeqNote {
                 missing: lost,
@@ -300,8 +300,8 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
 
-    fn batch(sender: u64, seq: u64) -> Batch<'static> {
-        Batch {
+    fn batch(sender: u64, seq: u64) -> Datagram<'static> {
+        Datagram {
             version: 1,
             sender,
             seq,

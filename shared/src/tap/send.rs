@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{hex, read_all, say, signals, PeerProblem, TapError};
 use crate::socket::SendErrorKind;
-use crate::wire::{self, Encoder, PushError, DEFAULT_DATAGRAM};
+use crate::wire::{self, EncodeError, Encoder, DEFAULT_DATAGRAM};
 
 /// Pause before resending when the receiver's queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);
@@ -155,7 +155,7 @@ fn send_clicks(
                 .map_or_else(crate::now_us, |p| p.stamp_us(pushed));
             match encoder.push(code, at_us) {
                 Ok(()) => pushed += 1,
-                Err(PushError::Full) if !encoder.is_empty() => break,
+                Err(EncodeError::Full) if !encoder.is_empty() => break,
                 Err(error) => {
                     return Err(TapError::Encode {
                         index: pushed,

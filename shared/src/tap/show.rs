@@ -7,14 +7,14 @@ use std::fmt::Write;
 use serde_json::{json, Map, Value};
 
 use super::hex;
-use crate::wire::{self, Batch, MAX_DATAGRAM};
+use crate::wire::{self, Datagram, MAX_DATAGRAM};
 
 /// Codes listed on a `listen` line before the rest is summarised as "+N more".
 const CODES_SHOWN: usize = 5;
 
 /// A datagram accepted whole, or the reason it was rejected.
 pub enum Verdict<'a> {
-    Batch(Batch<'a>),
+    Datagram(Datagram<'a>),
     Rejected { reason: &'static str, error: String },
 }
 
@@ -28,7 +28,7 @@ pub fn judge(bytes: &[u8], len: usize) -> Verdict<'_> {
         };
     }
     match wire::decode(bytes) {
-        Ok(batch) => Verdict::Batch(batch),
+        Ok(batch) => Verdict::Datagram(batch),
         Err(reject) => Verdict::Rejected {
             reason: reject.reason(),
             error: reject.to_string(),
@@ -37,7 +37,7 @@ pub fn judge(bytes: &[u8], len: usize) -> Verdict<'_> {
 }
 
 /// The distinct codes of a batch with their click counts, in order of first appearance.
-pub fn code_counts<'a>(batch: &Batch<'a>) -> Vec<(&'a str, usize)> {
+pub fn code_counts<'a>(batch: &Datagram<'a>) -> Vec<(&'a str, usize)> {
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut counts: Vec<(&str, usize)> = Vec::new();
     for click in &batch.clicks {
@@ -52,7 +52,7 @@ pub fn code_counts<'a>(batch: &Batch<'a>) -> Vec<(&'a str, usize)> {
 
 /// Microseconds between the batch's oldest click and `now_us` (negative if the sender's
 /// clock is ahead); `None` for a batch without clicks.
-pub fn oldest_age_us(batch: &Batch<'_>, now_us: i64) -> Option<i64> {
+pub fn oldest_age_us(batch: &Datagram<'_>, now_us: i64) -> Option<i64> {
     batch
         .clicks_at()
         .map(|(_, at)| at)
@@ -70,7 +70,7 @@ pub struct SeqNote {
 }
 
 /// One `listen` line for an accepted datagram.
-pub fn batch_line(batch: &Batch<'_>, len: usize, now_us: i64, note: SeqNote) -> String {
+pub fn batch_line(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) -> String {
     let mut line = format!(
         "sender={} seq={} clicks={} bytes={len}",
         batch.sender,
@@ -114,7 +114,7 @@ pub fn rejected_line(bytes: &[u8], len: usize, reason: &str, error: &str) -> Str
 }
 
 /// The JSON object `listen --json` prints for an accepted datagram: every code, not abbreviated.
-pub fn batch_json(batch: &Batch<'_>, len: usize, now_us: i64, note: SeqNote) -> Value {
+pub fn batch_json(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) -> Value {
     let codes: Map<String, Value> = code_counts(batch)
         .into_iter()
         .map(|(code, n)| (code.to_owned(), json!(n)))
@@ -138,7 +138,7 @@ pub fn rejected_json(bytes: &[u8], len: usize, reason: &str, error: &str) -> Val
 }
 
 /// Every field of an accepted datagram, one per line, for `decode`.
-pub fn batch_details(batch: &Batch<'_>, len: usize) -> String {
+pub fn batch_details(batch: &Datagram<'_>, len: usize) -> String {
     let mut out = format!(
         "valid datagram, {len} bytes\nversion: {}\nsender:  {}\nseq:     {}\nbase:    {} (base_us {})\nclicks:  {}\n",
         batch.version,

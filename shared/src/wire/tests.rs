@@ -5,8 +5,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn batch(sender: u64, seq: u64, base_us: i64, clicks: &[(&'static str, u32)]) -> Batch<'static> {
-    Batch {
+fn batch(sender: u64, seq: u64, base_us: i64, clicks: &[(&'static str, u32)]) -> Datagram<'static> {
+    Datagram {
         version: VERSION,
         sender,
         seq,
@@ -21,7 +21,7 @@ fn batch(sender: u64, seq: u64, base_us: i64, clicks: &[(&'static str, u32)]) ->
 const CODE_64: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-";
 
 /// (batch, its exact encoding). The first is DESIGN.md's golden vector.
-fn vectors() -> Vec<(Batch<'static>, String)> {
+fn vectors() -> Vec<(Datagram<'static>, String)> {
     vec![
         (
             batch(12345, 7, -5, &[("seed1", 0), ("x", 300)]),
@@ -50,11 +50,8 @@ fn golden_vectors_encode_byte_for_byte() {
 #[test]
 fn golden_vectors_decode_back() {
     for (expected, hexed) in vectors() {
-        let bytes: Vec<u8> = (0..hexed.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hexed[i..i + 2], 16).unwrap())
-            .collect();
-        let got = postcard::from_bytes::<Batch>(&bytes).unwrap();
+        let bytes = crate::tap::hex::parse(&hexed).unwrap();
+        let got = postcard::from_bytes::<Datagram>(&bytes).unwrap();
         assert_eq!(got, expected);
         if expected.base_us != i64::MIN {
             assert_eq!(decode(&bytes).unwrap(), expected);
@@ -141,8 +138,8 @@ fn encoder_refuses_limits_out_of_range() {
 fn encoder_starts_a_new_datagram_before_the_offset_overflows() {
     let mut enc = Encoder::new(1, MAX_DATAGRAM).unwrap();
     enc.push("a", 0).unwrap();
-    assert_eq!(enc.push("b", i64::from(u32::MAX)), Err(PushError::Full));
-    assert_eq!(enc.push("c", -2_000_000), Err(PushError::Full));
+    assert_eq!(enc.push("b", i64::from(u32::MAX)), Err(EncodeError::Full));
+    assert_eq!(enc.push("c", -2_000_000), Err(EncodeError::Full));
     // Slightly out of order (concurrent request threads) still fits.
     enc.push("d", -999_000).unwrap();
     assert_eq!(enc.len(), 2);
@@ -151,10 +148,10 @@ fn encoder_starts_a_new_datagram_before_the_offset_overflows() {
 #[test]
 fn encoder_rejects_what_the_decoder_would() {
     let mut enc = Encoder::new(1, MAX_DATAGRAM).unwrap();
-    assert!(matches!(enc.push("a b", 0), Err(PushError::BadCode(_))));
+    assert!(matches!(enc.push("a b", 0), Err(EncodeError::BadCode(_))));
     assert_eq!(
         enc.push("a", END_CLICKED_AT_US),
-        Err(PushError::BadTimestamp(END_CLICKED_AT_US))
+        Err(EncodeError::BadTimestamp(END_CLICKED_AT_US))
     );
     assert!(enc.is_empty());
 }
@@ -171,7 +168,7 @@ proptest! {
         base_us in MIN_CLICKED_AT_US..END_CLICKED_AT_US - i64::from(u32::MAX),
         clicks in prop::collection::vec((code(), any::<u32>()), 0..50),
     ) {
-        let batch = Batch {
+        let batch = Datagram {
             version: VERSION,
             sender,
             seq,
@@ -206,7 +203,7 @@ proptest! {
         let mut at = start_us;
         for (code, step) in &clicks {
             at += step;
-            if enc.push(code, at) == Err(PushError::Full) {
+            if enc.push(code, at) == Err(EncodeError::Full) {
                 flush(&mut enc)?;
                 enc.push(code, at).unwrap();
             }

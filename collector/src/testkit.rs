@@ -1,100 +1,48 @@
-//! What the end-to-end tests share: starting the real binary, a test sender that speaks the
-//! wire format, and reading the tables back.
-
-#![allow(dead_code)] // Each test binary uses its own part of this module.
+//! What the collector's tests share (feature `testkit`, tests only): starting the real binary,
+//! a test sender that speaks the wire format, a writer task of its own, and reading the tables
+//! back. A library module, so that each test binary takes the part it needs.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use collector::batch::{self, Batch, Handoff};
-use collector::db::Db;
-use collector::metrics::Metrics;
-use collector::unfolded::Unfolded;
-use collector::writer::Writer;
+use crate::batch::{self, Batch, Handoff};
+use crate::db::Db;
+use crate::metrics::Metrics;
+use crate::unfolded::Unfolded;
+use crate::writer::Writer;
 use shared::pgtest::TestDb;
-use shared::testkit::{binary, eventually, Service};
-use shared::wire::{Encoder, PushError, DEFAULT_DATAGRAM};
+use shared::testkit::services::collector_command;
+use shared::wire::{EncodeError, Encoder, DEFAULT_DATAGRAM};
 use std::sync::Arc;
 
-pub const LIMIT: Duration = Duration::from_secs(60);
+pub use shared::testkit::db::await_rows;
+pub use shared::testkit::services::Collector;
+pub use shared::testkit::LIMIT;
+
 const DAY_US: i64 = 86_400_000_000;
 
-/// A running collector binary and where to reach it.
-pub struct Collector {
-    pub service: Service,
-    pub admin: SocketAddr,
+/// Starts the collector for `db` on `socket` with [`command`]'s flags, and waits until it is
+/// ready.
+pub async fn start_collector(db: &TestDb, socket: &Path, extra: &[&str]) -> Collector {
+    let collector = Collector::spawn(command(db, socket, extra)).await;
+    collector.ready().await;
+    collector
 }
 
-impl Collector {
-    /// Starts the binary on `socket` for `db` with `extra` flags, and waits until its admin
-    /// listener is bound and /healthz says it is ready.
-    pub async fn start(db: &TestDb, socket: &Path, extra: &[&str]) -> Collector {
-        let collector = Collector::spawn(command(db, socket, extra)).await;
-        collector.ready().await;
-        collector
-    }
-
-    /// Spawns `cmd` and learns the admin address from the log.
-    pub async fn spawn(cmd: Command) -> Collector {
-        let service = Service::spawn("collector", cmd);
-        let admin = service.addr_after("admin listening on ", LIMIT).await;
-        Collector { service, admin }
-    }
-
-    pub async fn ready(&self) {
-        eventually("collector /healthz to answer 200", LIMIT, || async {
-            let (status, _) = shared::admin::get(self.admin, "/healthz").await.ok()?;
-            (status == 200).then_some(())
-        })
-        .await;
-    }
-
-    pub async fn metrics(&self) -> String {
-        shared::admin::get(self.admin, "/metrics").await.unwrap().1
-    }
-
-    /// One sample of /metrics, e.g. `collector_datagrams_duplicate_total`.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self.metrics().await;
-        shared::metrics::sample(&text, series)
-            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
-    }
-
-    /// Waits until the metric reaches `value`.
-    pub async fn await_metric(&self, series: &str, value: f64) {
-        let what = format!("{series} to reach {value}");
-        eventually(&what, LIMIT, || async {
-            (self.metric(series).await >= value).then_some(())
-        })
-        .await;
-        assert_eq!(self.metric(series).await, value, "{series}");
-    }
-}
-
-/// The collector command line for `db` and `socket`, admin on an ephemeral port.
+/// The collector command line for `db` and `socket`, with a click window wide enough for these
+/// tests (unless `extra` sets it): their clicks start yesterday evening and may run past now.
 pub fn command(db: &TestDb, socket: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(binary("collector"));
-    // The clicks of these tests start yesterday evening and may run past now.
+    let mut flags = Vec::new();
     for (flag, wide) in [("--max-click-age", "2d"), ("--max-click-skew", "1d")] {
         if !extra.contains(&flag) {
-            cmd.args([flag, wide]);
+            flags.extend([flag, wide]);
         }
     }
-    cmd.arg("--database-url")
-        .arg(&db.url)
-        .arg("--socket")
-        .arg(socket)
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .env_remove("CLICKS_SOCKET")
-        .env_remove("LISTEN_FDS")
-        .env_remove("NOTIFY_SOCKET");
-    cmd
+    flags.extend_from_slice(extra);
+    collector_command(&db.url, socket, &flags)
 }
 
 /// A temp dir and a socket path inside it.
@@ -114,7 +62,7 @@ pub struct Place {
 }
 
 pub async fn place() -> Place {
-    let db = collector::migrations::test_db().await;
+    let db = crate::migrations::test_db().await;
     let client = shared::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {
@@ -149,7 +97,7 @@ pub fn datagrams(sender: u64, clicks: &[(String, i64)]) -> Vec<Vec<u8>> {
     let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
     let mut out = Vec::new();
     for (code, at) in clicks {
-        if let Err(PushError::Full) = enc.push(code, *at) {
+        if let Err(EncodeError::Full) = enc.push(code, *at) {
             out.push(enc.datagram().to_vec());
             enc.next();
             enc.push(code, *at).unwrap();
@@ -185,16 +133,6 @@ pub async fn send_all(path: &Path, datagrams: Vec<Vec<u8>>) {
 
 pub async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
-}
-
-/// Waits until `clicks` holds `n` rows (and checks it holds no more).
-pub async fn await_rows(client: &tokio_postgres::Client, n: i64) {
-    let what = format!("{n} rows in clicks");
-    eventually(&what, LIMIT, || async {
-        (count(client, "SELECT count(*) FROM clicks").await >= n).then_some(())
-    })
-    .await;
-    assert_eq!(count(client, "SELECT count(*) FROM clicks").await, n);
 }
 
 /// Every row of `clicks` as (code, Unix microseconds), sorted.
@@ -237,7 +175,7 @@ pub async fn totals(client: &tokio_postgres::Client, source: &str) -> Totals {
 }
 
 /// A window that sets nothing aside.
-const WIDE_OPEN: collector::batch::Window = collector::batch::Window {
+const WIDE_OPEN: crate::batch::Window = crate::batch::Window {
     max_age_us: i64::MAX,
     max_skew_us: i64::MAX,
 };
@@ -287,11 +225,11 @@ pub async fn fold_all(
     client: &mut tokio_postgres::Client,
     own: &Unfolded,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
-    let policy = collector::compact::Policy {
+    let policy = crate::compact::Policy {
         interval: Duration::ZERO,
         backlog: 1,
     };
-    collector::compact::fold(client, &policy, own).await
+    crate::compact::fold(client, &policy, own).await
 }
 
 /// Hands `batch` to the writer and waits until it is committed.

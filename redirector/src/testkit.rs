@@ -1,6 +1,6 @@
-//! What the redirector's integration tests share: running the real binaries, reading their
-//! metrics and the database, and the load generator.
-#![allow(dead_code)] // Each test binary uses its own subset.
+//! What the redirector's tests share (feature `testkit`, tests only): running the real
+//! binaries, reading their metrics and the database, the load generator and the chaos
+//! scenarios. A library module, so that each test binary takes the part it needs.
 
 pub mod chaos;
 pub mod load;
@@ -8,12 +8,12 @@ pub mod load;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
+pub use shared::testkit::db::{await_rows, rows};
+pub use shared::testkit::services::metric;
+use shared::testkit::services::{await_healthy, collector_command, Collector};
 use shared::testkit::Service;
-
-/// Upper bound for anything awaited in these tests.
-pub const LIMIT: Duration = Duration::from_secs(60);
+pub use shared::testkit::LIMIT;
 
 /// What most tests start from: a migrated database of their own holding `links`, a client of
 /// it, and a temp dir for the collector's socket.
@@ -85,11 +85,7 @@ pub async fn start_redirector(cmd: Command) -> Redirector {
 impl Redirector {
     /// Waits until the link table is loaded (`/healthz` says 200).
     pub async fn ready(&self) {
-        shared::testkit::eventually("redirector /healthz 200", LIMIT, || async {
-            let (status, _) = shared::admin::get(self.admin, "/healthz").await.ok()?;
-            (status == 200).then_some(())
-        })
-        .await;
+        await_healthy("redirector", self.admin).await;
     }
 
     pub async fn metric(&self, series: &str) -> f64 {
@@ -109,36 +105,8 @@ pub async fn collector_with(
     socket: &Path,
     extra: &[&str],
 ) -> (Service, SocketAddr) {
-    spawn_collector(collector_command(database_url, socket, extra)).await
-}
-
-/// The command [`collector_with`] runs.
-pub fn collector_command(database_url: &str, socket: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(shared::testkit::binary("collector"));
-    cmd.args(["--admin-listen", "127.0.0.1:0"])
-        .arg("--database-url")
-        .arg(database_url)
-        .arg("--socket")
-        .arg(socket)
-        .args(extra)
-        .env("RUST_LOG", "info");
-    cmd
-}
-
-/// Spawns a collector command; returns it once it listens, with its admin address.
-pub async fn spawn_collector(cmd: Command) -> (Service, SocketAddr) {
-    let service = Service::spawn("collector", cmd);
-    let admin = service.addr_after("admin listening on ", LIMIT).await;
-    (service, admin)
-}
-
-/// One sample of a process's `/metrics`; panics if the series is missing.
-pub async fn metric(admin: SocketAddr, series: &str) -> f64 {
-    let (status, body) = shared::admin::get(admin, "/metrics")
-        .await
-        .expect("GET /metrics");
-    assert_eq!(status, 200, "{body}");
-    shared::metrics::sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+    let collector = Collector::spawn(collector_command(database_url, socket, extra)).await;
+    (collector.service, collector.admin)
 }
 
 pub async fn add_link(db: &tokio_postgres::Client, code: &str, url: &str) {
@@ -215,29 +183,6 @@ pub async fn let_back(f: &Fixture, admin: &tokio_postgres::Client) {
     admin.batch_execute(&sql).await.expect("letting back");
 }
 
-/// Rows in `clicks` for `code`, or for every code if `None`.
-pub async fn rows(db: &tokio_postgres::Client, code: Option<&str>) -> u64 {
-    let row = db
-        .query_one(
-            "SELECT count(*) FROM clicks WHERE $1::text IS NULL OR code = $1",
-            &[&code],
-        )
-        .await
-        .expect("counting clicks");
-    row.get::<_, i64>(0) as u64
-}
-
-/// Waits until `clicks` holds exactly `expected` rows for `code` (and never more).
-pub async fn await_rows(db: &tokio_postgres::Client, code: Option<&str>, expected: u64) {
-    let what = format!("{expected} rows in clicks for {code:?}");
-    let got = shared::testkit::eventually(&what, LIMIT, || async {
-        let n = rows(db, code).await;
-        (n >= expected).then_some(n)
-    })
-    .await;
-    assert_eq!(got, expected, "more rows than clicks");
-}
-
 /// Parses the redirector's last line, `redirector: N clicks sent, M dropped`.
 pub fn final_counts(log: &[String]) -> (u64, u64) {
     let line = log
@@ -268,24 +213,6 @@ pub fn final_redirects(log: &[String]) -> u64 {
     digits
         .parse()
         .unwrap_or_else(|e| panic!("redirects in {line:?}: {e}"))
-}
-
-/// One request on a fresh connection; the answer with its body discarded.
-pub async fn request(addr: SocketAddr, method: hyper::Method, path: &str) -> hyper::Response<()> {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    tokio::spawn(connection);
-    let request = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(hyper::header::HOST, "test")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("valid request");
-    let response = sender.send_request(request).await.expect("an answer");
-    response.map(|_| ())
 }
 
 /// Waits until clicks for `code` start arriving in `clicks`.

@@ -14,7 +14,8 @@ use nix::sys::signal::Signal;
 use shared::testkit::{eventually, Service, XorShift};
 
 use super::load::{Load, Report};
-use super::{collector_command, fixture, metric, redirector, spawn_collector, Redirector, LIMIT};
+use super::{fixture, metric, redirector, Redirector, LIMIT};
+use shared::testkit::services::{collector_command, Collector};
 
 /// What varies between the chaos tests.
 pub struct Scenario {
@@ -58,18 +59,13 @@ async fn start_collector(
 ) -> (Service, SocketAddr) {
     let flags = ["--instance", instance, "--compact-interval", "500ms"];
     let cmd = collector_command(url, pair_socket, &flags);
-    let (service, admin) = match held {
-        Some(socket) => {
-            spawn_collector(shared::testkit::socket_activated(&cmd, socket.as_raw_fd())).await
-        }
-        None => spawn_collector(cmd).await,
+    let cmd = match held {
+        Some(socket) => shared::testkit::socket_activated(&cmd, socket.as_raw_fd()),
+        None => cmd,
     };
-    eventually("the collector to be ready", LIMIT, || async {
-        let (status, _) = shared::admin::get(admin, "/healthz").await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
-    (service, admin)
+    let collector = Collector::spawn(cmd).await;
+    collector.ready().await;
+    (collector.service, collector.admin)
 }
 
 pub async fn crash_and_count(scenario: Scenario) {

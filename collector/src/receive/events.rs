@@ -1,0 +1,125 @@
+//! What the receive loop reports: one method per event, each with its metrics and its
+//! throttled log line, so that the loop itself reads as I/O and hand-overs only (as Vector's
+//! sources emit internal events).
+
+use std::io;
+use std::sync::Arc;
+
+use shared::throttle::Throttle;
+
+use crate::intake::{Outcome, Why};
+use crate::metrics::Metrics;
+use crate::senders::Reply;
+
+pub struct Events {
+    metrics: Arc<Metrics>,
+    reject_log: Throttle,
+    lost_log: Throttle,
+    mirror_log: Throttle,
+    recv_log: Throttle,
+    reply_log: Throttle,
+}
+
+impl Events {
+    pub fn new(metrics: Arc<Metrics>) -> Events {
+        Events {
+            metrics,
+            reject_log: Throttle::default(),
+            lost_log: Throttle::default(),
+            mirror_log: Throttle::default(),
+            recv_log: Throttle::default(),
+            reply_log: Throttle::default(),
+        }
+    }
+
+    /// A datagram was read from the socket.
+    pub fn received(&self) {
+        self.metrics.datagrams_received.inc();
+    }
+
+    /// Reading the socket failed: not a reason to stop.
+    pub fn receive_failed(&mut self, e: &io::Error) {
+        if let Some(held) = self.recv_log.allow() {
+            tracing::warn!("receiving: {e} ({held} more errors not logged)");
+        }
+    }
+
+    /// A datagram went to `--mirror`, or did not.
+    pub fn mirrored(&mut self, result: io::Result<()>) {
+        match result {
+            Ok(()) => self.metrics.mirror_sent.inc(),
+            Err(e) => {
+                self.metrics.mirror_failed.inc();
+                if let Some(held) = self.mirror_log.allow() {
+                    tracing::warn!("mirror: {e} ({held} more failures not logged)");
+                }
+            }
+        }
+    }
+
+    /// An acknowledgement or resend request was sent, or not.
+    pub fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
+        let m = &self.metrics;
+        match result {
+            Ok(()) if reply.ack.resend_from.is_some() => m.resend_requests.inc(),
+            Ok(()) => m.acks_sent.inc(),
+            Err(e) => {
+                m.acks_failed.inc();
+                if let Some(held) = self.reply_log.allow() {
+                    tracing::warn!(
+                        "acknowledging sender {:016x} at {}: {e} ({held} more failures not logged)",
+                        reply.ack.sender,
+                        reply.to
+                    );
+                }
+            }
+        }
+    }
+
+    /// What became of one datagram; `senders` is how many senders are known after it.
+    pub fn outcome(&mut self, outcome: Outcome, senders: usize) {
+        let m = &self.metrics;
+        match outcome {
+            Outcome::Rejected(why) => self.rejected(&why),
+            Outcome::Duplicate => m.datagrams_duplicate.inc(),
+            Outcome::Ahead => m.datagrams_out_of_order.inc(),
+            Outcome::Accepted {
+                sender,
+                seq,
+                clicks,
+                lost,
+                evicted,
+            } => {
+                m.clicks_received.add(clicks as u64);
+                m.pending_clicks.add(clicks as i64);
+                m.senders_evicted.add(evicted as u64);
+                m.senders.set(senders as i64);
+                if lost > 0 {
+                    self.lost(sender, seq, lost);
+                }
+            }
+        }
+    }
+
+    /// `lost` datagrams of `sender` were skipped before `seq`.
+    fn lost(&mut self, sender: u64, seq: u64, lost: u64) {
+        self.metrics.datagrams_lost.add(lost);
+        if let Some(held) = self.lost_log.allow() {
+            tracing::warn!(
+                "sender {sender:016x}: {lost} datagrams lost before seq {seq} ({held} more gaps \
+                 not logged)"
+            );
+        }
+    }
+
+    /// A datagram was rejected; `why` is formatted only when the line is logged.
+    fn rejected(&mut self, why: &Why) {
+        let reason = why.reason();
+        self.metrics.datagrams_rejected.inc(reason);
+        if let Some(held) = self.reject_log.allow() {
+            tracing::warn!(
+                "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"
+            );
+        }
+    }
+}

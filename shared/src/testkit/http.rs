@@ -1,0 +1,41 @@
+//! The tests' one HTTP client: a request on a fresh connection, answered whole. Both services'
+//! listeners (the redirector's, and the admin listener of each) speak HTTP/1.1 through hyper.
+
+use std::io;
+use std::net::SocketAddr;
+
+use http_body_util::BodyExt;
+use hyper::{Method, Response};
+
+/// One `method` request for `path` on a fresh connection to `addr`: the answer with its body.
+/// An error is returned, not raised, so that a wait can ask again while a listener starts.
+pub async fn request(addr: SocketAddr, method: Method, path: &str) -> io::Result<Response<String>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(io::Error::other)?;
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(io::Error::other)?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(io::Error::other)?;
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
+    Ok(Response::from_parts(
+        head,
+        String::from_utf8_lossy(&body).into_owned(),
+    ))
+}
+
+/// `GET path`: the status and the body.
+pub async fn get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
+    let response = request(addr, Method::GET, path).await?;
+    Ok((response.status().as_u16(), response.into_body()))
+}
