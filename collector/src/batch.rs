@@ -39,7 +39,7 @@ impl Window {
 }
 
 /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SetAside {
     TooOld,
     TooNew,

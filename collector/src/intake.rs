@@ -10,18 +10,20 @@ use tokio::time::Instant;
 use crate::batch::{Batch, Window};
 use crate::senders::{Refusal, Reply, Senders, Verdict};
 
-/// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
-/// sent it and what it claims.
-pub const REJECT_REASONS: [&str; 8] = [
-    "undecodable",
-    "wrong_version",
-    "bad_code",
-    "bad_timestamp",
-    "trailing_bytes",
-    "unauthorized",
-    "sender_mismatch",
-    "seq_jump",
-];
+shared::label! {
+    /// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
+    /// sent it and what it claims.
+    pub enum Rejected: "reason" {
+        Undecodable = "undecodable",
+        WrongVersion = "wrong_version",
+        BadCode = "bad_code",
+        BadTimestamp = "bad_timestamp",
+        TrailingBytes = "trailing_bytes",
+        Unauthorized = "unauthorized",
+        SenderMismatch = "sender_mismatch",
+        SeqJump = "seq_jump",
+    }
+}
 
 /// Why a datagram was rejected whole; formatted only when logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,13 +37,22 @@ pub enum Why {
 }
 
 impl Why {
-    pub fn reason(&self) -> &'static str {
+    /// The metrics label.
+    pub fn rejected(&self) -> Rejected {
         match self {
-            Why::Truncated(_) => "undecodable",
-            Why::Wire(reject) => reject.reason(),
-            Why::Unauthorized(_) => "unauthorized",
-            Why::Refused(refusal) => refusal.reason(),
+            Why::Truncated(_) | Why::Wire(Reject::Undecodable(_)) => Rejected::Undecodable,
+            Why::Wire(Reject::WrongVersion { .. }) => Rejected::WrongVersion,
+            Why::Wire(Reject::BadCode { .. }) => Rejected::BadCode,
+            Why::Wire(Reject::BadTimestamp { .. }) => Rejected::BadTimestamp,
+            Why::Wire(Reject::TrailingBytes(_)) => Rejected::TrailingBytes,
+            Why::Unauthorized(_) => Rejected::Unauthorized,
+            Why::Refused(Refusal::SenderMismatch) => Rejected::SenderMismatch,
+            Why::Refused(Refusal::SeqJump) => Rejected::SeqJump,
         }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        shared::metrics::Label::as_str(self.rejected())
     }
 }
 
@@ -233,16 +244,20 @@ mod tests {
             Outcome::Rejected(Why::Truncated(65_536))
         );
         assert_eq!(batch.len(), 3, "nothing else entered the batch");
+        let labels: Vec<_> = <Rejected as shared::metrics::Label>::ALL
+            .iter()
+            .map(|r| shared::metrics::Label::as_str(*r))
+            .collect();
         for reason in [
             Why::Truncated(1).reason(),
             "unauthorized",
             "sender_mismatch",
             "seq_jump",
         ] {
-            assert!(REJECT_REASONS.contains(&reason), "{reason}");
+            assert!(labels.contains(&reason), "{reason}");
         }
         for reason in Reject::REASONS {
-            assert!(REJECT_REASONS.contains(&reason), "{reason}");
+            assert!(labels.contains(&reason), "{reason}");
         }
     }
 }

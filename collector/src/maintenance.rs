@@ -13,7 +13,7 @@ use tokio_postgres::Client;
 
 use crate::compact::{self, Backlog};
 use crate::db::{timed, Db};
-use crate::metrics::Metrics;
+use crate::metrics::{Health, Metrics};
 use crate::partitions::{self, Plan};
 use crate::unfolded::Unfolded;
 
@@ -55,7 +55,13 @@ struct Due {
 
 /// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
 /// next look on a new connection.
-pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metrics>) {
+pub async fn run(
+    db: Db,
+    policy: Policy,
+    own: Arc<Unfolded>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) {
     let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
@@ -73,7 +79,7 @@ pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metric
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut due);
         match timed(policy.timeout, round).await {
             Ok(()) => {
-                metrics.db_reachable.store(true, Relaxed);
+                health.db_reachable.store(true, Relaxed);
                 if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
                 }
@@ -81,7 +87,7 @@ pub async fn run(db: Db, policy: Policy, own: Arc<Unfolded>, metrics: Arc<Metric
             Err(failure) => {
                 conn = None;
                 metrics.db_errors.inc();
-                metrics.db_reachable.store(false, Relaxed);
+                health.db_reachable.store(false, Relaxed);
                 if outage.hit().is_some() {
                     tracing::warn!("folding, pruning or partitioning: {failure}; retrying");
                 } else {
@@ -150,8 +156,8 @@ pub async fn keep_partitions(
 ) -> Result<(), tokio_postgres::Error> {
     let today = crate::copy::pg_day(now_us);
     let done = partitions::maintain(client, &policy.partitions(today), today).await?;
-    metrics.partitions_created.add(done.created);
-    metrics.partitions_dropped.add(done.dropped.len() as u64);
+    metrics.partitions_created.inc_by(done.created);
+    metrics.partitions_dropped.inc_by(done.dropped.len() as u64);
     if done.created > 0 {
         tracing::info!("created {} partitions of clicks ahead", done.created);
     }

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use crate::batch::{self, Handoff, Window};
 use crate::config::Config;
 use crate::db::{self, describe, Db};
-use crate::metrics::Metrics;
+use crate::metrics::{AdminView, Health, Metrics};
 use crate::mirror::Mirror;
 use crate::receive::{Receiver, Settings};
 use crate::senders::{self, Senders};
@@ -70,11 +70,16 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         .map_err(Fatal::Url)?
         .for_instance(&config.instance);
     let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
     // Under systemd: the datagram socket (collector.socket) and the admin listener
     // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
     // own.
     let mut passed = shared::systemd::Passed::take().map_err(crate::socket::OpenError::Io)?;
-    listen_admin(passed.named("admin"), config.admin_listen, metrics.clone())
+    let admin = AdminView {
+        metrics: metrics.clone(),
+        health: health.clone(),
+    };
+    listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
         .await
         .map_err(|source| Fatal::Admin {
             addr: config.admin_listen,
@@ -96,8 +101,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
     metrics.deltas_pending.set(start.deltas_pending);
-    metrics.db_reachable.store(true, Relaxed);
-    metrics.started.store(true, Relaxed);
+    health.db_reachable.store(true, Relaxed);
+    health.started.store(true, Relaxed);
     tracing::info!(
         "ready: instance {:?}, {} known senders",
         config.instance,
@@ -107,7 +112,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
 
     // Below 2^63: a positive bigint.
     let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
-    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics);
+    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &health);
     let receiver = Receiver::new(
         inbox,
         start.senders,
@@ -124,7 +129,13 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         },
         handoff,
     );
-    let maintenance = tokio::spawn(maintenance::run(db, upkeep, unfolded, metrics.clone()));
+    let maintenance = tokio::spawn(maintenance::run(
+        db,
+        upkeep,
+        unfolded,
+        metrics.clone(),
+        health.clone(),
+    ));
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
@@ -166,7 +177,7 @@ fn micros(d: std::time::Duration) -> i64 {
 async fn listen_admin(
     passed: Option<std::os::fd::OwnedFd>,
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    admin: Arc<AdminView>,
 ) -> std::io::Result<()> {
     let (listener, from) = match passed {
         Some(fd) => {
@@ -176,7 +187,7 @@ async fn listen_admin(
         None => (TcpListener::bind(addr).await?, ""),
     };
     tracing::info!("admin listening on {}{from}", listener.local_addr()?);
-    shared::admin::spawn(listener, metrics);
+    shared::admin::spawn(listener, admin);
     Ok(())
 }
 
@@ -188,6 +199,7 @@ fn start_writer(
     config: &Config,
     unfolded: &Arc<Unfolded>,
     metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
 ) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
     let writer = Writer::new(
@@ -196,6 +208,7 @@ fn start_writer(
         config.write_timeout,
         unfolded.clone(),
         metrics.clone(),
+        health.clone(),
         Some(conn),
     );
     (handoff, tokio::spawn(writer.run(writer_ends)))

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::batch::{self, Batch, Handoff};
 use crate::db::Db;
-use crate::metrics::Metrics;
+use crate::metrics::{Health, Metrics};
 use crate::unfolded::Unfolded;
 use crate::writer::Writer;
 use shared::pgtest::TestDb;
@@ -203,6 +203,19 @@ pub async fn writer(
     writer_with_sums(url, instance, timeout, metrics).await.0
 }
 
+/// [`writer`], reporting whether the database is reachable into `health`.
+pub async fn writer_with_health(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Handoff {
+    start_writer(url, instance, timeout, metrics, health)
+        .await
+        .0
+}
+
 /// [`writer`], with the sums it keeps of the batches it committed, for its folds.
 pub async fn writer_with_sums(
     url: &str,
@@ -210,10 +223,28 @@ pub async fn writer_with_sums(
     timeout: Duration,
     metrics: Arc<Metrics>,
 ) -> (Handoff, Arc<Unfolded>) {
+    start_writer(url, instance, timeout, metrics, Arc::default()).await
+}
+
+async fn start_writer(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> (Handoff, Arc<Unfolded>) {
     let (mut handoff, ends) = batch::handoff();
     let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
     let db = Db::parse(url).unwrap();
-    let writer = Writer::new(db, instance, timeout, unfolded.clone(), metrics, None);
+    let writer = Writer::new(
+        db,
+        instance,
+        timeout,
+        unfolded.clone(),
+        metrics,
+        health,
+        None,
+    );
     tokio::spawn(writer.run(ends));
     handoff.empty.recv().await.unwrap();
     (handoff, unfolded)

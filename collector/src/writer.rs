@@ -10,7 +10,7 @@ use shared::throttle::Throttle;
 use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
-use crate::metrics::Metrics;
+use crate::metrics::{Health, Metrics};
 use crate::store::{refuses_rows, BatchNumber, Conn, Outcome, Rows};
 use crate::unfolded::Unfolded;
 
@@ -24,6 +24,7 @@ pub struct Writer {
     /// The sums of the batches committed and not folded yet, for the maintenance task.
     unfolded: Arc<Unfolded>,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
 impl Writer {
@@ -35,6 +36,7 @@ impl Writer {
         timeout: Duration,
         unfolded: Arc<Unfolded>,
         metrics: Arc<Metrics>,
+        health: Arc<Health>,
         conn: Option<Conn>,
     ) -> Writer {
         Writer {
@@ -48,6 +50,7 @@ impl Writer {
             conn,
             unfolded,
             metrics,
+            health,
         }
     }
 
@@ -84,12 +87,12 @@ impl Writer {
             m.commit_lag.observe_all(batch.clicked_at().iter().map(lag));
             m.batch_seconds.observe(started.elapsed());
             m.batches.inc();
-            m.clicks_written.add(batch.len() as u64 - refused);
+            m.clicks_written.inc_by(batch.len() as u64 - refused);
             for (why, n) in batch.set_aside() {
-                m.clicks_set_aside.add(why.as_str(), n);
+                m.clicks_set_aside.add(why, n);
             }
-            m.clicks_set_aside.add(SetAside::Refused.as_str(), refused);
-            m.pending_clicks.add(-(batch.received() as i64));
+            m.clicks_set_aside.add(SetAside::Refused, refused);
+            m.pending_clicks.dec_by(batch.received() as i64);
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
         }
@@ -113,7 +116,7 @@ impl Writer {
                             batch.len()
                         );
                     }
-                    self.metrics.db_reachable.store(true, Relaxed);
+                    self.health.db_reachable.store(true, Relaxed);
                     return Outcome::Written { refused };
                 }
                 Ok(Outcome::AlreadyCommitted) => {
@@ -122,7 +125,7 @@ impl Writer {
                          not writing it again",
                         batch.len()
                     );
-                    self.metrics.db_reachable.store(true, Relaxed);
+                    self.health.db_reachable.store(true, Relaxed);
                     return Outcome::AlreadyCommitted;
                 }
                 Ok(Outcome::AllRefused(error)) => {
@@ -132,7 +135,7 @@ impl Writer {
                         batch.len()
                     );
                     self.metrics.db_errors.inc();
-                    self.metrics.db_reachable.store(false, Relaxed);
+                    self.health.db_reachable.store(false, Relaxed);
                 }
                 Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
                     tracing::warn!(
@@ -153,7 +156,7 @@ impl Writer {
                         batch.len(),
                     );
                     self.metrics.db_errors.inc();
-                    self.metrics.db_reachable.store(false, Relaxed);
+                    self.health.db_reachable.store(false, Relaxed);
                 }
             }
             self.conn = None;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use collector::batch::Handoff;
-use collector::metrics::Metrics;
+use collector::metrics::{Health, Metrics};
 use collector::testkit::*;
 use shared::pgtest;
 
@@ -233,8 +233,16 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         .unwrap()
         .get(0);
     let metrics = Arc::new(Metrics::default());
-    metrics.db_reachable.store(true, Relaxed);
-    let mut handoff = writer(&db.url, INSTANCE, IMPATIENT, metrics.clone()).await;
+    let health = Arc::new(Health::default());
+    health.db_reachable.store(true, Relaxed);
+    let mut handoff = writer_with_health(
+        &db.url,
+        INSTANCE,
+        IMPATIENT,
+        metrics.clone(),
+        health.clone(),
+    )
+    .await;
     let grams = datagrams(91, &clicks(500, 20, start_us(), 1_000));
     handoff.full.send(batch_of(&grams)).await.unwrap();
 
@@ -247,7 +255,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         "not written while locked"
     );
     assert_eq!(metrics.db_errors.get(), 0);
-    assert!(metrics.db_reachable.load(Relaxed));
+    assert!(health.db_reachable.load(Relaxed));
     drop(holder);
 
     handed_back(&mut handoff).await;

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use tokio::sync::Notify;
 use tokio_postgres::{Client, Statement};
 
-use crate::metrics::{reason, Metrics};
+use crate::metrics::{Dropped, Metrics};
 
 pub struct Direct {
     clients: Box<[(Client, Statement)]>,
@@ -54,9 +54,11 @@ impl Direct {
         self.recording.fetch_add(1, Relaxed);
         let _ = tokio::spawn(async move {
             match direct.insert(&code).await {
-                Ok(()) => metrics.clicks_sent.inc(),
+                Ok(()) => {
+                    metrics.clicks_sent.inc();
+                }
                 Err(e) => {
-                    metrics.clicks_dropped.inc(reason::DIRECT_FAILED);
+                    metrics.clicks_dropped.inc(Dropped::DirectFailed);
                     let why = shared::db::describe(&e);
                     tracing::warn!("direct insert of a {code:?} click: {why}");
                 }

@@ -30,7 +30,7 @@ use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::metrics::{reason, Metrics};
+use crate::metrics::{Dropped, Metrics};
 use crate::ring::{Ring, Slot};
 use crate::window::Window;
 
@@ -270,7 +270,7 @@ impl Drain {
                 }
                 Err(e) => {
                     budget -= 1;
-                    self.metrics.clicks_dropped.inc(reason::INVALID);
+                    self.metrics.clicks_dropped.inc(Dropped::Invalid);
                     tracing::warn!("dropping click {:?}: {e}", slot.code());
                 }
             }
@@ -329,10 +329,12 @@ impl Drain {
     fn sent(&mut self) {
         match self.window.mark_sent() {
             Some(clicks) => {
-                self.metrics.clicks_sent.add(u64::from(clicks));
+                self.metrics.clicks_sent.inc_by(u64::from(clicks));
                 self.metrics.datagrams_sent.inc();
             }
-            None => self.metrics.resends.inc(),
+            None => {
+                self.metrics.resends.inc();
+            }
         }
         self.backoff.reset();
         if let (Some(kind), Some(lasting)) = (self.failing.take(), self.failures.end()) {
@@ -348,7 +350,7 @@ impl Drain {
 
     fn send_failed(&mut self, err: &io::Error) {
         let kind = SendErrorKind::of(err);
-        self.metrics.send_errors.inc(kind.as_str());
+        self.metrics.send_errors.inc(kind);
         self.note_failure(kind, err);
         let later = Instant::now() + self.backoff.next_wait();
         self.link = if awaits_writability(err) {
@@ -461,7 +463,7 @@ impl Drain {
     fn acknowledged(&mut self, seq: u64) -> Result<(), String> {
         let released = self.window.acknowledge(seq).map_err(|e| e.to_string())?;
         if released.datagrams > 0 {
-            self.metrics.clicks_acked.add(released.clicks);
+            self.metrics.clicks_acked.inc_by(released.clicks);
             self.progress = Instant::now();
         }
         Ok(())
@@ -496,7 +498,7 @@ impl Drain {
                 "sending to {path} still fails after {}: {err} ({label}); {failures} failures \
                  since the last report, {held} clicks held, {} dropped so far for a full ring",
                 seconds(lasting),
-                self.metrics.clicks_dropped.get(reason::RING_FULL)
+                self.metrics.clicks_dropped.get(Dropped::RingFull)
             ),
         }
     }

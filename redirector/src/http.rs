@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 
 use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
-use crate::metrics::{reason, Metrics};
+use crate::metrics::{Dropped, Metrics};
 use crate::ring::{Refusal, Ring};
 use bounded::{Conn, Connections};
 use watched::Watched;
@@ -105,13 +105,17 @@ impl App {
         match &self.clicks {
             Clicks::Pipeline(ring) => {
                 match ring.push(code, shared::now_us()) {
-                    Ok(()) => m.clicks_queued.inc(),
-                    Err(Refusal::Full) => m.clicks_dropped.inc(reason::RING_FULL),
-                    Err(Refusal::CodeTooLong) => m.clicks_dropped.inc(reason::INVALID),
+                    Ok(()) => {
+                        m.clicks_queued.inc();
+                    }
+                    Err(Refusal::Full) => m.clicks_dropped.inc(Dropped::RingFull),
+                    Err(Refusal::CodeTooLong) => m.clicks_dropped.inc(Dropped::Invalid),
                 }
                 m.redirects.inc();
             }
-            Clicks::Off => m.redirects.inc(),
+            Clicks::Off => {
+                m.redirects.inc();
+            }
             Clicks::Direct(direct) => direct.record(code, m).await,
         }
     }
@@ -252,8 +256,8 @@ mod tests {
     async fn a_code_the_ring_refuses_as_too_long_is_invalid_not_ring_full() {
         let (app, ring) = pipeline(4);
         app.record(&"x".repeat(MAX_CODE_LEN + 1)).await;
-        assert_eq!(app.metrics.clicks_dropped.get(reason::INVALID), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(reason::RING_FULL), 0);
+        assert_eq!(app.metrics.clicks_dropped.get(Dropped::Invalid), 1);
+        assert_eq!(app.metrics.clicks_dropped.get(Dropped::RingFull), 0);
         assert!(ring.is_empty());
     }
 
@@ -263,7 +267,7 @@ mod tests {
         app.record("a").await;
         app.record("b").await;
         assert_eq!(app.metrics.clicks_queued.get(), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(reason::RING_FULL), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(reason::INVALID), 0);
+        assert_eq!(app.metrics.clicks_dropped.get(Dropped::RingFull), 1);
+        assert_eq!(app.metrics.clicks_dropped.get(Dropped::Invalid), 0);
     }
 }

@@ -358,7 +358,7 @@ impl Loader {
         }
         batch.finish();
         if codes > 0 {
-            self.metrics.link_changes_applied.add(codes);
+            self.metrics.link_changes_applied.inc_by(codes);
             let lag = head.now - newest + read_at.elapsed().as_secs_f64();
             self.metrics.links_lag.set(lag.max(0.0));
             tracing::debug!("applied {codes} link changes, lag {lag:.3} s");

@@ -17,7 +17,7 @@ use crate::direct::Direct;
 use crate::drain::{self, Drain, Left};
 use crate::http::{self, App, Clicks, Limits};
 use crate::links::{self, LinkTable};
-use crate::metrics::{reason, AdminView, Metrics};
+use crate::metrics::{AdminView, Dropped, Metrics};
 use crate::ring::Ring;
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +190,7 @@ async fn shut_down(
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
         None => Left::default(),
     };
-    metrics.clicks_dropped.add(reason::SHUTDOWN, left.unsent);
+    metrics.clicks_dropped.add(Dropped::Shutdown, left.unsent);
     let summary = Summary {
         redirects: metrics.redirects.get(),
         sent: metrics.clicks_sent.get(),
@@ -323,6 +323,6 @@ mod tests {
         };
         let result = shut_down(stopping, Duration::from_millis(50), &metrics).await;
         assert!(matches!(result, Err(Error::Server(_))), "{result:?}");
-        assert_eq!(metrics.clicks_dropped.get(reason::SHUTDOWN), 10);
+        assert_eq!(metrics.clicks_dropped.get(Dropped::Shutdown), 10);
     }
 }

@@ -12,6 +12,7 @@ use nix::sys::socket::UnixAddr;
 use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
+use shared::socket::SendErrorKind;
 use shared::testkit::eventually;
 use shared::wire::Ack;
 use tokio::net::UnixDatagram;
@@ -77,15 +78,17 @@ impl Rig {
         }
     }
 
-    fn errors(&self, kind: &str) -> u64 {
+    fn errors(&self, kind: SendErrorKind) -> u64 {
         self.metrics.send_errors.get(kind)
     }
 
     /// Waits until the drain has counted a send error of `kind`.
-    async fn await_error(&self, kind: &str) {
-        eventually(&format!("a {kind} send error"), LIMIT, || async {
-            (self.errors(kind) > 0).then_some(())
-        })
+    async fn await_error(&self, kind: SendErrorKind) {
+        eventually(
+            &format!("a {} send error", kind.as_str()),
+            LIMIT,
+            || async { (self.errors(kind) > 0).then_some(()) },
+        )
         .await;
     }
 
@@ -206,7 +209,7 @@ async fn full_queue(code: &str, clicks: usize, acks: bool) -> (Rig, Collector) {
     let rig = rig(clicks);
     let c = collector(&rig.path, acks);
     rig.push(code, clicks);
-    rig.await_error("queue_full").await;
+    rig.await_error(SendErrorKind::QueueFull).await;
     (rig, c)
 }
 
@@ -244,7 +247,7 @@ async fn sends_every_click_once_in_numbered_datagrams_and_forgets_what_is_acknow
 async fn holds_clicks_while_nobody_listens_then_delivers_them() {
     let rig = rig(10_000);
     rig.push("away", 1_000);
-    rig.await_error("not_found").await;
+    rig.await_error(SendErrorKind::NotFound).await;
     assert_eq!(rig.metrics.clicks_sent.get(), 0);
     let c = collector(&rig.path, true);
     let mut got = Received::default();
@@ -278,7 +281,8 @@ async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge()
     first.shutdown(std::net::Shutdown::Read).unwrap();
     rig.push("again", 100);
     eventually("the drain to notice the receiver left", LIMIT, || async {
-        (rig.errors("not_connected") > 0 && rig.errors("not_found") > 0).then_some(())
+        (rig.errors(SendErrorKind::NotConnected) > 0 && rig.errors(SendErrorKind::NotFound) > 0)
+            .then_some(())
     })
     .await;
     let second = collector(&rig.path, true);
@@ -391,7 +395,7 @@ async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_no
     drop(c);
     std::fs::remove_file(&rig.path).unwrap();
     rig.push("forged", 1);
-    rig.await_error("refused").await;
+    rig.await_error(SendErrorKind::Refused).await;
     shared::testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
     refused(&rig, 3).await;
     assert_eq!(rig.metrics.acks.get(), 0);
@@ -403,7 +407,7 @@ async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_no
 async fn shutdown_with_nobody_listening_reports_every_click_left() {
     let rig = rig(10_000);
     rig.push("stuck", 5_000);
-    rig.await_error("not_found").await;
+    rig.await_error(SendErrorKind::NotFound).await;
     let left = rig.stop(Duration::from_millis(100)).await;
     assert_eq!(
         left,

@@ -1,4 +1,4 @@
-//! The admin listener each process runs beside its real work: `GET /metrics` (Prometheus
+//! The admin listener each process runs beside its real work: `GET /metrics` (OpenMetrics
 //! text) and `GET /healthz` (200 once ready, 503 before).
 
 use std::convert::Infallible;
@@ -17,7 +17,7 @@ const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What a process exposes on its admin listener.
 pub trait Admin: Send + Sync + 'static {
-    /// The whole Prometheus exposition.
+    /// The whole OpenMetrics exposition, `# EOF` included.
     fn metrics(&self) -> String;
     /// Whether the process is doing its job (`/healthz` says 200), and if not, why.
     fn health(&self) -> Result<(), String>;
@@ -53,18 +53,23 @@ pub fn spawn(listener: TcpListener, admin: Arc<dyn Admin>) -> tokio::task::JoinH
 }
 
 fn answer(admin: &dyn Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let reply = |status, body: String| {
+    let reply_as = |status, content_type: &str, body: String| {
         Response::builder()
             .status(status)
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .header("content-type", content_type)
             .body(Full::new(Bytes::from(body)))
             .expect("static response parts are valid")
     };
+    let reply = |status, body| reply_as(status, "text/plain; charset=utf-8", body);
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
     match req.uri().path() {
-        "/metrics" => reply(StatusCode::OK, admin.metrics()),
+        "/metrics" => reply_as(
+            StatusCode::OK,
+            crate::metrics::CONTENT_TYPE,
+            admin.metrics(),
+        ),
         "/healthz" => match admin.health() {
             Ok(()) => reply(StatusCode::OK, "ok\n".into()),
             Err(why) => reply(

@@ -1,91 +1,94 @@
-//! Lock-free counters, gauges and histograms, and their Prometheus text rendering.
+//! Metrics on the `prometheus-client` crate: counters, gauges, histograms and counters under
+//! one enum label, each declared once with [`metrics!`](crate::metrics!), and the OpenMetrics
+//! text the admin listener serves.
 //!
-//! Each process keeps its metrics in one plain struct of these types; the hot paths only do
-//! relaxed atomic adds, and the admin listener renders the struct on request.
+//! Counters and gauges are atomics: the hot paths only do relaxed adds. A labeled counter
+//! resolves every label value once, when created, so counting one is an index and an add;
+//! its label values are an enum, so an unknown one does not compile.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::metrics::family::Family;
+pub use prometheus_client::registry::Registry;
 
-impl Counter {
-    pub fn inc(&self) {
-        self.add(1);
-    }
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Relaxed);
-    }
-    pub fn get(&self) -> u64 {
-        self.0.load(Relaxed)
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    pub fn set(&self, v: i64) {
-        self.0.store(v, Relaxed);
-    }
-    pub fn add(&self, n: i64) {
-        self.0.fetch_add(n, Relaxed);
-    }
-    pub fn get(&self) -> i64 {
-        self.0.load(Relaxed)
-    }
-}
-
+/// A monotonic counter; registered without `_total`, which the encoder appends.
+pub type Counter = prometheus_client::metrics::counter::Counter;
+/// An integer gauge.
+pub type Gauge = prometheus_client::metrics::gauge::Gauge;
 /// A gauge that takes fractions (seconds, timestamps).
-#[derive(Debug, Default)]
-pub struct FloatGauge(AtomicU64);
+pub type FloatGauge = prometheus_client::metrics::gauge::Gauge<f64, AtomicU64>;
 
-impl FloatGauge {
-    pub fn set(&self, v: f64) {
-        self.0.store(v.to_bits(), Relaxed);
-    }
-    pub fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Relaxed))
+/// The values of one label, known in advance (drop reasons, error kinds): a fieldless enum.
+pub trait Label: Copy + Eq + Hash + Debug + Send + Sync + 'static {
+    /// The label's name.
+    const NAME: &'static str;
+    /// Every value, in the order of [`Label::index`].
+    const ALL: &'static [Self];
+    /// The position of `self` in [`Label::ALL`].
+    fn index(self) -> usize;
+    /// The label value exposed.
+    fn as_str(self) -> &'static str;
+}
+
+/// The label set of a [`LabeledCounter`]: the one label `L::NAME="value"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct One<L>(pub L);
+
+struct Value<L>(L);
+
+impl<L: Label> EncodeLabelValue for Value<L> {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.0.as_str())
     }
 }
 
-/// Counters under one label whose values are known in advance (drop reasons, error kinds).
+impl<L: Label> EncodeLabelSet for One<L> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> std::fmt::Result {
+        [(L::NAME, Value(self.0))].encode(encoder)
+    }
+}
+
+/// Counters under one label whose values are an enum. Every value is created (and exposed,
+/// at 0) up front, and its counter kept: counting does not look anything up.
 #[derive(Debug)]
-pub struct LabeledCounter {
-    labels: &'static [&'static str],
-    counts: Box<[Counter]>,
+pub struct LabeledCounter<L: Label> {
+    family: Family<One<L>, Counter>,
+    each: Box<[Counter]>,
 }
 
-impl LabeledCounter {
-    pub fn new(labels: &'static [&'static str]) -> Self {
-        Self {
-            labels,
-            counts: labels.iter().map(|_| Counter::default()).collect(),
-        }
+impl<L: Label> Default for LabeledCounter<L> {
+    fn default() -> Self {
+        let family = Family::<One<L>, Counter>::default();
+        let each = L::ALL
+            .iter()
+            .map(|l| family.get_or_create(&One(*l)).clone())
+            .collect();
+        Self { family, each }
+    }
+}
+
+impl<L: Label> LabeledCounter<L> {
+    pub fn add(&self, label: L, n: u64) {
+        self.each[label.index()].inc_by(n);
     }
 
-    /// Adds to the counter of `label`. An unknown label is a programming error.
-    pub fn add(&self, label: &str, n: u64) {
-        match self.labels.iter().position(|l| *l == label) {
-            Some(i) => self.counts[i].add(n),
-            None => debug_assert!(false, "unknown metric label {label}"),
-        }
-    }
-
-    pub fn inc(&self, label: &str) {
+    pub fn inc(&self, label: L) {
         self.add(label, 1);
     }
 
-    pub fn get(&self, label: &str) -> u64 {
-        self.labels
-            .iter()
-            .position(|l| *l == label)
-            .map_or(0, |i| self.counts[i].get())
+    pub fn get(&self, label: L) -> u64 {
+        self.each[label.index()].get()
     }
 
     pub fn total(&self) -> u64 {
-        self.counts.iter().map(Counter::get).sum()
+        self.each.iter().map(Counter::get).sum()
     }
 }
 
@@ -94,112 +97,178 @@ const BOUNDS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A latency histogram with fixed buckets from 0.5 ms to 10 s.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [Counter; BOUNDS.len()],
-    count: Counter,
-    sum_ns: Counter,
+/// A latency histogram with fixed buckets from 0.5 ms to 10 s (not for per-request paths: the
+/// crate's histogram takes a lock per observation).
+#[derive(Debug, Clone)]
+pub struct Histogram(prometheus_client::metrics::histogram::Histogram, Counter);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self(
+            prometheus_client::metrics::histogram::Histogram::new(BOUNDS),
+            Counter::default(),
+        )
+    }
 }
 
 impl Histogram {
     pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = BOUNDS.iter().position(|b| secs <= *b) {
-            self.buckets[i].inc();
-        }
-        self.count.inc();
-        self.sum_ns
-            .add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.0.observe(d.as_secs_f64());
+        self.1.inc();
     }
 
-    /// Observes every duration of `all`, counting locally first: one atomic add per bucket
-    /// instead of three per observation, for a batch's worth at once.
     pub fn observe_all(&self, all: impl IntoIterator<Item = Duration>) {
-        let mut buckets = [0u64; BOUNDS.len()];
-        let (mut count, mut sum_ns) = (0u64, 0u64);
         for d in all {
-            let secs = d.as_secs_f64();
-            if let Some(i) = BOUNDS.iter().position(|b| secs <= *b) {
-                buckets[i] += 1;
-            }
-            count += 1;
-            sum_ns = sum_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            self.observe(d);
         }
-        for (bucket, n) in self.buckets.iter().zip(buckets) {
-            if n > 0 {
-                bucket.add(n);
-            }
-        }
-        self.count.add(count);
-        self.sum_ns.add(sum_ns);
     }
 
     pub fn count(&self) -> u64 {
-        self.count.get()
+        self.1.get()
     }
 }
 
-/// Prometheus text exposition, version 0.0.4.
-#[derive(Debug, Default)]
-pub struct Text(String);
+/// What [`metrics!`](crate::metrics!) registers: a metric, under its name and help.
+pub trait Register {
+    fn register(&self, registry: &mut Registry, name: &'static str, help: &'static str);
+}
 
-impl Text {
-    fn header(&mut self, name: &str, help: &str, kind: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+fn help(help: &str) -> &str {
+    // The encoder appends the period.
+    help.strip_suffix('.').unwrap_or(help)
+}
+
+impl Register for Counter {
+    fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
+        registry.register(name, help(h), self.clone());
     }
+}
 
-    pub fn counter(&mut self, name: &str, help: &str, value: u64) -> &mut Self {
-        self.header(name, help, "counter");
-        let _ = writeln!(self.0, "{name} {value}");
-        self
+impl Register for Gauge {
+    fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
+        registry.register(name, help(h), self.clone());
     }
+}
 
-    pub fn gauge(&mut self, name: &str, help: &str, value: i64) -> &mut Self {
-        self.header(name, help, "gauge");
-        let _ = writeln!(self.0, "{name} {value}");
-        self
+impl Register for FloatGauge {
+    fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
+        registry.register(name, help(h), self.clone());
     }
+}
 
-    pub fn gauge_f64(&mut self, name: &str, help: &str, value: f64) -> &mut Self {
-        self.header(name, help, "gauge");
-        let _ = writeln!(self.0, "{name} {value}");
-        self
+impl Register for Histogram {
+    fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
+        registry.register(name, help(h), self.0.clone());
     }
+}
 
-    pub fn labeled(
-        &mut self,
-        name: &str,
-        help: &str,
-        label: &str,
-        c: &LabeledCounter,
-    ) -> &mut Self {
-        self.header(name, help, "counter");
-        for (value, count) in c.labels.iter().zip(c.counts.iter()) {
-            let _ = writeln!(self.0, "{name}{{{label}=\"{value}\"}} {}", count.get());
+impl<L: Label> Register for LabeledCounter<L> {
+    fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
+        registry.register(name, help(h), self.family.clone());
+    }
+}
+
+/// The OpenMetrics text of `registry`, `# EOF` included.
+///
+/// Bucket bounds keep the label values they had in the Prometheus text format (`le="1"`, not
+/// the crate's `le="1.0"`): Prometheus before 3.0 stores `le` as written, and dashboards and
+/// rules select on it.
+pub fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)
+        .expect("writing to a String does not fail");
+    if !text.contains(".0\"}") {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        match line.split_once("_bucket{le=\"") {
+            Some((name, rest)) if !line.starts_with('#') => match rest.split_once(".0\"}") {
+                Some((whole, tail)) if whole.bytes().all(|b| b.is_ascii_digit()) => {
+                    out.push_str(name);
+                    out.push_str("_bucket{le=\"");
+                    out.push_str(whole);
+                    out.push_str("\"}");
+                    out.push_str(tail);
+                }
+                _ => out.push_str(line),
+            },
+            _ => out.push_str(line),
         }
-        self
     }
+    out
+}
 
-    pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) -> &mut Self {
-        self.header(name, help, "histogram");
-        let mut cumulative = 0;
-        for (bound, bucket) in BOUNDS.iter().zip(h.buckets.iter()) {
-            cumulative += bucket.get();
-            let _ = writeln!(self.0, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+/// The content type of [`encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Declares a process's metrics once each: the struct's field, its type, its exposed name
+/// (counters without `_total`) and its help. `Default` creates and registers them all under
+/// the prefix; `encode` renders them.
+#[macro_export]
+macro_rules! metrics {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident, prefix $prefix:literal {
+            $( $(#[$fmeta:meta])* $field:ident: $ty:ty = $metric:literal, $help:literal; )*
         }
-        let count = h.count.get();
-        let sum = h.sum_ns.get() as f64 / 1e9;
-        let _ = writeln!(
-            self.0,
-            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
-        );
-        self
-    }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug)]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+            registry: $crate::metrics::Registry,
+        }
 
-    pub fn finish(&mut self) -> String {
-        std::mem::take(&mut self.0)
-    }
+        impl Default for $name {
+            fn default() -> Self {
+                let mut registry = $crate::metrics::Registry::with_prefix($prefix);
+                $(
+                    let $field = <$ty>::default();
+                    $crate::metrics::Register::register(&$field, &mut registry, $metric, $help);
+                )*
+                Self { $($field,)* registry }
+            }
+        }
+
+        impl $name {
+            /// The OpenMetrics exposition of every metric.
+            pub fn encode(&self) -> String {
+                $crate::metrics::encode(&self.registry)
+            }
+        }
+    };
+}
+
+/// Declares a fieldless enum of label values and its [`Label`] impl: the label's name, and
+/// each variant's exposed value.
+#[macro_export]
+macro_rules! label {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $label:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:literal, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )*
+        }
+
+        impl $crate::metrics::Label for $name {
+            const NAME: &'static str = $label;
+            const ALL: &'static [Self] = &[$(Self::$variant),*];
+            fn index(self) -> usize {
+                self as usize
+            }
+            fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $value,)*
+                }
+            }
+        }
+    };
 }
 
 /// Reads one sample (`name` or `name{labels}`) out of a rendered exposition; for tests and
@@ -218,50 +287,62 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn renders_parsable_text() {
-        let dropped = LabeledCounter::new(&["ring_full", "shutdown"]);
-        dropped.add("ring_full", 3);
-        let h = Histogram::default();
-        h.observe(Duration::from_millis(2));
-        h.observe(Duration::from_secs(60));
-        let text = Text::default()
-            .counter("x_total", "X.", 5)
-            .gauge("depth", "Depth.", -1)
-            .gauge_f64("lag_seconds", "Lag.", 0.25)
-            .labeled("dropped_total", "Dropped.", "reason", &dropped)
-            .histogram("lat_seconds", "Latency.", &h)
-            .finish();
-        assert_eq!(sample(&text, "x_total"), Some(5.0));
-        assert_eq!(sample(&text, "depth"), Some(-1.0));
-        assert_eq!(sample(&text, "lag_seconds"), Some(0.25));
-        assert_eq!(
-            sample(&text, "dropped_total{reason=\"ring_full\"}"),
-            Some(3.0)
-        );
-        assert_eq!(
-            sample(&text, "dropped_total{reason=\"shutdown\"}"),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(&text, "lat_seconds_bucket{le=\"0.0025\"}"),
-            Some(1.0)
-        );
-        assert_eq!(sample(&text, "lat_seconds_bucket{le=\"+Inf\"}"), Some(2.0));
-        assert_eq!(sample(&text, "lat_seconds_count"), Some(2.0));
-        assert!(text.contains("# TYPE lat_seconds histogram"));
-        assert_eq!(dropped.total(), 3);
+    crate::label! {
+        pub enum Why: "reason" {
+            RingFull = "ring_full",
+            Shutdown = "shutdown",
+        }
+    }
+
+    crate::metrics! {
+        pub struct Test, prefix "t" {
+            x: Counter = "x", "X.";
+            depth: Gauge = "depth", "Depth.";
+            lag: FloatGauge = "lag_seconds", "Lag.";
+            dropped: LabeledCounter<Why> = "dropped", "Dropped.";
+            lat: Histogram = "lat_seconds", "Latency.";
+        }
     }
 
     #[test]
-    fn observing_all_at_once_is_observing_each() {
-        let (each, all) = (Histogram::default(), Histogram::default());
-        let ds = [1, 2, 700, 20_000, 3].map(Duration::from_millis);
-        for d in ds {
-            each.observe(d);
-        }
-        all.observe_all(ds);
-        let text = |h: &Histogram| Text::default().histogram("h", "H.", h).finish();
-        assert_eq!(text(&each), text(&all));
+    fn renders_parsable_openmetrics() {
+        let m = Test::default();
+        m.x.inc_by(5);
+        m.depth.set(-1);
+        m.lag.set(0.25);
+        m.dropped.add(Why::RingFull, 3);
+        m.lat.observe(Duration::from_millis(2));
+        m.lat.observe_all([Duration::from_secs(60)]);
+        let text = m.encode();
+        assert_eq!(sample(&text, "t_x_total"), Some(5.0));
+        assert_eq!(sample(&text, "t_depth"), Some(-1.0));
+        assert_eq!(sample(&text, "t_lag_seconds"), Some(0.25));
+        assert_eq!(
+            sample(&text, "t_dropped_total{reason=\"ring_full\"}"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "t_dropped_total{reason=\"shutdown\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, "t_lat_seconds_bucket{le=\"0.0025\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "t_lat_seconds_bucket{le=\"+Inf\"}"),
+            Some(2.0)
+        );
+        assert_eq!(sample(&text, "t_lat_seconds_count"), Some(2.0));
+        assert!(text.contains("# TYPE t_lat_seconds histogram"), "{text}");
+        assert!(text.contains("# TYPE t_x counter"), "{text}");
+        assert!(text.contains("# HELP t_x X.\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(sample(&text, "t_lat_seconds_bucket{le=\"1\"}"), Some(1.0));
+        assert_eq!(sample(&text, "t_lat_seconds_bucket{le=\"10\"}"), Some(1.0));
+        assert_eq!(sample(&text, "t_lat_seconds_bucket{le=\"0.5\"}"), Some(1.0));
+        assert!(!text.contains("le=\"1.0\""), "{text}");
+        assert_eq!(m.dropped.total(), 3);
+        assert_eq!(m.lat.count(), 2);
     }
 }

@@ -142,7 +142,7 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
 }
 
 /// What went wrong sending a datagram, by what the sender should do about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SendErrorKind {
     /// The receiver's queue is full (EAGAIN, ENOBUFS): keep the datagram, wait, resend.
     QueueFull,
@@ -200,6 +200,18 @@ impl SendErrorKind {
             Self::TooLarge => "too_large",
             Self::Other => "other",
         }
+    }
+}
+
+/// The `kind` label of send errors.
+impl crate::metrics::Label for SendErrorKind {
+    const NAME: &'static str = "kind";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn as_str(self) -> &'static str {
+        SendErrorKind::as_str(self)
     }
 }
 

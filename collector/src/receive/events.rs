@@ -47,7 +47,9 @@ impl Events {
     /// A datagram went to `--mirror`, or did not.
     pub fn mirrored(&mut self, result: io::Result<()>) {
         match result {
-            Ok(()) => self.metrics.mirror_sent.inc(),
+            Ok(()) => {
+                self.metrics.mirror_sent.inc();
+            }
             Err(e) => {
                 self.metrics.mirror_failed.inc();
                 if let Some(held) = self.mirror_log.allow() {
@@ -61,8 +63,12 @@ impl Events {
     pub fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
         let m = &self.metrics;
         match result {
-            Ok(()) if reply.ack.resend_from.is_some() => m.resend_requests.inc(),
-            Ok(()) => m.acks_sent.inc(),
+            Ok(()) if reply.ack.resend_from.is_some() => {
+                m.resend_requests.inc();
+            }
+            Ok(()) => {
+                m.acks_sent.inc();
+            }
             Err(e) => {
                 m.acks_failed.inc();
                 if let Some(held) = self.reply_log.allow() {
@@ -81,8 +87,12 @@ impl Events {
         let m = &self.metrics;
         match outcome {
             Outcome::Rejected(why) => self.rejected(&why),
-            Outcome::Duplicate => m.datagrams_duplicate.inc(),
-            Outcome::Ahead => m.datagrams_out_of_order.inc(),
+            Outcome::Duplicate => {
+                m.datagrams_duplicate.inc();
+            }
+            Outcome::Ahead => {
+                m.datagrams_out_of_order.inc();
+            }
             Outcome::Accepted {
                 sender,
                 seq,
@@ -90,9 +100,9 @@ impl Events {
                 lost,
                 evicted,
             } => {
-                m.clicks_received.add(clicks as u64);
-                m.pending_clicks.add(clicks as i64);
-                m.senders_evicted.add(evicted as u64);
+                m.clicks_received.inc_by(clicks as u64);
+                m.pending_clicks.inc_by(clicks as i64);
+                m.senders_evicted.inc_by(evicted as u64);
                 m.senders.set(senders as i64);
                 if lost > 0 {
                     self.lost(sender, seq, lost);
@@ -103,7 +113,7 @@ impl Events {
 
     /// `lost` datagrams of `sender` were skipped before `seq`.
     fn lost(&mut self, sender: u64, seq: u64, lost: u64) {
-        self.metrics.datagrams_lost.add(lost);
+        self.metrics.datagrams_lost.inc_by(lost);
         if let Some(held) = self.lost_log.allow() {
             tracing::warn!(
                 "sender {sender:016x}: {lost} datagrams lost before seq {seq} ({held} more gaps \
@@ -114,8 +124,9 @@ impl Events {
 
     /// A datagram was rejected; `why` is formatted only when the line is logged.
     fn rejected(&mut self, why: &Why) {
-        let reason = why.reason();
+        let reason = why.rejected();
         self.metrics.datagrams_rejected.inc(reason);
+        let reason = shared::metrics::Label::as_str(reason);
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(
                 "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"

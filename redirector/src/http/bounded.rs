@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::metrics::{closed, Metrics};
+use crate::metrics::{Closed, Metrics};
 
 /// Descriptors kept out of the connection limit for everything else the process holds: the
 /// runtime's own, the listeners, the datagram and ack sockets, database sessions, admin
@@ -165,7 +165,7 @@ impl Connections {
     pub fn admit(self: &Arc<Self>) -> Option<Held> {
         let mut open = self.lock();
         if open.by_id.len() >= self.limit && !self.evict_oldest_idle(&mut open) {
-            self.metrics.connections_closed.inc(closed::REFUSED);
+            self.metrics.connections_closed.inc(Closed::Refused);
             return None;
         }
         open.next_id += 1;
@@ -203,7 +203,7 @@ impl Connections {
         };
         // A stored permit: the connection's task closes it even if it is not waiting yet.
         conn.evicted.notify_one();
-        self.metrics.connections_closed.inc(closed::EVICTED);
+        self.metrics.connections_closed.inc(Closed::Evicted);
         self.metrics.connections.set(open.by_id.len() as i64);
         true
     }
@@ -252,7 +252,7 @@ pub async fn drive(
             () = tokio::time::sleep_until(check) => {
                 let now = tokio::time::Instant::now();
                 match conn.idle_for() {
-                    Some(idle) if idle >= idle_timeout => break Some(closed::IDLE_TIMEOUT),
+                    Some(idle) if idle >= idle_timeout => break Some(Closed::IdleTimeout),
                     Some(idle) => check = now + (idle_timeout - idle),
                     None => check = now + idle_timeout,
                 }
@@ -265,12 +265,12 @@ pub async fn drive(
 }
 
 /// Why hyper's connection ended, if it was one of ours to count.
-fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<&'static str> {
+fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<Closed> {
     let e = result.err()?;
     if conn.write_timed_out.load(Relaxed) {
-        Some(closed::WRITE_TIMEOUT)
+        Some(Closed::WriteTimeout)
     } else if e.is_timeout() {
-        Some(closed::HEADER_TIMEOUT)
+        Some(Closed::HeaderTimeout)
     } else {
         tracing::debug!("http connection: {e}");
         None
@@ -303,13 +303,13 @@ mod tests {
         // The first is answering a request: not idle, so the second goes.
         let _answering = first.conn().begin_request();
         let third = admitted(&connections);
-        assert_eq!(metrics.connections_closed.get(closed::EVICTED), 1);
+        assert_eq!(metrics.connections_closed.get(Closed::Evicted), 1);
         assert!(!connections.lock().by_id.contains_key(&second.conn().id));
         assert_eq!(metrics.connections.get(), 2);
         // The third has received a byte of a request: nothing is idle, so a fourth is refused.
         third.conn().busy();
         assert!(connections.admit().is_none());
-        assert_eq!(metrics.connections_closed.get(closed::REFUSED), 1);
+        assert_eq!(metrics.connections_closed.get(Closed::Refused), 1);
         drop(second);
         assert_eq!(
             metrics.connections.get(),
