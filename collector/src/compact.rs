@@ -151,21 +151,39 @@ pub async fn fold(
     if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
         return Ok(None);
     }
-    let taken = own.take();
-    let moved = fold_taken(&mut tx, policy, own.writer(), &taken).await;
-    let committed = match moved {
-        Ok(moved) => tx.batch_execute(PRUNE).await.map(|()| moved),
-        Err(e) => Err(e),
+    let taking = Taking {
+        own,
+        taken: own.take(),
+        committed: false,
     };
-    let done = match committed {
-        Ok(moved) => tx.commit().await.map(|()| moved),
-        Err(e) => Err(e),
-    };
-    // Whatever was taken is still in the rows unless the commit went through.
-    if done.is_err() {
-        own.give_back(&taken);
+    let moved = fold_taken(&mut tx, policy, own.writer(), &taking.taken).await?;
+    tx.batch_execute(PRUNE).await?;
+    tx.commit().await?;
+    taking.commit();
+    Ok(Some(moved))
+}
+
+/// What a fold took from the sums, handed back to the SQL way unless the fold committed: on an
+/// error, and also when the fold is dropped midway (the maintenance round's deadline), since
+/// the rows it took the sums of are then still in the table.
+struct Taking<'a> {
+    own: &'a Unfolded,
+    taken: Taken,
+    committed: bool,
+}
+
+impl Taking<'_> {
+    fn commit(mut self) {
+        self.committed = true;
     }
-    done.map(Some)
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.own.give_back(&self.taken);
+        }
+    }
 }
 
 /// The fold's statements: the sums, unless another collector's fold took some of their rows
