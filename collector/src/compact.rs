@@ -32,11 +32,12 @@ const FOLD_ROWS: &str = "
         DELETE FROM click_count_batches
         WHERE (writer = $1 AND batch <= $2) OR writer IS NULL
            OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
-        RETURNING day, codes, counts, entries),
+        RETURNING day, codes, counts, code_list, count_list, entries),
     rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
     moved AS (
         SELECT u.code, b.day, u.clicks
-        FROM batches AS b, unnest(b.codes, b.counts) AS u(code, clicks)
+        FROM batches AS b,
+             click_batch_entries(b.codes, b.counts, b.code_list, b.count_list) AS u
         UNION ALL
         SELECT code, day, clicks FROM rows),
     folded AS (

@@ -84,12 +84,6 @@ fn click_row(buf: &[u8], start: usize) -> Option<ClickRow<'_>> {
     })
 }
 
-/// Type oids of the array elements, as the binary array format names them.
-const TEXT_OID: i32 = 25;
-const INT8_OID: i32 = 20;
-/// One-dimensional array header: ndim, has-nulls flag, element type, length, lower bound.
-const ARRAY_HEADER: usize = 5 * 4;
-
 /// Which batch of which writer a `click_count_batches` row belongs to: its `writer` and
 /// `batch` columns, by which the writer folds the rows it wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,36 +92,44 @@ pub struct BatchTag {
     pub batch: i64,
 }
 
-/// Appends one `click_count_batches` row: (day date, entries integer, codes text[], counts
-/// bigint[], writer bigint, batch bigint): one batch's counts for one day, in two arrays of
-/// `counts.len()` entries.
+/// Appends one `click_count_batches` row: (day date, entries integer, code_list text,
+/// count_list text, writer bigint, batch bigint): one batch's counts for one day, as two
+/// space-separated lists of `counts.len()` entries (migration 10: a text field is received
+/// whole, where an array's elements each pass through a receive function; codes hold no
+/// space).
 pub fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, counts: &[(&str, i64)]) {
-    let codes_len: usize = counts.iter().map(|(code, _)| 4 + code.len()).sum();
-    buf.reserve(2 + 16 + 2 * (4 + ARRAY_HEADER) + codes_len + counts.len() * 12 + 24);
+    let codes_len: usize = counts.iter().map(|(code, _)| code.len() + 1).sum();
+    buf.reserve(2 + 16 + 8 + codes_len + counts.len() * 3 + 24);
     buf.put_i16(6);
     buf.put_i32(4);
     buf.put_i32(day);
     buf.put_i32(4);
     // A batch holds at most `--batch-rows` (a u32) clicks, and counts fewer distinct codes.
     buf.put_i32(counts.len() as i32);
-    put_array_header(buf, ARRAY_HEADER + codes_len, TEXT_OID, counts.len());
-    for (code, _) in counts {
-        put_text(buf, code);
-    }
-    put_array_header(
-        buf,
-        ARRAY_HEADER + counts.len() * 12,
-        INT8_OID,
-        counts.len(),
-    );
-    for (_, n) in counts {
-        buf.put_i32(8);
-        buf.put_i64(*n);
-    }
+    put_list(buf, counts, |buf, (code, _)| buf.put_slice(code.as_bytes()));
+    let mut digits = itoa::Buffer::new();
+    put_list(buf, counts, |buf, (_, n)| {
+        buf.put_slice(digits.format(*n).as_bytes())
+    });
     for id in [tag.writer, tag.batch] {
         buf.put_i32(8);
         buf.put_i64(id);
     }
+}
+
+/// Appends a text field: what `put` writes of each item, separated by spaces.
+fn put_list<T>(buf: &mut BytesMut, items: &[T], mut put: impl FnMut(&mut BytesMut, &T)) {
+    let len_at = buf.len();
+    buf.put_i32(0);
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            buf.put_u8(b' ');
+        }
+        put(buf, item);
+    }
+    // At most `--batch-rows` entries of at most 64 bytes each: well within an i32.
+    let len = (buf.len() - len_at - 4) as i32;
+    buf[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// `click_count_batches` rows: one per day, of its (code, clicks) entries.
@@ -158,16 +160,6 @@ pub fn count_rows<'a>(tag: BatchTag, clicks: impl IntoIterator<Item = (&'a str, 
         days.into_iter()
             .map(|(day, codes)| (day, codes.into_iter().collect())),
     )
-}
-
-/// The field length, then a one-dimensional array's header, without nulls, from index 1.
-fn put_array_header(buf: &mut BytesMut, bytes: usize, element: i32, len: usize) {
-    buf.put_i32(bytes as i32);
-    buf.put_i32(1);
-    buf.put_i32(0);
-    buf.put_i32(element);
-    buf.put_i32(len as i32);
-    buf.put_i32(1);
 }
 
 fn put_text(buf: &mut BytesMut, s: &str) {
@@ -201,13 +193,11 @@ mod tests {
             writer: 2,
             batch: 3,
         };
-        put_count_batch(&mut buf, tag, 1, &[("c", 7)]);
-        let codes = b"\0\0\0\x19\0\0\0\x01\0\0\0\0\0\0\0\x19\0\0\0\x01\0\0\0\x01\0\0\0\x01c";
-        let counts = b"\0\0\0\x20\0\0\0\x01\0\0\0\0\0\0\0\x14\0\0\0\x01\0\0\0\x01\0\0\0\x08\0\0\0\0\0\0\0\x07";
+        put_count_batch(&mut buf, tag, 1, &[("c", 7), ("d-9", 12)]);
         let want = [
-            &b"\0\x06\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x01"[..],
-            codes,
-            counts,
+            &b"\0\x06\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x02"[..],
+            b"\0\0\0\x05c d-9",
+            b"\0\0\0\x047 12",
             b"\0\0\0\x08\0\0\0\0\0\0\0\x02\0\0\0\x08\0\0\0\0\0\0\0\x03",
         ]
         .concat();

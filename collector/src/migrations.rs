@@ -48,6 +48,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "count_batch_writer",
         include_str!("../migrations/0009_count_batch_writer.sql"),
     ),
+    (
+        10,
+        "count_lists",
+        include_str!("../migrations/0010_count_lists.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -18,7 +18,8 @@ const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT bin
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
-    "COPY click_count_batches (day, entries, codes, counts, writer, batch) FROM STDIN (FORMAT binary)";
+    "COPY click_count_batches (day, entries, code_list, count_list, writer, batch)
+     FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
 /// statement: the writer's row is inserted, or moved forward only if its committed number is
 /// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
