@@ -61,8 +61,10 @@ impl SetAside {
 
 #[derive(Debug, Default)]
 pub struct Batch {
-    /// `clicks` COPY rows, without header and trailer.
-    rows: BytesMut,
+    /// `clicks` COPY rows, without header and trailer, per UTC day (PostgreSQL's day number):
+    /// each day's go straight into that day's partition (`store`). A batch spans a day, two
+    /// around midnight; the buffers are kept from batch to batch, so their memory is reused.
+    rows: Vec<(i32, BytesMut)>,
     clicks: usize,
     /// `clicks_set_aside` COPY rows, and how many per reason (in `SetAside::ALL` order).
     set_aside_rows: BytesMut,
@@ -90,8 +92,9 @@ impl Batch {
                 self.set_aside[why as usize] += 1;
                 continue;
             }
-            copy::put_click(&mut self.rows, code, at_us);
-            self.count(code, copy::pg_day(at_us));
+            let day = copy::pg_day(at_us);
+            copy::put_click(self.rows_of(day), code, at_us);
+            self.count(code, day);
             self.clicked_at.push(at_us);
             self.clicks += 1;
         }
@@ -105,6 +108,17 @@ impl Batch {
     /// The `clicks_set_aside` COPY rows, leaving the buffer empty (see `take_rows`).
     pub fn take_set_aside_rows(&mut self) -> Bytes {
         self.set_aside_rows.split().freeze()
+    }
+
+    fn rows_of(&mut self, day: i32) -> &mut BytesMut {
+        let i = match self.rows.iter().position(|(d, _)| *d == day) {
+            Some(i) => i,
+            None => {
+                self.rows.push((day, BytesMut::new()));
+                self.rows.len() - 1
+            }
+        };
+        &mut self.rows[i].1
     }
 
     fn count(&mut self, code: &str, day: i32) {
@@ -160,10 +174,15 @@ impl Batch {
         self.started
     }
 
-    /// The COPY rows, leaving the buffer empty; its memory is reused by the next batch once
-    /// the returned bytes are dropped.
-    pub fn take_rows(&mut self) -> Bytes {
-        self.rows.split().freeze()
+    /// Each day's COPY rows, leaving the buffers empty; their memory is reused by the next
+    /// batch once the returned bytes are dropped. A day of no click since the last take is
+    /// forgotten.
+    pub fn take_rows(&mut self) -> Vec<(i32, Bytes)> {
+        self.rows.retain(|(_, rows)| !rows.is_empty());
+        self.rows
+            .iter_mut()
+            .map(|(day, rows)| (*day, rows.split().freeze()))
+            .collect()
     }
 
     /// Distinct (code, day) pairs: the entries this batch adds to click_count_batches.
@@ -208,7 +227,7 @@ impl Batch {
 
     /// Empties the batch, keeping its memory.
     pub fn clear(&mut self) {
-        self.rows.clear();
+        self.rows.iter_mut().for_each(|(_, rows)| rows.clear());
         self.clicks = 0;
         self.set_aside_rows.clear();
         self.set_aside = Default::default();
@@ -300,6 +319,12 @@ mod tests {
             ]
         );
         assert_eq!(b.delta_count(), 3);
+        let rows: Vec<_> = b
+            .take_rows()
+            .iter()
+            .map(|(day, rows)| (*day, copy::click_rows(rows).len()))
+            .collect();
+        assert_eq!(rows, [(day - 1, 1), (day, 3)]);
     }
 
     #[test]

@@ -2,9 +2,8 @@
 //! seqs, its clicks, the clicks it set aside, and its counts per (code, day) (one
 //! `click_count_batches` row per day), committed together or not at all.
 
+use std::collections::{HashMap, HashSet};
 use std::pin::pin;
-
-use std::collections::HashSet;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
@@ -13,6 +12,7 @@ use tokio_postgres::{Client, Statement};
 use crate::batch::{Batch, SetAside};
 use crate::copy::{self, HEADER, TRAILER};
 use crate::db::describe;
+use crate::partitions;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =
@@ -72,7 +72,8 @@ impl BatchNumber {
 /// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
 #[derive(Debug)]
 pub struct Rows {
-    pub clicks: Bytes,
+    /// Per UTC day (PostgreSQL's day number).
+    pub clicks: Vec<(i32, Bytes)>,
     pub set_aside: Bytes,
 }
 
@@ -103,6 +104,10 @@ pub fn refuses_rows(e: &tokio_postgres::Error) -> bool {
 pub struct Conn {
     client: Client,
     copy_clicks: Statement,
+    /// COPYs straight into a day's partition, by day; `None`: the day goes through `clicks`.
+    /// PostgreSQL 15 routing each row through the parent took a fifth of the COPY backend's
+    /// time (`perf`: ExecFindPartition) and cut ingest to 0.89x of an unpartitioned table.
+    copy_day: HashMap<i32, Option<Statement>>,
     copy_counts: Statement,
     copy_set_aside: Statement,
     claim_batch: Statement,
@@ -118,6 +123,7 @@ impl Conn {
         client.batch_execute("SET synchronous_commit = on").await?;
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
+            copy_day: HashMap::new(),
             copy_counts: client.prepare(COPY_COUNTS).await?,
             copy_set_aside: client.prepare(COPY_SET_ASIDE).await?,
             claim_batch: client.prepare(CLAIM_BATCH).await?,
@@ -138,6 +144,11 @@ impl Conn {
         number: &BatchNumber,
         sift: bool,
     ) -> Result<Outcome, tokio_postgres::Error> {
+        let today = copy::pg_day(shared::now_us());
+        let mut clicks = Vec::with_capacity(rows.clicks.len());
+        for (day, bytes) in &rows.clicks {
+            clicks.push((self.copy_clicks_of(*day, today).await?, bytes));
+        }
         let mut tx = self.client.transaction().await?;
         let claim = [
             &number.writer as _,
@@ -156,17 +167,26 @@ impl Conn {
             tx.execute(&self.forget_senders, &[&forgotten]).await?;
         }
         let (counts, set_aside, refused) = if sift {
-            let clicks = copy::click_rows(&rows.clicks);
-            let refused = sift_in(&mut tx, &self.copy_clicks, &rows.clicks, &clicks).await?;
-            if !clicks.is_empty() && refused.len() == clicks.len() {
+            let mut rows_in = Vec::new();
+            let mut refused = Vec::new();
+            for (statement, bytes) in &clicks {
+                let day_rows = copy::click_rows(bytes);
+                let day_refused = sift_in(&mut tx, statement, bytes, &day_rows).await?;
+                refused.extend(day_refused.into_iter().map(|(i, e)| (rows_in.len() + i, e)));
+                rows_in.extend(day_rows);
+            }
+            if !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
                 return Ok(Outcome::AllRefused(refused[0].1.clone()));
             }
             let (counts, set_aside) =
-                without_refused(number.tag(), &clicks, &refused, &rows.set_aside);
+                without_refused(number.tag(), &rows_in, &refused, &rows.set_aside);
             (counts, set_aside, refused.len() as u64)
         } else {
-            let written = copy_in(&tx, &self.copy_clicks, rows.clicks.clone()).await?;
+            let mut written = 0;
+            for (statement, bytes) in &clicks {
+                written += copy_in(&tx, statement, Bytes::clone(bytes)).await?;
+            }
             debug_assert_eq!(written, batch.len() as u64);
             (batch.count_rows(number.tag()), rows.set_aside.clone(), 0)
         };
@@ -176,6 +196,42 @@ impl Conn {
         copy_in(&tx, &self.copy_counts, counts).await?;
         tx.commit().await?;
         Ok(Outcome::Written { refused })
+    }
+
+    /// The statement that COPYs day `day`'s clicks: straight into the day's partition when one
+    /// holds the whole day and the day is not before `today` (the collector's clock), otherwise into
+    /// `clicks`, which routes each row (and refuses one without a partition). Not before
+    /// today: retention never drops today's partition or a later one, while an older one may
+    /// be being detached, and rows COPYed into it then would go with it. Asked once per day
+    /// and connection (a failed attempt drops the connection, and with it what was learnt).
+    async fn copy_clicks_of(
+        &mut self,
+        day: i32,
+        today: i32,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if day < today {
+            return Ok(self.copy_clicks.clone());
+        }
+        if !self.copy_day.contains_key(&day) {
+            self.copy_day.retain(|&known, _| known >= today);
+            let statement = match self
+                .client
+                .query_opt(partitions::WHOLE_DAY, &[&day])
+                .await?
+            {
+                Some(row) => {
+                    let table: String = row.get(0);
+                    let copy =
+                        format!("COPY {table} (code, clicked_at) FROM STDIN (FORMAT binary)");
+                    Some(self.client.prepare(&copy).await?)
+                }
+                None => None,
+            };
+            self.copy_day.insert(day, statement);
+        }
+        Ok(self.copy_day[&day]
+            .clone()
+            .unwrap_or_else(|| self.copy_clicks.clone()))
     }
 }
 

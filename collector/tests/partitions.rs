@@ -9,6 +9,7 @@ use std::time::Duration;
 use collector::compact;
 use collector::maintenance::{self, Policy};
 use collector::metrics::Metrics;
+use collector::partitions;
 use collector::testkit::*;
 use shared::pgtest;
 use shared::wire::{Encoder, DEFAULT_DATAGRAM};
@@ -219,4 +220,26 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     write(&mut handoff, batch_of(&datagrams(10, &late))).await;
     assert_eq!(count(&client, legacy).await, 100_005);
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 100_015);
+
+    // The writer COPYs a day's clicks straight into its partition only where that holds the
+    // whole day: not on the day partitioning began (its start is in the old table), nor on a
+    // day without a partition; those go through clicks, which routes each row.
+    let today = collector::copy::pg_day(now);
+    let mut direct = Vec::new();
+    for day in [today, today + 1, today + 400] {
+        let row = client
+            .query_opt(partitions::WHOLE_DAY, &[&day])
+            .await
+            .unwrap();
+        direct.push(row.map(|r| r.get::<_, String>(0)));
+    }
+    let tomorrow: String = client
+        .query_one(
+            "SELECT 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')",
+            &[&(today + 1)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(direct, [None, Some(tomorrow), None]);
 }
