@@ -185,13 +185,13 @@ impl Batch {
             .collect()
     }
 
-    /// Distinct (code, day) pairs: the entries this batch adds to click_count_batches.
+    /// Distinct (code, day) pairs: the entries this batch adds to click_count_lists.
     pub fn delta_count(&self) -> usize {
         self.delta_count
     }
 
-    /// The batch's counts as `click_count_batches` COPY rows: one per UTC day, its codes and
-    /// their counts in two arrays.
+    /// The batch's counts as `click_count_lists` COPY rows: one per UTC day, its codes and
+    /// their counts in two lists.
     pub fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
         let days = self.counts.iter().map(|(&day, codes)| {
             let entries = codes.iter().map(|(code, &n)| (&**code, n)).collect();
@@ -200,7 +200,7 @@ impl Batch {
         copy::counts_rows(tag, days)
     }
 
-    /// How many `click_count_batches` rows [`Batch::count_rows`] makes: one per day.
+    /// How many `click_count_lists` rows [`Batch::count_rows`] makes: one per day.
     pub fn count_row_count(&self) -> usize {
         self.counts.len()
     }

@@ -24,31 +24,41 @@ use crate::unfolded::{Taken, Unfolded};
 /// One statement: moves the committed counts the collector does not hold in memory (the rows
 /// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
 /// seconds, which a live collector would have folded itself: those of a previous life or of a
-/// host gone; rows without a writer; and the rows of click_count_deltas that collectors before
-/// version 5 of the schema write), sums per key, upserts in key order, and returns how many
-/// counts it moved.
+/// host gone; and what collectors of earlier versions write, during a rolling upgrade: rows
+/// of click_count_batches (arrays, before migration 10) and of click_count_deltas (before
+/// migration 5)), sums per key, upserts in key order, and returns how many counts it moved.
 const FOLD_ROWS: &str = "
-    WITH batches AS (
-        DELETE FROM click_count_batches
-        WHERE (writer = $1 AND batch <= $2) OR writer IS NULL
+    WITH lists AS (
+        DELETE FROM click_count_lists
+        WHERE (writer = $1 AND batch <= $2)
            OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
-        RETURNING day, codes, counts, code_list, count_list, entries),
+        RETURNING day, code_list, count_list, entries),
+    batches AS (
+        DELETE FROM click_count_batches
+        WHERE writer IS NULL
+           OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
+        RETURNING day, codes, counts, entries),
     rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
     moved AS (
+        SELECT u.code, l.day, u.clicks
+        FROM lists AS l,
+             unnest(string_to_array(l.code_list, ' '), string_to_array(l.count_list, ' ')::int8[])
+                 AS u(code, clicks)
+        UNION ALL
         SELECT u.code, b.day, u.clicks
-        FROM batches AS b,
-             click_batch_entries(b.codes, b.counts, b.code_list, b.count_list) AS u
+        FROM batches AS b, unnest(b.codes, b.counts) AS u(code, clicks)
         UNION ALL
         SELECT code, day, clicks FROM rows),
     folded AS (
         INSERT INTO click_counts (code, day, clicks)
         SELECT code, day, sum(clicks) FROM moved GROUP BY code, day ORDER BY code, day
         ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
-    SELECT (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
+    SELECT (SELECT coalesce(sum(entries), 0) FROM lists)::int8
+         + (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
 
 /// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
 const DELETE_OWN: &str = "
-    DELETE FROM click_count_batches WHERE writer = $1 AND batch BETWEEN $2 AND $3";
+    DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
 
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers). One fold runs at a
 /// time (TRY_FOLD_LOCK) and nothing else updates click_counts, so the keys need no order.
@@ -58,19 +68,23 @@ const UPSERT_SUMS: &str = "
     FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(code, day, clicks)
     ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks";
 
-/// The backlog: counts waiting (without reading the arrays), and how long the oldest has
+/// The backlog: counts waiting (without reading the lists), and how long the oldest has
 /// waited, in seconds (a row of click_count_deltas has no time: it counts as due at once).
 const BACKLOG: &str = "
-    SELECT (SELECT coalesce(sum(entries), 0) FROM click_count_batches)::int8
+    SELECT (SELECT coalesce(sum(entries), 0) FROM click_count_lists)::int8
+             + (SELECT coalesce(sum(entries), 0) FROM click_count_batches)::int8
              + (SELECT count(*) FROM click_count_deltas),
            CASE WHEN EXISTS (SELECT FROM click_count_deltas) THEN 1e9::float8
-                ELSE coalesce(extract(epoch FROM now() - (SELECT min(written_at)
-                                                           FROM click_count_batches)), 0)::float8
+                ELSE coalesce(extract(epoch FROM now() - least(
+                         (SELECT min(written_at) FROM click_count_lists),
+                         (SELECT min(written_at) FROM click_count_batches))), 0)::float8
            END";
 
 /// Whether FOLD_ROWS would find anything but this collector's own batches.
 const OTHERS_DUE: &str = "
-    SELECT EXISTS (SELECT FROM click_count_batches
+    SELECT EXISTS (SELECT FROM click_count_lists
+                   WHERE writer <> $1 AND written_at < now() - $2::float8 * interval '1 second')
+        OR EXISTS (SELECT FROM click_count_batches
                    WHERE writer IS NULL
                       OR (writer <> $1 AND written_at < now() - $2::float8 * interval '1 second'))
         OR EXISTS (SELECT FROM click_count_deltas)";

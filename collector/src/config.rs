@@ -115,15 +115,17 @@ pub struct Config {
     )]
     pub admin_listen: SocketAddr,
 
-    /// Write a batch once it holds this many clicks. Bigger batches cost less per click in
-    /// PostgreSQL (each commit waits for a WAL flush); two batches of this size (about 3 MB
-    /// each) are in memory at most. Below 1 M clicks/s, --flush-interval comes first.
+    /// Write a batch once it holds this many clicks (1 to 10,000,000). Bigger batches cost
+    /// less per click in PostgreSQL (each commit waits for a WAL flush); two batches of this
+    /// size (about 3 MB each at the default) are in memory at most. Below 1 M clicks/s,
+    /// --flush-interval comes first. The ceiling keeps a batch's count lists far under
+    /// PostgreSQL's 1 GB field limit (10 M codes of 64 bytes: 650 MB).
     #[arg(
         long,
         env = "COLLECTOR_BATCH_ROWS",
         value_name = "N",
         default_value = "100000",
-        value_parser = clap::value_parser!(u32).range(1..)
+        value_parser = clap::value_parser!(u32).range(1..=10_000_000)
     )]
     pub batch_rows: u32,
 
@@ -276,6 +278,7 @@ mod tests {
             ("--socket-mode", "1777", "above 0777"),
             ("--flush-interval", "0s", "more than zero"),
             ("--batch-rows", "0", "0"),
+            ("--batch-rows", "10000001", "10000000"),
             ("--instance", "", "1 to 255"),
             ("--instance", "a\tb", "control character"),
             ("--allow-uid", "root", "invalid digit"),

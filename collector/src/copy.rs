@@ -84,7 +84,7 @@ fn click_row(buf: &[u8], start: usize) -> Option<ClickRow<'_>> {
     })
 }
 
-/// Which batch of which writer a `click_count_batches` row belongs to: its `writer` and
+/// Which batch of which writer a `click_count_lists` row belongs to: its `writer` and
 /// `batch` columns, by which the writer folds the rows it wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchTag {
@@ -92,13 +92,14 @@ pub struct BatchTag {
     pub batch: i64,
 }
 
-/// Appends one `click_count_batches` row: (day date, entries integer, code_list text,
+/// Appends one `click_count_lists` row: (day date, entries integer, code_list text,
 /// count_list text, writer bigint, batch bigint): one batch's counts for one day, as two
 /// space-separated lists of `counts.len()` entries (migration 10: a text field is received
 /// whole, where an array's elements each pass through a receive function; codes hold no
 /// space).
 pub fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, counts: &[(&str, i64)]) {
     let codes_len: usize = counts.iter().map(|(code, _)| code.len() + 1).sum();
+    // Counts are mostly a digit or two: a hint, the buffer grows past it.
     buf.reserve(2 + 16 + 8 + codes_len + counts.len() * 3 + 24);
     buf.put_i16(6);
     buf.put_i32(4);
@@ -127,12 +128,12 @@ fn put_list<T>(buf: &mut BytesMut, items: &[T], mut put: impl FnMut(&mut BytesMu
         }
         put(buf, item);
     }
-    // At most `--batch-rows` entries of at most 64 bytes each: well within an i32.
+    // At most `--batch-rows` (10 M) entries of at most 64 bytes and a space: within an i32.
     let len = (buf.len() - len_at - 4) as i32;
     buf[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// `click_count_batches` rows: one per day, of its (code, clicks) entries.
+/// `click_count_lists` rows: one per day, of its (code, clicks) entries.
 pub fn counts_rows<'a>(
     tag: BatchTag,
     days: impl IntoIterator<Item = (i32, Vec<(&'a str, i64)>)>,
@@ -145,7 +146,7 @@ pub fn counts_rows<'a>(
 }
 
 /// The counts of `clicks` (code, Unix microseconds) per UTC day and code, as
-/// `click_count_batches` rows.
+/// `click_count_lists` rows.
 pub fn count_rows<'a>(tag: BatchTag, clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes {
     let mut days: HashMap<i32, HashMap<&str, i64>> = HashMap::new();
     for (code, at_us) in clicks {

@@ -1,6 +1,6 @@
 //! The transaction that stores one batch: its claim (the writer's batch number), its senders'
 //! seqs, its clicks, the clicks it set aside, and its counts per (code, day) (one
-//! `click_count_batches` row per day), committed together or not at all.
+//! `click_count_lists` row per day), committed together or not at all.
 
 use std::collections::{HashMap, HashSet};
 use std::pin::pin;
@@ -18,7 +18,7 @@ const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT bin
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
-    "COPY click_count_batches (day, entries, code_list, count_list, writer, batch)
+    "COPY click_count_lists (day, entries, code_list, count_list, writer, batch)
      FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
 /// statement: the writer's row is inserted, or moved forward only if its committed number is
@@ -60,7 +60,7 @@ pub struct BatchNumber {
 }
 
 impl BatchNumber {
-    /// The columns that tie the batch's `click_count_batches` rows to it.
+    /// The columns that tie the batch's `click_count_lists` rows to it.
     pub fn tag(&self) -> copy::BatchTag {
         copy::BatchTag {
             writer: self.writer,

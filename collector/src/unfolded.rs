@@ -1,7 +1,7 @@
 //! The counts of the batches this collector committed and has not folded yet, summed in memory
 //! as the writer commits them. A fold then sends PostgreSQL one upsert per (code, day) and
-//! deletes those batches' `click_count_batches` rows by number, instead of having it unnest and
-//! add up every batch's arrays again: with codes spread over many links, that adding up was
+//! deletes those batches' `click_count_lists` rows by number, instead of having it unnest and
+//! add up every batch's entries again: with codes spread over many links, that adding up was
 //! most of the database's work (BENCHMARKS.md, "Totals").
 //!
 //! Invariant, kept by [`Unfolded::add`] and checked by the fold: the sums are exactly those of
@@ -30,7 +30,7 @@ struct State {
     last: i64,
     /// The first batch the sums hold; `first > last` when they hold none.
     first: i64,
-    /// `click_count_batches` rows of batches `first..=last`.
+    /// `click_count_lists` rows of batches `first..=last`.
     rows: i64,
     /// Clicks per day, then per code (looked up by `&str`: a code is allocated once a fold).
     sums: CodeCounts,

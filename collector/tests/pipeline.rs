@@ -59,7 +59,8 @@ async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
     })
     .await;
     let pending = "SELECT (SELECT count(*) FROM click_count_deltas)
-                        + (SELECT count(*) FROM click_count_batches)";
+                        + (SELECT count(*) FROM click_count_batches)
+                        + (SELECT count(*) FROM click_count_lists)";
     assert_eq!(count(client, pending).await, 0);
 }
 

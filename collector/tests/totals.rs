@@ -156,3 +156,83 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
         expected_totals(&sent)
     );
 }
+
+/// The fold of collectors of migration 9's version (`git show cbafdf2:collector/src/compact.rs`),
+/// which may still run during a rolling upgrade: it reads only click_count_batches' arrays.
+const FOLD_ROWS_OF_VERSION_9: &str = "
+    WITH batches AS (
+        DELETE FROM click_count_batches
+        WHERE (writer = $1 AND batch <= $2) OR writer IS NULL
+           OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
+        RETURNING day, codes, counts, entries),
+    rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
+    moved AS (
+        SELECT u.code, b.day, u.clicks
+        FROM batches AS b, unnest(b.codes, b.counts) AS u(code, clicks)
+        UNION ALL
+        SELECT code, day, clicks FROM rows),
+    folded AS (
+        INSERT INTO click_counts (code, day, clicks)
+        SELECT code, day, sum(clicks) FROM moved GROUP BY code, day ORDER BY code, day
+        ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
+    SELECT (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
+
+/// During a rolling upgrade: an earlier collector's fold, which knows only arrays, leaves this
+/// version's count lists alone (it would otherwise delete them and add nothing), and this
+/// version's fold takes what earlier collectors left, arrays and deltas alike.
+#[tokio::test]
+async fn a_rolling_upgrade_folds_both_versions_rows_once() {
+    let db = collector::migrations::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    let sent = clicks(3_000, 200, start_us(), 1_000);
+    let (mut handoff, own) =
+        writer_with_sums(&db.url, "new", LIMIT, Arc::new(Metrics::default())).await;
+    write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
+    // What collectors of earlier versions wrote: arrays with and without a writer, a delta.
+    client
+        .batch_execute(
+            "INSERT INTO click_count_batches (day, entries, codes, counts, writer, batch)
+                  VALUES ('2026-01-01', 2, '{old-a,old-b}', '{3,4}', 77, 1);
+             INSERT INTO click_count_batches (day, entries, codes, counts)
+                  VALUES ('2026-01-01', 1, '{old-a}', '{5}');
+             INSERT INTO click_count_deltas VALUES ('old-b', '2026-01-01', 6);",
+        )
+        .await
+        .unwrap();
+    let mut expected = expected_totals(&sent);
+    let jan1 = 20_454; // 2026-01-01, in days since 1970-01-01
+    expected.insert(("old-a".into(), jan1), 8);
+    expected.insert(("old-b".into(), jan1), 10);
+    assert_eq!(totals(&client, "click_totals").await, expected);
+
+    // The earlier version folds everything it can see, as a stranger with no interval.
+    let moved: i64 = client
+        .query_one(FOLD_ROWS_OF_VERSION_9, &[&-1i64, &0i64, &0f64])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        moved, 4,
+        "its own kind: two arrays' three entries and a delta"
+    );
+    assert_eq!(totals(&client, "click_totals").await, expected);
+    let lists = count(&client, "SELECT count(*) FROM click_count_lists").await;
+    assert!(lists > 0, "this version's lists are left alone");
+
+    // More from an earlier collector, then this version's fold: its own lists and those.
+    client
+        .batch_execute(
+            "INSERT INTO click_count_batches (day, entries, codes, counts)
+                  VALUES ('2026-01-01', 1, '{old-c}', '{7}');
+             INSERT INTO click_count_deltas VALUES ('old-c', '2026-01-01', 1);",
+        )
+        .await
+        .unwrap();
+    expected.insert(("old-c".into(), jan1), 8);
+    assert!(fold_all(&mut client, &own).await.unwrap().is_some());
+    assert_eq!(totals(&client, "click_counts").await, expected);
+    let pending = "SELECT (SELECT count(*) FROM click_count_lists)
+                        + (SELECT count(*) FROM click_count_batches)
+                        + (SELECT count(*) FROM click_count_deltas)";
+    assert_eq!(count(&client, pending).await, 0);
+}

@@ -42,7 +42,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     // Holding this lock stops every attempt midway, after its COPY into clicks.
     let mut locker = pgtest::connect(&db.url).await;
     let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("LOCK TABLE click_count_batches IN ACCESS EXCLUSIVE MODE")
+    lock.batch_execute("LOCK TABLE click_count_lists IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
     handoff.full.send(batch_of(&grams)).await.unwrap();
