@@ -92,7 +92,8 @@ def ingest_chart(out, charts):
     if not table:
         return
     kinds = list(dict.fromkeys(r[0] for r in table))
-    names = {"current": "collector", "baseline": "collector (baseline)", "copy": "psql \\copy"}
+    names = {"current": "collector", "baseline": "collector (baseline)",
+             "flat": "collector,\nunpartitioned", "copy": "psql \\copy"}
     groups = [f"{mix}\n{names.get(k, k)}" for mix in MIXES for k in kinds]
     cpu = {}
     for process, column in (("collector", 7), ("PostgreSQL", 8)):
