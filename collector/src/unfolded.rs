@@ -15,6 +15,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use compact_str::CompactString;
+
 use crate::batch::{Batch, CodeCounts};
 
 /// This writer's committed, unfolded counts.
@@ -58,7 +60,7 @@ pub struct Sums {
     pub first: i64,
     pub last: i64,
     pub rows: i64,
-    pub codes: Vec<Box<str>>,
+    pub codes: Vec<CompactString>,
     pub days: Vec<i32>,
     pub clicks: Vec<i64>,
 }
