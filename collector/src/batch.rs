@@ -3,6 +3,13 @@
 
 use std::collections::HashMap;
 
+use bytes::{Bytes, BytesMut};
+use compact_str::CompactString;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::copy;
+
 /// Clicks per UTC day (PostgreSQL's day number), then per code. Hashed with foldhash, seeded
 /// at random per process as the redirector's link table is: SipHash was a third of the
 /// collector's CPU with codes spread over 250,000 links (`perf`), and a random seed keeps
@@ -13,13 +20,6 @@ pub type CodeCounts = HashMap<i32, Counts, FastHash>;
 /// key; with uniform codes that was 40 % of the collector's CPU (`perf`).
 pub type Counts = HashMap<CompactString, i64, FastHash>;
 type FastHash = foldhash::fast::RandomState;
-
-use bytes::{Bytes, BytesMut};
-use compact_str::CompactString;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-use crate::copy;
 
 /// Which clicks go into `clicks`: those dated within this window around the collector's clock
 /// when it received them. The others are set aside, so that a wrong clock or a forged datagram
