@@ -19,9 +19,9 @@ use bytes::Bytes;
 
 /// How many shards. At 10 M links a shard holds ~1,200 links in ~70 KB, so one change copies
 /// that much (and rehashes its codes); at 1 M, ~7 KB. Measured at 10 M links with 100
-/// changes a second, req/s against the same changes to a table nobody follows: 0.93 with
-/// 4096 shards (~140 KB copied per change), 0.98 with 8192, 1.01 with 16384 (medians of 6 to
-/// 11 interleaved pairs, BENCHMARKS.md). More shards cost memory and load time, as arenas
+/// changes a second, req/s against the same changes to a table nobody follows: 0.92 with
+/// 4096 shards (~140 KB copied per change), 0.98 with 8192 and with 16384 (medians of 6
+/// interleaved pairs each, BENCHMARKS.md). More shards cost memory and load time, as arenas
 /// under glibc's mmap threshold grow by doubling in the heap and fragment it where larger
 /// ones are mapped and grow in place: 756, 859 and 877 MiB, ready in 7.1, 8.7 and 10.2 s.
 pub const SHARDS: usize = 8192;
