@@ -146,8 +146,8 @@ async fn fold(
     Ok(true)
 }
 
-/// Creates, drops and indexes partitions as the policy says for the day of `now_us`; counts
-/// and logs what it did.
+/// Creates, drops, indexes and vacuums partitions as the policy says for the day of `now_us`;
+/// counts and logs what it did.
 pub async fn keep_partitions(
     client: &Client,
     policy: &Policy,
@@ -166,6 +166,9 @@ pub async fn keep_partitions(
     }
     for name in &done.indexed {
         tracing::info!("indexed partition {name} by code: its day is over");
+    }
+    for name in &done.settled {
+        tracing::info!("vacuumed and froze partition {name}: its day is over");
     }
     Ok(())
 }

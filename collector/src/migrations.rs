@@ -53,6 +53,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "count_lists",
         include_str!("../migrations/0010_count_lists.sql"),
     ),
+    (
+        11,
+        "day_vacuum",
+        include_str!("../migrations/0011_day_vacuum.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -1,5 +1,6 @@
 //! The daily partitions of `clicks` (migration 6): created ahead of the clicks that need them,
-//! dropped once older than `--retention`, and indexed by code once their day is over.
+//! dropped once older than `--retention`, and indexed by code, vacuumed and frozen once their
+//! day is over (migration 11: autovacuum stays off them while they fill).
 //!
 //! Days are PostgreSQL's day numbers (days since 2000-01-01, as `copy::pg_day` gives them), so
 //! that a test can pass any "today" and watch days go by. Every statement is idempotent and
@@ -46,6 +47,8 @@ pub struct Done {
     /// Each table dropped, and how long detaching and dropping it took.
     pub dropped: Vec<(String, Duration)>,
     pub indexed: Vec<String>,
+    /// Frozen and analyzed once their day was over, and handed back to autovacuum.
+    pub settled: Vec<String>,
 }
 
 /// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
@@ -101,8 +104,17 @@ const UNINDEXED: &str = "
           WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code' AND ix.indisvalid)
     ORDER BY 1";
 
-/// Creates what is missing of `plan`, drops what it expires, and indexes the partitions of
-/// days before `today` by code.
+/// Partitions of days before $1 that autovacuum was kept off while they filled (migration 11):
+/// not yet vacuumed and frozen once their day was over.
+const UNSETTLED: &str = "
+    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND c.relname ~ '^clicks_p[0-9]{8}$'
+      AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int
+      AND 'autovacuum_enabled=false' = ANY (c.reloptions)
+    ORDER BY 1";
+
+/// Creates what is missing of `plan`, drops what it expires, and indexes, vacuums and freezes
+/// the partitions of days before `today`.
 pub async fn maintain(
     client: &Client,
     plan: &Plan,
@@ -116,11 +128,13 @@ pub async fn maintain(
         Some(day) => drop_before(client, day).await?,
         None => Vec::new(),
     };
+    let settled = settle_closed_days(client, today).await?;
     let indexed = index_closed_days(client, today).await?;
     Ok(Done {
         created,
         dropped,
         indexed,
+        settled,
     })
 }
 
@@ -190,6 +204,44 @@ async fn index_closed_days(
         indexed.push(name);
     }
     Ok(indexed)
+}
+
+/// Whether VACUUM left every page of $1 all-visible (and so, after a FREEZE, all-frozen):
+/// it cannot while a transaction that may not see a row yet is running, or the page is newer.
+const ALL_VISIBLE: &str =
+    "SELECT relallvisible >= relpages FROM pg_class WHERE oid = $1::text::regclass";
+
+/// Vacuums and freezes each partition of a day before `today` that autovacuum was kept off
+/// while it filled; once every page is frozen, analyzes it and hands it back to autovacuum
+/// (which then finds little to do: late clicks, within --max-click-age). Until then it is
+/// vacuumed again at each round: a VACUUM skips the pages it froze before. VACUUM takes no
+/// lock that stops a COPY; a second collector doing the same waits for the first.
+async fn settle_closed_days(
+    client: &Client,
+    today: i32,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut settled = Vec::new();
+    for row in client.query(UNSETTLED, &[&today]).await? {
+        let name: String = row.get(0);
+        let table = ident(&name);
+        // One statement each: VACUUM cannot run inside the implicit transaction of several.
+        client
+            .batch_execute(&format!("VACUUM (FREEZE) {table}"))
+            .await?;
+        if !client
+            .query_one(ALL_VISIBLE, &[&table])
+            .await?
+            .get::<_, bool>(0)
+        {
+            continue;
+        }
+        client.batch_execute(&format!("ANALYZE {table}")).await?;
+        client
+            .batch_execute(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)"))
+            .await?;
+        settled.push(name);
+    }
+    Ok(settled)
 }
 
 /// `name` quoted as an SQL identifier. The names come from the catalog, of the forms matched

@@ -1,5 +1,6 @@
 //! The daily partitions of `clicks`: there ahead of time across a day boundary (the maintenance
-//! is given the time), clicks outside the collector's window set aside while their batch lands,
+//! is given the time), a day's partition indexed, frozen and analyzed once the day is over,
+//! clicks outside the collector's window set aside while their batch lands,
 //! retention that drops old days while their totals stay, and the migration of a populated
 //! unpartitioned table.
 
@@ -85,6 +86,106 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     let stored = stored_clicks(&client).await;
     assert_eq!(stored.len(), 2_000);
+}
+
+/// A partition as its day's end leaves it: autovacuum kept off, an index by code, pages all
+/// frozen out of pages in all, and the statistics rows ANALYZE left.
+#[derive(Debug, PartialEq)]
+struct DayState {
+    autovacuum_off: bool,
+    indexed: bool,
+    frozen_pages: i64,
+    pages: i64,
+    statistics: i64,
+}
+
+async fn day_state(client: &tokio_postgres::Client, name: &str) -> DayState {
+    let sql = "
+        SELECT coalesce('autovacuum_enabled=false' = ANY (c.reloptions), false),
+               EXISTS (SELECT FROM pg_index AS ix JOIN pg_class AS x ON x.oid = ix.indexrelid
+                       WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code'
+                         AND ix.indisvalid),
+               (SELECT all_frozen FROM pg_visibility_map_summary(c.oid)),
+               pg_relation_size(c.oid) / current_setting('block_size')::int8,
+               (SELECT count(*) FROM pg_stats AS s WHERE s.tablename = c.relname)
+        FROM pg_class AS c WHERE c.relname = $1";
+    let row = client.query_one(sql, &[&name]).await.unwrap();
+    DayState {
+        autovacuum_off: row.get(0),
+        indexed: row.get(1),
+        frozen_pages: row.get(2),
+        pages: row.get(3),
+        statistics: row.get(4),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_is_indexed_frozen_and_analyzed_once_it_is_over_and_not_before() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute("CREATE EXTENSION pg_visibility")
+        .await
+        .unwrap();
+    // Migration 11 turned autovacuum off the partitions made before it from today on only.
+    let now = shared::now_us();
+    let real_today = day_state(&client, &name_of(&client, now).await).await;
+    let real_yesterday = day_state(&client, &name_of(&client, now - DAY_US).await).await;
+    assert!(real_today.autovacuum_off && !real_yesterday.autovacuum_off);
+    let metrics = Metrics::default();
+    let noon = midnight() - 5 * DAY_US + 12 * HOUR_US;
+    maintenance::keep_partitions(&client, &policy(None), &metrics, noon)
+        .await
+        .unwrap();
+    let mut handoff = writer(&db.url, "settle", LIMIT, Arc::new(Metrics::default())).await;
+    let sent = clicks(3_000, 30, noon, 1_000);
+    write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
+    let day = name_of(&client, noon).await;
+    let next_day = name_of(&client, noon + DAY_US).await;
+    // While its day lasts: filled, autovacuum off, nothing done to it.
+    maintenance::keep_partitions(&client, &policy(None), &metrics, noon + HOUR_US)
+        .await
+        .unwrap();
+    let filling = day_state(&client, &day).await;
+    assert!(filling.pages > 0, "{day} holds the clicks: {filling:?}");
+    assert_eq!(
+        (
+            filling.autovacuum_off,
+            filling.indexed,
+            filling.frozen_pages,
+            filling.statistics
+        ),
+        (true, false, 0, 0),
+        "{day} while its day lasts"
+    );
+
+    // The next day: frozen (a VACUUM at each round until every page is: right after the
+    // clicks' commit one may not be yet), analyzed, handed back to autovacuum, indexed; the
+    // new today's partition is left alone.
+    shared::testkit::eventually("the closed day settled", LIMIT, || async {
+        maintenance::keep_partitions(&client, &policy(None), &metrics, noon + DAY_US)
+            .await
+            .unwrap();
+        (!day_state(&client, &day).await.autovacuum_off).then_some(())
+    })
+    .await;
+    let settled = day_state(&client, &day).await;
+    assert_eq!(
+        (
+            settled.autovacuum_off,
+            settled.indexed,
+            settled.frozen_pages
+        ),
+        (false, true, settled.pages),
+        "{day} once its day is over"
+    );
+    assert!(settled.statistics > 0, "{day} analyzed: {settled:?}");
+    let today = day_state(&client, &next_day).await;
+    assert!(
+        today.autovacuum_off && !today.indexed,
+        "{next_day}: {today:?}"
+    );
+    assert_eq!(stored_clicks(&client).await.len(), 3_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

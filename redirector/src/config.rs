@@ -60,7 +60,7 @@ pub struct Config {
     pub ack_socket_mode: u32,
 
     /// Without an acknowledgement for this long, everything unacknowledged is sent again.
-    /// The collector acknowledges each batch as it commits, every --flush-interval (100ms) of
+    /// The collector acknowledges each batch as it commits, every --flush-interval (250ms) of
     /// its own while it keeps up.
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_ACK_TIMEOUT", default_value = "2s",
           value_parser = shared::flags::duration)]
