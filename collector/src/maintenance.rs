@@ -1,7 +1,8 @@
-//! The collector's periodic work on the database, on a connection of its own beside the
-//! writer's: folding the per-batch counts (`compact`) when due, pruning idle bookkeeping rows,
-//! and keeping the daily partitions of `clicks` (`partitions`). Every collector of a database
-//! runs it; each piece is safe to run from several at once.
+//! The collector's periodic work on the database, beside the writer's: folding the per-batch
+//! counts (`compact`) when due and pruning idle bookkeeping rows (`run`), and keeping the
+//! daily partitions of `clicks` (`partitions`, `run_partitions`), each task on a connection of
+//! its own. Every collector of a database runs them; each piece is safe to run from several
+//! at once.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -21,6 +22,10 @@ use crate::unfolded::Unfolded;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often the partitions are seen to (they are created days ahead).
 const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
+/// The deadline of one round of partition work: long enough to index and freeze a large day
+/// (CREATE INDEX CONCURRENTLY of 5.4 M clicks takes seconds, of a billion many minutes); short
+/// enough that a session that stopped answering is replaced the same hour.
+const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What the task does, and when.
 #[derive(Debug, Clone, Copy)]
@@ -47,12 +52,6 @@ impl Policy {
     }
 }
 
-/// When each piece of work was last done.
-struct Due {
-    pruned: Instant,
-    partitions: Instant,
-}
-
 /// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
 /// next look on a new connection.
 pub async fn run(
@@ -67,16 +66,11 @@ pub async fn run(
     let mut conn = None;
     // One warning per outage; each look's retry would repeat it.
     let mut outage = Throttle::per_outage();
-    // The partitions were seen to at start; pruning rides on a fold or on the first look after
-    // an interval without one.
-    let long_ago = Instant::now() - policy.fold.interval;
-    let mut due = Due {
-        pruned: long_ago,
-        partitions: Instant::now(),
-    };
+    // Pruning rides on a fold or on the first look after an interval without one.
+    let mut pruned = Instant::now() - policy.fold.interval;
     loop {
         looks.tick().await;
-        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut due);
+        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 health.db_reachable.store(true, Relaxed);
@@ -89,42 +83,78 @@ pub async fn run(
                 metrics.db_errors.inc();
                 health.db_reachable.store(false, Relaxed);
                 if outage.hit().is_some() {
-                    tracing::warn!("folding, pruning or partitioning: {failure}; retrying");
+                    tracing::warn!("folding or pruning: {failure}; retrying");
                 } else {
-                    tracing::debug!("folding, pruning or partitioning: {failure}");
+                    tracing::debug!("folding or pruning: {failure}");
                 }
             }
         }
     }
 }
 
-/// One look on `conn` (opened first if needed): a fold if due, pruning if due, partitions if
-/// due, and the gauges.
+/// One look on `conn` (opened first if needed): a fold if due, pruning if due (`pruned`: when
+/// last), and the gauges.
 async fn round(
     db: &Db,
     conn: &mut Option<Client>,
     policy: &Policy,
     own: &Unfolded,
     metrics: &Metrics,
-    due: &mut Due,
+    pruned: &mut Instant,
 ) -> Result<(), tokio_postgres::Error> {
     let client = match conn {
         Some(client) => client,
         slot => slot.insert(db.connect().await?),
     };
     if compact::due(client, &policy.fold, own).await? && fold(client, policy, own, metrics).await? {
-        due.pruned = Instant::now();
+        *pruned = Instant::now();
     }
-    if due.pruned.elapsed() >= policy.fold.interval {
+    if pruned.elapsed() >= policy.fold.interval {
         client.batch_execute(compact::PRUNE).await?;
-        due.pruned = Instant::now();
-    }
-    if due.partitions.elapsed() >= PARTITIONS_EVERY {
-        keep_partitions(client, policy, metrics, shared::now_us()).await?;
-        due.partitions = Instant::now();
+        *pruned = Instant::now();
     }
     show(metrics, &compact::backlog(client).await?);
     Ok(())
+}
+
+/// Sees to the partitions once a minute until aborted, on a connection of its own beside the
+/// folds': on the first minute of a day it may index and freeze a whole day of clicks, which
+/// on a large day takes minutes, so it has a deadline of its own and folds go on meanwhile.
+/// A failure is logged (once per outage), counted and tried again a minute later on a new
+/// connection.
+pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+    let mut every = tokio::time::interval(PARTITIONS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the start created what the first batch needs, the rest (a
+    // day closed while the collector was away) is done now.
+    let mut conn = None;
+    let mut outage = Throttle::per_outage();
+    loop {
+        every.tick().await;
+        let work = async {
+            let client = match &mut conn {
+                Some(client) => client,
+                slot => slot.insert(db.connect().await?),
+            };
+            keep_partitions(client, &policy, &metrics, shared::now_us()).await
+        };
+        match timed(PARTITIONS_TIMEOUT, work).await {
+            Ok(()) => {
+                if outage.end().is_some() {
+                    tracing::info!("the partitions are seen to again");
+                }
+            }
+            Err(failure) => {
+                conn = None;
+                metrics.db_errors.inc();
+                if outage.hit().is_some() {
+                    tracing::warn!("seeing to the partitions: {failure}; retrying in a minute");
+                } else {
+                    tracing::debug!("seeing to the partitions: {failure}");
+                }
+            }
+        }
+    }
 }
 
 /// Folds (unless another collector is); whether it did.
@@ -146,7 +176,7 @@ async fn fold(
     Ok(true)
 }
 
-/// Creates, drops, indexes and vacuums partitions as the policy says for the day of `now_us`;
+/// Creates, drops, vacuums and indexes partitions as the policy says for the day of `now_us`;
 /// counts and logs what it did.
 pub async fn keep_partitions(
     client: &Client,

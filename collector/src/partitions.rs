@@ -113,17 +113,20 @@ const UNSETTLED: &str = "
       AND 'autovacuum_enabled=false' = ANY (c.reloptions)
     ORDER BY 1";
 
-/// Creates what is missing of `plan`, drops what it expires, and indexes, vacuums and freezes
+/// Creates the partitions `plan` lacks; how many.
+pub async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
+    let created = client.query_one(ENSURE, &[&plan.first, &plan.last]).await?;
+    Ok(created.get::<_, i64>(0) as u64)
+}
+
+/// Creates what is missing of `plan`, drops what it expires, and vacuums, freezes and indexes
 /// the partitions of days before `today`.
 pub async fn maintain(
     client: &Client,
     plan: &Plan,
     today: i32,
 ) -> Result<Done, tokio_postgres::Error> {
-    let created = client
-        .query_one(ENSURE, &[&plan.first, &plan.last])
-        .await?
-        .get::<_, i64>(0) as u64;
+    let created = create(client, plan).await?;
     let dropped = match plan.drop_before {
         Some(day) => drop_before(client, day).await?,
         None => Vec::new(),

@@ -19,7 +19,7 @@ use crate::socket::Inbox;
 use crate::store::Conn;
 use crate::unfolded::Unfolded;
 use crate::writer::Writer;
-use crate::{compact, lock, maintenance, migrations};
+use crate::{compact, copy, lock, maintenance, migrations, partitions};
 
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +129,11 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         },
         handoff,
     );
+    let partitions = tokio::spawn(maintenance::run_partitions(
+        db.clone(),
+        upkeep,
+        metrics.clone(),
+    ));
     let maintenance = tokio::spawn(maintenance::run(
         db,
         upkeep,
@@ -147,6 +152,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         tracing::error!("the database writer failed: {e}");
     }
     maintenance.abort();
+    partitions.abort();
     tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
     received.map_err(Fatal::from)
 }
@@ -215,7 +221,8 @@ fn start_writer(
 }
 
 /// Connects (retrying with backoff while the database is away), waits for the lock of
-/// `instance`, migrates, sees to the partitions (so the first batch finds its day), and loads
+/// `instance`, migrates, creates the partitions (so the first batch finds its day; the rest of
+/// the partitions' upkeep, which can take minutes, is `maintenance::run_partitions`'), and loads
 /// the senders' seqs: the lock comes first, so that they are read only once no predecessor of
 /// this instance can still commit.
 async fn prepare(
@@ -246,7 +253,9 @@ async fn try_prepare(
     let mut client = db.connect().await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
-    maintenance::keep_partitions(&client, upkeep, metrics, shared::now_us()).await?;
+    let today = copy::pg_day(shared::now_us());
+    let created = partitions::create(&client, &upkeep.partitions(today)).await?;
+    metrics.partitions_created.inc_by(created);
     Ok(Start {
         senders: senders::load(&client).await?,
         deltas_pending: compact::backlog(&client).await?.counts,

@@ -1,8 +1,8 @@
 //! The daily partitions of `clicks`: there ahead of time across a day boundary (the maintenance
 //! is given the time), a day's partition indexed, frozen and analyzed once the day is over,
-//! clicks outside the collector's window set aside while their batch lands,
-//! retention that drops old days while their totals stay, and the migration of a populated
-//! unpartitioned table.
+//! clicks outside the collector's window set aside while their batch lands, retention that
+//! drops old days while their totals stay (by hand, and by a started collector's partition
+//! task), and the migration of a populated unpartitioned table.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -269,6 +269,25 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     all.extend(recent.clone());
     assert_eq!(totals(&client, "click_totals").await, expected_totals(&all));
     assert_eq!(totals(&client, "click_counts").await, expected_totals(&all));
+}
+
+/// A start creates only what the first batch needs; the collector's partition task, beside it,
+/// does the rest: here, dropping days past the retention soon after the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_collector_drops_expired_days_in_its_partition_task() {
+    let p = place().await;
+    let old = midnight() - 10 * DAY_US + 12 * HOUR_US;
+    maintenance::keep_partitions(&p.client, &policy(None), &Metrics::default(), old)
+        .await
+        .unwrap();
+    let old_day = name_of(&p.client, old).await;
+    assert!(partitions(&p.client).await.contains(&old_day));
+    let c = start_collector(&p.db, &p.path, &["--retention", "3"]).await;
+    shared::testkit::eventually("the expired day dropped", LIMIT, || async {
+        (!partitions(&p.client).await.contains(&old_day)).then_some(())
+    })
+    .await;
+    assert!(c.metric("collector_partitions_dropped_total").await >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
