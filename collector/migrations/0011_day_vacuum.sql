@@ -3,10 +3,9 @@
 -- over), so autovacuum's passes over it buy nothing: an insert-triggered VACUUM at every 20 %
 -- of growth and an ANALYZE at every 10 % (each reading up to 30,000 pages), at most once a
 -- minute (BENCHMARKS.md, "Totals", for what they cost).
--- Once the day is over the collector runs VACUUM (FREEZE, ANALYZE) on it and hands it back to
--- autovacuum (RESET): its pages are frozen while they are fresh in memory, so that no
--- anti-wraparound vacuum has to read the whole day again months later. A table with
--- autovacuum_enabled = false is still vacuumed against wraparound.
+-- Once the day is over the collector runs VACUUM and ANALYZE on it once and hands it back to
+-- autovacuum (RESET). A table with autovacuum_enabled = false is still vacuumed against
+-- wraparound.
 --
 -- The marker of a day not yet settled is the option itself: partitions of days before today
 -- whose reloptions hold autovacuum_enabled=false (collector/src/partitions.rs, UNSETTLED).

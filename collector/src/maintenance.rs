@@ -22,7 +22,7 @@ use crate::unfolded::Unfolded;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often the partitions are seen to (they are created days ahead).
 const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
-/// The deadline of one round of partition work: long enough to index and freeze a large day
+/// The deadline of one round of partition work: long enough to vacuum and index a large day
 /// (CREATE INDEX CONCURRENTLY of 5.4 M clicks takes seconds, of a billion many minutes); short
 /// enough that a session that stopped answering is replaced the same hour.
 const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -118,7 +118,7 @@ async fn round(
 }
 
 /// Sees to the partitions once a minute until aborted, on a connection of its own beside the
-/// folds': on the first minute of a day it may index and freeze a whole day of clicks, which
+/// folds': on the first minute of a day it may vacuum and index a whole day of clicks, which
 /// on a large day takes minutes, so it has a deadline of its own and folds go on meanwhile.
 /// A failure is logged (once per outage), counted and tried again a minute later on a new
 /// connection.
@@ -198,7 +198,7 @@ pub async fn keep_partitions(
         tracing::info!("indexed partition {name} by code: its day is over");
     }
     for name in &done.settled {
-        tracing::info!("vacuumed and froze partition {name}: its day is over");
+        tracing::info!("vacuumed partition {name}: its day is over");
     }
     Ok(())
 }
