@@ -1,8 +1,8 @@
 //! Folding the per-batch counts into click_counts, on a connection of its own, so that the
-//! batch path only appends and each (code, day) key is upserted once per fold, not per batch.
+//! batch path only appends and each (code, day) key is written once per fold, not per batch.
 //!
 //! A collector folds the batches it wrote from the sums it kept of them in memory
-//! (`unfolded`): PostgreSQL deletes their rows by number and upserts one row per key. What it
+//! (`unfolded`): PostgreSQL deletes their rows by number and adds one sum per key (`MERGE`). What it
 //! does not hold (its own batches it lost track of, other writers' rows left behind by a
 //! collector that stopped, rows of earlier versions) goes the SQL way, `FOLD_ROWS`: unnest,
 //! sum, upsert, which costs the database about a microsecond per count on top of the upsert

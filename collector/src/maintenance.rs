@@ -22,10 +22,20 @@ use crate::unfolded::Unfolded;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often the partitions are seen to (they are created days ahead).
 const PARTITIONS_EVERY: Duration = Duration::from_secs(60);
-/// The deadline of one round of partition work: long enough to vacuum and index a large day
-/// (CREATE INDEX CONCURRENTLY of 5.4 M clicks takes seconds, of a billion many minutes); short
-/// enough that a session that stopped answering is replaced the same hour.
+/// The statement timeout of the partitions' session: long enough to vacuum and index a large
+/// day (CREATE INDEX CONCURRENTLY of 5.4 M clicks takes seconds, of a billion many minutes).
 const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The task's own deadline for a round is this much longer, so that the server has stopped the
+/// statement first; past it, a session that stopped answering is dropped.
+const PARTITIONS_GRACE: Duration = Duration::from_secs(60);
+/// Held (for the session, until the round is done or its connection goes) by the collector
+/// seeing to the partitions, so that one collector of the database does at a time: two would
+/// queue their VACUUM, ANALYZE and index builds of the same day behind each other's locks (a
+/// CREATE INDEX CONCURRENTLY also waits for the other's transactions: a deadlock), and take
+/// an index the other is building for a broken one. A fixed key ("partitio" in ASCII), not
+/// the fold's or the migrations'.
+const TRY_PARTITIONS_LOCK: &str = "SELECT pg_try_advisory_lock(8097879449299872111)";
+const PARTITIONS_UNLOCK: &str = "SELECT pg_advisory_unlock(8097879449299872111)";
 
 /// What the task does, and when.
 #[derive(Debug, Clone, Copy)]
@@ -120,8 +130,9 @@ async fn round(
 /// Sees to the partitions once a minute until aborted, on a connection of its own beside the
 /// folds': on the first minute of a day it may vacuum and index a whole day of clicks, which
 /// on a large day takes minutes, so it has a deadline of its own and folds go on meanwhile.
-/// A failure is logged (once per outage), counted and tried again a minute later on a new
-/// connection.
+/// One collector of the database does it at a time (`TRY_PARTITIONS_LOCK`; the others skip
+/// their turn). A failure is counted, logged (once per outage) and tried again after a
+/// capped backoff, on a new connection.
 pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
     let mut every = tokio::time::interval(PARTITIONS_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -129,32 +140,64 @@ pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
     // day closed while the collector was away) is done now.
     let mut conn = None;
     let mut outage = Throttle::per_outage();
+    let mut backoff = crate::db::backoff();
+    every.tick().await;
     loop {
-        every.tick().await;
-        let work = async {
-            let client = match &mut conn {
-                Some(client) => client,
-                slot => slot.insert(db.connect().await?),
-            };
-            keep_partitions(client, &policy, &metrics, shared::now_us()).await
-        };
-        match timed(PARTITIONS_TIMEOUT, work).await {
+        let work = partitions_round(&db, &mut conn, &policy, &metrics);
+        match timed(PARTITIONS_TIMEOUT + PARTITIONS_GRACE, work).await {
             Ok(()) => {
+                backoff.reset();
                 if outage.end().is_some() {
                     tracing::info!("the partitions are seen to again");
                 }
+                every.tick().await;
             }
             Err(failure) => {
                 conn = None;
                 metrics.db_errors.inc();
                 if outage.hit().is_some() {
-                    tracing::warn!("seeing to the partitions: {failure}; retrying in a minute");
+                    tracing::warn!("seeing to the partitions: {failure}; retrying");
                 } else {
                     tracing::debug!("seeing to the partitions: {failure}");
                 }
+                backoff.wait().await;
             }
         }
     }
+}
+
+/// One round of `run_partitions` on `conn` (opened first if needed), unless another
+/// collector's round is under way.
+async fn partitions_round(
+    db: &Db,
+    conn: &mut Option<Client>,
+    policy: &Policy,
+    metrics: &Metrics,
+) -> Result<(), tokio_postgres::Error> {
+    let client = match conn {
+        Some(client) => client,
+        slot => {
+            let client = db.connect().await?;
+            // The server gives up a statement before this task does: a VACUUM or an index
+            // build cut off here is stopped there, not left running with its locks.
+            let limit = PARTITIONS_TIMEOUT.as_secs();
+            client
+                .batch_execute(&format!("SET statement_timeout = '{limit}s'"))
+                .await?;
+            slot.insert(client)
+        }
+    };
+    if !client
+        .query_one(TRY_PARTITIONS_LOCK, &[])
+        .await?
+        .get::<_, bool>(0)
+    {
+        tracing::debug!("another collector is seeing to the partitions; skipped this turn");
+        return Ok(());
+    }
+    keep_partitions(client, policy, metrics, shared::now_us()).await?;
+    client.query_one(PARTITIONS_UNLOCK, &[]).await?;
+    Ok(())
 }
 
 /// Folds (unless another collector is); whether it did.

@@ -54,7 +54,7 @@ shared::metrics! {
         batch_seconds: Histogram = "batch_seconds", "Time to write one batch, retries included.";
         commit_lag: Histogram = "commit_lag_seconds",
             "Per click committed: commit time minus click time (the redirector's clock).";
-        db_errors: Counter = "db_errors", "Failed database attempts (connect, write, compaction).";
+        db_errors: Counter = "db_errors", "Failed database attempts (connect, write, compaction, partitions).";
         pending_clicks: Gauge = "pending_clicks", "Clicks accepted and not committed yet.";
         compactions: Counter = "compactions", "Folds of the per-batch counts into click_counts.";
         compaction_seconds: Histogram = "compaction_seconds", "Time one fold took.";

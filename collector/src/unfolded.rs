@@ -1,5 +1,5 @@
 //! The counts of the batches this collector committed and has not folded yet, summed in memory
-//! as the writer commits them. A fold then sends PostgreSQL one upsert per (code, day) and
+//! as the writer commits them. A fold then sends PostgreSQL one sum per (code, day) and
 //! deletes those batches' `click_count_lists` rows by number, instead of having it unnest and
 //! add up every batch's entries again: with codes spread over many links, that adding up was
 //! most of the database's work (BENCHMARKS.md, "Totals").

@@ -117,10 +117,15 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
         let first = clicks(3_000, 300, start_us(), 1_000);
         let second = clicks(6_000, 900, start_us() + 3_000_000, 600_000);
         let mut sent = Vec::new();
-        for (seq, part) in [(5, &first), (6, &second)] {
-            write(&mut handoff, batch_of(&datagrams(seq, part))).await;
+        for (seq, part) in [(5, &first), (7, &second)] {
+            // Two batches sharing keys: folded from the sums, the fold moves one sum per key;
+            // from the rows (had the sums been set aside), one per key and batch.
+            let (a, b) = part.split_at(part.len() / 2);
+            write(&mut handoff, batch_of(&datagrams(seq, a))).await;
+            write(&mut handoff, batch_of(&datagrams(seq + 1, b))).await;
             let moved = compact::fold_with(&mut client, &policy, &own, way).await;
-            assert!(moved.unwrap().is_some(), "{way:?} folded");
+            let keys = expected_totals(part).len() as i64;
+            assert_eq!(moved.unwrap(), Some(keys), "{way:?} folded its sums");
             sent.extend(part.iter().cloned());
             assert_eq!(
                 totals(&client, "click_counts").await,
