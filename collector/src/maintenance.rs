@@ -34,8 +34,7 @@ const PARTITIONS_GRACE: Duration = Duration::from_secs(60);
 /// CREATE INDEX CONCURRENTLY also waits for the other's transactions: a deadlock), and take
 /// an index the other is building for a broken one. A fixed key ("partitio" in ASCII), not
 /// the fold's or the migrations'.
-const TRY_PARTITIONS_LOCK: &str = "SELECT pg_try_advisory_lock(8097879449299872111)";
-const PARTITIONS_UNLOCK: &str = "SELECT pg_advisory_unlock(8097879449299872111)";
+pub const PARTITIONS_LOCK: i64 = 8097879449299872111;
 
 /// What the task does, and when.
 #[derive(Debug, Clone, Copy)]
@@ -130,7 +129,7 @@ async fn round(
 /// Sees to the partitions once a minute until aborted, on a connection of its own beside the
 /// folds': on the first minute of a day it may vacuum and index a whole day of clicks, which
 /// on a large day takes minutes, so it has a deadline of its own and folds go on meanwhile.
-/// One collector of the database does it at a time (`TRY_PARTITIONS_LOCK`; the others skip
+/// One collector of the database does it at a time (`PARTITIONS_LOCK`; the others skip
 /// their turn). A failure is counted, logged (once per outage) and tried again after a
 /// capped backoff, on a new connection.
 pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
@@ -188,7 +187,7 @@ async fn partitions_round(
         }
     };
     if !client
-        .query_one(TRY_PARTITIONS_LOCK, &[])
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&PARTITIONS_LOCK])
         .await?
         .get::<_, bool>(0)
     {
@@ -196,7 +195,8 @@ async fn partitions_round(
         return Ok(());
     }
     keep_partitions(client, policy, metrics, shared::now_us()).await?;
-    client.query_one(PARTITIONS_UNLOCK, &[]).await?;
+    let unlock = "SELECT pg_advisory_unlock($1)";
+    client.query_one(unlock, &[&PARTITIONS_LOCK]).await?;
     Ok(())
 }
 

@@ -292,6 +292,31 @@ async fn a_started_collector_drops_expired_days_in_its_partition_task() {
     .await;
 }
 
+/// While another collector sees to the partitions (holds their lock), a collector skips its
+/// round: two would block each other's vacuums and index builds of the same day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_skips_the_partitions_while_another_sees_to_them() {
+    let p = place().await;
+    let old = midnight() - 10 * DAY_US + 12 * HOUR_US;
+    maintenance::keep_partitions(&p.client, &policy(None), &Metrics::default(), old)
+        .await
+        .unwrap();
+    let old_day = name_of(&p.client, old).await;
+    let lock = format!("SELECT pg_advisory_lock({})", maintenance::PARTITIONS_LOCK);
+    p.client.batch_execute(&lock).await.unwrap();
+    let mut cmd = command(&p.db, &p.path, &["--retention", "3"]);
+    cmd.env("RUST_LOG", "info,collector::maintenance=debug");
+    let c = Collector::spawn(cmd).await;
+    c.ready().await;
+    c.service
+        .wait_for_log("another collector is seeing to the partitions", LIMIT)
+        .await;
+    assert!(
+        partitions(&p.client).await.contains(&old_day),
+        "{old_day} left"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     let db = pgtest::cluster().fresh_database().await;
