@@ -271,16 +271,22 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     assert_eq!(totals(&client, "click_counts").await, expected_totals(&all));
 }
 
+/// Makes the partitions of ten days ago (and around): past a retention of 3 days. The name of
+/// that day's.
+async fn partitions_ten_days_ago(client: &tokio_postgres::Client) -> String {
+    let old = midnight() - 10 * DAY_US + 12 * HOUR_US;
+    maintenance::keep_partitions(client, &policy(None), &Metrics::default(), old)
+        .await
+        .unwrap();
+    name_of(client, old).await
+}
+
 /// A start creates only what the first batch needs; the collector's partition task, beside it,
 /// does the rest: here, dropping days past the retention soon after the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_collector_drops_expired_days_in_its_partition_task() {
     let p = place().await;
-    let old = midnight() - 10 * DAY_US + 12 * HOUR_US;
-    maintenance::keep_partitions(&p.client, &policy(None), &Metrics::default(), old)
-        .await
-        .unwrap();
-    let old_day = name_of(&p.client, old).await;
+    let old_day = partitions_ten_days_ago(&p.client).await;
     assert!(partitions(&p.client).await.contains(&old_day));
     let c = start_collector(&p.db, &p.path, &["--retention", "3"]).await;
     // The metric counts a round's drops once the round is done, after the tables are gone.
@@ -297,11 +303,7 @@ async fn a_started_collector_drops_expired_days_in_its_partition_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_skips_the_partitions_while_another_sees_to_them() {
     let p = place().await;
-    let old = midnight() - 10 * DAY_US + 12 * HOUR_US;
-    maintenance::keep_partitions(&p.client, &policy(None), &Metrics::default(), old)
-        .await
-        .unwrap();
-    let old_day = name_of(&p.client, old).await;
+    let old_day = partitions_ten_days_ago(&p.client).await;
     let lock = format!("SELECT pg_advisory_lock({})", maintenance::PARTITIONS_LOCK);
     p.client.batch_execute(&lock).await.unwrap();
     let mut cmd = command(&p.db, &p.path, &["--retention", "3"]);
