@@ -2,8 +2,8 @@
 //! batch path only appends and each (code, day) key is written once per fold, not per batch.
 //!
 //! A collector folds the batches it wrote from the sums it kept of them in memory
-//! (`unfolded`): PostgreSQL deletes their rows by number and adds one sum per key (`MERGE`). What it
-//! does not hold (its own batches it lost track of, other writers' rows left behind by a
+//! (`unfolded`): PostgreSQL deletes their rows by number and adds one sum per key (`MERGE`).
+//! What it does not hold (its own batches it lost track of, other writers' rows left behind by a
 //! collector that stopped, rows of earlier versions) goes the SQL way, `FOLD_ROWS`: unnest,
 //! sum, upsert, which costs the database about a microsecond per count on top of the upsert
 //! per key. Folds are spaced out: one when the batches summed hold `--compact-backlog` counts,

@@ -119,8 +119,8 @@ pub struct Config {
     /// less per click in PostgreSQL (each commit waits for a WAL flush); two batches of this
     /// size (at the default, about 3 MB of rows each and up to 4 MB of counts a day when
     /// every code is distinct) are in memory at most, kept for reuse. Below 400,000 clicks/s
-    /// (at the default --flush-interval), --flush-interval comes first. The ceiling keeps a batch's count lists under
-    /// PostgreSQL's 1 GB field limit (10 M codes of 64 bytes: 650 MB).
+    /// (at the default --flush-interval), --flush-interval comes first. The ceiling keeps a
+    /// batch's count lists under PostgreSQL's 1 GB field limit (10 M codes of 64 bytes: 650 MB).
     #[arg(
         long,
         env = "COLLECTOR_BATCH_ROWS",
@@ -145,8 +145,8 @@ pub struct Config {
     pub flush_interval: Duration,
 
     /// Fold the per-batch counts into click_counts once the oldest has waited this long. A
-    /// fold costs the database an update or insert per distinct (code, day), so fewer folds cost less;
-    /// click_totals is exact either way (it adds what is not folded yet).
+    /// fold costs the database an update or insert per distinct (code, day), so fewer folds
+    /// cost less; click_totals is exact either way (it adds what is not folded yet).
     #[arg(
         long,
         env = "COLLECTOR_COMPACT_INTERVAL",

@@ -135,11 +135,11 @@ async fn round(
 pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
     let mut every = tokio::time::interval(PARTITIONS_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is at once: the start created what the first batch needs, the rest (a
-    // day closed while the collector was away) is done now.
     let mut conn = None;
     let mut outage = Throttle::per_outage();
     let mut backoff = crate::db::backoff();
+    // The first tick is at once: the start created what the first batch needs, the rest (a
+    // day closed while the collector was away) is done now.
     every.tick().await;
     loop {
         let work = partitions_round(&db, &mut conn, &policy, &metrics);
