@@ -3,13 +3,16 @@
 //! Requests read a [`Table`] without a lock or a wait. One loader, on a thread of its own (so
 //! neither a load nor a change ever runs on a request worker), loads the whole table at start
 //! and then applies the change log `link_changes` (migration 4) incrementally: on each
-//! `links_changed` notification (a wake-up only) and every `--reload-interval`. Each read is one
-//! REPEATABLE READ snapshot; the position it reached (highest id seen, transactions then in
-//! progress, TRUNCATE epoch) outlives a lost session, so a new session resumes where the last
-//! one stopped. A full load happens only at start and when the log cannot bring the table up
-//! to date (pruned past our position, or `links` truncated); while serving it compares instead
-//! of rebuilding, so memory does not double. Every query has a client-side timeout: a session
-//! that stops answering is dropped and replaced, and the last table keeps serving.
+//! `links_changed` notification (a wake-up only) and every `--reload-interval`; while changes
+//! keep coming it stops listening and reads every 100 ms instead. Each read is one snapshot: a
+//! single prepared statement, one round trip, for a read of the log; a REPEATABLE READ
+//! transaction for a full load. The position a read reached (highest id seen, transactions
+//! then in progress, TRUNCATE epoch) outlives a lost session, so a new session resumes where
+//! the last one stopped. A full load happens only at start and when the log cannot bring the
+//! table up to date (pruned past our position, or `links` truncated); while serving it
+//! compares instead of rebuilding, so memory does not double. Every query has a client-side
+//! timeout: a session that stops answering is dropped and replaced, and the last table keeps
+//! serving.
 
 mod apply;
 
@@ -23,7 +26,7 @@ use futures_util::StreamExt;
 use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Transaction};
+use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
 use crate::metrics::Metrics;
 use crate::table::{usable, Table};
@@ -149,6 +152,16 @@ enum SessionError {
     Closed,
     #[error("no answer from the database within {0:?}; dropping the session")]
     Timeout(Duration),
+    #[error("link_changes_state has no row: the schema is not as the migrations left it")]
+    NoState,
+}
+
+/// What an incremental read did.
+enum Read {
+    /// Applied every change up to this head: this many codes.
+    Applied(Head, u64),
+    /// The log cannot bring the table up to date, for this reason: load it all.
+    Behind(&'static str),
 }
 
 /// Where the loader is in the change log: every change with an id up to `last_id` is applied,
@@ -175,20 +188,36 @@ struct Head {
     now: f64,
 }
 
-const HEAD: &str = "
-    SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint,
-           coalesce((SELECT max(id) FROM link_changes), 0),
-           ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
-           extract(epoch FROM clock_timestamp())::float8
-      FROM link_changes_state AS s";
+/// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
+/// [`HEAD`] and [`READ`] share one text.
+macro_rules! head_columns {
+    () => {
+        "SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint,
+                coalesce((SELECT max(id) FROM link_changes), 0),
+                ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
+                extract(epoch FROM clock_timestamp())::float8
+           FROM link_changes_state AS s"
+    };
+}
 
-/// Each changed code once, with its current URL (NULL: gone) and its newest change's time.
-const CHANGES: &str = "
-    SELECT c.code, l.url, extract(epoch FROM c.changed_at)::float8
-      FROM (SELECT code, max(changed_at) AS changed_at FROM link_changes
-             WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
-             GROUP BY code) AS c
-      LEFT JOIN links AS l USING (code)";
+/// The head alone, for a full load: read in the load's snapshot.
+const HEAD: &str = head_columns!();
+
+/// The head, then each code changed since a position ($1: the highest id applied, $2: the
+/// transactions then in progress) with its current URL (NULL: gone) and its newest change's
+/// time. One statement, so one snapshot covers both without a transaction, in one round trip.
+/// Every row repeats the head; a read with nothing new has one row, whose code is NULL.
+const READ: &str = concat!(
+    "WITH head AS MATERIALIZED (",
+    head_columns!(),
+    ")
+    SELECT h.*, c.code, l.url, extract(epoch FROM c.changed_at)::float8
+      FROM head AS h
+      LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM link_changes
+                  WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
+                  GROUP BY code) AS c ON true
+      LEFT JOIN links AS l USING (code)"
+);
 
 const ALL_LINKS: &str = "SELECT code, url FROM links";
 const ALL_CODES: &str = "SELECT code FROM links";
@@ -280,7 +309,8 @@ impl Loader {
     }
 
     /// One database session: LISTEN, bring the table up to date, then again on each
-    /// notification and each poll tick, until something fails.
+    /// notification (or, while changes keep coming, each [`DEBOUNCE`]) and each poll tick,
+    /// until something fails.
     async fn session(
         &mut self,
         config: &shared::db::Config,
@@ -292,69 +322,117 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
-        // LISTEN before the first read, so that no change between the two goes unseen.
+        // LISTEN before the first read, so that no change between the two goes unseen. Each
+        // read is planned for its own position: a generic plan would guess at `id > $1`.
         let setup = format!(
-            "SET statement_timeout = {}; LISTEN links_changed",
+            "SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan; \
+             LISTEN links_changed",
             self.options.timeout.as_millis()
         );
         if let Err(e) = self.timed(client.batch_execute(&setup)).await {
             return e;
         }
+        let read = match self.timed(client.prepare(READ)).await {
+            Ok(read) => read,
+            Err(e) => return e,
+        };
         let mut tick = tokio::time::interval(self.options.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut listening = true;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                _ = changed.notified(), if listening => tokio::time::sleep(DEBOUNCE).await,
+                _ = tokio::time::sleep(DEBOUNCE), if !listening => {}
                 _ = &mut driver.0 => return SessionError::Closed,
             }
-            if let Err(e) = self.sync(&mut client).await {
-                return e;
-            }
+            listening = match self.follow(&mut client, &read, listening).await {
+                Ok(listening) => listening,
+                Err(e) => return e,
+            };
             backoff.reset();
         }
     }
 
-    /// One read of the change log, in one snapshot: apply what changed, or load everything.
-    async fn sync(&mut self, client: &mut Client) -> Result<(), SessionError> {
-        let begin = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start();
-        let tx = self.timed(begin).await?;
-        let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?);
-        let read_at = Instant::now();
-        match head.needs_full_load(self.position.as_ref()) {
-            Some(why) => self.full_load(&tx, why).await?,
-            None => self.apply_changes(&tx, &head, read_at).await?,
+    /// Reads the log, then switches between waiting for notifications and polling. While
+    /// changes keep coming, a read each [`DEBOUNCE`] finds them without a notification per
+    /// change waking this thread and a backend (measured: BENCHMARKS.md, "The link table");
+    /// once a read finds nothing new, LISTEN again, and read once more for what committed
+    /// before the LISTEN. Returns whether the session now listens.
+    async fn follow(
+        &mut self,
+        client: &mut Client,
+        read: &Statement,
+        listening: bool,
+    ) -> Result<bool, SessionError> {
+        let changed = self.sync(client, read).await?;
+        if listening && changed {
+            self.timed(client.batch_execute("UNLISTEN links_changed"))
+                .await?;
+            return Ok(false);
         }
+        if !listening && !changed {
+            self.timed(client.batch_execute("LISTEN links_changed"))
+                .await?;
+            self.sync(client, read).await?;
+            return Ok(true);
+        }
+        Ok(listening)
+    }
+
+    /// One read of the change log: apply what changed or, when the log cannot bring the table
+    /// up to date, load everything. Returns whether the read applied a change.
+    async fn sync(&mut self, client: &mut Client, read: &Statement) -> Result<bool, SessionError> {
+        let why = match self.position.clone() {
+            None => "first load",
+            Some(at) => match self.apply_changes(client, read, &at).await? {
+                Read::Applied(head, codes) => {
+                    self.synced(&head);
+                    return Ok(codes > 0);
+                }
+                Read::Behind(why) => why,
+            },
+        };
+        let head = self.full_load(client, why).await?;
+        self.synced(&head);
+        Ok(false)
+    }
+
+    /// The table is as `links` was at `head`'s snapshot.
+    fn synced(&mut self, head: &Head) {
         self.position = Some(head.position(self.position.as_ref()));
         self.metrics.links_synced.set(head.now);
         self.metrics.links.set(self.links.table.len() as i64);
         self.metrics.links_skipped.set(self.skipped.len() as i64);
-        self.timed(tx.commit()).await
     }
 
-    /// Applies each code changed since our position, as it is in this snapshot.
+    /// Applies each code changed since `at`, as it is in the read's snapshot, unless the log
+    /// cannot bring the table up to date from there.
     async fn apply_changes(
         &mut self,
-        tx: &Transaction<'_>,
-        head: &Head,
-        read_at: Instant,
-    ) -> Result<(), SessionError> {
-        let at = self.position.as_ref().expect("a full load came first");
+        client: &Client,
+        read: &Statement,
+        at: &Position,
+    ) -> Result<Read, SessionError> {
         let params: [&(dyn ToSql + Sync); 2] = [&at.last_id, &at.in_progress];
-        let mut rows = Box::pin(self.timed(tx.query_raw(CHANGES, params)).await?);
+        let mut rows = Box::pin(self.timed(client.query_raw(read, params)).await?);
+        let mut row = self.timed(next(rows.as_mut())).await?;
+        let read_at = Instant::now();
+        let head = Head::from_row(row.as_ref().ok_or(SessionError::NoState)?);
+        if let Some(why) = head.needs_full_load(Some(at)) {
+            return Ok(Read::Behind(why));
+        }
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
-        while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            let (code, url): (&str, Option<&str>) = (row.get(0), row.get(1));
-            let url = self.check(code, url);
-            batch.set(code.as_bytes(), url.map(str::as_bytes));
-            codes += 1;
-            newest = newest.max(row.get::<_, f64>(2));
+        while let Some(r) = row {
+            if let Some(code) = r.get::<_, Option<&str>>(6) {
+                let url = self.check(code, r.get(7));
+                batch.set(code.as_bytes(), url.map(str::as_bytes));
+                codes += 1;
+                newest = newest.max(r.get::<_, f64>(8));
+            }
+            row = self.timed(next(rows.as_mut())).await?;
         }
         batch.finish();
         if codes > 0 {
@@ -363,13 +441,21 @@ impl Loader {
             self.metrics.links_lag.set(lag.max(0.0));
             tracing::debug!("applied {codes} link changes, lag {lag:.3} s");
         }
-        Ok(())
+        Ok(Read::Applied(head, codes))
     }
 
-    /// Loads every row of `links` in this snapshot. While a table is being served this
-    /// compares instead of rebuilding: rows that differ are applied shard by shard, then a
-    /// second pass over the codes removes what `links` no longer has.
-    async fn full_load(&mut self, tx: &Transaction<'_>, why: &str) -> Result<(), SessionError> {
+    /// Loads every row of `links`, in one REPEATABLE READ snapshot with the head it returns.
+    /// While a table is being served this compares instead of rebuilding: rows that differ are
+    /// applied shard by shard, then a second pass over the codes removes what `links` no
+    /// longer has.
+    async fn full_load(&mut self, client: &mut Client, why: &str) -> Result<Head, SessionError> {
+        let begin = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start();
+        let tx = self.timed(begin).await?;
+        let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?);
         let started = Instant::now();
         let serving = self.links.is_loaded();
         // The client-side timeout guards each row instead: a big table takes a while.
@@ -387,7 +473,7 @@ impl Loader {
         }
         let mut changed = batch.finish();
         if serving {
-            changed += self.remove_unseen(tx).await?;
+            changed += self.remove_unseen(&tx).await?;
         }
         self.log_skipped();
         self.metrics.link_loads.inc();
@@ -398,7 +484,8 @@ impl Loader {
             self.links.table.len(),
             started.elapsed()
         );
-        Ok(())
+        self.timed(tx.commit()).await?;
+        Ok(head)
     }
 
     /// The second pass of a comparison: removes the links `links` does not have.

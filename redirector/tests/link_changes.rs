@@ -1,6 +1,6 @@
 //! The link table follows `links` through the change log: bursts of changes on a large table
-//! under load, commits out of id order, TRUNCATE, a pruned log, and a session that stops
-//! answering.
+//! under load, a steady stream (read by polling, then listened for again), commits out of id
+//! order, TRUNCATE, a pruned log, and a session that stops answering.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -158,7 +158,8 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_by_notifi
     const LINKS: u32 = 200_000;
     let f = fixture(&[]).await;
     big_table(&f, LINKS).await;
-    // A periodic reload far longer than the test: every change arrives by notification.
+    // A periodic reload far longer than the test: every change is found by the read a
+    // notification starts, or by the reads every 100 ms that follow while changes keep coming.
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     assert_eq!(r.metric("redirector_links").await, f64::from(LINKS));
@@ -216,6 +217,42 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_by_notifi
     );
     let lag = r.metric("redirector_links_lag_seconds").await;
     assert!(lag >= 0.0, "lag {lag}");
+}
+
+#[tokio::test]
+async fn a_loader_that_polled_through_a_stream_of_changes_listens_again_once_it_ends() {
+    let f = fixture(&[
+        ("steady", "https://example.com/0"),
+        ("later", "https://example.com/before"),
+    ])
+    .await;
+    // The poll is an hour: between changes, only a notification can wake the loader.
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    // A change every 20 ms for a second: the loader stops listening and reads every 100 ms.
+    for n in 1..=50 {
+        let sql = format!("UPDATE links SET url = 'https://example.com/{n}' WHERE code = 'steady'");
+        execute(&f.client, &sql).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    await_served(r.http, "steady", Some("https://example.com/50"), LIMIT).await;
+    // Once a read finds nothing new, it stops reading: the last read's time stays put.
+    let synced = "redirector_links_synced_timestamp_seconds";
+    eventually("the loader to stop reading", LIMIT, || async {
+        let before = r.metric(synced).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (r.metric(synced).await == before).then_some(())
+    })
+    .await;
+    // And it listens: a change is served on its notification, not at the hourly poll.
+    execute(
+        &f.client,
+        "UPDATE links SET url = 'https://example.com/after' WHERE code = 'later'",
+    )
+    .await;
+    let notified = Duration::from_secs(5);
+    await_served(r.http, "later", Some("https://example.com/after"), notified).await;
+    assert_eq!(r.metric("redirector_link_loads_total").await, 1.0);
 }
 
 #[tokio::test]
