@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
@@ -33,8 +33,13 @@ use crate::table::{usable, Table};
 use apply::{Batch, Seen};
 use shared::backoff::Backoff;
 
-/// After a notification, wait this long for the rest of a burst of changes before reading.
+/// After a notification, wait this long for the rest of a burst of changes before reading; and,
+/// while changes keep coming, read this often instead of listening.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// A read of the change log serves at most this many log rows past our position; more (a bulk
+/// change, or `TRUNCATE` and a reload) make a full load instead, which costs the table's size
+/// and cannot outlast `--link-timeout` the way one statement grouping millions of rows could.
+pub const LOG_READ_MAX: i64 = 100_000;
 /// How many skipped rows a load names in the log; the rest are only counted.
 const SKIPPED_LOGGED: usize = 5;
 /// The `application_name` of the loader's sessions, to find them in `pg_stat_activity`.
@@ -165,12 +170,14 @@ enum Read {
 }
 
 /// Where the loader is in the change log: every change with an id up to `last_id` is applied,
-/// except those of the transactions `in_progress` at that read; and the TRUNCATE `epoch` the
-/// table was loaded under.
+/// except those of the transactions `in_progress` at that read and of transactions from
+/// `xmax` on (which that read's snapshot could not see, though some had taken lower ids);
+/// and the TRUNCATE `epoch` the table was loaded under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Position {
     last_id: i64,
     in_progress: Vec<i64>,
+    xmax: i64,
     epoch: i64,
 }
 
@@ -182,8 +189,11 @@ struct Head {
     pruned_xid: i64,
     /// The highest change id visible.
     top: i64,
-    /// Transactions in progress (invisible) in this snapshot.
+    /// Transactions in progress (invisible) in this snapshot, below `xmax`.
     xip: Vec<i64>,
+    /// The snapshot's horizon: transactions from this id on are invisible to it, and are not
+    /// in `xip` though they may be running (PostgreSQL's xmax is the latest completed id + 1).
+    xmax: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
 }
@@ -192,21 +202,28 @@ struct Head {
 /// [`HEAD`] and [`READ`] share one text.
 macro_rules! head_columns {
     () => {
-        "SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint,
-                coalesce((SELECT max(id) FROM link_changes), 0),
+        "SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint AS pruned_xid,
+                coalesce((SELECT max(id) FROM link_changes), 0) AS top,
                 ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
+                pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8
            FROM link_changes_state AS s"
     };
 }
 
+/// How many columns [`head_columns`] has: [`READ`]'s change columns come after them.
+const HEAD_COLUMNS: usize = 7;
+
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
 
 /// The head, then each code changed since a position ($1: the highest id applied, $2: the
-/// transactions then in progress) with its current URL (NULL: gone) and its newest change's
-/// time. One statement, so one snapshot covers both without a transaction, in one round trip.
-/// Every row repeats the head; a read with nothing new has one row, whose code is NULL.
+/// transactions then in progress, $3: that read's xmax) with its current URL (NULL: gone) and
+/// its newest change's time. One statement, so one snapshot covers both without a
+/// transaction, in one round trip. Every row repeats the head; a read with nothing new has one
+/// row, whose code is NULL. The changes are not read at all when the head says a full load
+/// is due ($4: our epoch, $5: [`LOG_READ_MAX`]); [`Head::needs_full_load`] says so for each
+/// of these cases, so an empty read never passes for an up-to-date one.
 const READ: &str = concat!(
     "WITH head AS MATERIALIZED (",
     head_columns!(),
@@ -214,7 +231,9 @@ const READ: &str = concat!(
     SELECT h.*, c.code, l.url, extract(epoch FROM c.changed_at)::float8
       FROM head AS h
       LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM link_changes
-                  WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
+                  WHERE (id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
+                         OR xid >= $3::bigint::text::xid8)
+                    AND (SELECT epoch = $4 AND pruned_id <= $1 AND top - $1 <= $5 FROM head)
                   GROUP BY code) AS c ON true
       LEFT JOIN links AS l USING (code)"
 );
@@ -230,7 +249,8 @@ impl Head {
             pruned_xid: row.get(2),
             top: row.get(3),
             xip: row.get(4),
-            now: row.get(5),
+            xmax: row.get(5),
+            now: row.get(6),
         }
     }
 
@@ -243,12 +263,17 @@ impl Head {
             return Some("links was truncated");
         }
         // Rows above our id were pruned, or rows of a transaction we still had to read: one
-        // that has finished since (a transaction still running has nothing pruned yet).
-        let pruned_xid = at
-            .in_progress
-            .iter()
-            .any(|x| *x <= self.pruned_xid && !self.xip.contains(x));
-        (self.pruned_id > at.last_id || pruned_xid).then_some("the change log was pruned past us")
+        // that has finished since (a transaction still running has nothing pruned yet), or
+        // one our last read's horizon left out.
+        let pruned_xid = self.pruned_xid >= at.xmax
+            || at
+                .in_progress
+                .iter()
+                .any(|x| *x <= self.pruned_xid && !self.xip.contains(x));
+        if self.pruned_id > at.last_id || pruned_xid {
+            return Some("the change log was pruned past us");
+        }
+        (self.top - at.last_id > LOG_READ_MAX).then_some("more changes than one read takes")
     }
 
     /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
@@ -258,6 +283,7 @@ impl Head {
         Position {
             last_id: self.top.max(self.pruned_id).max(before),
             in_progress: self.xip.clone(),
+            xmax: self.xmax,
             epoch: self.epoch,
         }
     }
@@ -346,7 +372,7 @@ impl Loader {
                 _ = tokio::time::sleep(DEBOUNCE), if !listening => {}
                 _ = &mut driver.0 => return SessionError::Closed,
             }
-            listening = match self.follow(&mut client, &read, listening).await {
+            listening = match self.follow(&mut client, &read, listening, &changed).await {
                 Ok(listening) => listening,
                 Err(e) => return e,
             };
@@ -356,7 +382,7 @@ impl Loader {
 
     /// Reads the log, then switches between waiting for notifications and polling. While
     /// changes keep coming, a read each [`DEBOUNCE`] finds them without a notification per
-    /// change waking this thread and a backend (measured: BENCHMARKS.md, "The link table");
+    /// change waking this thread and a backend (BENCHMARKS.md, "What following costs");
     /// once a read finds nothing new, LISTEN again, and read once more for what committed
     /// before the LISTEN. Returns whether the session now listens.
     async fn follow(
@@ -364,16 +390,19 @@ impl Loader {
         client: &mut Client,
         read: &Statement,
         listening: bool,
+        wake: &Notify,
     ) -> Result<bool, SessionError> {
-        let changed = self.sync(client, read).await?;
-        if listening && changed {
+        let found = self.sync(client, read).await?;
+        if listening && found {
             self.timed(client.batch_execute("UNLISTEN links_changed"))
                 .await?;
             return Ok(false);
         }
-        if !listening && !changed {
+        if !listening && !found {
             self.timed(client.batch_execute("LISTEN links_changed"))
                 .await?;
+            // A wake-up left from before the UNLISTEN: the read below covers it.
+            let _ = wake.notified().now_or_never();
             self.sync(client, read).await?;
             return Ok(true);
         }
@@ -381,7 +410,8 @@ impl Loader {
     }
 
     /// One read of the change log: apply what changed or, when the log cannot bring the table
-    /// up to date, load everything. Returns whether the read applied a change.
+    /// up to date, load everything. Returns whether a read of the log applied a change (a
+    /// full load says no: it leaves nothing to poll for).
     async fn sync(&mut self, client: &mut Client, read: &Statement) -> Result<bool, SessionError> {
         let why = match self.position.clone() {
             None => "first load",
@@ -414,10 +444,16 @@ impl Loader {
         read: &Statement,
         at: &Position,
     ) -> Result<Read, SessionError> {
-        let params: [&(dyn ToSql + Sync); 2] = [&at.last_id, &at.in_progress];
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &at.last_id,
+            &at.in_progress,
+            &at.xmax,
+            &at.epoch,
+            &LOG_READ_MAX,
+        ];
+        let read_at = Instant::now();
         let mut rows = Box::pin(self.timed(client.query_raw(read, params)).await?);
         let mut row = self.timed(next(rows.as_mut())).await?;
-        let read_at = Instant::now();
         let head = Head::from_row(row.as_ref().ok_or(SessionError::NoState)?);
         if let Some(why) = head.needs_full_load(Some(at)) {
             return Ok(Read::Behind(why));
@@ -426,11 +462,11 @@ impl Loader {
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(r) = row {
-            if let Some(code) = r.get::<_, Option<&str>>(6) {
-                let url = self.check(code, r.get(7));
+            if let Some(code) = r.get::<_, Option<&str>>(HEAD_COLUMNS) {
+                let url = self.check(code, r.get(HEAD_COLUMNS + 1));
                 batch.set(code.as_bytes(), url.map(str::as_bytes));
                 codes += 1;
-                newest = newest.max(r.get::<_, f64>(8));
+                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 2));
             }
             row = self.timed(next(rows.as_mut())).await?;
         }

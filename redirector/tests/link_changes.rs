@@ -1,6 +1,7 @@
 //! The link table follows `links` through the change log: bursts of changes on a large table
 //! under load, a steady stream (read by polling, then listened for again), commits out of id
-//! order, TRUNCATE, a pruned log, and a session that stops answering.
+//! order, a change too large for one read, TRUNCATE, a pruned log, and a session that stops
+//! answering.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -299,6 +300,23 @@ async fn await_loads(r: &Redirector, n: f64) {
     })
     .await;
     assert_eq!(r.metric("redirector_link_loads_total").await, n);
+}
+
+#[tokio::test]
+async fn a_change_of_more_links_than_one_read_takes_makes_a_full_load() {
+    let f = fixture(&[("kept", "https://example.com/kept")]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    let n = u32::try_from(redirector::links::LOG_READ_MAX).unwrap() + 1;
+    big_table(&f, n).await;
+    await_loads(&r, 2.0).await;
+    assert_eq!(r.metric("redirector_links").await, f64::from(n) + 1.0);
+    let sample: Vec<String> = (0..n).step_by(997).map(|i| format!("big{i}")).collect();
+    agrees_with_links(&r, &f.client, &sample).await;
+    assert_eq!(
+        served(r.http, "kept").await.as_deref(),
+        Some("https://example.com/kept")
+    );
 }
 
 #[tokio::test]

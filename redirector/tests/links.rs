@@ -1,7 +1,7 @@
 //! The link table follows the database without a restart, and survives losing it.
 
 use hyper::Method;
-use redirector::testkit::{add_link, add_link_predating_check, fixture, redirector, LIMIT};
+use redirector::testkit::{add_link, add_link_predating_check, fixture, redirector, scalar, LIMIT};
 use shared::testkit::eventually;
 
 /// Waits until `GET /code` answers `status` (and, for a redirect, `location`).
@@ -125,4 +125,46 @@ async fn rows_from_before_the_url_check_are_skipped_and_counted() {
         .log()
         .iter()
         .any(|l| l.contains("skipping link \"broken\"")));
+}
+
+#[tokio::test]
+async fn a_change_beyond_a_reads_horizon_is_applied_once_it_commits() {
+    let f = fixture(&[]).await;
+    // Only notifications wake the loader: each read below is the one a commit caused.
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    let insert = "INSERT INTO links (code, url) VALUES ($1, 'https://example.com/' || $1)";
+    // A transaction that completes elsewhere in the cluster can widen the read's horizon and
+    // spoil the case: then try again, with new codes.
+    for attempt in 0..20 {
+        let (older, newer) = (format!("older{attempt}"), format!("newer{attempt}"));
+        let mut older_db = shared::pgtest::connect(&f.db.url).await;
+        let mut newer_db = shared::pgtest::connect(&f.db.url).await;
+        // `older` takes its transaction id first; `newer` a higher one but the lower change id.
+        let older_tx = older_db.transaction().await.unwrap();
+        older_tx
+            .execute("SELECT pg_current_xact_id()", &[])
+            .await
+            .unwrap();
+        let newer_tx = newer_db.transaction().await.unwrap();
+        let newer_xid: i64 = newer_tx
+            .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
+            .await
+            .unwrap()
+            .get(0);
+        newer_tx.execute(insert, &[&newer]).await.unwrap();
+        older_tx.execute(insert, &[&older]).await.unwrap();
+        older_tx.commit().await.unwrap();
+        let url = |code: &str| format!("https://example.com/{code}");
+        await_answer(r.http, &older, 302, &url(&older)).await;
+        // The horizon now; the read that served `older` came before, so its was no wider.
+        let sql = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint";
+        let xmax: i64 = scalar(&f.client, sql).await;
+        newer_tx.commit().await.unwrap();
+        await_answer(r.http, &newer, 302, &url(&newer)).await;
+        if xmax <= newer_xid {
+            return;
+        }
+    }
+    panic!("in no attempt did a read leave the newer transaction beyond its horizon");
 }

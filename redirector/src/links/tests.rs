@@ -1,5 +1,6 @@
 use super::*;
 
+/// A head whose snapshot's horizon is 1000.
 fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> Head {
     Head {
         epoch,
@@ -7,14 +8,17 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         pruned_xid,
         top,
         xip: xip.to_vec(),
+        xmax: 1000,
         now: 0.0,
     }
 }
 
+/// A position whose read had the horizon 1000.
 fn at(last_id: i64, in_progress: &[i64], epoch: i64) -> Position {
     Position {
         last_id,
         in_progress: in_progress.to_vec(),
+        xmax: 1000,
         epoch,
     }
 }
@@ -38,6 +42,20 @@ fn a_full_load_only_when_the_log_cannot_catch_up() {
         .needs_full_load(Some(&at(15, &[499], 1)))
         .unwrap()
         .contains("pruned"));
+    // So was one beyond our last read's horizon.
+    let beyond = Position {
+        xmax: 400,
+        ..at(10, &[], 1)
+    };
+    assert!(h.needs_full_load(Some(&beyond)).unwrap().contains("pruned"));
+    // More rows than one read takes.
+    let many = head(1, 10, 500, 10 + LOG_READ_MAX + 1, &[]);
+    assert_eq!(
+        many.needs_full_load(Some(&at(10, &[], 1))),
+        Some("more changes than one read takes")
+    );
+    let most = head(1, 10, 500, 10 + LOG_READ_MAX, &[]);
+    assert_eq!(most.needs_full_load(Some(&at(10, &[], 1))), None);
 }
 
 #[test]
