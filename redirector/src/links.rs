@@ -36,9 +36,10 @@ use shared::backoff::Backoff;
 /// After a notification, wait this long for the rest of a burst of changes before reading; and,
 /// while changes keep coming, read this often instead of listening.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// A read of the change log serves at most this many log rows past our position; more (a bulk
-/// change, or `TRUNCATE` and a reload) make a full load instead, which costs the table's size
-/// and cannot outlast `--link-timeout` the way one statement grouping millions of rows could.
+/// A read of the change log takes at most this many unread log rows (counted, not guessed from
+/// ids: a bulk change may commit below ids already read); more (a bulk change, or `TRUNCATE`
+/// and a reload) make a full load instead, which costs the table's size and cannot outlast
+/// `--link-timeout` the way one statement grouping millions of rows could.
 pub const LOG_READ_MAX: i64 = 100_000;
 /// How many skipped rows a load names in the log; the rest are only counted.
 const SKIPPED_LOGGED: usize = 5;
@@ -211,29 +212,35 @@ macro_rules! head_columns {
     };
 }
 
-/// How many columns [`head_columns`] has: [`READ`]'s change columns come after them.
+/// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
 const HEAD_COLUMNS: usize = 7;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
 
-/// The head, then each code changed since a position ($1: the highest id applied, $2: the
-/// transactions then in progress, $3: that read's xmax) with its current URL (NULL: gone) and
-/// its newest change's time. One statement, so one snapshot covers both without a
-/// transaction, in one round trip. Every row repeats the head; a read with nothing new has one
-/// row, whose code is NULL. The changes are not read at all when the head says a full load
-/// is due ($4: our epoch, $5: [`LOG_READ_MAX`]); [`Head::needs_full_load`] says so for each
-/// of these cases, so an empty read never passes for an up-to-date one.
+/// The head; how many log rows are unread since a position ($1: the highest id applied, $2:
+/// the transactions then in progress, $3: that read's xmax), counted up to $5 + 1 ($5:
+/// [`LOG_READ_MAX`]); then each code they name with its current URL (NULL: gone) and its newest
+/// change's time. One statement, so one snapshot covers it all without a transaction, in one
+/// round trip. Every row repeats the head and the count; a read with nothing new has one row,
+/// whose code is NULL. The changes are not read at all when a full load is due (another epoch
+/// than ours, $4; the log pruned past us; more than $5 rows): [`Loader::apply_changes`] says
+/// so for each of these cases, so an empty read never passes for an up-to-date one.
 const READ: &str = concat!(
     "WITH head AS MATERIALIZED (",
     head_columns!(),
-    ")
-    SELECT h.*, c.code, l.url, extract(epoch FROM c.changed_at)::float8
-      FROM head AS h
-      LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM link_changes
-                  WHERE (id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
-                         OR xid >= $3::bigint::text::xid8)
-                    AND (SELECT epoch = $4 AND pruned_id <= $1 AND top - $1 <= $5 FROM head)
+    "),
+    unread AS NOT MATERIALIZED (
+        SELECT code, changed_at FROM link_changes
+         WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
+            OR xid >= $3::bigint::text::xid8),
+    pending AS MATERIALIZED (
+        SELECT count(*) AS n FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
+    SELECT h.*, p.n, c.code, l.url, extract(epoch FROM c.changed_at)::float8
+      FROM head AS h CROSS JOIN pending AS p
+      LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM unread
+                  WHERE (SELECT epoch = $4 AND pruned_id <= $1 FROM head)
+                    AND (SELECT n <= $5::bigint FROM pending)
                   GROUP BY code) AS c ON true
       LEFT JOIN links AS l USING (code)"
 );
@@ -270,10 +277,7 @@ impl Head {
                 .in_progress
                 .iter()
                 .any(|x| *x <= self.pruned_xid && !self.xip.contains(x));
-        if self.pruned_id > at.last_id || pruned_xid {
-            return Some("the change log was pruned past us");
-        }
-        (self.top - at.last_id > LOG_READ_MAX).then_some("more changes than one read takes")
+        (self.pruned_id > at.last_id || pruned_xid).then_some("the change log was pruned past us")
     }
 
     /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
@@ -454,19 +458,23 @@ impl Loader {
         let read_at = Instant::now();
         let mut rows = Box::pin(self.timed(client.query_raw(read, params)).await?);
         let mut row = self.timed(next(rows.as_mut())).await?;
-        let head = Head::from_row(row.as_ref().ok_or(SessionError::NoState)?);
+        let first = row.as_ref().ok_or(SessionError::NoState)?;
+        let head = Head::from_row(first);
         if let Some(why) = head.needs_full_load(Some(at)) {
             return Ok(Read::Behind(why));
+        }
+        if first.get::<_, i64>(HEAD_COLUMNS) > LOG_READ_MAX {
+            return Ok(Read::Behind("more changes than one read takes"));
         }
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(r) = row {
-            if let Some(code) = r.get::<_, Option<&str>>(HEAD_COLUMNS) {
-                let url = self.check(code, r.get(HEAD_COLUMNS + 1));
+            if let Some(code) = r.get::<_, Option<&str>>(HEAD_COLUMNS + 1) {
+                let url = self.check(code, r.get(HEAD_COLUMNS + 2));
                 batch.set(code.as_bytes(), url.map(str::as_bytes));
                 codes += 1;
-                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 2));
+                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 3));
             }
             row = self.timed(next(rows.as_mut())).await?;
         }
