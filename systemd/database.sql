@@ -18,3 +18,10 @@ CREATE ROLE "clicks-redirector" LOGIN IN ROLE clicks_link_reader;
 -- The collector's login role owns the database, so that it can create the schema's tables
 -- (and hand them to clicks_collector) in its first migrations.
 CREATE DATABASE clicks OWNER "clicks-collector";
+-- In the new database, schema public takes objects from the collector's group role (its
+-- migrations and daily partitions) and from nobody else. Before PostgreSQL 15 every role may
+-- create objects in public, and so shadow a function the collector calls by name; migration
+-- 13 stops on such a schema (15 and later have this by default: then only the GRANT counts).
+\connect clicks
+GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;

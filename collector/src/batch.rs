@@ -82,7 +82,8 @@ pub struct Batch {
     /// collector's CPU).
     spare_counts: Vec<Counts>,
     delta_count: usize,
-    senders: HashMap<u64, u64>,
+    /// Each sender's highest seq in the batch, and its clicks up to it since its seq 0.
+    senders: HashMap<u64, (u64, u64)>,
     /// Sender ids the collector forgot: their click_senders rows go with this batch.
     forgotten: Vec<u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
@@ -155,11 +156,12 @@ impl Batch {
         self.forgotten.iter().map(|&id| id as i64).collect()
     }
 
-    /// Records that `sender`'s datagram `seq` is in this batch.
-    pub fn note_sender(&mut self, sender: u64, seq: u64) {
+    /// Records that `sender`'s datagrams up to `seq` are in this batch (or, after a resync,
+    /// passed over), `clicks` clicks up to it since its seq 0.
+    pub fn note_sender(&mut self, sender: u64, seq: u64, clicks: u64) {
         self.started.get_or_insert_with(Instant::now);
-        let last = self.senders.entry(sender).or_insert(seq);
-        *last = (*last).max(seq);
+        let last = self.senders.entry(sender).or_insert((seq, clicks));
+        *last = (*last).max((seq, clicks));
     }
 
     /// Each click's time, in Unix microseconds.
@@ -227,15 +229,21 @@ impl Batch {
 
     /// Each sender in the batch with its highest seq.
     pub fn senders(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.senders.iter().map(|(&sender, &seq)| (sender, seq))
-    }
-
-    /// Senders and their highest seq, as bigint columns (the u64 bits reinterpreted).
-    pub fn sender_columns(&self) -> (Vec<i64>, Vec<i64>) {
         self.senders
             .iter()
-            .map(|(&sender, &seq)| (sender as i64, seq as i64))
-            .unzip()
+            .map(|(&sender, &(seq, _))| (sender, seq))
+    }
+
+    /// Senders, their highest seq and their clicks up to it, as bigint columns (the u64 bits
+    /// reinterpreted).
+    pub fn sender_columns(&self) -> [Vec<i64>; 3] {
+        let mut columns: [Vec<i64>; 3] = Default::default();
+        for (&sender, &(seq, clicks)) in &self.senders {
+            for (column, value) in columns.iter_mut().zip([sender, seq, clicks]) {
+                column.push(value as i64);
+            }
+        }
+        columns
     }
 
     /// Empties the batch, keeping its memory.
@@ -391,13 +399,17 @@ mod tests {
     #[test]
     fn keeps_each_senders_highest_seq_and_clears() {
         let mut b = Batch::default();
-        b.note_sender(u64::MAX, 3);
-        b.note_sender(u64::MAX, 2);
-        b.note_sender(1, 0);
-        let (mut senders, mut seqs) = b.sender_columns();
+        b.note_sender(u64::MAX, 3, 30);
+        b.note_sender(u64::MAX, 2, 20);
+        b.note_sender(1, 0, 5);
+        let [mut senders, mut seqs, mut clicks] = b.sender_columns();
         senders.sort();
         seqs.sort();
-        assert_eq!((senders, seqs), (vec![-1, 1], vec![0, 3]));
+        clicks.sort();
+        assert_eq!(
+            (senders, seqs, clicks),
+            (vec![-1, 1], vec![0, 3], vec![5, 30])
+        );
         assert!(b.started().is_some() && b.is_empty());
         b.push(&datagram(&[("x", 0)], 0), &OPEN, 0);
         let rows = b.take_rows();

@@ -98,6 +98,10 @@ pub struct Config {
 
     /// Take datagrams only from processes of these uids (comma-separated); any other uid's are
     /// rejected (reason unauthorized). Default: any process that may write to the socket.
+    /// In a user namespace (systemd's PrivateUsers=yes, which collector.service sets) a sender
+    /// the namespace does not map arrives as uid 65534, so a uid it does not map could never
+    /// match: the collector then refuses to start. Under that unit the socket's group and mode
+    /// decide who may send.
     #[arg(
         long,
         env = "COLLECTOR_ALLOW_UID",

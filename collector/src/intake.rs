@@ -8,7 +8,7 @@ use shared::wire::Reject;
 use tokio::time::Instant;
 
 use crate::batch::{Batch, Window};
-use crate::senders::{Refusal, Reply, Senders, Verdict};
+use crate::senders::{Refusal, Reply, Resynced, Senders, Verdict};
 
 shared::label! {
     /// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
@@ -22,6 +22,9 @@ shared::label! {
         Unauthorized = "unauthorized",
         SenderMismatch = "sender_mismatch",
         SeqJump = "seq_jump",
+        BadResync = "bad_resync",
+        FdsAttached = "fds_attached",
+        ControlTruncated = "control_truncated",
     }
 }
 
@@ -31,6 +34,10 @@ pub enum Why {
     /// Larger than the receive buffer: cut, so not decoded.
     Truncated(usize),
     Wire(Reject),
+    /// It carried this many file descriptors (SCM_RIGHTS), closed as it was read.
+    FdsAttached(usize),
+    /// The kernel cut its control data (MSG_CTRUNC): who sent it is not known.
+    ControlTruncated,
     /// Sent by a uid not in `--allow-uid` (`None`: the kernel attached no credentials).
     Unauthorized(Option<u32>),
     Refused(Refusal),
@@ -45,9 +52,12 @@ impl Why {
             Why::Wire(Reject::BadCode { .. }) => Rejected::BadCode,
             Why::Wire(Reject::BadTimestamp { .. }) => Rejected::BadTimestamp,
             Why::Wire(Reject::TrailingBytes(_)) => Rejected::TrailingBytes,
+            Why::FdsAttached(_) => Rejected::FdsAttached,
+            Why::ControlTruncated => Rejected::ControlTruncated,
             Why::Unauthorized(_) => Rejected::Unauthorized,
             Why::Refused(Refusal::SenderMismatch) => Rejected::SenderMismatch,
             Why::Refused(Refusal::SeqJump) => Rejected::SeqJump,
+            Why::Refused(Refusal::BadResync) => Rejected::BadResync,
         }
     }
 
@@ -61,6 +71,10 @@ impl std::fmt::Display for Why {
         match self {
             Why::Truncated(limit) => write!(f, "over {limit} bytes, cut by the receive buffer"),
             Why::Wire(reject) => write!(f, "{reject}"),
+            Why::FdsAttached(n) => write!(f, "it carried {n} file descriptors (closed on receipt)"),
+            Why::ControlTruncated => {
+                f.write_str("its control data was cut (MSG_CTRUNC): its sender is unknown")
+            }
             Why::Unauthorized(uid) => write!(f, "from uid {uid:?}, not one --allow-uid names"),
             Why::Refused(Refusal::SenderMismatch) => {
                 f.write_str("the sender id belongs to another process")
@@ -68,6 +82,10 @@ impl std::fmt::Display for Why {
             Why::Refused(Refusal::SeqJump) => {
                 f.write_str("its seq is further ahead than any sender could have got")
             }
+            Why::Refused(Refusal::BadResync) => f.write_str(
+                "a resync from a sender without an address, or claiming more clicks than its \
+                 skipped datagrams can hold",
+            ),
         }
     }
 }
@@ -80,6 +98,16 @@ pub enum Outcome {
     Duplicate,
     /// Past the seq its sender's next datagram must have: not accepted, resent later.
     Ahead,
+    /// A resync: this collector's record of `sender` was behind, `skipped` datagrams of
+    /// `unaccounted` clicks were passed over, and it goes on from `first`.
+    Resynced {
+        sender: u64,
+        first: u64,
+        skipped: u64,
+        unaccounted: u64,
+    },
+    /// A resync that changed nothing (repeated, or the record was not behind).
+    StaleResync,
     /// Its clicks are in the batch; `lost` datagrams of its sender were skipped before it;
     /// `evicted` sender ids were forgotten (idle, or past the bounds) since the last one.
     Accepted {
@@ -128,25 +156,39 @@ impl Intake {
         if meta.truncated {
             return (Outcome::Rejected(Why::Truncated(self.buffer)), None);
         }
+        // Before anything else: such a datagram has no owner the kernel vouches for, so it may
+        // not claim a sender id (or it would escape the per-process bound).
+        if meta.ctrunc {
+            return (Outcome::Rejected(Why::ControlTruncated), None);
+        }
+        if meta.fds > 0 {
+            return (Outcome::Rejected(Why::FdsAttached(meta.fds)), None);
+        }
         if let Some(allowed) = &self.allowed_uids {
             let uid = meta.creds.map(|c| c.uid);
             if !uid.is_some_and(|uid| allowed.contains(&uid)) {
                 return (Outcome::Rejected(Why::Unauthorized(uid)), None);
             }
         }
+        if bytes.first() == Some(&shared::wire::RESYNC_VERSION) {
+            return (self.resync(bytes, meta, batch, now), None);
+        }
         let datagram = match shared::wire::decode(bytes) {
             Ok(datagram) => datagram,
             Err(reject) => return (Outcome::Rejected(Why::Wire(reject)), None),
         };
         let (sender, seq) = (datagram.sender, datagram.seq);
-        let (verdict, reply) = self.senders.judge(sender, seq, meta.from, meta.creds, now);
+        let clicks = datagram.clicks.len() as u64;
+        let (verdict, reply) =
+            self.senders
+                .judge(sender, (seq, clicks), meta.from, meta.creds, now);
         let outcome = match verdict {
             Verdict::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
             Verdict::Duplicate => Outcome::Duplicate,
             Verdict::Ahead => Outcome::Ahead,
             Verdict::Accept { lost } => {
                 batch.push(&datagram, &self.window, now_us);
-                batch.note_sender(sender, seq);
+                batch.note_sender(sender, seq, self.senders.clicks_through(sender));
                 let evicted = self.senders.forgotten();
                 let evicted_count = evicted.len();
                 batch.forget_senders(evicted);
@@ -160,6 +202,37 @@ impl Intake {
             }
         };
         (outcome, reply)
+    }
+
+    /// A resync: what it skipped is committed with the batch, as if accepted.
+    fn resync(
+        &mut self,
+        bytes: &[u8],
+        meta: &Received,
+        batch: &mut Batch,
+        now: Instant,
+    ) -> Outcome {
+        let resync = match shared::wire::decode_resync(bytes) {
+            Ok(resync) => resync,
+            Err(reject) => return Outcome::Rejected(Why::Wire(reject)),
+        };
+        match self.senders.resync(&resync, meta.from, meta.creds, now) {
+            Resynced::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
+            Resynced::Stale => Outcome::StaleResync,
+            Resynced::Skipped {
+                first,
+                skipped,
+                unaccounted,
+            } => {
+                batch.note_sender(resync.sender, first - 1, resync.clicks_before);
+                Outcome::Resynced {
+                    sender: resync.sender,
+                    first,
+                    skipped,
+                    unaccounted,
+                }
+            }
+        }
     }
 
     /// The senders, to record what a committed batch committed.
@@ -182,9 +255,8 @@ mod tests {
     fn meta(pid: i32, uid: u32, len: usize) -> Received {
         Received {
             len,
-            truncated: false,
-            from: None,
             creds: Some(Creds { pid, uid, gid: uid }),
+            ..Received::default()
         }
     }
 
@@ -242,6 +314,18 @@ mod tests {
         assert_eq!(
             take(&mut intake, &good, cut, &mut batch),
             Outcome::Rejected(Why::Truncated(65_536))
+        );
+        let mut with_fds = meta(10, 1000, good.len());
+        with_fds.fds = 2;
+        assert_eq!(
+            take(&mut intake, &good, with_fds, &mut batch),
+            Outcome::Rejected(Why::FdsAttached(2))
+        );
+        let mut ctrunc = meta(10, 1000, good.len());
+        (ctrunc.ctrunc, ctrunc.creds) = (true, None);
+        assert_eq!(
+            take(&mut intake, &good, ctrunc, &mut batch),
+            Outcome::Rejected(Why::ControlTruncated)
         );
         assert_eq!(batch.len(), 3, "nothing else entered the batch");
         let labels: Vec<_> = <Rejected as shared::metrics::Label>::ALL

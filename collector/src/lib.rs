@@ -18,6 +18,7 @@ pub mod migrations;
 pub mod mirror;
 pub mod partitions;
 pub mod receive;
+pub(crate) mod replies;
 pub mod senders;
 pub mod service;
 pub mod socket;
@@ -25,4 +26,5 @@ pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod unfolded;
+pub mod userns;
 pub mod writer;

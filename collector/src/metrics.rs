@@ -20,6 +20,16 @@ impl Label for SetAside {
     }
 }
 
+shared::label! {
+    /// What a sender's resync did.
+    pub enum Resync: "outcome" {
+        /// The record of the sender was behind: the gap was skipped and counted.
+        Skipped = "skipped",
+        /// The record was not behind (a repeated resync): nothing changed.
+        Stale = "stale",
+    }
+}
+
 shared::metrics! {
     pub struct Metrics, prefix "collector" {
         datagrams_received: Counter = "datagrams_received", "Datagrams received, valid or not.";
@@ -42,6 +52,11 @@ shared::metrics! {
         acks_failed: Counter = "acks_failed",
             "Acknowledgements and resend requests the socket did not take (the sender gone, \
              or the send buffer full); the next one covers them.";
+        resyncs: LabeledCounter<Resync> = "resyncs",
+            "Resyncs from senders asked for seqs they no longer hold, by outcome.";
+        clicks_unaccounted: Counter = "clicks_unaccounted",
+            "Clicks of datagrams a resync skipped: acknowledged to their sender once, and not in \
+             this collector's record (committed before click_senders lost them, or lost with it).";
         clicks_received: Counter = "clicks_received", "Clicks accepted into a batch.";
         clicks_written: Counter = "clicks_written", "Clicks committed to PostgreSQL.";
         clicks_set_aside: LabeledCounter<SetAside> = "clicks_set_aside",
@@ -64,6 +79,9 @@ shared::metrics! {
             "How long the oldest count not folded yet has waited.";
         mirror_sent: Counter = "mirror_sent", "Datagrams forwarded to the mirror socket.";
         mirror_failed: Counter = "mirror_failed", "Datagrams the mirror socket did not take.";
+        admin_connections_closed: LabeledCounter<shared::admin::Closed> =
+            "admin_connections_closed",
+            "Admin listener connections it closed itself to stay within its bound, by reason.";
     }
 }
 
@@ -101,5 +119,9 @@ impl shared::admin::Admin for AdminView {
 
     fn health(&self) -> Result<(), String> {
         self.health.check()
+    }
+
+    fn connection_closed(&self, why: shared::admin::Closed) {
+        self.metrics.admin_connections_closed.inc(why);
     }
 }

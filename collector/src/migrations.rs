@@ -58,6 +58,16 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "day_vacuum",
         include_str!("../migrations/0011_day_vacuum.sql"),
     ),
+    (
+        12,
+        "sender_resync",
+        include_str!("../migrations/0012_sender_resync.sql"),
+    ),
+    (
+        13,
+        "public_schema",
+        include_str!("../migrations/0013_public_schema.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -19,6 +19,7 @@ use crate::batch::{Batch, Handoff, Window};
 use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
+use crate::replies::Replies;
 use crate::senders::{Reply, Senders};
 use crate::socket::{Datagram, Inbox};
 
@@ -35,6 +36,8 @@ pub struct WriterGone;
 
 pub struct Receiver {
     inbox: Inbox,
+    /// Acknowledgements and resend requests leave from a socket per peer.
+    replies: Replies,
     buf: Box<[u8]>,
     intake: Intake,
     mirror: Option<Mirror>,
@@ -78,6 +81,7 @@ impl Receiver {
     ) -> Receiver {
         Receiver {
             inbox,
+            replies: Replies::default(),
             buf: vec![0; BUF_SIZE].into_boxed_slice(),
             intake: Intake::new(senders, settings.window, settings.allowed_uids, BUF_SIZE),
             mirror,
@@ -164,18 +168,18 @@ impl Receiver {
     /// After the last hand-over: acknowledges each batch the writer still commits, until it
     /// has committed them all and stopped.
     async fn acknowledge_the_rest(mut self) {
-        let Handoff { full, mut empty } = self.handoff;
         // Closing the full end lets the writer stop once it has handed back what it holds.
-        drop(full);
-        while let Some(batch) = empty.recv().await {
-            acknowledge(&self.inbox, self.intake.senders(), &batch, &mut self.events);
+        let (closed, _) = tokio::sync::mpsc::channel(1);
+        drop(std::mem::replace(&mut self.handoff.full, closed));
+        while let Some(batch) = self.handoff.empty.recv().await {
+            self.acknowledge(&batch);
         }
     }
 
     /// A batch back from the writer, committed: acknowledges its senders, then keeps it,
     /// emptied, to fill next.
     fn committed(&mut self, mut batch: Batch) {
-        acknowledge(&self.inbox, self.intake.senders(), &batch, &mut self.events);
+        self.acknowledge(&batch);
         batch.clear();
         match self.current {
             None => self.current = Some(batch),
@@ -198,7 +202,7 @@ impl Receiver {
         let (outcome, reply) = self.intake.take(bytes, &datagram, batch, now, now_us);
         let full = batch.received() >= self.batch_rows;
         if let Some(reply) = reply {
-            send_reply(&self.inbox, reply, &mut self.events);
+            self.reply(&reply, now);
         }
         self.events.outcome(outcome, self.intake.senders().len());
         if full {
@@ -219,18 +223,20 @@ impl Receiver {
     }
 }
 
-/// Tells every sender of a committed batch what is committed.
-fn acknowledge(inbox: &Inbox, senders: &mut Senders, batch: &Batch, events: &mut Events) {
-    let now = Instant::now();
-    for (sender, seq) in batch.senders() {
-        if let Some(reply) = senders.commit(sender, seq, now) {
-            send_reply(inbox, reply, events);
+impl Receiver {
+    /// Tells every sender of a committed batch what is committed.
+    fn acknowledge(&mut self, batch: &Batch) {
+        let now = Instant::now();
+        for (sender, seq) in batch.senders() {
+            if let Some(reply) = self.intake.senders().commit(sender, seq, now) {
+                self.reply(&reply, now);
+            }
         }
     }
-}
 
-/// Sends an acknowledgement or a resend request, never waiting.
-fn send_reply(inbox: &Inbox, reply: Reply, events: &mut Events) {
-    let sent = inbox.send_to(&reply.ack.encode(), &reply.to);
-    events.replied(&reply, sent);
+    /// Sends an acknowledgement or a resend request, never waiting.
+    fn reply(&mut self, reply: &Reply, now: Instant) {
+        let sent = self.replies.send(&self.inbox, reply, now);
+        self.events.replied(reply, sent);
+    }
 }

@@ -9,9 +9,18 @@
 //! without an address (`clicktap send`, an older redirector) is never acknowledged: a gap in
 //! its seqs is counted as lost, as the wire format's first version had it.
 //!
+//! When this collector's record of a sender that expects acknowledgements is behind what the
+//! sender still holds (`click_senders` emptied, restored from a backup, rolled back by a
+//! failover), the sender, asked for a seq it no longer holds, answers with a resync: where its
+//! window starts and how many clicks were acknowledged before it. The collector goes on from
+//! there and counts the clicks it has no record of as unaccounted: committed before the record
+//! was lost, or lost with it, which it cannot tell apart. No seq it still has a record of is
+//! accepted again, and no sender waits for a seq it cannot send.
+//!
 //! A sender id belongs to the process (pid and uid, as the kernel attests them) whose datagram
 //! of it this collector accepted first; another process's datagram claiming it is refused, and
-//! so is a seq further ahead than any sender could have got. Memory stays bounded: a process
+//! so is a seq further ahead than any sender could have got (from a sender without an address:
+//! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
 //! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS`, and ids idle for two
 //! days are forgotten; what is forgotten leaves `click_senders` with the next batch.
 //!
@@ -36,6 +45,9 @@ pub const MAX_JUMP: u64 = 100_000;
 /// Sender ids one process keeps: a redirector has one per process start (a new one after a
 /// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's.
 pub const PER_PROCESS: usize = 4;
+/// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
+/// claiming more per skipped datagram is not believed.
+const MAX_CLICKS_PER_DATAGRAM: u64 = shared::wire::MAX_DATAGRAM as u64 / 3;
 /// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
 pub const MAX_SENDERS: usize = 100_000;
 /// An id not seen for this long is forgotten: its redirector, if alive, went on under a new id
@@ -60,12 +72,30 @@ pub enum Verdict {
     Refused(Refusal),
 }
 
+/// What a resync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resynced {
+    /// The record was behind: `skipped` datagrams of `unaccounted` clicks were passed over, and
+    /// the sender goes on from `first`.
+    Skipped {
+        first: u64,
+        skipped: u64,
+        unaccounted: u64,
+    },
+    /// The record is not behind (a repeated resync, or one that crossed a resend): nothing.
+    Stale,
+    Refused(Refusal),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// The sender id belongs to another process.
     SenderMismatch,
     /// The seq is more than `MAX_JUMP` past the next one expected.
     SeqJump,
+    /// A resync from a sender without an address (never asked to resend), or claiming more
+    /// clicks than the datagrams it skips can hold.
+    BadResync,
 }
 
 impl Refusal {
@@ -73,6 +103,7 @@ impl Refusal {
         match self {
             Refusal::SenderMismatch => "sender_mismatch",
             Refusal::SeqJump => "seq_jump",
+            Refusal::BadResync => "bad_resync",
         }
     }
 }
@@ -106,6 +137,9 @@ struct Sender {
     accepted: Option<u64>,
     /// Highest seq committed.
     committed: Option<u64>,
+    /// Clicks in its datagrams up to `accepted`, since its seq 0 (as far as this collector's
+    /// record goes): what a resync is compared with.
+    clicks: u64,
     /// Where its acknowledgements go; `None` while it sends from no address of its own.
     reply: Option<UnixAddr>,
     /// The last message sent to it, and when.
@@ -120,6 +154,7 @@ impl Sender {
         Sender {
             accepted: None,
             committed: None,
+            clicks: 0,
             reply: None,
             told: None,
             owner: None,
@@ -156,14 +191,16 @@ impl Default for Senders {
 }
 
 impl Senders {
-    /// The senders whose seqs were committed, each with its last committed seq.
-    pub fn committed(last: impl IntoIterator<Item = (u64, u64)>) -> Senders {
+    /// The senders whose seqs were committed, each with its last committed seq and the clicks
+    /// up to it.
+    pub fn committed(last: impl IntoIterator<Item = (u64, u64, u64)>) -> Senders {
         let now = Instant::now();
         let map = last
             .into_iter()
-            .map(|(sender, seq)| {
+            .map(|(sender, seq, clicks)| {
                 let mut known = Sender::new(now);
                 (known.accepted, known.committed) = (Some(seq), Some(seq));
+                known.clicks = clicks;
                 (sender, known)
             })
             .collect();
@@ -175,12 +212,12 @@ impl Senders {
         }
     }
 
-    /// Judges datagram `seq` of `sender`, sent from `from` by the process of `creds`, and, if
-    /// new, remembers it as accepted; also what to tell the sender, if anything.
+    /// Judges datagram `seq` of `sender`, `clicks` clicks sent from `from` by the process of
+    /// `creds`, and, if new, remembers it as accepted; also what to tell the sender, if anything.
     pub fn judge(
         &mut self,
         sender: u64,
-        seq: u64,
+        (seq, clicks): (u64, u64),
         from: Option<UnixAddr>,
         creds: Option<Creds>,
         now: Instant,
@@ -188,7 +225,7 @@ impl Senders {
         self.sweep(now);
         let owner = Owner::of(creds);
         let Some(s) = self.map.get_mut(&sender) else {
-            return self.first(sender, seq, from, owner, now);
+            return self.first(sender, (seq, clicks), from, owner, now);
         };
         if s.owner.is_some() && s.owner != owner {
             return (Verdict::Refused(Refusal::SenderMismatch), None);
@@ -196,6 +233,7 @@ impl Senders {
         let (verdict, reply) = judge_known(s, sender, seq, from, now);
         if let Verdict::Accept { .. } = verdict {
             s.accepted = Some(seq);
+            s.clicks += clicks;
             if s.owner.is_none() {
                 s.owner = owner;
                 self.bind(sender, owner);
@@ -209,7 +247,7 @@ impl Senders {
     fn first(
         &mut self,
         sender: u64,
-        seq: u64,
+        (seq, clicks): (u64, u64),
         from: Option<UnixAddr>,
         owner: Option<Owner>,
         now: Instant,
@@ -217,11 +255,60 @@ impl Senders {
         let mut s = Sender::new(now);
         let (verdict, reply) = judge_known(&mut s, sender, seq, from, now);
         if let Verdict::Accept { .. } = verdict {
-            (s.accepted, s.owner) = (Some(seq), owner);
+            (s.accepted, s.owner, s.clicks) = (Some(seq), owner, clicks);
             self.map.insert(sender, s);
             self.bind(sender, owner);
         }
         (verdict, reply)
+    }
+
+    /// Takes a resync of `sender`, sent from `from` by the process of `creds`: if the record
+    /// of it is behind `first`, the seqs before `first` count as accepted, with `clicks_before`
+    /// clicks up to them, and the difference as unaccounted.
+    pub fn resync(
+        &mut self,
+        resync: &shared::wire::Resync,
+        from: Option<UnixAddr>,
+        creds: Option<Creds>,
+        now: Instant,
+    ) -> Resynced {
+        let (sender, first) = (resync.sender, resync.first);
+        let owner = Owner::of(creds);
+        let Some(last) = first.checked_sub(1) else {
+            return Resynced::Stale;
+        };
+        if from.is_none() {
+            return Resynced::Refused(Refusal::BadResync);
+        }
+        let s = self.map.get(&sender);
+        if s.is_some_and(|s| s.owner.is_some() && s.owner != owner) {
+            return Resynced::Refused(Refusal::SenderMismatch);
+        }
+        if s.is_some_and(|s| s.accepted.is_some_and(|a| a >= last)) {
+            return Resynced::Stale;
+        }
+        let (accepted, clicks) = s.map_or((None, 0), |s| (s.accepted, s.clicks));
+        let skipped = accepted.map_or(first, |a| last - a);
+        let unaccounted = resync.clicks_before.saturating_sub(clicks);
+        if unaccounted > skipped.saturating_mul(MAX_CLICKS_PER_DATAGRAM) {
+            return Resynced::Refused(Refusal::BadResync);
+        }
+        let s = self.map.entry(sender).or_insert_with(|| Sender::new(now));
+        (s.accepted, s.clicks, s.seen, s.reply) = (Some(last), resync.clicks_before, now, from);
+        if s.owner.is_none() {
+            s.owner = owner;
+            self.bind(sender, owner);
+        }
+        Resynced::Skipped {
+            first,
+            skipped,
+            unaccounted,
+        }
+    }
+
+    /// Clicks in `sender`'s datagrams up to the last one accepted, since its seq 0.
+    pub fn clicks_through(&self, sender: u64) -> u64 {
+        self.map.get(&sender).map_or(0, |s| s.clicks)
     }
 
     /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
@@ -308,7 +395,9 @@ fn judge_known(
     now: Instant,
 ) -> (Verdict, Option<Reply>) {
     let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
-    if seq.saturating_sub(expected) > MAX_JUMP {
+    // One that expects acknowledgements is asked to resend instead: a long-lived sender whose
+    // record this collector lost is far ahead, and resyncs.
+    if from.is_none() && seq.saturating_sub(expected) > MAX_JUMP {
         return (Verdict::Refused(Refusal::SeqJump), None);
     }
     s.seen = now;
@@ -337,15 +426,22 @@ fn judge_known(
     }
 }
 
-/// The seqs committed so far; a sender not among them is judged from seq 0.
-pub async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
+/// The seqs this instance committed so far (and those of rows from before instances were
+/// recorded); a sender not among them is judged from seq 0. Other instances' senders are not
+/// this collector's to judge, nor to forget.
+pub async fn load(client: &Client, instance: &str) -> Result<Senders, tokio_postgres::Error> {
     let rows = client
-        .query("SELECT sender, last_seq FROM click_senders", &[])
+        .query(
+            "SELECT sender, last_seq, clicks FROM click_senders
+              WHERE instance = $1 OR instance IS NULL",
+            &[&instance],
+        )
         .await?;
     // Stored as bigint: the u64 bits reinterpreted.
-    let last = rows
-        .iter()
-        .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64));
+    let last = rows.iter().map(|r| {
+        let column = |i| r.get::<_, i64>(i) as u64;
+        (column(0), column(1), column(2))
+    });
     Ok(Senders::committed(last))
 }
 
@@ -379,34 +475,40 @@ mod tests {
         let now = Instant::now();
         let c = creds(10);
         assert_eq!(
-            s.judge(7, 1, addr(), c, now),
+            s.judge(7, (1, 1), addr(), c, now),
             (Verdict::Ahead, ack(None, Some(0)))
         );
-        assert_eq!(s.judge(7, 0, addr(), c, now).0, Verdict::Accept { lost: 0 });
-        assert_eq!(s.judge(7, 1, addr(), c, now).0, Verdict::Accept { lost: 0 });
         assert_eq!(
-            s.judge(7, 1, addr(), c, now),
+            s.judge(7, (0, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), c, now),
             (Verdict::Duplicate, None),
             "pending"
         );
         assert_eq!(
-            s.judge(7, 3, addr(), c, now),
+            s.judge(7, (3, 1), addr(), c, now),
             (Verdict::Ahead, ack(None, Some(2)))
         );
         assert_eq!(
-            s.judge(7, 3, addr(), c, now),
+            s.judge(7, (3, 1), addr(), c, now),
             (Verdict::Ahead, None),
             "asked once"
         );
         assert_eq!(s.commit(7, 1, now), ack(Some(1), None));
         assert_eq!(
-            s.judge(7, 0, addr(), c, now),
+            s.judge(7, (0, 1), addr(), c, now),
             (Verdict::Duplicate, None),
             "just told"
         );
         let later = now + REPEAT_AFTER;
         assert_eq!(
-            s.judge(7, 0, addr(), c, later),
+            s.judge(7, (0, 1), addr(), c, later),
             (Verdict::Duplicate, ack(Some(1), None))
         );
         assert_eq!(
@@ -417,16 +519,90 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_without_an_address_gets_gaps_counted_and_nothing_back() {
-        let mut s = Senders::committed([(7, 4)]);
+    fn a_sender_whose_record_was_lost_resyncs_and_the_gap_is_counted_once() {
+        let mut s = Senders::default();
         let now = Instant::now();
-        assert_eq!(s.judge(7, 4, None, None, now), (Verdict::Duplicate, None));
+        let c = creds(10);
         assert_eq!(
-            s.judge(7, 8, None, None, now),
+            s.judge(7, (500, 10), addr(), c, now),
+            (Verdict::Ahead, ack(None, Some(0))),
+            "asks for what it has no record of"
+        );
+        let resync = shared::wire::Resync::new(7, 500, 4_990);
+        let skipped = Resynced::Skipped {
+            first: 500,
+            skipped: 500,
+            unaccounted: 4_990,
+        };
+        assert_eq!(s.resync(&resync, addr(), c, now), skipped);
+        assert_eq!(s.resync(&resync, addr(), c, now), Resynced::Stale, "once");
+        assert_eq!(s.judge(7, (499, 10), addr(), c, now).0, Verdict::Duplicate);
+        assert_eq!(
+            s.judge(7, (500, 10), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(s.clicks_through(7), 5_000);
+        let forger = creds(11);
+        assert_eq!(
+            s.resync(
+                &shared::wire::Resync::new(7, 900, 9_000),
+                addr(),
+                forger,
+                now
+            ),
+            Resynced::Refused(Refusal::SenderMismatch)
+        );
+    }
+
+    #[test]
+    fn a_record_rolled_back_counts_only_what_it_lacks_and_far_seqs_are_asked_for() {
+        let mut s = Senders::committed([(7, 99, 1_000)]);
+        let now = Instant::now();
+        let c = creds(10);
+        let far = 99 + 2 * MAX_JUMP;
+        assert_eq!(
+            s.judge(7, (far, 10), addr(), c, now),
+            (Verdict::Ahead, ack(Some(99), Some(100))),
+            "a sender with an address is asked, not refused"
+        );
+        let implausible = shared::wire::Resync::new(7, 300, u64::MAX);
+        assert_eq!(
+            s.resync(&implausible, addr(), c, now),
+            Resynced::Refused(Refusal::BadResync)
+        );
+        assert_eq!(
+            s.resync(&shared::wire::Resync::new(7, 300, 3_000), None, c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "a sender without an address is never asked to resend"
+        );
+        assert_eq!(
+            s.resync(&shared::wire::Resync::new(7, 300, 3_000), addr(), c, now),
+            Resynced::Skipped {
+                first: 300,
+                skipped: 200,
+                unaccounted: 2_000
+            }
+        );
+        assert_eq!(
+            s.resync(&shared::wire::Resync::new(7, 0, 0), addr(), c, now),
+            Resynced::Stale
+        );
+    }
+
+    #[test]
+    fn a_sender_without_an_address_gets_gaps_counted_and_nothing_back() {
+        let mut s = Senders::committed([(7, 4, 0)]);
+        let now = Instant::now();
+        assert_eq!(
+            s.judge(7, (4, 1), None, None, now),
+            (Verdict::Duplicate, None)
+        );
+        assert_eq!(
+            s.judge(7, (8, 1), None, None, now),
             (Verdict::Accept { lost: 3 }, None)
         );
         assert_eq!(
-            s.judge(9, 2, None, None, now),
+            s.judge(9, (2, 1), None, None, now),
             (Verdict::Accept { lost: 2 }, None)
         );
         assert_eq!(s.commit(7, 8, now), None);
@@ -435,18 +611,21 @@ mod tests {
 
     #[test]
     fn a_restarted_collector_acknowledges_what_was_committed_before_it() {
-        let mut s = Senders::committed([(7, 4)]);
+        let mut s = Senders::committed([(7, 4, 0)]);
         let now = Instant::now();
         let c = creds(10);
         assert_eq!(
-            s.judge(7, 3, addr(), c, now),
+            s.judge(7, (3, 1), addr(), c, now),
             (Verdict::Duplicate, ack(Some(4), None))
         );
         assert_eq!(
-            s.judge(7, 6, addr(), c, now),
+            s.judge(7, (6, 1), addr(), c, now),
             (Verdict::Ahead, ack(Some(4), Some(5)))
         );
-        assert_eq!(s.judge(7, 5, addr(), c, now).0, Verdict::Accept { lost: 0 });
+        assert_eq!(
+            s.judge(7, (5, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
     }
 
     #[test]
@@ -454,12 +633,12 @@ mod tests {
         let mut s = Senders::default();
         let now = Instant::now();
         assert_eq!(
-            s.judge(7, 0, None, creds(10), now).0,
+            s.judge(7, (0, 1), None, creds(10), now).0,
             Verdict::Accept { lost: 0 }
         );
         let mismatch = Verdict::Refused(Refusal::SenderMismatch);
         assert_eq!(
-            s.judge(7, 1, None, creds(11), now).0,
+            s.judge(7, (1, 1), None, creds(11), now).0,
             mismatch,
             "another pid"
         );
@@ -469,27 +648,27 @@ mod tests {
             gid: 0,
         });
         assert_eq!(
-            s.judge(7, 1, None, other_uid, now).0,
+            s.judge(7, (1, 1), None, other_uid, now).0,
             mismatch,
             "another uid"
         );
         assert_eq!(
-            s.judge(7, 1, None, creds(10), now).0,
+            s.judge(7, (1, 1), None, creds(10), now).0,
             Verdict::Accept { lost: 0 }
         );
         let jump = Verdict::Refused(Refusal::SeqJump);
         assert_eq!(
-            s.judge(7, 9_000_000_000_000_000_000, None, creds(10), now)
+            s.judge(7, (9_000_000_000_000_000_000, 1), None, creds(10), now)
                 .0,
             jump
         );
         assert_eq!(
-            s.judge(8, MAX_JUMP + 1, None, creds(12), now).0,
+            s.judge(8, (MAX_JUMP + 1, 1), None, creds(12), now).0,
             jump,
             "a first seq too"
         );
         assert_eq!(
-            s.judge(7, 2 + MAX_JUMP, None, creds(10), now).0,
+            s.judge(7, (2 + MAX_JUMP, 1), None, creds(10), now).0,
             Verdict::Accept { lost: MAX_JUMP }
         );
         assert_eq!(s.len(), 1, "refused ids take no memory");
@@ -497,11 +676,11 @@ mod tests {
 
     #[test]
     fn a_flood_of_fresh_ids_keeps_each_process_to_a_few_and_forgets_the_rest() {
-        let mut s = Senders::committed([(1, 5)]);
+        let mut s = Senders::committed([(1, 5, 0)]);
         let now = Instant::now();
         for id in 100..10_100 {
             assert_eq!(
-                s.judge(id, 0, None, creds(66), now).0,
+                s.judge(id, (0, 1), None, creds(66), now).0,
                 Verdict::Accept { lost: 0 }
             );
         }
@@ -518,12 +697,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn ids_idle_for_two_days_are_forgotten() {
-        let mut s = Senders::committed([(1, 5)]);
+        let mut s = Senders::committed([(1, 5, 0)]);
         let start = Instant::now();
-        s.judge(2, 0, None, creds(3), start);
+        s.judge(2, (0, 1), None, creds(3), start);
         tokio::time::advance(IDLE).await;
         let later = Instant::now();
-        s.judge(4, 0, None, creds(5), later);
+        s.judge(4, (0, 1), None, creds(5), later);
         assert_eq!(s.len(), 1);
         let mut forgotten = s.forgotten();
         forgotten.sort();

@@ -41,6 +41,8 @@ pub enum Fatal {
     Signals(std::io::Error),
     #[error(transparent)]
     WriterGone(#[from] crate::receive::WriterGone),
+    #[error("{0}")]
+    AllowUid(crate::userns::Unmapped),
 }
 
 /// `collector migrate`: applies what is missing and returns.
@@ -66,6 +68,7 @@ struct Start {
 
 /// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns.
 pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
+    check_allowed_uids(&config)?;
     let db = Db::parse(database_url)
         .map_err(Fatal::Url)?
         .for_instance(&config.instance);
@@ -155,6 +158,26 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     partitions.abort();
     tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
     received.map_err(Fatal::from)
+}
+
+/// `--allow-uid` against the user namespace the collector runs in: a uid it does not map
+/// (PrivateUsers=yes maps only root and the service's user) can never be seen, and every
+/// datagram would be refused, so the collector does not start. Checked before anything else.
+fn check_allowed_uids(config: &Config) -> Result<(), Fatal> {
+    let Some(allowed) = &config.allow_uid else {
+        return Ok(());
+    };
+    match crate::userns::UidMap::read() {
+        Ok(Some(map)) => crate::userns::check(allowed, &map).map_err(Fatal::AllowUid),
+        Ok(None) => Ok(()),
+        Err(e) => {
+            tracing::warn!(
+                "reading /proc/self/uid_map: {e}; --allow-uid not checked against the user \
+                 namespace"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// What the maintenance task does, from the flags.
@@ -257,7 +280,7 @@ async fn try_prepare(
     let created = partitions::create(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);
     Ok(Start {
-        senders: senders::load(&client).await?,
+        senders: senders::load(&client, instance).await?,
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })

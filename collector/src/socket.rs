@@ -123,11 +123,12 @@ impl Inbox {
 }
 
 /// Reads one datagram. `Ok(None)` is the end of a fenced socket's queue (a read with no
-/// credentials, which every queued datagram carries); older kernels answer it with 0 bytes,
-/// newer ones with EAGAIN.
+/// credentials, which every queued datagram carries, and no other control data); older
+/// kernels answer it with 0 bytes, newer ones with EAGAIN. A datagram whose control data was
+/// cut or carried descriptors is returned as such, for the intake to reject.
 fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
     let datagram = shared::socket::recv(fd.as_fd(), buf)?;
-    if datagram.len == 0 && datagram.creds.is_none() {
+    if datagram.len == 0 && datagram.creds.is_none() && !datagram.irregular_control() {
         return Ok(None);
     }
     Ok(Some(datagram))

@@ -35,19 +35,27 @@ const CLAIM_BATCH: &str = "
        SET last_batch = EXCLUDED.last_batch, updated_at = now()
        WHERE click_writers.last_batch < EXCLUDED.last_batch
     RETURNING 1";
-/// Moves the batch's senders' committed seqs forward (never back: a collector whose instance
-/// lock session was lost may commit late), in sender order so that two writers updating the
-/// same senders lock their rows in the same order.
+/// Moves the batch's senders' committed seqs, and their clicks up to them, forward (never
+/// back: a collector whose instance lock session was lost may commit late), in sender order so
+/// that two writers updating the same senders lock their rows in the same order. Each row is
+/// marked with the instance whose collector judges that sender.
 const ADVANCE_SENDERS: &str = "
-    INSERT INTO click_senders (sender, last_seq, updated_at)
-    SELECT sender, last_seq, now() FROM unnest($1::bigint[], $2::bigint[]) AS s(sender, last_seq)
+    INSERT INTO click_senders (sender, last_seq, clicks, instance, updated_at)
+    SELECT sender, last_seq, clicks, $4, now()
+      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS s(sender, last_seq, clicks)
     ORDER BY sender
     ON CONFLICT (sender) DO UPDATE
-       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq), updated_at = now()";
+       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
+           clicks = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
+                         THEN EXCLUDED.clicks ELSE click_senders.clicks END,
+           instance = EXCLUDED.instance, updated_at = now()";
 
 /// Sender ids the collector forgot (idle, or past its bounds under a flood of fresh ids): their
-/// rows go, so that click_senders stays as bounded as the collector's memory.
-const FORGET_SENDERS: &str = "DELETE FROM click_senders WHERE sender = ANY($1::bigint[])";
+/// rows go, so that click_senders stays as bounded as the collector's memory; only this
+/// instance's (and unmarked ones from before instances were recorded), never another host's.
+const FORGET_SENDERS: &str = "
+    DELETE FROM click_senders
+     WHERE sender = ANY($1::bigint[]) AND (instance = $2 OR instance IS NULL)";
 
 /// Which batch of which writer: each collector process writes as a random writer id, under
 /// its instance name, and numbers its batches 1, 2, 3, ... in the order it writes them; a
@@ -159,12 +167,18 @@ impl Conn {
             tx.rollback().await?;
             return Ok(Outcome::AlreadyCommitted);
         }
-        let (senders, seqs) = batch.sender_columns();
-        tx.execute(&self.advance_senders, &[&senders, &seqs])
-            .await?;
+        let [senders, seqs, sender_clicks] = batch.sender_columns();
+        let advance = [
+            &senders as _,
+            &seqs as _,
+            &sender_clicks as _,
+            &number.instance as _,
+        ];
+        tx.execute(&self.advance_senders, &advance).await?;
         let forgotten = batch.forgotten_column();
         if !forgotten.is_empty() {
-            tx.execute(&self.forget_senders, &[&forgotten]).await?;
+            let forget = [&forgotten as _, &number.instance as _];
+            tx.execute(&self.forget_senders, &forget).await?;
         }
         let (counts, set_aside, refused) = if sift {
             let mut rows_in = Vec::new();

@@ -183,10 +183,13 @@ const WIDE_OPEN: crate::batch::Window = crate::batch::Window {
 /// A batch holding `grams`, as the receiver builds it.
 pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
     let mut batch = Batch::default();
+    let mut clicks = std::collections::HashMap::new();
     for g in grams {
         let d = shared::wire::decode(g).unwrap();
         batch.push(&d, &WIDE_OPEN, start_us());
-        batch.note_sender(d.sender, d.seq);
+        let through = clicks.entry(d.sender).or_insert(0);
+        *through += d.clicks.len() as u64;
+        batch.note_sender(d.sender, d.seq, *through);
     }
     batch
 }

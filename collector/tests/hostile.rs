@@ -1,5 +1,7 @@
-//! Hostile input on the real collector: a forged sender id, a uid not allowed, a flood of
-//! fresh sender ids, a flood of garbage while valid clicks flow, and a row PostgreSQL refuses.
+//! Hostile input on the real collector: a forged sender id, a uid not allowed (also seen from
+//! a user namespace, as systemd's PrivateUsers= makes one), a flood of fresh sender ids, a
+//! flood of garbage while valid clicks flow, a row PostgreSQL refuses, and a role of the
+//! database that shadows the functions the collector calls.
 
 use std::collections::BTreeMap;
 
@@ -75,6 +77,127 @@ async fn only_the_uids_allowed_are_taken() {
     );
 }
 
+/// `cmd` run in a user namespace of its own, as systemd's PrivateUsers=yes runs
+/// collector.service: `unshare --user --map-root-user` maps root inside to root outside and
+/// nothing else (PrivateUsers= maps root and the service's own user), so any other uid
+/// outside arrives as the overflow uid, 65534.
+fn in_user_namespace(cmd: &std::process::Command) -> std::process::Command {
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args(["--user", "--map-root-user", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
+}
+
+/// A migrated database on the harness's TCP cluster: a process in a user namespace of its own
+/// cannot enter the Unix cluster's directory (its owner, `postgres` as root runs it, is not
+/// mapped there, so root inside has no power over it), but reaches 127.0.0.1 as usual.
+async fn tcp_place() -> Place {
+    let db = collector::migrations::test_db_on(shared::pgtest::tcp_cluster()).await;
+    let client = shared::pgtest::connect(&db.url).await;
+    let (dir, path) = socket_path();
+    Place {
+        db,
+        client,
+        dir,
+        path,
+    }
+}
+
+/// Lets any user reach the socket (the directories and the socket itself), so that a process
+/// of another uid can send.
+fn open_to_everyone(p: &Place) {
+    for dir in [p.dir.path(), p.path.parent().unwrap()] {
+        let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(dir, open).unwrap();
+    }
+}
+
+/// The uid of the stand-in for a redirector outside the collector's user namespace: `daemon`,
+/// which every Debian system has and no test runs as.
+const OUTSIDE_UID: u32 = 1;
+
+/// Under PrivateUsers=yes, `--allow-uid <the redirector's uid>` would refuse every datagram
+/// (they all arrive as uid 65534): the collector says so and does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_uid_its_user_namespace_does_not_map_stops_the_collector_at_start() {
+    let p = tcp_place().await;
+    let uid = OUTSIDE_UID.to_string();
+    let cmd = in_user_namespace(&command(&p.db, &p.path, &["--allow-uid", &uid]));
+    let mut run = shared::testkit::Service::spawn("collector", cmd);
+    let status = run.wait_exit(LIMIT).await;
+    assert!(
+        !status.success(),
+        "the collector ran with --allow-uid {uid}, which it can never see"
+    );
+    let log = run.log().join("\n");
+    for needle in [
+        &format!("--allow-uid {uid}: uid {uid} is not mapped"),
+        "/proc/self/uid_map: \"0 0 1\"",
+        "PrivateUsers=",
+        "65534",
+    ] {
+        assert!(log.contains(needle), "{needle:?} not in the log:\n{log}");
+    }
+    assert!(!p.path.exists(), "it bound its socket before refusing");
+}
+
+/// With a uid its namespace maps, the collector starts; a sender outside the map arrives as
+/// uid 65534 and is refused, which is why an unmapped uid cannot be allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_user_namespace_an_allowed_mapped_uid_starts_and_others_arrive_as_65534() {
+    let p = tcp_place().await;
+    let flags = ["--allow-uid", "0", "--socket-mode", "0666"];
+    let c = Collector::spawn(in_user_namespace(&command(&p.db, &p.path, &flags))).await;
+    c.ready().await;
+    open_to_everyone(&p);
+    shared::testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(5, 0, "outside", 3)).unwrap();
+    c.await_metric(
+        "collector_datagrams_rejected_total{reason=\"unauthorized\"}",
+        1.0,
+    )
+    .await;
+    c.service
+        .wait_for_log("from uid Some(65534), not one --allow-uid names", LIMIT)
+        .await;
+    // Root outside is root inside: mapped, so taken.
+    send_all(&p.path, vec![datagram(6, 0, "root", 4)]).await;
+    await_rows(&p.client, None, 4).await;
+    assert_eq!(
+        count(
+            &p.client,
+            "SELECT count(*) FROM clicks WHERE code = 'outside'"
+        )
+        .await,
+        0
+    );
+}
+
+/// Without --allow-uid the same namespace changes nothing: whoever may write to the socket
+/// sends, as under the shipped unit, where the socket's group decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_user_namespace_without_allow_uid_the_socket_mode_decides() {
+    let p = tcp_place().await;
+    let flags = ["--socket-mode", "0666"];
+    let c = Collector::spawn(in_user_namespace(&command(&p.db, &p.path, &flags))).await;
+    c.ready().await;
+    open_to_everyone(&p);
+    shared::testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(7, 0, "outside", 3)).unwrap();
+    await_rows(&p.client, None, 3).await;
+    assert_eq!(
+        c.metric("collector_datagrams_rejected_total{reason=\"unauthorized\"}")
+            .await,
+        0.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_bounded() {
     let p = place().await;
@@ -140,10 +263,8 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
     let template = datagram(3, 0, "template", 5);
     let garbage: Vec<Vec<u8>> = (0..1_000_000).map(|_| noise.garbage(&template)).collect();
     let mut expected = BTreeMap::<&str, f64>::new();
-    for g in &garbage {
-        *expected
-            .entry(shared::wire::decode(g).unwrap_err().reason())
-            .or_default() += 1.0;
+    for reason in garbage.iter().filter_map(|g| rejected_as(g)) {
+        *expected.entry(reason).or_default() += 1.0;
     }
     // Valid clicks from a sender of their own, a datagram every 10,000 pieces of garbage.
     let mut all = Vec::with_capacity(garbage.len() + 100);
@@ -175,6 +296,19 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
         "RSS grew from {before} KiB to {after} KiB"
     );
     eprintln!("garbage by reason: {expected:?}");
+}
+
+/// Why the collector rejects `garbage` from a sender without an address, if it does: as a
+/// resync when its first byte says so (one that decodes is refused, `bad_resync`, unless it
+/// skips nothing), else as a click datagram.
+fn rejected_as(garbage: &[u8]) -> Option<&'static str> {
+    if garbage.first() != Some(&shared::wire::RESYNC_VERSION) {
+        return Some(shared::wire::decode(garbage).unwrap_err().reason());
+    }
+    match shared::wire::decode_resync(garbage) {
+        Err(reject) => Some(reject.reason()),
+        Ok(resync) => (resync.first > 0).then_some("bad_resync"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,5 +381,98 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         c.metric("collector_clicks_set_aside_total{reason=\"refused\"}")
             .await,
         0.0
+    );
+}
+
+/// Functions in `schema` that shadow two the collector calls by name, each recording its call
+/// in `audit.shadow_calls` and then doing what the real one does: `to_char(date, text)`, a
+/// better match than the catalog's `to_char(timestamp, text)` for the partitions' names
+/// (ensure_click_partition, the COPY's partition lookup), and `hashtextextended(text,
+/// integer)`, a better one than `(text, bigint)` for the instance lock's literal 0.
+fn shadows(schema: &str) -> String {
+    format!(
+        "CREATE FUNCTION {schema}.to_char(date, text) RETURNS text LANGUAGE sql AS $$
+             INSERT INTO audit.shadow_calls (called) VALUES ('{schema}.to_char');
+             SELECT pg_catalog.to_char($1::timestamp, $2) $$;
+         CREATE FUNCTION {schema}.hashtextextended(text, integer) RETURNS bigint LANGUAGE sql AS $$
+             INSERT INTO audit.shadow_calls (called) VALUES ('{schema}.hashtextextended');
+             SELECT pg_catalog.hashtextextended($1, $2) $$;"
+    )
+}
+
+/// Nothing in `audit.shadow_calls`: no shadow ran.
+async fn assert_no_shadow_called(client: &tokio_postgres::Client, when: &str) {
+    let calls: Vec<String> = client
+        .query(
+            "SELECT called || ' as ' || by_role FROM audit.shadow_calls",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        calls.is_empty(),
+        "the collector called the shadows {when}: {calls:?}"
+    );
+}
+
+/// PostgreSQL 14 and older let every role create objects in schema public, and the collector
+/// calls functions unqualified: a role that may connect could put one there that the
+/// collector would run with its own privileges. Here on PostgreSQL 15 with 14's default put
+/// back before the migrations run, another login role tries that in public, and in a schema
+/// of its own named like the collector's login role (the default search path's "$user"; it is
+/// let create schemas for that). The collector's whole round (start: lock, migrations,
+/// partitions; a batch; a fold and the pruning) never calls either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_connect_cannot_shadow_the_functions_the_collector_calls() {
+    let db = shared::pgtest::cluster().fresh_database().await;
+    let mut client = shared::pgtest::connect(&db.url).await;
+    // Roles are the cluster's: one of its own for each test database.
+    let mallory = format!("mallory_{}", db.name);
+    client
+        .batch_execute(&format!(
+            "ALTER SCHEMA public OWNER TO postgres;
+             GRANT CREATE ON SCHEMA public TO PUBLIC;
+             CREATE ROLE {mallory} LOGIN;
+             GRANT CREATE ON DATABASE {name} TO {mallory};
+             CREATE SCHEMA audit;
+             CREATE TABLE audit.shadow_calls (called text NOT NULL, by_role name NOT NULL
+                                              DEFAULT current_user);
+             GRANT USAGE ON SCHEMA audit TO PUBLIC;
+             GRANT INSERT ON audit.shadow_calls TO PUBLIC;",
+            name = db.name
+        ))
+        .await
+        .unwrap();
+    collector::migrations::apply(&mut client).await.unwrap();
+
+    let intruder = shared::pgtest::connect(&format!("{} user={mallory}", db.url)).await;
+    // The collector connects as the harness's superuser, `postgres`.
+    let in_own_schema = format!(
+        "CREATE SCHEMA postgres; GRANT USAGE ON SCHEMA postgres TO PUBLIC; {}",
+        shadows("postgres")
+    );
+    intruder.batch_execute(&in_own_schema).await.unwrap();
+    let in_public = intruder.batch_execute(&shadows("public")).await;
+
+    let (_dir, path) = socket_path();
+    let flags = ["--compact-interval", "100ms"];
+    let c = start_collector(&db, &path, &flags).await;
+    assert_no_shadow_called(&client, "at start").await;
+    send_all(&path, vec![datagram(12, 0, "shadowed", 5)]).await;
+    await_rows(&client, None, 5).await;
+    c.await_metric("collector_clicks_written_total", 5.0).await;
+    shared::testkit::eventually("a fold", LIMIT, || async {
+        (c.metric("collector_compactions_total").await >= 1.0).then_some(())
+    })
+    .await;
+    assert_no_shadow_called(&client, "writing a batch and folding").await;
+    let refused = in_public.as_ref().err().and_then(|e| e.code());
+    assert_eq!(
+        refused,
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "another role created functions in schema public: {in_public:?}"
     );
 }

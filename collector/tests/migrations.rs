@@ -418,3 +418,121 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
         .get(0);
     assert_eq!(owner, "clicks_collector");
 }
+
+/// Before PostgreSQL 15 schema public belongs to the bootstrap superuser and every role may
+/// create objects in it, so could shadow a function the collector calls by name. A collector
+/// whose login role owns the database (as `systemd/database.sql` makes it) may not revoke
+/// that: it stops at migration 13 and says what to run; once run, the migration goes
+/// through, and the collector's role still creates partitions. Recreated here on 15.
+#[tokio::test]
+async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_what_to_run() {
+    let cluster = pgtest::cluster();
+    // The group roles exist once any database of the cluster is migrated.
+    let _ = migrations::test_db().await;
+    let admin = cluster.connect("postgres").await;
+    let name = format!("pg14_{}", std::process::id());
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN IN ROLE clicks_collector"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin.batch_execute(&sql).await.unwrap();
+    }
+    let superuser = cluster.connect(&name).await;
+    superuser
+        .batch_execute(
+            "ALTER SCHEMA public OWNER TO postgres; GRANT CREATE ON SCHEMA public TO PUBLIC",
+        )
+        .await
+        .unwrap();
+    let public_may_create = "SELECT has_schema_privilege('public', 'public', 'CREATE')";
+
+    let mut collector = pgtest::connect(&format!("{} user={name}", cluster.url(&name))).await;
+    migrations::apply_up_to(&mut collector, 12)
+        .await
+        .expect("migrations 1-12 as the database owner");
+    let err = migrations::apply(&mut collector).await.unwrap_err();
+    let db_err = err.as_db_error().expect("a server error");
+    assert!(
+        db_err.message().contains(&format!(
+            "migration 13: every role may create objects in schema public (and so shadow \
+             functions the collector calls), and {name} may not revoke that"
+        )),
+        "{db_err:?}"
+    );
+    let hint = db_err.hint().unwrap_or_default();
+    let fix = hint
+        .split_once("run: ")
+        .and_then(|(_, rest)| rest.split_once("; then"))
+        .map(|(statements, _)| statements)
+        .unwrap_or_else(|| panic!("no statements in the hint: {db_err:?}"));
+    assert!(
+        fix.contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC"),
+        "{fix}"
+    );
+    let may: bool = superuser
+        .query_one(public_may_create, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(may, "the failed migration changed nothing");
+
+    // What the hint says, as a superuser.
+    superuser.batch_execute(fix).await.unwrap();
+    assert_eq!(migrations::apply(&mut collector).await.unwrap(), [13]);
+    let may: bool = superuser
+        .query_one(public_may_create, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!may, "PUBLIC may still create in schema public");
+    collector
+        .batch_execute("SELECT ensure_click_partition((now() AT TIME ZONE 'UTC')::date + 10)")
+        .await
+        .expect("the collector's role creates partitions without PUBLIC's privilege");
+}
+
+/// A migrating role that may revoke (a superuser here, the database owner on PostgreSQL 15)
+/// takes PUBLIC's CREATE on schema public itself; and every function of the schema searches
+/// a fixed path whoever calls it, so that a caller's own path (or temporary tables) cannot
+/// change what it runs.
+#[tokio::test]
+async fn migration_13_revokes_what_it_may_and_pins_every_functions_search_path() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "ALTER SCHEMA public OWNER TO postgres; GRANT CREATE ON SCHEMA public TO PUBLIC",
+        )
+        .await
+        .unwrap();
+    migrations::apply(&mut client).await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT has_schema_privilege('public', 'public', 'CREATE'),
+                    has_schema_privilege('clicks_collector', 'public', 'CREATE')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, bool>(0), row.get::<_, bool>(1)),
+        (false, true)
+    );
+    let unpinned: Vec<String> = client
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc AS p
+             WHERE p.pronamespace = 'public'::regnamespace
+               AND NOT EXISTS (SELECT FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        unpinned.is_empty(),
+        "functions without a search_path of their own: {unpinned:?}"
+    );
+}

@@ -274,3 +274,40 @@ async fn asking_for_the_lock(client: &tokio_postgres::Client, holder: i32, not: 
     })
     .await
 }
+
+/// A collector forgets idle sender ids by deleting their click_senders rows with a batch: only
+/// its own instance's (and rows from before instances were recorded), never another host's
+/// live one, and each committed row is marked with the instance and the clicks up to its seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_a_sender_deletes_only_this_instances_row() {
+    let db = collector::migrations::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "INSERT INTO click_senders (sender, last_seq, updated_at, instance) VALUES
+                 (7, 3, now(), 'another-host'), (8, 3, now(), 'writer-test'), (9, 3, now(), NULL)",
+        )
+        .await
+        .unwrap();
+    let mut handoff = writer(&db.url, INSTANCE, LIMIT, Arc::new(Metrics::default())).await;
+    let grams = datagrams(41, &clicks(30, 3, start_us(), 1_000));
+    let mut batch = batch_of(&grams);
+    batch.forget_senders(vec![7, 8, 9]);
+    write(&mut handoff, batch).await;
+
+    let left = "SELECT sender, instance, clicks FROM click_senders ORDER BY sender";
+    let left: Vec<(i64, Option<String>, i64)> = client
+        .query(left, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            (7, Some("another-host".into()), 0),
+            (41, Some(INSTANCE.into()), 30)
+        ]
+    );
+}

@@ -91,8 +91,9 @@ pub struct Config {
     pub flush_interval: Duration,
 
     /// How long shutdown keeps sending what the ring holds and waiting for the collector to
-    /// acknowledge it; what was not sent by then is counted as dropped, what was sent and not
-    /// acknowledged is reported. (Requests in flight get as long to finish before that.)
+    /// acknowledge it; what was not sent by then is counted as dropped (`shutdown`), and so is
+    /// what was sent and not acknowledged (`unacknowledged`). (Requests in flight get as long
+    /// to finish before that.)
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub drain_timeout: Duration,
 
@@ -111,13 +112,17 @@ pub struct Config {
     #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = shared::wire::DEFAULT_DATAGRAM)]
     pub datagram_size: usize,
 
-    /// A client that has not sent its request head within this time is disconnected.
+    /// A client that has not sent its request head within this time is disconnected: the whole
+    /// head, however slowly its bytes trickle in, counted from when the server began waiting
+    /// for it.
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = shared::flags::duration)]
     pub header_read_timeout: Duration,
 
     /// Client connections open at once. At the limit a new client takes the place of the
-    /// connection idle the longest; it is refused only when none is idle. Fitted at start
-    /// under the descriptor limit (RLIMIT_NOFILE, less 64, less a fifth: 768 at 1024).
+    /// connection idle the longest, or when none is idle, of the one whose unfinished request
+    /// head began first; it is refused only when every connection is answering a request or
+    /// writing its response. Fitted at start under the descriptor limit (RLIMIT_NOFILE, less
+    /// 64, less a fifth: 768 at 1024).
     #[arg(long, value_name = "N", env = "REDIRECTOR_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,

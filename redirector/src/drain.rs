@@ -2,11 +2,18 @@
 //! collector acknowledges it, and sends (and, when no acknowledgement comes, resends) them.
 //!
 //! Its socket is bound to an address of its own (`--ack-socket`), where acknowledgements
-//! arrive, and *connected* to the collector's. Connected, because then the kernel's
-//! writability reflects the collector's receive queue (EAGAIN is awaited, not polled), and a
-//! connected datagram socket takes datagrams from its peer only: nobody but the collector's
-//! socket can acknowledge. Acknowledgements are also checked for the collector's uid (for the
-//! moments between a lost connection and the next) and for what they claim.
+//! arrive, and sends to the collector's path. It is not connected: the collector answers each
+//! sender from a socket of that sender's own (see the collector's `replies`), so that a peer
+//! that never reads its answers fills only its own socket's send buffer, and a connected
+//! datagram socket would refuse those. Acknowledgements are checked for the collector's uid,
+//! which the kernel attests (SO_PASSCRED), and for what they claim. An unconnected socket is
+//! not told when a full receive queue (EAGAIN) has room again (epoll watches a connected
+//! socket's peer only), so a full queue is tried again after 1 ms, doubling to 20 ms.
+//!
+//! When the collector asks for a seq the window no longer holds (it lost its record of this
+//! sender: `click_senders` emptied, restored from a backup, or rolled back by a failover), the
+//! drain answers with a resync (where the window starts, and how many clicks were
+//! acknowledged before it) and sends the window again: the collector goes on from there.
 //!
 //! An event loop: each wake-up (a flush tick, an acknowledgement, the socket writable again, a
 //! reconnect, resend or pause timer, the stop) is followed by non-blocking work only: read the
@@ -15,16 +22,17 @@
 //! await without losing track of a click.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::socket::{MsgFlags, UnixAddr};
 use shared::backoff::Backoff;
 use shared::socket::SendErrorKind;
 use shared::throttle::{Pass, Throttle};
-use shared::wire::{BadLimit, EncodeError, Encoder, MAX_ACK};
+use shared::wire::{BadLimit, EncodeError, Encoder, Resync, MAX_ACK};
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
@@ -32,12 +40,16 @@ use tokio::time::Instant;
 
 use crate::metrics::{Dropped, Metrics};
 use crate::ring::{Ring, Slot};
-use crate::window::Window;
+use crate::window::{Rewound, Window};
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);
 /// While sends keep failing, how often the failure is logged again.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// While the collector's queue is full, a send is tried again after the first, doubling up to
+/// the cap: the collector reads a full queue (10 to 512 datagrams) in well under a millisecond.
+const QUEUE_FULL_FIRST: Duration = Duration::from_millis(1);
+const QUEUE_FULL_CAP: Duration = Duration::from_millis(20);
 /// Datagrams sent in a row before the task yields, so that a backlog after an outage does not
 /// hold a runtime thread that request handlers are waiting for.
 const SENDS_PER_YIELD: u32 = 32;
@@ -89,8 +101,8 @@ pub struct Left {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Link {
     Up,
-    /// The collector's queue is full (EAGAIN): wait until the socket is writable.
-    Blocked,
+    /// The collector's queue is full (EAGAIN): try again then.
+    Blocked(Instant),
     /// A send failed otherwise (ENOBUFS, permissions, ...): try again then, same connection.
     Paused(Instant),
     /// The collector is away: connect again then, and resend what is unacknowledged.
@@ -103,7 +115,6 @@ enum Wake {
     Deadline,
     Tick,
     Readable,
-    Writable,
     Retry,
     AckTimeout,
 }
@@ -116,12 +127,16 @@ pub struct Drain {
     /// A click popped from the ring that did not fit the datagram being built.
     held: Option<Slot>,
     window: Window,
+    /// Bound at `--ack-socket`: sends the datagrams, receives the acknowledgements.
     socket: UnixDatagram,
+    collector: UnixAddr,
     link: Link,
     /// The owner of the collector's socket file when we connected: acknowledgements from any
     /// other uid are refused.
     collector_uid: Option<u32>,
     backoff: Backoff,
+    /// The retries of a full queue.
+    queue_full: Backoff,
     /// The kind of the failures since the last send that worked, if any.
     failing: Option<SendErrorKind>,
     /// Those failures, so that a streak is not logged per attempt.
@@ -146,6 +161,7 @@ impl Drain {
         let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
         socket.set_nonblocking(true)?;
         let window = Window::new(settings.window, settings.datagram_limit);
+        let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
         Ok(Drain {
             ring,
@@ -154,9 +170,11 @@ impl Drain {
             held: None,
             window,
             socket: UnixDatagram::from_std(socket)?,
+            collector,
             link: Link::Away(now),
             collector_uid: None,
             backoff: Backoff::new(RECONNECT_FIRST, RECONNECT_CAP),
+            queue_full: Backoff::new(QUEUE_FULL_FIRST, QUEUE_FULL_CAP),
             failing: None,
             failures: Throttle::every(REPORT_EVERY),
             progress: now,
@@ -183,7 +201,6 @@ impl Drain {
                 Wake::Deadline => break,
                 Wake::Tick => self.fill(),
                 Wake::Readable => self.read_acks(),
-                Wake::Writable => self.link = Link::Up,
                 Wake::Retry => self.retry(),
                 Wake::AckTimeout => self.resend_unacked(),
             }
@@ -210,7 +227,9 @@ impl Drain {
         deadline: Option<Instant>,
     ) -> Wake {
         let retry_at = match self.link {
-            Link::Paused(at) | Link::Away(at) if self.window.has_unsent() => Some(at),
+            Link::Paused(at) | Link::Away(at) | Link::Blocked(at) if self.window.has_unsent() => {
+                Some(at)
+            }
             _ => None,
         };
         let ack_due = self
@@ -224,7 +243,6 @@ impl Drain {
             _ = stop.wait_for(Option::is_some), if deadline.is_none() => Wake::Stop,
             () = at(deadline), if deadline.is_some() => Wake::Deadline,
             Ok(()) = self.socket.readable() => Wake::Readable,
-            Ok(()) = self.socket.writable(), if self.link == Link::Blocked => Wake::Writable,
             () = at(retry_at), if retry_at.is_some() => Wake::Retry,
             () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
             _ = tick.tick() => Wake::Tick,
@@ -292,6 +310,7 @@ impl Drain {
                 seconds(NEW_SENDER_AFTER_IDLE)
             );
             self.encoder.restart_as(sender);
+            self.window.restart();
         }
     }
 
@@ -315,7 +334,10 @@ impl Drain {
             let Some(datagram) = self.window.next_unsent() else {
                 return;
             };
-            match self.socket.try_send(datagram) {
+            let fd = self.socket.as_raw_fd();
+            let result =
+                nix::sys::socket::sendto(fd, datagram, &self.collector, MsgFlags::MSG_DONTWAIT);
+            match result.map_err(io::Error::from) {
                 Ok(_) => self.sent(),
                 Err(err) => return self.send_failed(&err),
             }
@@ -337,6 +359,7 @@ impl Drain {
             }
         }
         self.backoff.reset();
+        self.queue_full.reset();
         if let (Some(kind), Some(lasting)) = (self.failing.take(), self.failures.end()) {
             if kind != SendErrorKind::QueueFull {
                 tracing::info!(
@@ -353,8 +376,8 @@ impl Drain {
         self.metrics.send_errors.inc(kind);
         self.note_failure(kind, err);
         let later = Instant::now() + self.backoff.next_wait();
-        self.link = if awaits_writability(err) {
-            Link::Blocked
+        self.link = if retries_soon(err) {
+            Link::Blocked(Instant::now() + self.queue_full.next_wait())
         } else if kind.receiver_away() {
             Link::Away(later)
         } else {
@@ -365,22 +388,19 @@ impl Drain {
     /// A pause is over, or it is time to connect again.
     fn retry(&mut self) {
         match self.link {
-            Link::Paused(_) => self.link = Link::Up,
+            Link::Paused(_) | Link::Blocked(_) => self.link = Link::Up,
             Link::Away(_) => self.connect(),
-            Link::Up | Link::Blocked => {}
+            Link::Up => {}
         }
     }
 
-    /// Connects to the collector's socket (again): a new collector has none of what the last
-    /// one did not acknowledge, so all of it is sent again.
+    /// Finds the collector's socket (again), and whose it is: a new collector has none of what
+    /// the last one did not acknowledge, so all of it is sent again.
     fn connect(&mut self) {
         let path = &self.settings.collector;
-        let connected = self.socket.connect(path).and_then(|()| {
-            self.collector_uid = Some(std::fs::metadata(path)?.uid());
-            Ok(())
-        });
-        match connected {
-            Ok(()) => {
+        match std::fs::metadata(path) {
+            Ok(socket) => {
+                self.collector_uid = Some(socket.uid());
                 self.link = Link::Up;
                 let again = self.window.rewind();
                 if again > 0 {
@@ -449,24 +469,48 @@ impl Drain {
         if ack.sender != self.encoder.sender() {
             return Err(format!("for sender {:016x}, not this one", ack.sender));
         }
-        if let Some(seq) = ack.committed {
-            self.acknowledged(seq)?;
+        let applied = self
+            .window
+            .apply(ack.committed, ack.resend_from)
+            .map_err(|e| e.to_string())?;
+        if applied.released.datagrams > 0 {
+            self.metrics.clicks_acked.inc_by(applied.released.clicks);
+            self.progress = Instant::now();
         }
-        if let Some(seq) = ack.resend_from {
-            let again = self.window.rewind_to(seq).map_err(|e| e.to_string())?;
-            tracing::debug!("the collector asks to resend from seq {seq}: {again} datagrams");
+        match (ack.resend_from, applied.rewound) {
+            (Some(seq), Some(Rewound::Resend(again))) => {
+                tracing::debug!("the collector asks to resend from seq {seq}: {again} datagrams")
+            }
+            (
+                Some(seq),
+                Some(Rewound::Resync {
+                    first,
+                    clicks_before,
+                }),
+            ) => self.resync(seq, first, clicks_before),
+            _ => {}
         }
         self.metrics.acks.inc();
         Ok(())
     }
 
-    fn acknowledged(&mut self, seq: u64) -> Result<(), String> {
-        let released = self.window.acknowledge(seq).map_err(|e| e.to_string())?;
-        if released.datagrams > 0 {
-            self.metrics.clicks_acked.inc_by(released.clicks);
-            self.progress = Instant::now();
+    /// The collector asked for `asked`, acknowledged already: it lost its record of this
+    /// sender. Tells it where the window starts; the window follows, from its start.
+    fn resync(&mut self, asked: u64, first: u64, clicks_before: u64) {
+        let resync = Resync::new(self.encoder.sender(), first, clicks_before).encode();
+        let fd = self.socket.as_raw_fd();
+        let sent = nix::sys::socket::sendto(fd, &resync, &self.collector, MsgFlags::MSG_DONTWAIT);
+        self.metrics.resyncs.inc();
+        self.progress = Instant::now();
+        match sent {
+            Ok(_) => tracing::warn!(
+                "the collector asks for seq {asked}, acknowledged already: it lost its record of \
+                 this sender; resyncing from seq {first} ({clicks_before} clicks acknowledged \
+                 before it)"
+            ),
+            // The collector asks again, and is answered again.
+            Err(e) => tracing::debug!("sending a resync: {e}"),
         }
-        Ok(())
     }
 
     /// Logs the first failure of a streak and then one line per `REPORT_EVERY` while it lasts,
@@ -504,10 +548,10 @@ impl Drain {
     }
 }
 
-/// Whether to await the socket's writability before resending. Only after EAGAIN: tokio clears
-/// the readiness it caches only on `WouldBlock`, so after ENOBUFS (also a full queue) the wait
-/// would return at once and the task spin; that one waits out the backoff instead.
-fn awaits_writability(err: &io::Error) -> bool {
+/// Whether a failed send is tried again within milliseconds: after EAGAIN (the collector's
+/// queue full, which it empties fast) only; after ENOBUFS (the kernel short of memory) the
+/// drain waits out the longer backoff.
+fn retries_soon(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::WouldBlock
 }
 
@@ -522,11 +566,11 @@ mod tests {
     use nix::libc;
 
     #[test]
-    fn only_eagain_awaits_writability_enobufs_waits_out_the_backoff() {
+    fn only_eagain_retries_soon_enobufs_waits_out_the_backoff() {
         let eagain = io::Error::from_raw_os_error(libc::EAGAIN);
         let enobufs = io::Error::from_raw_os_error(libc::ENOBUFS);
         assert_eq!(SendErrorKind::of(&enobufs), SendErrorKind::QueueFull);
-        assert!(awaits_writability(&eagain));
-        assert!(!awaits_writability(&enobufs));
+        assert!(retries_soon(&eagain));
+        assert!(!retries_soon(&enobufs));
     }
 }

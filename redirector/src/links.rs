@@ -352,11 +352,13 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
-        // LISTEN before the first read, so that no change between the two goes unseen. Each
-        // read is planned for its own position: a generic plan would guess at `id > $1`.
+        // The search path pinned first, as in every session of the services. LISTEN before
+        // the first read, so that no change between the two goes unseen. Each read is planned
+        // for its own position: a generic plan would guess at `id > $1`.
         let setup = format!(
-            "SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan; \
+            "{}; SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan; \
              LISTEN links_changed",
+            shared::db::SET_SEARCH_PATH,
             self.options.timeout.as_millis()
         );
         if let Err(e) = self.timed(client.batch_execute(&setup)).await {

@@ -20,6 +20,11 @@ shared::label! {
         Invalid = "invalid",
         /// `--clicks direct`: the INSERT failed.
         DirectFailed = "direct_failed",
+        /// Sent, and not acknowledged when the drain timeout ran out at shutdown (the collector
+        /// could not commit them in time, typically its database away). This process held the
+        /// only copy it could resend: once it exits nobody resends them, so they are counted as
+        /// lost. The collector may still write those it had received; nobody can tell.
+        Unacknowledged = "unacknowledged",
     }
 }
 
@@ -62,6 +67,8 @@ shared::metrics! {
         acks_rejected: Counter = "acks_rejected",
             "Acknowledgements refused: another uid, another sender, or unsent seqs.";
         clicks_acked: Counter = "clicks_acked", "Clicks the collector acknowledged as committed.";
+        resyncs: Counter = "resyncs",
+            "Resyncs sent: the collector asked for seqs acknowledged already (it lost its record of this sender).";
         /// Set when `/metrics` is read.
         ring_depth: Gauge = "ring_depth", "Clicks waiting in the ring.";
         /// Set when `/metrics` is read.
@@ -90,6 +97,9 @@ shared::metrics! {
             "Client connections the server closed itself, by reason.";
         accept_errors: Counter = "accept_errors",
             "Failed accepts of client connections (out of descriptors, typically).";
+        admin_connections_closed: LabeledCounter<shared::admin::Closed> =
+            "admin_connections_closed",
+            "Admin listener connections it closed itself to stay within its bound, by reason.";
     }
 }
 
@@ -110,6 +120,10 @@ impl shared::admin::Admin for AdminView {
         m.ring_depth.set(depth);
         m.ring_capacity.set(capacity);
         m.encode()
+    }
+
+    fn connection_closed(&self, why: shared::admin::Closed) {
+        self.metrics.admin_connections_closed.inc(why);
     }
 
     fn health(&self) -> Result<(), String> {

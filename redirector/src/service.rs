@@ -1,6 +1,6 @@
 //! Wiring: starts the listeners, the link table task and the drain task, serves until told to
-//! stop, then shuts down in order so that every redirect served is a click sent or counted as
-//! dropped.
+//! stop, then shuts down in order so that every redirect served is a click the collector
+//! acknowledged or one counted as dropped.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -55,7 +55,8 @@ pub struct Summary {
     pub sent: u64,
     pub dropped: u64,
     /// Of the clicks sent, those the collector acknowledged as committed, and those it had not
-    /// by the end of the drain timeout (committed or not: nobody said).
+    /// by the end of the drain timeout (committed or not: nobody said). The unacknowledged are
+    /// in `dropped` too (`unacknowledged`), so `redirects = acked + dropped`.
     pub acked: u64,
     pub unacked: u64,
 }
@@ -167,8 +168,9 @@ struct Stopping {
 }
 
 /// Waits for the http server task, then drains the ring for up to `drain_timeout` and counts
-/// the rest as dropped. A failed server task still gets the drain and the final counts (its
-/// handlers are gone all the same); its error is returned afterwards.
+/// the rest as dropped: what was never sent as `shutdown`, what was sent and never
+/// acknowledged as `unacknowledged`. A failed server task still gets the drain and the final
+/// counts (its handlers are gone all the same); its error is returned afterwards.
 async fn shut_down(
     stopping: Stopping,
     drain_timeout: Duration,
@@ -191,6 +193,11 @@ async fn shut_down(
         None => Left::default(),
     };
     metrics.clicks_dropped.add(Dropped::Shutdown, left.unsent);
+    // Sent but never acknowledged: this process held the only copy it could resend, and it is
+    // going. Served = acknowledged + dropped, every drop under a named reason.
+    metrics
+        .clicks_dropped
+        .add(Dropped::Unacknowledged, left.unacked);
     let summary = Summary {
         redirects: metrics.redirects.get(),
         sent: metrics.clicks_sent.get(),
@@ -198,6 +205,12 @@ async fn shut_down(
         acked: metrics.clicks_acked.get(),
         unacked: left.unacked,
     };
+    if summary.dropped > 0 {
+        tracing::warn!(
+            "redirector: dropped by reason: {}",
+            drops_by_reason(metrics)
+        );
+    }
     tracing::info!(
         "redirector: {} clicks sent, {} dropped ({} redirects served); {} acknowledged, {} not \
          acknowledged",
@@ -209,6 +222,18 @@ async fn shut_down(
     );
     served.map_err(Error::Server)?;
     Ok(summary)
+}
+
+/// The clicks dropped in this process's life by reason, those with any: `reason=N, ...`.
+fn drops_by_reason(metrics: &Metrics) -> String {
+    use shared::metrics::Label;
+    Dropped::ALL
+        .iter()
+        .map(|&reason| (reason, metrics.clicks_dropped.get(reason)))
+        .filter(|&(_, n)| n > 0)
+        .map(|(reason, n)| format!("{}={n}", reason.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The drain task's state, its ack socket bound and its resend window allocated.

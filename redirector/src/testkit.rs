@@ -91,6 +91,17 @@ impl Redirector {
     pub async fn metric(&self, series: &str) -> f64 {
         metric(self.admin, series).await
     }
+
+    /// Clicks dropped, summed over every reason.
+    pub async fn dropped(&self) -> f64 {
+        let mut total = 0.0;
+        for reason in <crate::metrics::Dropped as shared::metrics::Label>::ALL {
+            let reason = shared::metrics::Label::as_str(*reason);
+            let series = format!("redirector_clicks_dropped_total{{reason=\"{reason}\"}}");
+            total += self.metric(&series).await;
+        }
+        total
+    }
 }
 
 /// Starts the real collector on `socket` and waits until it listens.
@@ -177,6 +188,31 @@ pub async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
     admin
 }
 
+/// Takes `f`'s database away from everyone, as if it were down: refuses new connections to it
+/// and ends every client session open on it (the collector's, the redirector's, `f.client`'s),
+/// until [`let_back`]. Returns once none is left, with the admin client that lets it back.
+pub async fn database_away(f: &Fixture) -> tokio_postgres::Client {
+    let admin = shared::pgtest::cluster().connect("postgres").await;
+    let sessions = format!(
+        "FROM pg_stat_activity WHERE datname = '{}' AND backend_type = 'client backend'",
+        f.db.name
+    );
+    let sql = format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS false; SELECT pg_terminate_backend(pid) {sessions};",
+        f.db.name
+    );
+    admin
+        .batch_execute(&sql)
+        .await
+        .expect("taking the database away");
+    let count = format!("SELECT count(*) {sessions}");
+    shared::testkit::eventually("every session of the database to end", LIMIT, || async {
+        (scalar::<i64>(&admin, &count).await == 0).then_some(())
+    })
+    .await;
+    admin
+}
+
 /// Allows connections to `f`'s database again.
 pub async fn let_back(f: &Fixture, admin: &tokio_postgres::Client) {
     let sql = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", f.db.name);
@@ -196,6 +232,54 @@ pub fn final_counts(log: &[String]) -> (u64, u64) {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<u64>().unwrap());
     (numbers.next().unwrap(), numbers.next().unwrap())
+}
+
+/// The clicks acknowledged and not acknowledged, from the redirector's last line
+/// (`...; A acknowledged, U not acknowledged`).
+pub fn final_acks(log: &[String]) -> (u64, u64) {
+    let line = log
+        .iter()
+        .rev()
+        .find(|l| l.contains(" not acknowledged"))
+        .unwrap_or_else(|| panic!("no final count line in {log:#?}"));
+    let after = &line[line
+        .rfind("; ")
+        .expect("`; ` before the acknowledged counts")
+        + 2..];
+    let mut numbers = after
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>().unwrap());
+    let acked = numbers
+        .next()
+        .unwrap_or_else(|| panic!("acknowledged in {line:?}"));
+    let unacked = numbers
+        .next()
+        .unwrap_or_else(|| panic!("not acknowledged in {line:?}"));
+    (acked, unacked)
+}
+
+/// The clicks dropped by reason, from the redirector's line before its last
+/// (`redirector: dropped by reason: shutdown=N, unacknowledged=M`, logged when it dropped any):
+/// empty when it dropped none.
+pub fn final_drops(log: &[String]) -> std::collections::BTreeMap<String, u64> {
+    const MARK: &str = "redirector: dropped by reason: ";
+    let Some(line) = log.iter().rev().find(|l| l.contains(MARK)) else {
+        return Default::default();
+    };
+    line[line.find(MARK).expect("found") + MARK.len()..]
+        .split(", ")
+        .map(|pair| {
+            let (reason, n) = pair
+                .split_once('=')
+                .unwrap_or_else(|| panic!("reason=count in {line:?}"));
+            let n = n
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("count in {line:?}: {e}"));
+            (reason.to_owned(), n)
+        })
+        .collect()
 }
 
 /// The redirects served, from the redirector's last line (`... (N redirects served) ...`).

@@ -27,6 +27,24 @@ struct Meta {
     sent: bool,
 }
 
+/// What a resend request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewound {
+    /// The cursor went back: this many datagrams will be sent again.
+    Resend(u64),
+    /// The collector asked for a seq below the oldest held, which was acknowledged: it lost its
+    /// record of this sender. Tell it where the window starts (a resync), then send all of it.
+    Resync { first: u64, clicks_before: u64 },
+}
+
+/// What an acknowledgement did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub released: Released,
+    /// `None` unless it asked for a resend.
+    pub rewound: Option<Rewound>,
+}
+
 /// What leaving the window freed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Released {
@@ -47,6 +65,8 @@ pub struct Window {
     /// Highest seq ever sent.
     sent_through: Option<u64>,
     clicks: u64,
+    /// Clicks of every datagram acknowledged since seq 0: what a resync reports.
+    acked_clicks: u64,
 }
 
 impl Window {
@@ -62,7 +82,19 @@ impl Window {
             cursor: 0,
             sent_through: None,
             clicks: 0,
+            acked_clicks: 0,
         }
+    }
+
+    /// Starts over from seq 0 (a new sender id). The caller checks `is_empty` first.
+    pub fn restart(&mut self) {
+        assert!(self.is_empty(), "restart of a window that holds datagrams");
+        (
+            self.first,
+            self.cursor,
+            self.sent_through,
+            self.acked_clicks,
+        ) = (0, 0, None, 0);
     }
 
     /// Bytes allocated.
@@ -76,6 +108,11 @@ impl Window {
 
     pub fn is_empty(&self) -> bool {
         self.held == 0
+    }
+
+    /// Datagrams held.
+    pub fn len(&self) -> usize {
+        self.held
     }
 
     /// Clicks in the datagrams held.
@@ -162,19 +199,39 @@ impl Window {
             self.held -= 1;
         }
         self.clicks -= released.clicks;
+        self.acked_clicks += released.clicks;
         self.cursor = self.cursor.max(self.first);
         Ok(released)
     }
 
-    /// Go-back-N from `seq` (a resend request): the cursor goes back to it. Returns how many
-    /// datagrams will be sent again.
-    pub fn rewind_to(&mut self, seq: u64) -> Result<u64, Refused> {
-        if seq < self.first || seq >= self.end() || !self.sent_through.is_some_and(|s| seq <= s) {
+    /// Applies an acknowledgement: what is `committed` leaves, then the cursor goes back to
+    /// `resend_from`. Refused whole if it acknowledges what was never sent.
+    pub fn apply(
+        &mut self,
+        committed: Option<u64>,
+        resend_from: Option<u64>,
+    ) -> Result<Applied, Refused> {
+        let released = committed.map_or(Ok(Released::default()), |seq| self.acknowledge(seq))?;
+        let rewound = resend_from.map(|seq| self.rewind_to(seq)).transpose()?;
+        Ok(Applied { released, rewound })
+    }
+
+    /// Go-back-N from `seq` (a resend request): the cursor goes back to it, or, if `seq` was
+    /// acknowledged already, to the oldest datagram held, with a resync to send first.
+    pub fn rewind_to(&mut self, seq: u64) -> Result<Rewound, Refused> {
+        if !self.sent_through.is_some_and(|s| seq <= s) {
             return Err(Refused::ResendNotHeld(seq));
+        }
+        if seq < self.first {
+            self.rewind();
+            return Ok(Rewound::Resync {
+                first: self.first,
+                clicks_before: self.acked_clicks,
+            });
         }
         let again = self.cursor.saturating_sub(seq);
         self.cursor = self.cursor.min(seq);
-        Ok(again)
+        Ok(Rewound::Resend(again))
     }
 
     /// Go-back-N from the oldest datagram held (an acknowledgement timeout, or a new
@@ -253,7 +310,7 @@ mod tests {
         assert_eq!(w.rewind(), 5);
         assert_eq!(w.mark_sent(), None, "a resend is not a new send");
         assert_eq!(send_all(&mut w), [1, 2, 3, 4]);
-        assert_eq!(w.rewind_to(3), Ok(2));
+        assert_eq!(w.rewind_to(3), Ok(Rewound::Resend(2)));
         assert_eq!(send_all(&mut w), [3, 4]);
         assert_eq!(w.unsent_and_unacked(), (0, 50));
     }
@@ -270,10 +327,33 @@ mod tests {
         w.mark_sent();
         assert_eq!(w.acknowledge(12), Err(Refused::AckNotSent(12)));
         assert_eq!(w.rewind_to(12), Err(Refused::ResendNotHeld(12)));
-        assert_eq!(w.rewind_to(9), Err(Refused::ResendNotHeld(9)));
         assert_eq!(w.clicks(), 40, "nothing was forgotten");
         assert_eq!(w.unsent_and_unacked(), (20, 20));
         assert_eq!(w.acknowledge(u64::MAX), Err(Refused::AckNotSent(u64::MAX)));
+    }
+
+    #[test]
+    fn a_resend_request_below_the_window_answers_with_where_it_starts() {
+        let mut w = window(8, 0..4);
+        send_all(&mut w);
+        w.acknowledge(1).unwrap();
+        assert_eq!(
+            w.rewind_to(0),
+            Ok(Rewound::Resync {
+                first: 2,
+                clicks_before: 20
+            })
+        );
+        assert_eq!(send_all(&mut w), [2, 3], "then everything held, again");
+        w.acknowledge(3).unwrap();
+        w.restart();
+        w.push(0, &[0; 3], 10);
+        w.mark_sent();
+        assert_eq!(
+            w.rewind_to(0),
+            Ok(Rewound::Resend(1)),
+            "a new sender id counts from zero"
+        );
     }
 
     #[test]

@@ -2,14 +2,12 @@
 //! connection limit a new client is still served (the connection idle the longest makes room),
 //! and idle, slow-to-send and never-reading clients are closed and counted by reason.
 
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use hyper::Method;
-use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use redirector::testkit::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
-use shared::testkit::eventually;
 use shared::testkit::http::request;
+use shared::testkit::{eventually, limit_descriptors, raise_own_descriptor_limit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -23,20 +21,6 @@ const NOFILE: u64 = 1_024;
 /// What `--max-connections` (10,000 by default) is fitted to under it: (1024 - 64) / 5 * 4.
 const FITTED: u64 = 768;
 const IDLE_CLIENTS: u64 = 2_000;
-
-/// This process holds thousands of sockets: its soft descriptor limit goes up to the hard one.
-fn raise_own_descriptor_limit() {
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raising RLIMIT_NOFILE");
-    }
-    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    assert!(
-        soft >= IDLE_CLIENTS + 200,
-        "the test needs {} descriptors; the hard limit allows {soft}",
-        IDLE_CLIENTS + 200
-    );
-}
 
 async fn closed(r: &Redirector, reason: &str) -> f64 {
     r.metric(&format!(
@@ -94,7 +78,8 @@ async fn await_close(stream: &mut TcpStream, what: &str) -> Duration {
 
 #[tokio::test]
 async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_302() {
-    raise_own_descriptor_limit();
+    // This process holds thousands of sockets.
+    raise_own_descriptor_limit(IDLE_CLIENTS + 200);
     let f = fixture(&[(CODE, URL)]).await;
     // Timeouts far away: the idle connections must be there when the new client comes.
     let mut cmd = redirector_command(
@@ -102,12 +87,7 @@ async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_30
         &f.socket,
         &["--idle-timeout", "10m", "--header-read-timeout", "10m"],
     );
-    // SAFETY: setrlimit only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            setrlimit(Resource::RLIMIT_NOFILE, NOFILE, NOFILE).map_err(std::io::Error::from)
-        });
-    }
+    limit_descriptors(&mut cmd, NOFILE);
     let r = start_redirector(cmd).await;
     r.ready().await;
     r.service
@@ -242,6 +222,177 @@ async fn a_request_head_not_finished_in_time_is_closed_as_a_header_timeout() {
         .await
         .expect("half a request head");
     await_close(&mut stream, "half a request head").await;
+    await_closed(&r, "header_timeout", 1.0).await;
+    assert_eq!(closed(&r, "idle_timeout").await, 0.0);
+}
+
+/// A request head that never ends, sent one byte at a time.
+const ENDLESS_HEAD: &[u8] = b"GET /c HTTP/1.1\r\nHost: t\r\nX-Trickle: ";
+/// How often a trickling client sends the next byte of its head.
+const TRICKLE: Duration = Duration::from_secs(1);
+
+/// A client that connects and then sends one byte of a request head every [`TRICKLE`], never
+/// finishing it: the first byte is sent when this returns, the others by the task, which ends
+/// when the server closes the connection. Returns the client's address and the task.
+async fn trickler(
+    server: std::net::SocketAddr,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let mut stream = TcpStream::connect(server).await.expect("connect");
+    let local = stream.local_addr().expect("local address");
+    let mut head = ENDLESS_HEAD.iter().copied().chain(std::iter::repeat(b'a'));
+    let first = [head.next().expect("endless")];
+    stream.write_all(&first).await.expect("the first byte");
+    let task = tokio::spawn(async move {
+        let (mut reader, mut writer) = stream.into_split();
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TRICKLE, TRICKLE);
+        let mut buf = [0u8; 512];
+        loop {
+            tokio::select! {
+                read = reader.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => panic!("a trickler got an answer to a head it never finished"),
+                },
+                _ = tick.tick() => {
+                    let byte = [head.next().expect("endless")];
+                    if writer.write_all(&byte).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    (local, task)
+}
+
+/// The queue sizes /proc/net/tcp shows for the IPv4 connection from `local` to `remote`:
+/// (bytes sent and not acknowledged by the peer, bytes received and not read by the process).
+fn tcp_queues(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Option<(u64, u64)> {
+    let hex = |addr: std::net::SocketAddr| match addr {
+        std::net::SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        std::net::SocketAddr::V6(_) => panic!("an IPv4 address expected: {addr}"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&local.as_str()) || fields.get(2) != Some(&remote.as_str()) {
+            return None;
+        }
+        let (tx, rx) = fields.get(4)?.split_once(':')?;
+        Some((
+            u64::from_str_radix(tx, 16).ok()?,
+            u64::from_str_radix(rx, 16).ok()?,
+        ))
+    })
+}
+
+/// Waits until the redirector at `server` has read every byte `client` had sent when this was
+/// called:
+/// first the redirector's kernel took them all (nothing unacknowledged at the client), then the
+/// redirector read them all (nothing unread at its end).
+async fn await_read_by_server(server: std::net::SocketAddr, client: std::net::SocketAddr) {
+    eventually(
+        &format!("the redirector to take the bytes {client} sent"),
+        LIMIT,
+        || async { (tcp_queues(client, server)?.0 == 0).then_some(()) },
+    )
+    .await;
+    eventually(
+        &format!("the redirector to read the bytes {client} sent"),
+        LIMIT,
+        || async { (tcp_queues(server, client)?.1 == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn clients_trickling_request_heads_at_the_limit_do_not_lock_out_a_new_client() {
+    const LIMIT_CONNECTIONS: usize = 4;
+    let f = fixture(&[(CODE, URL)]).await;
+    // Timeouts far away: only eviction can make room for the new client.
+    let r = redirector::testkit::redirector(
+        &f.db.url,
+        &f.socket,
+        &[
+            "--max-connections",
+            &LIMIT_CONNECTIONS.to_string(),
+            "--idle-timeout",
+            "10m",
+            "--header-read-timeout",
+            "10m",
+        ],
+    )
+    .await;
+    r.ready().await;
+    assert_eq!(
+        r.metric("redirector_connections_limit").await,
+        LIMIT_CONNECTIONS as f64
+    );
+
+    // Every place taken by a client that has begun a request head and sends a byte of it
+    // every second, each begun after the one before.
+    let mut tricklers = Vec::new();
+    for _ in 0..LIMIT_CONNECTIONS {
+        let (client, task) = trickler(r.http).await;
+        await_read_by_server(r.http, client).await;
+        tricklers.push(task);
+    }
+    assert_eq!(
+        r.metric("redirector_connections").await,
+        LIMIT_CONNECTIONS as f64
+    );
+
+    let response = tokio::time::timeout(LIMIT, request(r.http, Method::GET, "/c"))
+        .await
+        .expect("the new client is answered in time")
+        .expect("the new client is answered, not refused, while every place is trickling a head");
+    assert_eq!(response.status(), 302);
+    assert_eq!(response.headers()["location"], URL);
+    assert_eq!(closed(&r, "evicted").await, 1.0);
+    assert_eq!(closed(&r, "refused").await, 0.0);
+    // The one that made room is the one whose head began first; the others still trickle.
+    tokio::time::timeout(LIMIT, &mut tricklers[0])
+        .await
+        .expect("the trickler whose head began first is closed")
+        .expect("the trickler task");
+    assert!(
+        tricklers[1..].iter().all(|t| !t.is_finished()),
+        "only one trickler was to make room"
+    );
+    assert_eq!(closed(&r, "header_timeout").await, 0.0);
+    for t in &tricklers {
+        t.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_request_head_trickled_byte_by_byte_is_closed_at_the_header_read_timeout() {
+    let f = fixture(&[(CODE, URL)]).await;
+    let r = redirector::testkit::redirector(
+        &f.db.url,
+        &f.socket,
+        &["--idle-timeout", "10m", "--header-read-timeout", "3s"],
+    )
+    .await;
+    r.ready().await;
+
+    // A byte every second keeps arriving; the head as a whole is late all the same. (Were the
+    // timeout counted per byte, the connection would stay open and the wait below run out.)
+    let start = Instant::now();
+    let (_, task) = trickler(r.http).await;
+    tokio::time::timeout(LIMIT, task)
+        .await
+        .expect("the trickling client is closed in time")
+        .expect("the trickler task");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(2_900),
+        "closed after {took:?}, before the 3s header read timeout"
+    );
     await_closed(&r, "header_timeout", 1.0).await;
     assert_eq!(closed(&r, "idle_timeout").await, 0.0);
 }

@@ -2,7 +2,8 @@
 //! PostgreSQL, the collector and the redirector, prints what to try; what it prints works; a
 //! SIGTERM stops everything with exit 0 and leaves no process behind; a second run reuses the
 //! data. Only the ports (0: free ones) and the data dir (a temp dir) are overridden, so the test
-//! collides with nothing.
+//! collides with nothing. Its PostgreSQL is the developer's alone, whoever runs the script: root
+//! (PostgreSQL then runs as `postgres`) or a normal user.
 
 use std::fs;
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use nix::unistd::User;
 use shared::testkit::{eventually, Service};
 
 /// The first run builds the release binaries (fat LTO) on two cores.
@@ -20,6 +22,11 @@ const READY: Duration = Duration::from_secs(180);
 const STOP: Duration = Duration::from_secs(90);
 const COUNTED: Duration = Duration::from_secs(30);
 const CODE: &str = "seed42";
+/// An unprivileged account every Debian system has, standing in for a developer's own: not
+/// `postgres`, so that its way in is the cluster's peer map, not the same name.
+const DEVELOPER: &str = "daemon";
+/// Another local user, who must not reach the developer's cluster.
+const OTHER: &str = "nobody";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -125,6 +132,107 @@ fn clicks_shown(psql_line: &str) -> Option<i64> {
         let cells: Vec<&str> = l.split('|').map(str::trim).collect();
         (cells.first() == Some(&CODE)).then(|| cells.last()?.parse().ok())?
     })
+}
+
+/// `cmd` run as `user` (its own uid, gid and groups), through setpriv; root only.
+fn as_user(user: &str, cmd: &Command) -> Command {
+    let account = User::from_name(user)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("no user {user} on this system"));
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .arg(format!("--reuid={}", account.uid))
+        .arg(format!("--regid={}", account.gid))
+        .args(["--init-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+/// psql beside the server binaries, or else on PATH.
+fn psql() -> PathBuf {
+    shared::pgtest::find_bindir()
+        .map(|dir| dir.join("psql"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "psql".into())
+}
+
+/// `SELECT current_user` on the dev cluster in `dev_dir` as the superuser `postgres`, by
+/// `user` (or this process): what psql printed, or why it failed.
+fn connect_as(user: Option<&str>, dev_dir: &Path) -> Result<String, String> {
+    let url = format!(
+        "host={} user=postgres dbname=clicks",
+        dev_dir.join("pg").display()
+    );
+    let mut cmd = Command::new(psql());
+    cmd.args(["-X", "-tA", "-d", &url, "-c", "SELECT current_user"])
+        .env("HOME", dev_dir)
+        .current_dir("/");
+    let mut cmd = match user {
+        Some(user) => as_user(user, &cmd),
+        None => cmd,
+    };
+    let out = cmd.output().expect("running psql");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_owned();
+    if out.status.success() {
+        Ok(text(&out.stdout))
+    } else {
+        Err(text(&out.stderr))
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// The running dev cluster in `dev_dir` is closed to everyone but `developer` (`None`: this
+/// process) and the server's user: (as root, who can act as another user) another user's psql
+/// is refused while the developer's gets in; its socket's directory and the socket are 0700;
+/// it authenticates by peer, never trust.
+fn assert_cluster_kept_to(developer: Option<&str>, dev_dir: &Path) {
+    if nix::unistd::geteuid().is_root() {
+        let other = connect_as(Some(OTHER), dev_dir);
+        assert!(
+            other.is_err(),
+            "{OTHER} connected to the developer's cluster as its superuser: {other:?}"
+        );
+        assert_eq!(
+            connect_as(developer, dev_dir).as_deref(),
+            Ok("postgres"),
+            "the developer ({}) cannot reach their own cluster",
+            developer.unwrap_or("root")
+        );
+    }
+    let pg = dev_dir.join("pg");
+    assert_eq!(mode(&pg), 0o700, "{} is open to others", pg.display());
+    let socket = pg.join(".s.PGSQL.5432");
+    assert_eq!(
+        mode(&socket),
+        0o700,
+        "{} is open to others",
+        socket.display()
+    );
+    let hba = fs::read_to_string(pg.join("data/pg_hba.conf")).expect("pg_hba.conf");
+    let rules: Vec<&str> = hba
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(rules, ["local all all peer map=dev"], "pg_hba.conf:\n{hba}");
 }
 
 /// `/proc/PID/stat` fields after the command name: state, ppid, ...
@@ -260,6 +368,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
             "printed pid {pid} is {comm:?}, not a binary of the pipeline"
         );
     }
+    assert_cluster_kept_to(None, &dev_dir);
     let (status, location) = get(ready.redirect, &format!("/{CODE}")).await;
     assert_eq!(status, 302, "GET /{CODE} on the printed address");
     assert_eq!(location.as_deref(), Some("https://example.com/42"));
@@ -400,6 +509,64 @@ async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
     let pids = processes_of(&ready, &dev_dir);
     stop(
         again,
+        &pids,
+        &dev_dir,
+        &["redirector: 1 clicks sent, 0 dropped"],
+    )
+    .await;
+}
+
+/// Run by a normal user (here `daemon`, by root through setpriv), the script gives PostgreSQL
+/// the same closed doors as under root: the user's own cluster takes the user and nobody else
+/// (without that, any local user was its superuser, and could run programs as the developer
+/// through `COPY ... TO PROGRAM`). The pipeline works as usual. The release binaries are
+/// built first, as root, as the script would: the account has no Rust toolchain of its own.
+#[tokio::test]
+async fn dev_script_run_by_a_normal_user_keeps_its_cluster_to_that_user() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: running the script as another user needs root");
+        return;
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--bin",
+            "collector",
+            "--bin",
+            "redirector",
+        ])
+        .current_dir(repo())
+        .status()
+        .expect("running cargo build");
+    assert!(built.success(), "cargo build --release failed");
+
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
+    let developer = User::from_name(DEVELOPER).unwrap().expect(DEVELOPER);
+    fs::create_dir(&dev_dir).expect("mkdir dev dir");
+    nix::unistd::chown(&dev_dir, Some(developer.uid), Some(developer.gid)).expect("chown");
+
+    let mut cmd = dev_command(&dev_dir);
+    cmd.env_remove("DATABASE_URL")
+        .env("HOME", &dev_dir)
+        // Built above; `true build ...` succeeds without building.
+        .env("CARGO", "true");
+    let run = Service::spawn("dev", as_user(DEVELOPER, &cmd));
+    let ready = wait_ready(&run, READY).await;
+    let owner = fs::metadata(dev_dir.join("pg/data")).expect("data dir");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&owner),
+        developer.uid.as_raw(),
+        "PostgreSQL does not run as the developer"
+    );
+    assert_cluster_kept_to(Some(DEVELOPER), &dev_dir);
+    let (status, _) = get(ready.redirect, "/seed7").await;
+    assert_eq!(status, 302, "the pipeline of a normal user's run");
+    let pids = processes_of(&ready, &dev_dir);
+    stop(
+        run,
         &pids,
         &dev_dir,
         &["redirector: 1 clicks sent, 0 dropped"],

@@ -192,6 +192,48 @@ fn services_take_their_listeners_from_socket_units_and_keep_to_unix_sockets() {
     }
 }
 
+/// Whether a unit's boolean setting is on, as systemd reads it.
+fn is_on(value: &str) -> bool {
+    matches!(value, "yes" | "true" | "on" | "1")
+}
+
+/// The collector's `--allow-uid` and the unit agree: under PrivateUsers=yes every sender's uid
+/// reads as 65534 in the collector (it refuses to start with a uid it cannot see), so the
+/// example environment must not set it; and the drop-in that allows it (PrivateUsers=no) keeps
+/// the service within the exposure bound.
+#[test]
+fn allow_uid_fits_the_collectors_user_namespace() {
+    let unit = unit_dir().join("collector.service");
+    let private_users = setting(&settings(&unit), "PrivateUsers");
+    let env = fs::read_to_string(unit_dir().join("collector.env.example")).expect("env example");
+    let sets_allow_uid = env
+        .lines()
+        .map(str::trim)
+        .any(|l| l.starts_with("COLLECTOR_ALLOW_UID="));
+    assert!(
+        !(is_on(&private_users) && sets_allow_uid),
+        "collector.env.example sets COLLECTOR_ALLOW_UID under PrivateUsers={private_users}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = fs::read_to_string(&unit).expect("collector.service");
+    let without = dir.path().join("collector.service");
+    fs::write(&without, format!("{text}\n[Service]\nPrivateUsers=no\n")).expect("write");
+    let (ok, report) = run(
+        "systemd-analyze",
+        &[
+            OsStr::new("security"),
+            OsStr::new("--offline=yes"),
+            without.as_os_str(),
+        ],
+    );
+    assert!(ok, "systemd-analyze security failed:\n{report}");
+    let level = exposure(&report, "collector.service");
+    assert!(
+        level <= MAX_EXPOSURE,
+        "collector.service with PrivateUsers=no is exposed at {level}:\n{report}"
+    );
+}
+
 /// Copies `from` to `to` (a file path) with `mode`, creating the directories, like `install -D`.
 fn install(from: &Path, to: &Path, mode: u32) {
     fs::create_dir_all(to.parent().expect("a file path")).expect("mkdir -p");
@@ -470,7 +512,40 @@ fn psql() -> PathBuf {
 /// more.
 #[tokio::test]
 async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links() {
-    let cluster = shared::pgtest::cluster();
+    database_step(shared::pgtest::cluster()).await;
+}
+
+/// The same on a server where, as before PostgreSQL 15, schema public belongs to the bootstrap
+/// superuser and every role may create in it (recreated in template1 of a cluster of its
+/// own): database.sql closes the new database's public, so that migration 13, which the
+/// collector's role may not run on such a schema, goes through.
+#[tokio::test]
+async fn database_step_on_14s_schema_public_lets_the_collector_migrate() {
+    let cluster = shared::pgtest::tcp_cluster();
+    // psql, whose session ends with it: database.sql's CREATE DATABASE copies template1, which
+    // no session may be connected to then.
+    let out = Command::new(psql())
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &cluster.url("template1"),
+        ])
+        .args(["-c", "ALTER SCHEMA public OWNER TO postgres"])
+        .args(["-c", "GRANT CREATE ON SCHEMA public TO PUBLIC"])
+        .output()
+        .expect("running psql");
+    assert!(
+        out.status.success(),
+        "14's schema public in template1:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    database_step(cluster).await;
+}
+
+async fn database_step(cluster: &shared::pgtest::Cluster) {
     let sql = fs::File::open(unit_dir().join("database.sql")).expect("systemd/database.sql");
     let out = Command::new(psql())
         .args([
@@ -521,5 +596,16 @@ async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links(
         Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
         "{}",
         shared::db::describe(&read)
+    );
+    // Neither service's role, nor any other, may create objects in schema public.
+    let create = redirector
+        .batch_execute("CREATE FUNCTION public.f() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        .await
+        .expect_err("the redirector's role must not create in schema public");
+    assert_eq!(
+        create.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{}",
+        shared::db::describe(&create)
     );
 }

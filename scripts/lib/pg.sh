@@ -4,6 +4,13 @@
 # runs as when we are root: PostgreSQL refuses to run as root), then:
 #   pg_install_server; PGBIN=$(pg_bindir); pg_prepare; pg_initdb LOG; pg_running || pg_start LOG; ...; pg_stop
 # Each function returns non-zero with the reason on stderr; the caller decides what to say.
+#
+# The cluster is the developer's alone: whoever runs the script (root included) and the user
+# the server runs as connect, as the superuser `postgres`; nobody else can. $PGDIR is 0700,
+# the socket 0700, and authentication is `peer`, mapped from those two OS users only
+# (pg_access, rewritten at every start, so that a cluster made by an older script, with
+# `trust`, is closed too). A superuser can run programs as the server's user (COPY ... TO
+# PROGRAM), so reaching the socket must not be enough.
 
 PG_USER=${PG_USER:-postgres}
 
@@ -65,13 +72,15 @@ pg_prepare() {
     fi
     mkdir -p "$PGDIR"
     touch "$@"
+    # The socket's directory: closed to everyone but its owner (the server's user; root
+    # passes anyway), whatever the umask made it or an older script left it.
+    chmod 0700 "$PGDIR"
     ((EUID == 0)) || return 0
     if ! id "$PG_USER" >/dev/null 2>&1; then
         echo "running as root, and PostgreSQL refuses to: no user '$PG_USER' to run it as" >&2
         return 1
     fi
     chown "$PG_USER:" "$PGDIR" "$@"
-    chmod 0700 "$PGDIR"
     if ! setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- test -w "$PGDIR" 2>/dev/null; then
         echo "user '$PG_USER' cannot reach $PGDIR: a parent directory is closed to it" >&2
         return 1
@@ -81,15 +90,39 @@ pg_prepare() {
 pg_initialized() { [ -f "$PGDIR/data/PG_VERSION" ]; }
 
 pg_initdb() { # LOG
-    as_pg "$PGBIN/initdb" -D "$PGDIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$1" 2>&1
+    as_pg "$PGBIN/initdb" -D "$PGDIR/data" -U postgres --auth-local=peer --auth-host=reject \
+        -E UTF8 --locale=C.UTF-8 >"$1" 2>&1
+}
+
+# Writes who may connect: through the Unix socket only, by peer authentication, the OS users
+# that run this script and the server, as the database role `postgres`.
+pg_access() {
+    local me
+    me=$(id -un) || { echo "uid $EUID has no user name, which peer authentication needs" >&2; return 1; }
+    {
+        echo "# Written by scripts/lib/pg.sh at every start: the Unix socket only (the server"
+        echo "# listens on no TCP address), and only the OS users of pg_ident.conf's map dev."
+        echo "local all all peer map=dev"
+    } | as_pg tee "$PGDIR/data/pg_hba.conf" >/dev/null || return 1
+    {
+        echo "# Written by scripts/lib/pg.sh at every start: who runs the scripts, and the server's user."
+        printf 'dev "%s" postgres\n' "$me"
+        if ((EUID == 0)); then printf 'dev "%s" postgres\n' "$PG_USER"; fi
+    } | as_pg tee "$PGDIR/data/pg_ident.conf" >/dev/null
 }
 
 pg_running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }
 
 pg_start() { # LOG; extra server settings in $PG_OPTIONS
+    pg_access || return 1
     as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
-        -o "-k $PGDIR -c listen_addresses= ${PG_OPTIONS:-}" start >/dev/null
+        -o "-k $PGDIR -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
+        start >/dev/null
 }
+
+# A server already running (left by an earlier run) takes the current access rules (its
+# socket's mode stays what it started with; $PGDIR's closes it).
+pg_reload_access() { pg_access && as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" reload >/dev/null; }
 
 pg_stop() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast -w -t 60 stop >/dev/null; }
 

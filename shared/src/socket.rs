@@ -1,14 +1,12 @@
 //! Binding the collector-side datagram socket safely, and naming send errors.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
-use nix::sys::socket::{
-    self, sockopt, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-};
+use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
 
 /// Why a datagram socket could not be bound at a path.
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +82,12 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
     }
 }
 
+/// The most file descriptors one datagram can carry (Linux's `SCM_MAX_FD`). Any sender may
+/// attach that many to any datagram, so [`recv`] has room for them all.
+pub const SCM_MAX_FD: usize = 253;
+
 /// One datagram read by [`recv`]: its size, and what the kernel says about who sent it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Received {
     pub len: usize,
     /// It was larger than the buffer: the bytes are cut and must not be decoded.
@@ -94,8 +96,26 @@ pub struct Received {
     /// `None` for an unbound sender.
     pub from: Option<UnixAddr>,
     /// The sender's credentials, attached by the kernel to every datagram while the receiving
-    /// socket has SO_PASSCRED on (a process can claim only its own, unless privileged).
+    /// socket has SO_PASSCRED on (a process can claim only its own, unless privileged). Still
+    /// there when file descriptors came along.
     pub creds: Option<Creds>,
+    /// File descriptors the sender attached (SCM_RIGHTS). [`recv`] has already closed every
+    /// one of them: none is kept, none leaks. No sender of clicks attaches any, so a datagram
+    /// with `fds > 0` is not a redirector's.
+    pub fds: usize,
+    /// The kernel cut the control data (MSG_CTRUNC): it did not fit the room [`recv`] gives
+    /// (credentials plus [`SCM_MAX_FD`] descriptors), so `creds` may be missing and `fds`
+    /// incomplete (those not delivered were closed by the kernel). Who sent it is then not
+    /// known: it must be rejected, never taken as a datagram without an owner.
+    pub ctrunc: bool,
+}
+
+impl Received {
+    /// Whether the datagram came with more than credentials: file descriptors, or control data
+    /// cut short. Either way it is no redirector's datagram.
+    pub fn irregular_control(&self) -> bool {
+        self.fds > 0 || self.ctrunc
+    }
 }
 
 /// Who sent a datagram, as the kernel vouches.
@@ -106,39 +126,127 @@ pub struct Creds {
     pub gid: u32,
 }
 
-/// Reads one datagram into `buf` without waiting (`WouldBlock` if none is queued).
+/// The room [`recv`] gives the control data: the credentials (SO_PASSCRED), then as many file
+/// descriptors as one datagram can carry. The kernel writes the credentials first, so they
+/// arrive whatever came with them.
+const CONTROL_LEN: usize = {
+    use nix::libc::{c_int, c_uint, ucred, CMSG_SPACE};
+    // SAFETY: CMSG_SPACE only computes a size.
+    unsafe {
+        CMSG_SPACE(size_of::<ucred>() as c_uint) as usize
+            + CMSG_SPACE((SCM_MAX_FD * size_of::<c_int>()) as c_uint) as usize
+    }
+};
+
+/// The control buffer, aligned for `cmsghdr` (its `cmsg_len` is a `size_t`).
+#[repr(C, align(8))]
+struct Control([u8; CONTROL_LEN]);
+
+/// Reads one datagram into `buf` without waiting (`WouldBlock` if none is queued). File
+/// descriptors that came with it are closed before this returns, and counted in
+/// [`Received::fds`].
 pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    let mut cmsg = nix::cmsg_space!(socket::UnixCredentials);
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<UnixAddr>(
-        fd.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_DONTWAIT,
-    )?;
-    let creds = msg.cmsgs().ok().and_then(|mut c| {
-        c.find_map(|m| match m {
-            ControlMessageOwned::ScmCredentials(c) => Some(Creds {
-                pid: c.pid(),
-                uid: c.uid(),
-                gid: c.gid(),
-            }),
-            _ => None,
-        })
-    });
-    // An unbound sender's address is unnamed. nix hands it over with the length the kernel
-    // gave, which is 0 then, and asserts (panics) when asked what kind of address a 0-length
-    // one is: the length is checked first.
-    let named = |a: &UnixAddr| {
-        usize::try_from(socket::SockaddrLike::len(a))
-            .is_ok_and(|len| len > std::mem::size_of::<nix::libc::sa_family_t>())
+    recv_with(fd, buf, &mut Control([0; CONTROL_LEN]).0)
+}
+
+/// [`recv`] with `control` as the room for control data (8-byte aligned).
+fn recv_with(fd: BorrowedFd<'_>, buf: &mut [u8], control: &mut [u8]) -> io::Result<Received> {
+    use nix::libc;
+    debug_assert_eq!(control.as_ptr() as usize % 8, 0, "cmsghdr alignment");
+    // SAFETY: all zeroes is a valid sockaddr_un and msghdr (null pointers, zero lengths).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
     };
+    msg.msg_name = std::ptr::addr_of_mut!(addr).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    // MSG_CMSG_CLOEXEC: a descriptor a peer sent is never inherited, even for the moment before
+    // it is closed here.
+    let flags = libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
+    // SAFETY: every pointer in `msg` points at a live buffer of the length given beside it.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (creds, fds) = take_control(&msg);
+    // An unbound sender's address is unnamed: the kernel gives it no length at all.
+    let from = (msg.msg_namelen as usize > size_of::<libc::sa_family_t>())
+        .then(|| {
+            // SAFETY: the kernel wrote `msg_namelen` bytes of a Unix address into `addr`.
+            unsafe {
+                <UnixAddr as socket::SockaddrLike>::from_raw(
+                    std::ptr::addr_of!(addr).cast(),
+                    Some(msg.msg_namelen),
+                )
+            }
+        })
+        .flatten();
     Ok(Received {
-        len: msg.bytes,
-        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
-        from: msg.address.filter(named),
+        len: n as usize,
+        truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+        from,
         creds,
+        fds,
+        ctrunc: msg.msg_flags & libc::MSG_CTRUNC != 0,
     })
+}
+
+/// Reads the control messages `recvmsg` left in `msg`: the credentials, if whole; every file
+/// descriptor, closed at once and counted. Also when the control data was cut (MSG_CTRUNC):
+/// the descriptors that did arrive are in this process then too, and must be closed.
+// `msg_controllen` and `cmsg_len` are `size_t` in glibc, not in every libc: the casts stay.
+#[allow(clippy::unnecessary_cast)]
+fn take_control(msg: &nix::libc::msghdr) -> (Option<Creds>, usize) {
+    use nix::libc::{self, c_int};
+    let mut creds = None;
+    let mut fds = 0;
+    let end = msg.msg_control as usize + msg.msg_controllen as usize;
+    // SAFETY: `msg` is as recvmsg filled it: `msg_control` holds `msg_controllen` bytes the
+    // kernel wrote, whole headers each, and CMSG_FIRSTHDR/CMSG_NXTHDR stay within them.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a header CMSG_FIRSTHDR/CMSG_NXTHDR returned lies inside the buffer, aligned.
+        let (level, kind, cmsg_len) =
+            unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type, (*cmsg).cmsg_len) };
+        // SAFETY: as above; the data follows its header.
+        let data = unsafe { libc::CMSG_DATA(cmsg) };
+        // The data's length, never past what the kernel wrote.
+        let len = (cmsg as usize + cmsg_len as usize)
+            .min(end)
+            .saturating_sub(data as usize);
+        match (level, kind) {
+            (libc::SOL_SOCKET, libc::SCM_CREDENTIALS) if len >= size_of::<libc::ucred>() => {
+                // SAFETY: `len` bytes of a ucred are there; read unaligned to be safe.
+                let c: libc::ucred = unsafe { std::ptr::read_unaligned(data.cast()) };
+                creds = Some(Creds {
+                    pid: c.pid,
+                    uid: c.uid,
+                    gid: c.gid,
+                });
+            }
+            (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                for i in 0..len / size_of::<c_int>() {
+                    // SAFETY: within the `len` bytes of descriptors the kernel wrote.
+                    let raw: c_int =
+                        unsafe { std::ptr::read_unaligned(data.cast::<c_int>().add(i)) };
+                    // SAFETY: the kernel installed this descriptor for this message alone:
+                    // nothing else in the process knows it, so it is ours to close.
+                    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+                    fds += 1;
+                }
+            }
+            _ => {}
+        }
+        // SAFETY: as for CMSG_FIRSTHDR.
+        cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
+    }
+    (creds, fds)
 }
 
 /// What went wrong sending a datagram, by what the sender should do about it.
@@ -218,6 +326,7 @@ impl crate::metrics::Label for SendErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn binds_creates_directory_and_sets_mode() {
@@ -264,6 +373,116 @@ mod tests {
             bind_datagram(&stream, 0o600),
             Err(BindError::WrongType(_))
         ));
+    }
+
+    /// A pipe whose write end is passed around: its read end reads end-of-file only once every
+    /// copy of the write end is closed, the ones a receiver got included. Close-on-exec, so a
+    /// process another test spawns meanwhile does not hold it open.
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).unwrap()
+    }
+
+    /// Whether every copy of the pipe's write end is closed: its read end then reads EOF
+    /// (EAGAIN while any copy is open).
+    fn all_closed(read: &OwnedFd) -> bool {
+        match nix::unistd::read(read.as_raw_fd(), &mut [0u8; 1]) {
+            Ok(0) => true,
+            Err(nix::errno::Errno::EAGAIN) => false,
+            other => panic!("reading the pipe: {other:?}"),
+        }
+    }
+
+    /// Sends `bytes` to `to` from `sender` with `fds` attached (SCM_RIGHTS).
+    fn send_with_fds(sender: &UnixDatagram, to: &Path, bytes: &[u8], fds: &[i32]) {
+        let addr = UnixAddr::new(to).unwrap();
+        let sent = socket::sendmsg(
+            sender.as_raw_fd(),
+            &[io::IoSlice::new(bytes)],
+            &[socket::ControlMessage::ScmRights(fds)],
+            socket::MsgFlags::empty(),
+            Some(&addr),
+        )
+        .unwrap();
+        assert_eq!(sent, bytes.len());
+    }
+
+    fn own_creds() -> Creds {
+        Creds {
+            pid: nix::unistd::getpid().as_raw(),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        }
+    }
+
+    /// The most descriptors a datagram can carry, and its content: the credentials still come
+    /// with it (a control buffer sized for them alone once made the kernel cut the control data,
+    /// and the datagram arrived without an owner), every descriptor is closed in the receiver
+    /// as it is read, and the datagram says it carried some.
+    #[test]
+    fn a_datagram_carrying_descriptors_keeps_its_credentials_and_none_is_left_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let receiver = bind_datagram(&path, 0o600).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        let (read, write) = pipe();
+        // One descriptor SCM_MAX_FD times: the receiver gets as many descriptors of its own.
+        send_with_fds(&sender, &path, b"clicks", &[write.as_raw_fd(); SCM_MAX_FD]);
+        sender.send_to(b"plain", &path).unwrap();
+        drop(write);
+        assert!(
+            !all_closed(&read),
+            "the queued datagram holds the write end"
+        );
+
+        let mut buf = [0u8; 64];
+        let got = recv(receiver.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..got.len], b"clicks");
+        assert_eq!(got.creds, Some(own_creds()), "{got:?}");
+        assert_eq!(got.fds, SCM_MAX_FD, "{got:?}");
+        assert!(!got.ctrunc && !got.truncated, "{got:?}");
+        assert!(got.irregular_control());
+        assert!(
+            all_closed(&read),
+            "a descriptor the peer sent is still open in the receiver"
+        );
+
+        let plain = recv(receiver.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..plain.len], b"plain");
+        assert_eq!(plain.creds, Some(own_creds()));
+        assert_eq!((plain.fds, plain.ctrunc), (0, false));
+        assert!(!plain.irregular_control());
+    }
+
+    /// Control data that does not fit is flagged (MSG_CTRUNC), and the descriptors that did
+    /// arrive are closed all the same.
+    #[test]
+    fn control_data_cut_short_is_flagged_and_what_arrived_is_closed() {
+        use nix::libc::{c_int, c_uint, ucred, CMSG_SPACE};
+        #[repr(C, align(8))]
+        struct Small([u8; 64]);
+        // SAFETY: CMSG_SPACE only computes a size.
+        let room = unsafe {
+            CMSG_SPACE(size_of::<ucred>() as c_uint) + CMSG_SPACE(2 * size_of::<c_int>() as c_uint)
+        } as usize;
+        let mut small = Small([0; 64]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let receiver = bind_datagram(&path, 0o600).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        let (read, write) = pipe();
+        send_with_fds(&sender, &path, b"x", &[write.as_raw_fd(); 5]);
+        drop(write);
+
+        let mut buf = [0u8; 8];
+        let got = recv_with(receiver.as_fd(), &mut buf, &mut small.0[..room]).unwrap();
+        assert!(got.ctrunc, "{got:?}");
+        assert!(got.irregular_control());
+        assert_eq!(got.creds, Some(own_creds()), "{got:?}");
+        assert_eq!(got.fds, 2, "room for two descriptors of five: {got:?}");
+        assert!(
+            all_closed(&read),
+            "a descriptor the peer sent is still open"
+        );
     }
 
     #[test]

@@ -195,6 +195,45 @@ pub fn rss_kib(pid: nix::unistd::Pid) -> u64 {
         .expect("VmRSS in /proc/PID/status")
 }
 
+/// The descriptors a process has open (the entries of `/proc/PID/fd`).
+pub fn open_descriptors(pid: nix::unistd::Pid) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+        .count()
+}
+
+/// Raises this process's soft descriptor limit to its hard one, for a test that holds
+/// thousands of sockets; panics unless that allows `needed`.
+pub fn raise_own_descriptor_limit(needed: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raising RLIMIT_NOFILE");
+    }
+    let (soft, _) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    assert!(
+        soft >= needed,
+        "the test needs {needed} descriptors; the hard limit allows {soft}"
+    );
+}
+
+/// Sets `cmd`'s descriptor limit (soft and hard) to `nofile` when it starts, as
+/// `LimitNOFILE=` does for a service.
+pub fn limit_descriptors(cmd: &mut Command, nofile: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                nofile,
+                nofile,
+            )
+            .map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// A seeded xorshift stream: random enough for tests, and the same again from the same seed,
 /// so a failure can be replayed.
 #[derive(Debug, Clone)]

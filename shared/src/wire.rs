@@ -2,11 +2,14 @@
 //!
 //! - a click datagram, version 1 ([`Datagram`]), from a sender (a redirector) to the collector;
 //! - an acknowledgement, version 1 ([`Ack`]), from the collector back to a sender that sent
-//!   from an address of its own.
+//!   from an address of its own;
+//! - a resync, version 1 ([`Resync`]), from such a sender to the collector, when the collector
+//!   asks for a seq the sender no longer holds.
 //!
 //! The first byte tells them apart: a click datagram's is its version (1), an
-//! acknowledgement's has the high bit set (`0x81`: acknowledgement, version 1), so either side
-//! rejects the other's message as a wrong version rather than misreading it.
+//! acknowledgement's has the high bit set (`0x81`: acknowledgement, version 1), a resync's bit
+//! 6 (`0x41`), so each side rejects another's message as a wrong version rather than
+//! misreading it.
 //!
 //! Decoding borrows every code from the receive buffer and rejects a datagram whole, by a
 //! named [`Reject`] reason, if anything in it is wrong. Encoding goes through [`Encoder`],
@@ -202,22 +205,62 @@ impl Ack {
 
 /// Decodes one acknowledgement. Never panics; rejects by the same reasons as [`decode`].
 pub fn decode_ack(buf: &[u8]) -> Result<Ack, Reject> {
+    decode_control(buf, ACK_VERSION)
+}
+
+/// The first byte of a resync: bit 6 marks a control message from a sender to the collector,
+/// the low bits its version. A collector that predates it rejects it as a wrong version.
+pub const RESYNC_VERSION: u8 = 0x41;
+/// No resync is longer: version, sender, first seq held, clicks before it.
+pub const MAX_RESYNC: usize = 1 + 3 * VARINT_MAX;
+
+/// A sender to the collector, in answer to a resend request for a seq it no longer holds:
+/// every datagram of this sender below `first` was acknowledged (by this collector before it
+/// lost its record, or by one whose commits it lost), `clicks_before` clicks in all since the
+/// sender's seq 0. The collector goes on from `first` and counts what it has no record of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resync {
+    pub version: u8,
+    pub sender: u64,
+    pub first: u64,
+    pub clicks_before: u64,
+}
+
+impl Resync {
+    /// A resync of version [`RESYNC_VERSION`].
+    pub fn new(sender: u64, first: u64, clicks_before: u64) -> Resync {
+        Resync {
+            version: RESYNC_VERSION,
+            sender,
+            first,
+            clicks_before,
+        }
+    }
+
+    /// Its bytes, at most [`MAX_RESYNC`].
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("a Resync always serializes")
+    }
+}
+
+/// Decodes one resync. Never panics; rejects by the same reasons as [`decode`].
+pub fn decode_resync(buf: &[u8]) -> Result<Resync, Reject> {
+    decode_control(buf, RESYNC_VERSION)
+}
+
+/// Decodes a fixed-size control message whose first byte must be `version`.
+fn decode_control<'a, T: Deserialize<'a>>(buf: &'a [u8], version: u8) -> Result<T, Reject> {
     match buf.first() {
         None => return Err(Reject::Undecodable("empty datagram".into())),
-        Some(&got) if got != ACK_VERSION => {
-            return Err(Reject::WrongVersion {
-                got,
-                want: ACK_VERSION,
-            })
-        }
+        Some(&got) if got != version => return Err(Reject::WrongVersion { got, want: version }),
         Some(_) => {}
     }
-    let (ack, rest): (Ack, &[u8]) =
+    let (message, rest): (T, &[u8]) =
         postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
     if !rest.is_empty() {
         return Err(Reject::TrailingBytes(rest.len()));
     }
-    Ok(ack)
+    Ok(message)
 }
 
 /// A random sender id for one process start. Below 2^63, so it reads the same as a

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use shared::throttle::Throttle;
 
 use crate::intake::{Outcome, Why};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Resync};
 use crate::senders::Reply;
 
 pub struct Events {
@@ -92,6 +92,25 @@ impl Events {
             }
             Outcome::Ahead => {
                 m.datagrams_out_of_order.inc();
+            }
+            Outcome::StaleResync => {
+                m.resyncs.inc(Resync::Stale);
+            }
+            Outcome::Resynced {
+                sender,
+                first,
+                skipped,
+                unaccounted,
+            } => {
+                m.resyncs.inc(Resync::Skipped);
+                m.clicks_unaccounted.inc_by(unaccounted);
+                m.senders.set(senders as i64);
+                tracing::warn!(
+                    "sender {sender:016x} resynced: this collector's record of it was behind \
+                     (click_senders lost or rolled back); going on from seq {first}, {skipped} \
+                     datagrams of {unaccounted} clicks unaccounted for (committed before the \
+                     record was lost, or lost with it)"
+                );
             }
             Outcome::Accepted {
                 sender,

@@ -3,15 +3,21 @@
 //! turn:
 //!
 //! - at most `--max-connections` at once, fitted under the process's descriptor limit; at the
-//!   limit a new connection takes the place of the one idle the longest (`evicted`), and is
-//!   refused only when none is idle (`refused`);
+//!   limit a new connection takes the place of the one idle the longest, or when none is idle,
+//!   of the one whose unfinished request head began first (`evicted`), and is refused only
+//!   when every connection is answering a request or writing its response (`refused`);
 //! - a connection idle between requests for `--idle-timeout` is closed (`idle_timeout`);
 //! - a response the client does not take within `--write-timeout` closes its connection
-//!   (`write_timeout`); hyper's header read timeout bounds a request head (`header_timeout`).
+//!   (`write_timeout`); hyper's header read timeout bounds a request head as a whole, counted
+//!   from when the server began waiting for it, not per byte (`header_timeout`).
 //!
 //! "Idle" means: no request being answered, everything answered written out, and no byte of
 //! a next request received. Closing such a connection loses nothing; a client that sends a
 //! request just as its connection is closed sees the close, as with any keep-alive timeout.
+//! A connection that has received part of a request head is not idle, but not busy either:
+//! nothing has been answered for it yet, and a client that sends its head a byte at a time
+//! must not hold a place that a whole request could use. So at the limit it makes room when
+//! no connection is idle, the slowest head (the one begun first) first.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -65,6 +71,8 @@ pub fn connection_limit(requested: u64) -> Result<usize, String> {
 
 /// `idle_since` while the connection is not idle.
 const BUSY: u64 = u64::MAX;
+/// `head_since` while no unanswered request head has begun.
+const NO_HEAD: u64 = u64::MAX;
 
 /// One connection's state, shared by its I/O, its request handler and the registry.
 #[derive(Debug)]
@@ -73,6 +81,9 @@ pub struct Conn {
     epoch: Instant,
     /// Milliseconds after `epoch` at which the connection last became idle, or [`BUSY`].
     idle_since: AtomicU64,
+    /// Milliseconds after `epoch` at which the first byte of a request head not answered yet
+    /// arrived on an idle connection, or [`NO_HEAD`].
+    head_since: AtomicU64,
     /// Requests being answered (hyper answers one at a time; a count keeps it simple).
     in_flight: AtomicU32,
     evicted: Notify,
@@ -89,9 +100,16 @@ impl Conn {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(BUSY - 1)
     }
 
-    /// A byte of a request arrived.
-    pub(super) fn busy(&self) {
-        self.idle_since.store(BUSY, Relaxed);
+    /// Bytes of a request arrived: no longer idle. On an idle connection they begin a request
+    /// head, which stays evictable until it is whole (see [`Conn::begin_request`]).
+    pub(super) fn received(&self) {
+        let was_idle = self.idle_since.swap(BUSY, Relaxed) != BUSY;
+        if was_idle && self.in_flight.load(Relaxed) == 0 {
+            let now = self.millis();
+            let _ = self
+                .head_since
+                .compare_exchange(NO_HEAD, now, Relaxed, Relaxed);
+        }
     }
 
     /// Everything handed to the socket was taken: idle from now unless a request is running.
@@ -101,10 +119,12 @@ impl Conn {
         }
     }
 
-    /// Marks a request as being answered until the guard is dropped.
+    /// Marks a request (its head whole) as being answered until the guard is dropped; the
+    /// connection is busy from now until its response is written out.
     pub fn begin_request(self: &Arc<Self>) -> Answering {
         self.in_flight.fetch_add(1, Relaxed);
-        self.busy();
+        self.idle_since.store(BUSY, Relaxed);
+        self.head_since.store(NO_HEAD, Relaxed);
         Answering(self.clone())
     }
 
@@ -117,6 +137,22 @@ impl Conn {
     fn idle_for(&self) -> Option<Duration> {
         let since = self.idle_since()?;
         Some(Duration::from_millis(self.millis().saturating_sub(since)))
+    }
+
+    /// When the request head it is receiving began (milliseconds after the epoch), if it is
+    /// receiving one and nothing else: no request answered, no response being written.
+    fn head_since(&self) -> Option<u64> {
+        let since = self.head_since.load(Relaxed);
+        (since != NO_HEAD && self.in_flight.load(Relaxed) == 0).then_some(since)
+    }
+
+    /// Its place in the order of eviction, lowest first: idle ones by how long they have been
+    /// idle, then those receiving a request head by when it began; `None` while busy.
+    fn eviction_rank(&self) -> Option<(u8, u64)> {
+        if let Some(since) = self.idle_since() {
+            return Some((0, since));
+        }
+        self.head_since().map(|since| (1, since))
     }
 }
 
@@ -160,8 +196,9 @@ impl Connections {
     }
 
     /// A place for a connection just accepted: a free one, or the place of the connection idle
-    /// the longest, which is told to close. `None` (counted as refused) when every connection
-    /// is busy; the caller then closes the new one.
+    /// the longest (when none is idle, of the one whose unfinished request head began first),
+    /// which is told to close. `None` (counted as refused) when every connection is answering
+    /// a request or writing a response; the caller then closes the new one.
     pub fn admit(self: &Arc<Self>) -> Option<Held> {
         let mut open = self.lock();
         if open.by_id.len() >= self.limit && !self.evict_oldest_idle(&mut open) {
@@ -173,6 +210,7 @@ impl Connections {
             id: open.next_id,
             epoch: self.epoch,
             idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(NO_HEAD),
             in_flight: AtomicU32::new(0),
             evicted: Notify::new(),
             write_timed_out: AtomicBool::new(false),
@@ -186,17 +224,19 @@ impl Connections {
         })
     }
 
-    /// Closes the connection idle the longest, to free its descriptor (accept ran out).
+    /// Closes the connection idle the longest (or the slowest request head), to free its
+    /// descriptor (accept ran out).
     pub fn evict_one(&self) -> bool {
         let mut open = self.lock();
         self.evict_oldest_idle(&mut open)
     }
 
+    /// Closes the first connection in the order of [`Conn::eviction_rank`], if any is not busy.
     fn evict_oldest_idle(&self, open: &mut Open) -> bool {
         let oldest = open
             .by_id
             .values()
-            .filter_map(|c| Some((c.idle_since()?, c.id)))
+            .filter_map(|c| Some((c.eviction_rank()?, c.id)))
             .min();
         let Some(conn) = oldest.and_then(|(_, id)| open.by_id.remove(&id)) else {
             return false;
@@ -306,8 +346,9 @@ mod tests {
         assert_eq!(metrics.connections_closed.get(Closed::Evicted), 1);
         assert!(!connections.lock().by_id.contains_key(&second.conn().id));
         assert_eq!(metrics.connections.get(), 2);
-        // The third has received a byte of a request: nothing is idle, so a fourth is refused.
-        third.conn().busy();
+        // The third is answering a request too: nothing can go, so a fourth is refused.
+        third.conn().received();
+        let _answering_too = third.conn().begin_request();
         assert!(connections.admit().is_none());
         assert_eq!(metrics.connections_closed.get(Closed::Refused), 1);
         drop(second);
@@ -318,5 +359,51 @@ mod tests {
         );
         drop(third);
         assert_eq!(metrics.connections.get(), 1);
+    }
+
+    fn in_place(connections: &Connections, held: &Held) -> bool {
+        connections.lock().by_id.contains_key(&held.conn().id)
+    }
+
+    #[test]
+    fn an_unfinished_request_head_makes_room_after_the_idle_ones_the_slowest_first() {
+        let metrics = Arc::new(Metrics::default());
+        let connections = Connections::new(3, metrics.clone());
+        let early = admitted(&connections);
+        let late = admitted(&connections);
+        let idle = admitted(&connections);
+        // Two heads begun, `early`'s before `late`'s; `idle` has received nothing.
+        early.conn().received();
+        late.conn().received();
+        early.conn().head_since.store(10, Relaxed);
+        late.conn().head_since.store(20, Relaxed);
+        // More bytes of a head do not make it younger.
+        early.conn().received();
+        assert_eq!(early.conn().head_since.load(Relaxed), 10);
+
+        let fourth = admitted(&connections);
+        assert!(!in_place(&connections, &idle), "the idle one goes first");
+        let _answering = fourth.conn().begin_request();
+        let fifth = admitted(&connections);
+        assert!(!in_place(&connections, &early), "then the head begun first");
+        assert!(in_place(&connections, &late));
+        assert_eq!(metrics.connections_closed.get(Closed::Evicted), 2);
+
+        // A head that became whole is a request being answered, and then a response being
+        // written: busy until everything is written out, then idle.
+        let answering = late.conn().begin_request();
+        let _answering_fifth = fifth.conn().begin_request();
+        assert!(connections.admit().is_none());
+        drop(answering);
+        late.conn().received();
+        assert!(
+            connections.admit().is_none(),
+            "bytes read while its response is written begin no evictable head"
+        );
+        late.conn().wrote_all();
+        let _sixth = admitted(&connections);
+        assert!(!in_place(&connections, &late));
+        assert_eq!(metrics.connections_closed.get(Closed::Refused), 2);
+        assert_eq!(metrics.connections_closed.get(Closed::Evicted), 3);
     }
 }

@@ -1,6 +1,7 @@
-//! The client's socket as a connection's state sees it (`bounded::Conn`): a byte read marks the
-//! connection busy, a write that hands over everything marks it idle again, and a response the
-//! client leaves untaken for `--write-timeout` fails the write, which ends the connection.
+//! The client's socket as a connection's state sees it (`bounded::Conn`): a byte read ends its
+//! idleness (on an idle connection, it begins a request head), a write that hands over
+//! everything marks it idle again, and a response the client leaves untaken for
+//! `--write-timeout` fails the write, which ends the connection.
 
 use std::future::Future;
 use std::io;
@@ -15,8 +16,8 @@ use tokio::time::Sleep;
 
 use super::bounded::Conn;
 
-/// A client's socket as the connection sees it: reads mark the connection busy, a write that
-/// takes everything marks it idle again, and a response the client leaves untaken for
+/// A client's socket as the connection sees it: reads end its idleness, a write that takes
+/// everything marks it idle again, and a response the client leaves untaken for
 /// `write_timeout` fails the write.
 pub struct Watched {
     stream: TcpStream,
@@ -99,7 +100,7 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.stream).poll_read(cx, buf);
         if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.conn.busy();
+            self.conn.received();
         }
         read
     }

@@ -79,7 +79,8 @@ impl Config {
         pg
     }
 
-    /// Connects, and hands back the connection for the caller to drive.
+    /// Connects, and hands back the connection for the caller to drive. The caller sets the
+    /// session up, [`SET_SEARCH_PATH`] first, before its first query.
     pub async fn connect_raw(
         &self,
     ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
@@ -89,8 +90,22 @@ impl Config {
     }
 }
 
+/// The search path of every session of both services, set first thing: `public`, the schema
+/// the migrations make, and nothing else. PostgreSQL searches the system catalog before a path
+/// that does not name it (its functions and operators win any tie), and creates new objects
+/// in the first schema the path names (`public`: naming `pg_catalog` first would send them
+/// there). The default, `"$user", public`, also searches a schema named like the login
+/// role, which whoever may create schemas in the database could make: a function or operator
+/// there, or in a schema any role may write to, could shadow one the services call by name
+/// (their SQL and the migrations' name functions unqualified). Schema `public` is kept to its
+/// owners by migration 13 (before PostgreSQL 15 every role could create in it).
+///
+/// A `SET` rather than the startup packet's `options`, which PgBouncer refuses.
+pub const SET_SEARCH_PATH: &str = "SET search_path = public";
+
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
-/// (or the connection fails: the client's next query then reports it).
+/// (or the connection fails: the client's next query then reports it). The session's
+/// search path is pinned first ([`SET_SEARCH_PATH`]).
 pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, connection) = config.connect_raw().await?;
     tokio::spawn(async move {
@@ -98,15 +113,18 @@ pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_po
             tracing::debug!("database connection ended: {}", describe(&e));
         }
     });
+    client.batch_execute(SET_SEARCH_PATH).await?;
     Ok(client)
 }
 
-/// tokio_postgres errors display as just "db error"; this adds the server's severity, message
-/// and detail, or the underlying cause (connection refused, socket missing, ...).
+/// tokio_postgres errors display as just "db error"; this adds the server's severity, message,
+/// detail and hint (what a migration that cannot go on says to run), or the underlying cause
+/// (connection refused, socket missing, ...).
 pub fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         let detail = db.detail().map(|d| format!(" ({d})")).unwrap_or_default();
-        return format!("{}: {}{detail}", db.severity(), db.message());
+        let hint = db.hint().map(|h| format!(" HINT: {h}")).unwrap_or_default();
+        return format!("{}: {}{detail}{hint}", db.severity(), db.message());
     }
     match std::error::Error::source(e) {
         Some(cause) => format!("{e}: {cause}"),

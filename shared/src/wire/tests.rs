@@ -283,3 +283,40 @@ proptest! {
         let _ = decode_ack(&bytes);
     }
 }
+
+#[test]
+fn resync_golden_vector_encodes_and_decodes_byte_for_byte() {
+    let wrong = |got, want| Reject::WrongVersion { got, want };
+    let resync = Resync::new(12345, 7, 300);
+    let bytes = resync.encode();
+    assert_eq!(hex(&bytes), "41b96007ac02");
+    assert_eq!(decode_resync(&bytes), Ok(resync));
+    let largest = Resync::new(u64::MAX, u64::MAX, u64::MAX).encode();
+    assert_eq!(largest.len(), MAX_RESYNC);
+    assert_eq!(
+        decode_resync(&Ack::new(1, None, None).encode()),
+        Err(wrong(ACK_VERSION, RESYNC_VERSION))
+    );
+    assert_eq!(decode(&bytes), Err(wrong(RESYNC_VERSION, VERSION)));
+    assert_eq!(
+        decode_resync(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .reason(),
+        "undecodable"
+    );
+}
+
+proptest! {
+    #[test]
+    fn any_resync_round_trips(sender: u64, first: u64, clicks_before: u64) {
+        let resync = Resync::new(sender, first, clicks_before);
+        prop_assert_eq!(decode_resync(&resync.encode()), Ok(resync));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_resync_decoder(tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let mut bytes = vec![RESYNC_VERSION];
+        bytes.extend(&tail);
+        let _ = decode_resync(&bytes);
+    }
+}

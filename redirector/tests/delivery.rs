@@ -1,0 +1,167 @@
+//! Delivery that cannot stall, with the real binaries.
+//!
+//! A collector that forgot a sender: `click_senders` emptied, or put back to an older copy
+//! (what a restore from a backup, a failover to an asynchronously replicated standby or an
+//! operator's cleanup does), and the collector restarted while the redirector runs on. The
+//! redirector resyncs: every later redirect is written, the gap is counted as unaccounted,
+//! nothing is written twice and nothing is dropped.
+//!
+//! A peer that never reads the collector's answers holds up nobody else's.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+
+use nix::sys::signal::Signal;
+use redirector::testkit::{await_rows, fixture, load::Load, metric, Fixture};
+use redirector::testkit::{redirector, rows, scalar, Redirector, LIMIT};
+use shared::testkit::services::Collector;
+use shared::testkit::{eventually, Service};
+
+/// 1,000 redirects from one connection (so no two clicks share a microsecond), all of them
+/// acknowledged by the collector.
+async fn thousand_acknowledged(f: &Fixture, r: &Redirector, before: u64) {
+    let load = Load {
+        connections: 1,
+        ..Load::get(r.http, "/resync")
+    };
+    assert_eq!(load.run(1_000).await.count(302), 1_000);
+    await_rows(&f.client, Some("resync"), before + 1_000).await;
+    eventually("every click acknowledged", LIMIT, || async {
+        let acked = r.metric("redirector_clicks_acked_total").await;
+        (acked == (before + 1_000) as f64).then_some(())
+    })
+    .await;
+}
+
+/// The collector, once ready (its socket bound).
+async fn start_collector(f: &Fixture) -> (Service, std::net::SocketAddr) {
+    let c = Collector::start(&f.db.url, &f.socket, &[]).await;
+    (c.service, c.admin)
+}
+
+async fn stop(mut collector: Service) {
+    collector.signal(Signal::SIGTERM);
+    assert!(collector.wait_exit(LIMIT).await.success());
+}
+
+/// Restarts the collector with click_senders set by `forget`, then 1,000 more redirects: all
+/// written once, nothing dropped, one resync. Returns the clicks counted as unaccounted.
+async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forget: &str) -> f64 {
+    let before = rows(&f.client, None).await as u64;
+    stop(collector).await;
+    f.client.batch_execute(forget).await.unwrap();
+    let (collector, admin) = start_collector(f).await;
+    thousand_acknowledged(f, r, before).await;
+
+    let written = rows(&f.client, None).await;
+    let distinct: i64 = scalar(
+        &f.client,
+        "SELECT count(DISTINCT (code, clicked_at)) FROM clicks",
+    )
+    .await;
+    assert_eq!(
+        written as i64, distinct,
+        "no (code, clicked_at) row written twice"
+    );
+    let served = r.metric("redirector_redirects_total").await;
+    assert_eq!(written as f64, served, "every redirect is a row");
+    assert_eq!(r.dropped().await, 0.0);
+    assert!(r.metric("redirector_resyncs_total").await >= 1.0);
+    assert_eq!(r.metric("redirector_acks_rejected_total").await, 0.0);
+    let skipped = "collector_resyncs_total{outcome=\"skipped\"}";
+    assert_eq!(metric(admin, skipped).await, 1.0);
+    let gap = metric(admin, "collector_clicks_unaccounted_total").await;
+    stop(collector).await;
+    gap
+}
+
+#[tokio::test]
+async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap() {
+    let f = fixture(&[("resync", "https://example.com/")]).await;
+    let (collector, _) = start_collector(&f).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    thousand_acknowledged(&f, &r, 0).await;
+
+    let gap = forget_and_resume(&f, &r, collector, "DELETE FROM click_senders").await;
+    assert_eq!(
+        gap, 1_000.0,
+        "the clicks before the resync, all unaccounted for"
+    );
+}
+
+#[tokio::test]
+async fn a_collector_given_back_an_older_click_senders_counts_only_what_it_lacks() {
+    let f = fixture(&[("resync", "https://example.com/")]).await;
+    let (collector, _) = start_collector(&f).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    thousand_acknowledged(&f, &r, 0).await;
+    f.client
+        .batch_execute("CREATE TABLE senders_copy AS SELECT * FROM click_senders")
+        .await
+        .unwrap();
+    thousand_acknowledged(&f, &r, 1_000).await;
+
+    let restore = "DELETE FROM click_senders; \
+                   INSERT INTO click_senders SELECT * FROM senders_copy";
+    let gap = forget_and_resume(&f, &r, collector, restore).await;
+    assert_eq!(gap, 1_000.0, "the clicks committed after the copy");
+}
+
+/// Binds `path` in a network namespace of its own whose `net.unix.max_dgram_qlen` is 512
+/// (what a booted systemd host sets; a socket takes the length of the namespace it was made
+/// in), and sends `datagrams` datagrams to `collector` from there, each with a fresh sender id
+/// and seq 5: each one asks the collector for an answer (a resend request), which it never
+/// reads. Needs root (CI runs as root), as `unshare -n` does.
+fn silent_peer(path: &Path, collector: &Path, datagrams: u64) -> UnixDatagram {
+    let (path, collector) = (path.to_owned(), collector.to_owned());
+    // unshare(CLONE_NEWNET) moves the calling thread only: a thread of its own.
+    let peer = std::thread::spawn(move || {
+        let moved = unsafe { nix::libc::unshare(nix::libc::CLONE_NEWNET) };
+        assert_eq!(moved, 0, "unshare -n: {}", std::io::Error::last_os_error());
+        let qlen = "/proc/sys/net/unix/max_dgram_qlen";
+        std::fs::write(qlen, "512").expect("setting the namespace's max_dgram_qlen");
+        assert_eq!(std::fs::read_to_string(qlen).unwrap().trim(), "512");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        let now = shared::now_us();
+        for i in 0..datagrams {
+            let datagram = shared::wire::Datagram {
+                version: shared::wire::VERSION,
+                sender: 1_000_000 + i,
+                seq: 5,
+                base_us: now,
+                clicks: vec![shared::wire::Click {
+                    code: "silent",
+                    offset_us: 0,
+                }],
+            };
+            socket.send_to(&datagram.encode(), &collector).unwrap();
+        }
+        socket
+    });
+    peer.join().expect("the silent peer")
+}
+
+#[tokio::test]
+async fn a_peer_that_never_reads_holds_up_no_other_senders_acknowledgements() {
+    let f = fixture(&[("resync", "https://example.com/")]).await;
+    let (collector, admin) = start_collector(&f).await;
+    let silent_path = f.socket.with_file_name("silent.sock");
+    let _silent = silent_peer(&silent_path, &f.socket, 3_000);
+    eventually("the silent peer's answers to pile up", LIMIT, || async {
+        let asked = metric(admin, "collector_resend_requests_total").await;
+        let failed = metric(admin, "collector_acks_failed_total").await;
+        (asked + failed >= 3_000.0 && failed > 0.0).then_some(())
+    })
+    .await;
+
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    for round in 0..3 {
+        thousand_acknowledged(&f, &r, round * 1_000).await;
+    }
+    assert_eq!(rows(&f.client, Some("resync")).await, 3_000);
+    assert_eq!(r.dropped().await, 0.0);
+    stop(collector).await;
+}
