@@ -7,9 +7,9 @@
 -- migration start at 0, so a resync of one of them counts every click before it.
 --
 -- instance: the instance (--instance) of the collector that judges the sender. A collector
--- loads, and forgets, only its own instance's senders (and rows from before this migration),
--- so that on a database several hosts share, one collector's sweep of idle ids never deletes
--- another host's live rows.
+-- deletes, when it forgets idle ids, only its own instance's rows (and rows from before this
+-- migration), so that on a database several hosts share, one collector's sweep of idle ids
+-- never deletes another host's live rows.
 ALTER TABLE click_senders
     ADD COLUMN clicks bigint NOT NULL DEFAULT 0,
     ADD COLUMN instance text;

@@ -95,7 +95,7 @@ pub struct Batch {
 impl Batch {
     /// Adds an accepted datagram's clicks, received at `now_us`: those outside `window` are
     /// set aside.
-    pub fn push(&mut self, datagram: &shared::wire::Datagram<'_>, window: &Window, now_us: i64) {
+    pub fn push(&mut self, datagram: &protocol::wire::Datagram<'_>, window: &Window, now_us: i64) {
         for (code, at_us) in datagram.clicks_at() {
             if let Some(why) = window.judge(at_us, now_us) {
                 copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
@@ -301,7 +301,7 @@ pub fn handoff() -> (Handoff, WriterEnds) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::wire::{Click, Datagram};
+    use protocol::wire::{Click, Datagram};
 
     /// Sets nothing aside.
     const OPEN: Window = Window {

@@ -3,12 +3,14 @@
 //! that it is tested (and fuzzed) alone; the receive loop (`receive`) does the I/O and turns
 //! each outcome into metrics and log lines.
 
+use protocol::wire::Reject;
 use shared::socket::Received;
-use shared::wire::Reject;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::batch::{Batch, Window};
-use crate::senders::{Refusal, Reply, Resynced, Senders, Verdict};
+use protocol::senders::{Refusal, Resynced, Verdict};
+
+use crate::senders::{Reply, Senders};
 
 shared::label! {
     /// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
@@ -108,6 +110,8 @@ pub enum Outcome {
     },
     /// A resync that changed nothing (repeated, or the record was not behind).
     StaleResync,
+    /// A resync that answers no resend request this collector made: ignored.
+    UnaskedResync,
     /// Its clicks are in the batch; `lost` datagrams of its sender were skipped before it;
     /// `evicted` sender ids were forgotten (idle, or past the bounds) since the last one.
     Accepted {
@@ -170,10 +174,10 @@ impl Intake {
                 return (Outcome::Rejected(Why::Unauthorized(uid)), None);
             }
         }
-        if bytes.first() == Some(&shared::wire::RESYNC_VERSION) {
+        if bytes.first() == Some(&protocol::wire::RESYNC_VERSION) {
             return (self.resync(bytes, meta, batch, now), None);
         }
-        let datagram = match shared::wire::decode(bytes) {
+        let datagram = match protocol::wire::decode(bytes) {
             Ok(datagram) => datagram,
             Err(reject) => return (Outcome::Rejected(Why::Wire(reject)), None),
         };
@@ -212,13 +216,14 @@ impl Intake {
         batch: &mut Batch,
         now: Instant,
     ) -> Outcome {
-        let resync = match shared::wire::decode_resync(bytes) {
+        let resync = match protocol::wire::decode_resync(bytes) {
             Ok(resync) => resync,
             Err(reject) => return Outcome::Rejected(Why::Wire(reject)),
         };
         match self.senders.resync(&resync, meta.from, meta.creds, now) {
             Resynced::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
             Resynced::Stale => Outcome::StaleResync,
+            Resynced::Unasked => Outcome::UnaskedResync,
             Resynced::Skipped {
                 first,
                 skipped,
@@ -244,8 +249,8 @@ impl Intake {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::socket::Creds;
-    use shared::wire::{Encoder, DEFAULT_DATAGRAM};
+    use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
+    use protocol::Creds;
 
     const OPEN: Window = Window {
         max_age_us: i64::MAX,

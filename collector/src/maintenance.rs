@@ -194,7 +194,7 @@ async fn partitions_round(
         tracing::debug!("another collector is seeing to the partitions; skipped this turn");
         return Ok(());
     }
-    keep_partitions(client, policy, metrics, shared::now_us()).await?;
+    keep_partitions(client, policy, metrics, protocol::now_us()).await?;
     let unlock = "SELECT pg_advisory_unlock($1)";
     client.query_one(unlock, &[&PARTITIONS_LOCK]).await?;
     Ok(())

@@ -27,6 +27,9 @@ shared::label! {
         Skipped = "skipped",
         /// The record was not behind (a repeated resync): nothing changed.
         Stale = "stale",
+        /// It answered no resend request of this collector's (one in flight across a restart,
+        /// or a forger's): ignored.
+        Unasked = "unasked",
     }
 }
 

@@ -198,7 +198,7 @@ impl Receiver {
             .current
             .as_mut()
             .expect("take runs only with a batch to fill");
-        let (now, now_us) = (Instant::now(), shared::now_us());
+        let (now, now_us) = (std::time::Instant::now(), protocol::now_us());
         let (outcome, reply) = self.intake.take(bytes, &datagram, batch, now, now_us);
         let full = batch.received() >= self.batch_rows;
         if let Some(reply) = reply {
@@ -226,7 +226,7 @@ impl Receiver {
 impl Receiver {
     /// Tells every sender of a committed batch what is committed.
     fn acknowledge(&mut self, batch: &Batch) {
-        let now = Instant::now();
+        let now = std::time::Instant::now();
         for (sender, seq) in batch.senders() {
             if let Some(reply) = self.intake.senders().commit(sender, seq, now) {
                 self.reply(&reply, now);
@@ -235,7 +235,7 @@ impl Receiver {
     }
 
     /// Sends an acknowledgement or a resend request, never waiting.
-    fn reply(&mut self, reply: &Reply, now: Instant) {
+    fn reply(&mut self, reply: &Reply, now: std::time::Instant) {
         let sent = self.replies.send(&self.inbox, reply, now);
         self.events.replied(reply, sent);
     }

@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 
 use nix::sys::socket::{self, MsgFlags, UnixAddr};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::senders::Reply;
 use crate::socket::Inbox;
@@ -87,7 +87,7 @@ impl Replies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::wire::Ack;
+    use protocol::wire::Ack;
 
     /// A peer that never reads fills its own reply socket, not another's.
     #[tokio::test]
@@ -119,7 +119,7 @@ mod tests {
             replies.send(&inbox, &reply(reading, seq), now).unwrap();
             let n = reader.recv(&mut buf).unwrap();
             assert_eq!(
-                shared::wire::decode_ack(&buf[..n]).unwrap().committed,
+                protocol::wire::decode_ack(&buf[..n]).unwrap().committed,
                 Some(seq)
             );
         }

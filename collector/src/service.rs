@@ -114,7 +114,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     shared::systemd::notify_or_log("READY=1");
 
     // Below 2^63: a positive bigint.
-    let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
+    let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
     let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &health);
     let receiver = Receiver::new(
         inbox,
@@ -276,11 +276,11 @@ async fn try_prepare(
     let mut client = db.connect().await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
-    let today = copy::pg_day(shared::now_us());
+    let today = copy::pg_day(protocol::now_us());
     let created = partitions::create(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);
     Ok(Start {
-        senders: senders::load(&client, instance).await?,
+        senders: senders::load(&client).await?,
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })

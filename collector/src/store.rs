@@ -152,7 +152,7 @@ impl Conn {
         number: &BatchNumber,
         sift: bool,
     ) -> Result<Outcome, tokio_postgres::Error> {
-        let today = copy::pg_day(shared::now_us());
+        let today = copy::pg_day(protocol::now_us());
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for (day, bytes) in &rows.clicks {
             clicks.push((self.copy_clicks_of(*day, today).await?, bytes));

@@ -13,9 +13,9 @@ use crate::db::Db;
 use crate::metrics::{Health, Metrics};
 use crate::unfolded::Unfolded;
 use crate::writer::Writer;
+use protocol::wire::{EncodeError, Encoder, DEFAULT_DATAGRAM};
 use shared::pgtest::TestDb;
 use shared::testkit::services::collector_command;
-use shared::wire::{EncodeError, Encoder, DEFAULT_DATAGRAM};
 use std::sync::Arc;
 
 pub use shared::testkit::db::await_rows;
@@ -78,7 +78,7 @@ pub async fn place() -> Place {
 /// yesterday's to the day after tomorrow's), and the collector's window (`command` widens it
 /// to two days back and one ahead) takes them all.
 pub fn start_us() -> i64 {
-    let now = shared::now_us();
+    let now = protocol::now_us();
     now - now.rem_euclid(DAY_US) - 30 * 60 * 1_000_000
 }
 
@@ -185,7 +185,7 @@ pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
     let mut batch = Batch::default();
     let mut clicks = std::collections::HashMap::new();
     for g in grams {
-        let d = shared::wire::decode(g).unwrap();
+        let d = protocol::wire::decode(g).unwrap();
         batch.push(&d, &WIDE_OPEN, start_us());
         let through = clicks.entry(d.sender).or_insert(0);
         *through += d.clicks.len() as u64;
@@ -237,7 +237,7 @@ async fn start_writer(
     health: Arc<Health>,
 ) -> (Handoff, Arc<Unfolded>) {
     let (mut handoff, ends) = batch::handoff();
-    let unfolded = Arc::new(Unfolded::new(shared::wire::random_sender() as i64));
+    let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
     let db = Db::parse(url).unwrap();
     let writer = Writer::new(
         db,

@@ -196,7 +196,7 @@ impl State {
 mod tests {
     use super::*;
     use crate::batch::Window;
-    use shared::wire::{Click, Datagram};
+    use protocol::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {
         let clicks = codes
@@ -204,10 +204,10 @@ mod tests {
             .map(|&code| Click { code, offset_us: 0 })
             .collect();
         let datagram = Datagram {
-            version: shared::wire::VERSION,
+            version: protocol::wire::VERSION,
             sender: 1,
             seq: 0,
-            base_us: shared::now_us(),
+            base_us: protocol::now_us(),
             clicks,
         };
         let mut b = Batch::default();
@@ -215,7 +215,7 @@ mod tests {
             max_age_us: i64::MAX,
             max_skew_us: i64::MAX,
         };
-        b.push(&datagram, &window, shared::now_us());
+        b.push(&datagram, &window, protocol::now_us());
         b
     }
 

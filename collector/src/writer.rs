@@ -82,7 +82,7 @@ impl Writer {
                 _ => 0,
             };
             let m = &self.metrics;
-            let now = shared::now_us();
+            let now = protocol::now_us();
             let lag = |&at: &i64| Duration::from_micros(now.saturating_sub(at).max(0) as u64);
             m.commit_lag.observe_all(batch.clicked_at().iter().map(lag));
             m.batch_seconds.observe(started.elapsed());

@@ -34,7 +34,7 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     notify.set_read_timeout(Some(LIMIT)).unwrap();
     let sent = clicks(9_000, 40, start_us(), 13);
     let grams = datagrams(21, &sent);
-    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
+    let per = |i: usize| protocol::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
     let sender = connect(&p.path);
 
     // Queued before any collector runs, as systemd holds them.

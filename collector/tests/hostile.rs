@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use collector::testkit::*;
+use protocol::wire::{Click, Datagram, Encoder, DEFAULT_DATAGRAM, VERSION};
 use shared::testkit::XorShift;
-use shared::wire::{Click, Datagram, Encoder, DEFAULT_DATAGRAM, VERSION};
 
 /// A datagram of `sender` at `seq` with `clicks` clicks of `code`, stamped now.
 fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
@@ -16,7 +16,7 @@ fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
         version: VERSION,
         sender,
         seq,
-        base_us: shared::now_us(),
+        base_us: protocol::now_us(),
         clicks: vec![click; clicks],
     };
     batch.encode()
@@ -248,7 +248,7 @@ impl Noise {
                 }
                 mutated
             };
-            if shared::wire::decode(&bytes).is_err() {
+            if protocol::wire::decode(&bytes).is_err() {
                 return bytes;
             }
         }
@@ -302,10 +302,10 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
 /// resync when its first byte says so (one that decodes is refused, `bad_resync`, unless it
 /// skips nothing), else as a click datagram.
 fn rejected_as(garbage: &[u8]) -> Option<&'static str> {
-    if garbage.first() != Some(&shared::wire::RESYNC_VERSION) {
-        return Some(shared::wire::decode(garbage).unwrap_err().reason());
+    if garbage.first() != Some(&protocol::wire::RESYNC_VERSION) {
+        return Some(protocol::wire::decode(garbage).unwrap_err().reason());
     }
-    match shared::wire::decode_resync(garbage) {
+    match protocol::wire::decode_resync(garbage) {
         Err(reject) => Some(reject.reason()),
         Ok(resync) => (resync.first > 0).then_some("bad_resync"),
     }
@@ -320,7 +320,7 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
         .unwrap();
     let c = start_collector(&p.db, &p.path, &[]).await;
     let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
-    let now = shared::now_us();
+    let now = protocol::now_us();
     for (i, code) in ["a", "b", "poison", "c", "d"].into_iter().enumerate() {
         enc.push(code, now + i as i64).unwrap();
     }

@@ -12,8 +12,8 @@ use collector::maintenance::{self, Policy};
 use collector::metrics::Metrics;
 use collector::partitions;
 use collector::testkit::*;
+use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
 use shared::pgtest;
-use shared::wire::{Encoder, DEFAULT_DATAGRAM};
 
 const DAY_US: i64 = 86_400_000_000;
 const HOUR_US: i64 = 3_600_000_000;
@@ -33,7 +33,7 @@ fn policy(retention_days: Option<i32>) -> Policy {
 
 /// Today's UTC midnight, in Unix microseconds.
 fn midnight() -> i64 {
-    let now = shared::now_us();
+    let now = protocol::now_us();
     now - now.rem_euclid(DAY_US)
 }
 
@@ -128,7 +128,7 @@ async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before()
         .await
         .unwrap();
     // Migration 11 turned autovacuum off the partitions made before it from today on only.
-    let now = shared::now_us();
+    let now = protocol::now_us();
     let real_today = day_state(&client, &name_of(&client, now).await).await;
     let real_yesterday = day_state(&client, &name_of(&client, now - DAY_US).await).await;
     assert!(real_today.autovacuum_off && !real_yesterday.autovacuum_off);
@@ -193,7 +193,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
     let p = place().await;
     let window = ["--max-click-age", "1d", "--max-click-skew", "5m"];
     let c = start_collector(&p.db, &p.path, &window).await;
-    let now = shared::now_us();
+    let now = protocol::now_us();
     let mut enc = Encoder::new(31, DEFAULT_DATAGRAM).unwrap();
     // One click two days old, one an hour ahead, and clicks of now around them. The encoder
     // starts a datagram per jump in time (its offsets are relative to the first click).
@@ -254,7 +254,7 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     let old_day = name_of(&client, then).await;
     assert!(partitions(&client).await.contains(&old_day));
 
-    maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, shared::now_us())
+    maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, protocol::now_us())
         .await
         .unwrap();
     let names = partitions(&client).await;
@@ -362,7 +362,7 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     collector::migrations::apply(&mut client).await.unwrap();
     // New clicks go to day partitions; a late one dated before the migration to the old table.
     let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Metrics::default())).await;
-    let now = shared::now_us();
+    let now = protocol::now_us();
     let fresh = clicks(10, 2, now, 1);
     write(&mut handoff, batch_of(&datagrams(9, &fresh))).await;
     let late = clicks(5, 2, now - 2 * HOUR_US, 1);

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use collector::testkit::*;
 use nix::sys::signal::Signal;
+use protocol::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
 use shared::pgtest;
 use shared::socket::SendErrorKind;
-use shared::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_clicks_land_exactly_with_totals() {
@@ -145,7 +145,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     let mut want = std::collections::BTreeMap::<&str, f64>::new();
     for g in &bad[..bad.len() - 1] {
         *want
-            .entry(shared::wire::decode(g).unwrap_err().reason())
+            .entry(protocol::wire::decode(g).unwrap_err().reason())
             .or_default() += 1.0;
     }
     // The oversized one is cut by the receive buffer and counted as undecodable.
@@ -188,7 +188,7 @@ async fn a_datagram_sent_twice_is_written_once_even_across_a_restart() {
         "need three datagrams, got {}",
         grams.len()
     );
-    let per = |i: usize| shared::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
+    let per = |i: usize| protocol::wire::decode(&grams[i]).unwrap().clicks.len() as u64;
 
     let mut c = start_collector(&p.db, &p.path, &[]).await;
     send_all(
@@ -290,12 +290,11 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
     first.service.signal(Signal::SIGTERM);
     assert!(first.service.wait_exit(LIMIT).await.success());
 
-    // Only now, knowing the senders its predecessor committed, and not host-b's: another
-    // host's senders are not this collector's to judge or forget.
+    // Only now, and knowing the senders the others committed.
     second.ready().await;
     second
         .service
-        .wait_for_log("ready: instance \"host-a\", 1 known senders", LIMIT)
+        .wait_for_log("ready: instance \"host-a\", 2 known senders", LIMIT)
         .await;
     let mut want = sent.clone();
     want.extend(clicks(10, 5, start_us(), 1));
@@ -500,7 +499,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
 async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
     let p = place().await;
     let c = start_collector(&p.db, &p.path, &[]).await;
-    let stamped = shared::now_us() - 1_500_000;
+    let stamped = protocol::now_us() - 1_500_000;
     send_all(&p.path, datagrams(8, &clicks(3_000, 10, stamped, 1))).await;
     await_rows(&p.client, None, 3_000).await;
     c.await_metric("collector_commit_lag_seconds_count", 3_000.0)

@@ -9,13 +9,14 @@ use collector::intake::{Intake, Outcome};
 use collector::senders::Senders;
 use libfuzzer_sys::fuzz_target;
 use nix::sys::socket::UnixAddr;
-use shared::socket::{Creds, Received};
+use protocol::Creds;
+use shared::socket::Received;
 
 fuzz_target!(|data: &[u8]| {
     let window = Window { max_age_us: 86_400_000_000, max_skew_us: 300_000_000 };
     let mut intake = Intake::new(Senders::default(), window, None, 65_536);
     let mut batch = Batch::default();
-    let now = tokio::time::Instant::now();
+    let now = std::time::Instant::now();
     let now_us = 1_790_000_000_000_000;
     let mut accepted = 0;
     for piece in data.split(|&b| b == 0xff) {
@@ -25,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
             truncated: pick & 0x80 != 0,
             from: (pick & 1 != 0).then(|| UnixAddr::new_abstract(b"fuzz").unwrap()),
             creds: Some(Creds { pid: i32::from(pick >> 1 & 3), uid: 0, gid: 0 }),
+            ..Received::default()
         };
         let (outcome, _) = intake.take(bytes, &meta, &mut batch, now, now_us);
         if let Outcome::Accepted { clicks, .. } = outcome {

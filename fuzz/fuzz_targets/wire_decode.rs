@@ -5,15 +5,15 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(datagram) = shared::wire::decode(data) {
+    if let Ok(datagram) = protocol::wire::decode(data) {
         let again = postcard::to_allocvec(&datagram).expect("a decoded datagram encodes");
-        assert_eq!(shared::wire::decode(&again).as_ref(), Ok(&datagram));
+        assert_eq!(protocol::wire::decode(&again).as_ref(), Ok(&datagram));
         for (code, at_us) in datagram.clicks_at() {
-            assert!(shared::wire::validate_code(code.as_bytes()).is_ok());
-            assert!((shared::wire::MIN_CLICKED_AT_US..shared::wire::END_CLICKED_AT_US).contains(&at_us));
+            assert!(protocol::wire::validate_code(code.as_bytes()).is_ok());
+            assert!((protocol::wire::MIN_CLICKED_AT_US..protocol::wire::END_CLICKED_AT_US).contains(&at_us));
         }
     }
-    if let Ok(ack) = shared::wire::decode_ack(data) {
-        assert_eq!(shared::wire::decode_ack(&ack.encode()), Ok(ack));
+    if let Ok(ack) = protocol::wire::decode_ack(data) {
+        assert_eq!(protocol::wire::decode_ack(&ack.encode()), Ok(ack));
     }
 });

@@ -109,7 +109,7 @@ pub struct Config {
     pub link_timeout: Duration,
 
     /// Size limit of one datagram to the collector, in bytes (at most 61440).
-    #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = shared::wire::DEFAULT_DATAGRAM)]
+    #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = protocol::wire::DEFAULT_DATAGRAM)]
     pub datagram_size: usize,
 
     /// A client that has not sent its request head within this time is disconnected: the whole

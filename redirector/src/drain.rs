@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::{MsgFlags, UnixAddr};
+use protocol::wire::{BadLimit, EncodeError, Encoder, Resync, MAX_ACK};
 use shared::backoff::Backoff;
 use shared::socket::SendErrorKind;
 use shared::throttle::{Pass, Throttle};
-use shared::wire::{BadLimit, EncodeError, Encoder, Resync, MAX_ACK};
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Dropped, Metrics};
 use crate::ring::{Ring, Slot};
-use crate::window::{Rewound, Window};
+use protocol::window::{Rewound, Window};
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);
@@ -134,6 +134,8 @@ pub struct Drain {
     /// The owner of the collector's socket file when we connected: acknowledgements from any
     /// other uid are refused.
     collector_uid: Option<u32>,
+    /// When the owner of the collector's socket was last looked up after a refusal.
+    uid_rechecked: Option<Instant>,
     backoff: Backoff,
     /// The retries of a full queue.
     queue_full: Backoff,
@@ -173,6 +175,7 @@ impl Drain {
             collector,
             link: Link::Away(now),
             collector_uid: None,
+            uid_rechecked: None,
             backoff: Backoff::new(RECONNECT_FIRST, RECONNECT_CAP),
             queue_full: Backoff::new(QUEUE_FULL_FIRST, QUEUE_FULL_CAP),
             failing: None,
@@ -304,7 +307,7 @@ impl Drain {
             && self.window.is_empty()
             && self.last_datagram.elapsed() >= NEW_SENDER_AFTER_IDLE
         {
-            let sender = shared::wire::random_sender();
+            let sender = protocol::wire::random_sender();
             tracing::info!(
                 "idle for over {}: going on as sender {sender:016x}",
                 seconds(NEW_SENDER_AFTER_IDLE)
@@ -457,15 +460,34 @@ impl Drain {
         }
     }
 
+    fn recheck_collector_uid(&mut self) {
+        let now = Instant::now();
+        if self
+            .uid_rechecked
+            .is_some_and(|at| now - at < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.uid_rechecked = Some(now);
+        if let Ok(socket) = std::fs::metadata(&self.settings.collector) {
+            self.collector_uid = Some(socket.uid());
+        }
+    }
+
     /// Applies one acknowledgement, or says why it is refused (and changes nothing).
     fn take_ack(&mut self, bytes: &[u8], uid: Option<u32>) -> Result<(), String> {
+        if uid.is_some() && uid != self.collector_uid {
+            // A new collector under another user, found without a failed send (a socket
+            // passed by systemd stays in place): look again, at most once a second.
+            self.recheck_collector_uid();
+        }
         if uid.is_none() || uid != self.collector_uid {
             return Err(format!(
                 "from uid {uid:?}, not the collector's ({:?})",
                 self.collector_uid
             ));
         }
-        let ack = shared::wire::decode_ack(bytes).map_err(|e| e.to_string())?;
+        let ack = protocol::wire::decode_ack(bytes).map_err(|e| e.to_string())?;
         if ack.sender != self.encoder.sender() {
             return Err(format!("for sender {:016x}, not this one", ack.sender));
         }

@@ -64,7 +64,7 @@ impl App {
             }
         };
         let code = req.uri().path().strip_prefix('/').unwrap_or_default();
-        let lookup = match shared::wire::validate_code(code.as_bytes()) {
+        let lookup = match protocol::wire::validate_code(code.as_bytes()) {
             Ok(()) => self.links.lookup(code),
             Err(_) => Lookup::Unknown,
         };
@@ -104,7 +104,7 @@ impl App {
         let m = &self.metrics;
         match &self.clicks {
             Clicks::Pipeline(ring) => {
-                match ring.push(code, shared::now_us()) {
+                match ring.push(code, protocol::now_us()) {
                     Ok(()) => {
                         m.clicks_queued.inc();
                     }
@@ -240,7 +240,7 @@ fn service(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::wire::MAX_CODE_LEN;
+    use protocol::wire::MAX_CODE_LEN;
 
     fn pipeline(capacity: usize) -> (App, Arc<Ring>) {
         let ring = Arc::new(Ring::new(capacity));

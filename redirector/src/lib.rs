@@ -13,4 +13,3 @@ pub mod service;
 pub mod table;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-pub mod window;

@@ -317,6 +317,8 @@ impl Loader {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let err = self.session(config, &mut backoff).await;
+            // Between sessions it neither listens nor polls.
+            self.metrics.links_polling.set(0);
             self.metrics.link_load_errors.inc();
             let wait = backoff.next_wait();
             tracing::warn!(
@@ -402,11 +404,13 @@ impl Loader {
         if listening && found {
             self.timed(client.batch_execute("UNLISTEN links_changed"))
                 .await?;
+            self.metrics.links_polling.set(1);
             return Ok(false);
         }
         if !listening && !found {
             self.timed(client.batch_execute("LISTEN links_changed"))
                 .await?;
+            self.metrics.links_polling.set(0);
             // A wake-up left from before the UNLISTEN: the read below covers it.
             let _ = wake.notified().now_or_never();
             self.sync(client, read).await?;

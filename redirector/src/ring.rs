@@ -5,7 +5,7 @@
 //! awaits or allocates, and a full ring refuses the click so the caller can count the drop.
 
 use crossbeam_queue::ArrayQueue;
-use shared::wire::MAX_CODE_LEN;
+use protocol::wire::MAX_CODE_LEN;
 
 /// One click waiting for the drain task: its code (inline, no allocation) and when it happened.
 #[derive(Clone, Copy)]
@@ -16,7 +16,7 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Microseconds since the Unix epoch, as `shared::now_us()` gave it.
+    /// Microseconds since the Unix epoch, as `protocol::now_us()` gave it.
     pub fn at_us(&self) -> i64 {
         self.at_us
     }

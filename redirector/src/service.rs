@@ -247,7 +247,7 @@ fn new_drain(cfg: &Config, ring: Arc<Ring>, metrics: Arc<Metrics>) -> Result<Dra
         flush_every: cfg.flush_interval,
         ack_timeout: cfg.ack_timeout,
     };
-    let sender = shared::wire::random_sender();
+    let sender = protocol::wire::random_sender();
     let drain = Drain::new(ring, metrics, settings, sender)?;
     tracing::info!(
         "sending as {sender:016x} from {} (acknowledgements arrive there); resend window: {} \
@@ -330,7 +330,7 @@ mod tests {
             collector: dir.path().join("nobody.sock"),
             ack_socket: dir.path().join("ack.sock"),
             ack_socket_mode: 0o600,
-            datagram_limit: shared::wire::DEFAULT_DATAGRAM,
+            datagram_limit: protocol::wire::DEFAULT_DATAGRAM,
             window: 16,
             flush_every: Duration::from_secs(3600),
             ack_timeout: Duration::from_secs(2),

@@ -34,7 +34,7 @@ pub const MAX_URL: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unusable {
     #[error("bad code: {0}")]
-    Code(shared::wire::CodeError),
+    Code(protocol::wire::CodeError),
     #[error("URL holds a control character")]
     Url,
     #[error("URL is longer than {MAX_URL} bytes")]
@@ -46,7 +46,7 @@ pub enum Unusable {
 /// which a header would take), at most [`MAX_URL`] bytes. What passes goes into a `Location`
 /// header as it is (`http::HeaderValue` takes visible ASCII, space, tab, bytes >= 0x80).
 pub fn usable(code: &[u8], url: &[u8]) -> Result<(), Unusable> {
-    shared::wire::validate_code(code).map_err(Unusable::Code)?;
+    protocol::wire::validate_code(code).map_err(Unusable::Code)?;
     if url.len() > MAX_URL {
         return Err(Unusable::UrlTooLong);
     }

@@ -8,24 +8,27 @@
 //!
 //! A peer that never reads the collector's answers holds up nobody else's.
 
+use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
 use nix::sys::signal::Signal;
-use redirector::testkit::{await_rows, fixture, load::Load, metric, Fixture};
+use redirector::testkit::{fixture, load::Load, metric, Fixture};
 use redirector::testkit::{redirector, rows, scalar, Redirector, LIMIT};
+use shared::testkit::db::await_rows_settled;
 use shared::testkit::services::Collector;
 use shared::testkit::{eventually, Service};
 
 /// 1,000 redirects from one connection (so no two clicks share a microsecond), all of them
-/// acknowledged by the collector.
-async fn thousand_acknowledged(f: &Fixture, r: &Redirector, before: u64) {
+/// acknowledged by the collector (whose admin listener is `collector`), each written once.
+async fn thousand_acknowledged(f: &Fixture, r: &Redirector, collector: SocketAddr, before: u64) {
     let load = Load {
         connections: 1,
         ..Load::get(r.http, "/resync")
     };
     assert_eq!(load.run(1_000).await.count(302), 1_000);
-    await_rows(&f.client, Some("resync"), before + 1_000).await;
+    let admins = [r.admin, collector];
+    await_rows_settled(&f.client, Some("resync"), before + 1_000, &admins).await;
     eventually("every click acknowledged", LIMIT, || async {
         let acked = r.metric("redirector_clicks_acked_total").await;
         (acked == (before + 1_000) as f64).then_some(())
@@ -51,7 +54,7 @@ async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forg
     stop(collector).await;
     f.client.batch_execute(forget).await.unwrap();
     let (collector, admin) = start_collector(f).await;
-    thousand_acknowledged(f, r, before).await;
+    thousand_acknowledged(f, r, admin, before).await;
 
     let written = rows(&f.client, None).await;
     let distinct: i64 = scalar(
@@ -78,10 +81,10 @@ async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forg
 #[tokio::test]
 async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap() {
     let f = fixture(&[("resync", "https://example.com/")]).await;
-    let (collector, _) = start_collector(&f).await;
+    let (collector, admin) = start_collector(&f).await;
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
-    thousand_acknowledged(&f, &r, 0).await;
+    thousand_acknowledged(&f, &r, admin, 0).await;
 
     let gap = forget_and_resume(&f, &r, collector, "DELETE FROM click_senders").await;
     assert_eq!(
@@ -93,15 +96,15 @@ async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap(
 #[tokio::test]
 async fn a_collector_given_back_an_older_click_senders_counts_only_what_it_lacks() {
     let f = fixture(&[("resync", "https://example.com/")]).await;
-    let (collector, _) = start_collector(&f).await;
+    let (collector, admin) = start_collector(&f).await;
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
-    thousand_acknowledged(&f, &r, 0).await;
+    thousand_acknowledged(&f, &r, admin, 0).await;
     f.client
         .batch_execute("CREATE TABLE senders_copy AS SELECT * FROM click_senders")
         .await
         .unwrap();
-    thousand_acknowledged(&f, &r, 1_000).await;
+    thousand_acknowledged(&f, &r, admin, 1_000).await;
 
     let restore = "DELETE FROM click_senders; \
                    INSERT INTO click_senders SELECT * FROM senders_copy";
@@ -124,14 +127,14 @@ fn silent_peer(path: &Path, collector: &Path, datagrams: u64) -> UnixDatagram {
         std::fs::write(qlen, "512").expect("setting the namespace's max_dgram_qlen");
         assert_eq!(std::fs::read_to_string(qlen).unwrap().trim(), "512");
         let socket = UnixDatagram::bind(&path).unwrap();
-        let now = shared::now_us();
+        let now = protocol::now_us();
         for i in 0..datagrams {
-            let datagram = shared::wire::Datagram {
-                version: shared::wire::VERSION,
+            let datagram = protocol::wire::Datagram {
+                version: protocol::wire::VERSION,
                 sender: 1_000_000 + i,
                 seq: 5,
                 base_us: now,
-                clicks: vec![shared::wire::Click {
+                clicks: vec![protocol::wire::Click {
                     code: "silent",
                     offset_us: 0,
                 }],
@@ -159,9 +162,80 @@ async fn a_peer_that_never_reads_holds_up_no_other_senders_acknowledgements() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     for round in 0..3 {
-        thousand_acknowledged(&f, &r, round * 1_000).await;
+        thousand_acknowledged(&f, &r, admin, round * 1_000).await;
     }
     assert_eq!(rows(&f.client, Some("resync")).await, 3_000);
     assert_eq!(r.dropped().await, 0.0);
+    stop(collector).await;
+}
+
+/// Sends the collector one click of `code` dated `at_us`, as datagram seq 0 of `sender`, from
+/// an unbound socket (a sender that expects no acknowledgement).
+fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
+    let datagram = protocol::wire::Datagram {
+        version: protocol::wire::VERSION,
+        sender,
+        seq: 0,
+        base_us: at_us,
+        clicks: vec![protocol::wire::Click { code, offset_us: 0 }],
+    };
+    let socket = UnixDatagram::unbound().expect("a datagram socket");
+    socket
+        .send_to(&datagram.encode(), collector)
+        .expect("sending to the collector");
+}
+
+/// A datagram the collector wrote, sent to it again (its sender and seq again, as a sender
+/// that missed the acknowledgement resends it), is a duplicate: not written again, even a
+/// moment later. The count is already there when the copy is sent, so only a wait until the
+/// pipeline settled can tell.
+#[tokio::test]
+async fn a_datagram_sent_again_after_it_was_written_is_not_written_again() {
+    let f = fixture(&[]).await;
+    let (collector, admin) = start_collector(&f).await;
+    let at = protocol::now_us();
+    send_click(&f.socket, 1, "again", at);
+    await_rows_settled(&f.client, Some("again"), 1, &[admin]).await;
+    send_click(&f.socket, 1, "again", at);
+    await_rows_settled(&f.client, Some("again"), 1, &[admin]).await;
+    assert_eq!(
+        metric(admin, "collector_datagrams_duplicate_total").await,
+        1.0
+    );
+    stop(collector).await;
+}
+
+/// What the settled wait is for: a copy of a click that reaches `clicks` only after the count
+/// was reached (here the same click again under another sender id, already queued on the
+/// collector's socket when the wait begins) is waited for, and fails the wait.
+#[tokio::test]
+async fn a_click_written_again_after_the_count_was_reached_fails_the_settled_wait() {
+    let f = fixture(&[]).await;
+    let (collector, admin) = start_collector(&f).await;
+    let at = protocol::now_us();
+    send_click(&f.socket, 1, "twice", at);
+    await_rows_settled(&f.client, Some("twice"), 1, &[admin]).await;
+
+    send_click(&f.socket, 2, "twice", at);
+    let client = shared::pgtest::connect(&f.db.url).await;
+    let wait = tokio::spawn(async move {
+        await_rows_settled(&client, Some("twice"), 1, &[admin]).await;
+    });
+    let failed = wait
+        .await
+        .expect_err("the copy must fail the settled wait")
+        .into_panic();
+    let why = failed
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| failed.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    // Found once the pipeline settled or, on a slow machine, by the count itself.
+    assert!(
+        why.contains("a click written twice")
+            || why.contains("more rows in clicks than clicks sent"),
+        "{why}"
+    );
+    assert_eq!(rows(&f.client, Some("twice")).await, 2);
     stop(collector).await;
 }

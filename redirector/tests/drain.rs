@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::UnixAddr;
+use protocol::wire::Ack;
 use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
 use shared::socket::SendErrorKind;
 use shared::testkit::eventually;
-use shared::wire::Ack;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -45,7 +45,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         ack_socket: ack_path.clone(),
         // Writable by anyone: the tests show what keeps others out besides the file mode.
         ack_socket_mode: 0o666,
-        datagram_limit: shared::wire::DEFAULT_DATAGRAM,
+        datagram_limit: protocol::wire::DEFAULT_DATAGRAM,
         window,
         flush_every: Duration::from_millis(5),
         ack_timeout,
@@ -142,7 +142,7 @@ impl Received {
     /// Reads until `clicks` clicks arrived (counting repeats again), acknowledging each
     /// datagram if the collector does.
     async fn until(&mut self, c: &Collector, clicks: usize, code: &str) {
-        let mut buf = vec![0u8; shared::wire::MAX_DATAGRAM];
+        let mut buf = vec![0u8; protocol::wire::MAX_DATAGRAM];
         while self.clicks < clicks {
             c.socket.readable().await.unwrap();
             let read = tokio::time::timeout(LIMIT, async {
@@ -160,11 +160,11 @@ impl Received {
             .await
             .unwrap_or_else(|_| panic!("only {} of {clicks} clicks arrived", self.clicks));
             assert!(
-                read.len <= shared::wire::DEFAULT_DATAGRAM,
+                read.len <= protocol::wire::DEFAULT_DATAGRAM,
                 "datagram of {} bytes",
                 read.len
             );
-            let batch = shared::wire::decode(&buf[..read.len]).expect("a valid datagram");
+            let batch = protocol::wire::decode(&buf[..read.len]).expect("a valid datagram");
             assert_eq!(batch.sender, SENDER);
             assert!(batch.clicks.iter().all(|c| c.code == code));
             self.from = read.from;
@@ -192,11 +192,11 @@ impl Received {
 
 /// The clicks in the datagrams waiting in `socket`'s queue, read without waiting.
 fn queued_clicks(socket: &UnixDatagram) -> u64 {
-    let mut buf = vec![0u8; shared::wire::MAX_DATAGRAM];
+    let mut buf = vec![0u8; protocol::wire::MAX_DATAGRAM];
     let mut clicks = 0;
     loop {
         match socket.try_recv(&mut buf) {
-            Ok(n) => clicks += shared::wire::decode(&buf[..n]).unwrap().clicks.len() as u64,
+            Ok(n) => clicks += protocol::wire::decode(&buf[..n]).unwrap().clicks.len() as u64,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return clicks,
             Err(e) => panic!("reading the queue: {e}"),
         }
@@ -447,4 +447,23 @@ async fn shutdown_sends_what_the_ring_still_holds_and_waits_for_the_acknowledgem
     let mut got = Received::default();
     got.until(&c, 3_000, "last").await;
     assert_eq!(stopping.await.unwrap(), Left::default());
+}
+
+/// A collector that comes back under another user without any send failing (systemd keeps the
+/// socket in place): its acknowledgements are taken once the socket file's owner is looked at
+/// again.
+#[tokio::test]
+async fn a_collector_under_another_user_is_believed_once_its_socket_says_so() {
+    let rig = rig(10_000);
+    let c = collector(&rig.path, false);
+    rig.push("newuser", 100);
+    let mut got = Received::default();
+    got.until(&c, 100, "newuser").await;
+    let last = got.datagrams.last().unwrap().0;
+    let ack = Ack::new(SENDER, Some(last), None).encode();
+    nix::unistd::chown(&rig.path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    shared::testkit::send_as_user(65534, &rig.ack_path, &ack).unwrap();
+    await_acked(&rig, 100).await;
+    assert_eq!(rig.metrics.acks_rejected.get(), 0);
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
 }

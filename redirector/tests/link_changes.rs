@@ -220,6 +220,17 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_by_notifi
     assert!(lag >= 0.0, "lag {lag}");
 }
 
+/// Whether the loader polls (`redirector_links_polling` 1: reads every 100 ms, not listening)
+/// or listens (0).
+async fn polling(r: &Redirector) -> bool {
+    let gauge = r.metric("redirector_links_polling").await;
+    assert!(
+        gauge == 0.0 || gauge == 1.0,
+        "redirector_links_polling {gauge}"
+    );
+    gauge == 1.0
+}
+
 #[tokio::test]
 async fn a_loader_that_polled_through_a_stream_of_changes_listens_again_once_it_ends() {
     let f = fixture(&[
@@ -230,20 +241,37 @@ async fn a_loader_that_polled_through_a_stream_of_changes_listens_again_once_it_
     // The poll is an hour: between changes, only a notification can wake the loader.
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
+    assert!(!polling(&r).await, "an idle loader listens");
     // Changes one after another, each awaited: once a read finds one, the loader stops
-    // listening, and reads every 100 ms find the rest.
-    for n in 1..=5 {
-        let url = format!("https://example.com/{n}");
-        let sql = format!("UPDATE links SET url = '{url}' WHERE code = 'steady'");
-        execute(&f.client, &sql).await;
-        await_served(r.http, "steady", Some(&url), LIMIT).await;
-    }
-    // Once a read finds nothing new, it stops reading: its last read falls behind the clock.
+    // listening, and reads every 100 ms find the rest. At least five, and on until the gauge
+    // is seen at 1 after one was served (a change served by the read its notification started
+    // is served just before the loader stops listening).
+    let changes = std::sync::atomic::AtomicU32::new(0);
+    eventually(
+        "the loader to poll while changes keep coming",
+        LIMIT,
+        || async {
+            let n = changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let url = format!("https://example.com/{n}");
+            let sql = format!("UPDATE links SET url = '{url}' WHERE code = 'steady'");
+            execute(&f.client, &sql).await;
+            await_served(r.http, "steady", Some(&url), LIMIT).await;
+            (n >= 5 && polling(&r).await).then_some(())
+        },
+    )
+    .await;
+    // Once a read finds nothing new, it listens again and stops reading: its last read falls
+    // behind the clock.
+    eventually("the loader to listen again", LIMIT, || async {
+        (!polling(&r).await).then_some(())
+    })
+    .await;
     eventually("the loader to stop reading", LIMIT, || async {
         let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
         (db_now(&f.client).await - synced > 0.5).then_some(())
     })
     .await;
+    assert!(!polling(&r).await, "listening while nothing changes");
     // And it listens: a change is served on its notification, not at the hourly poll.
     execute(
         &f.client,
@@ -341,9 +369,10 @@ async fn truncating_links_makes_a_full_reload() {
     )
     .await;
     await_served(r.http, "c", Some("https://example.com/c"), LIMIT).await;
+    // The load serves shard by shard: a and b are gone once it is counted, not before.
+    await_loads(&r, 2.0).await;
     assert_eq!(served(r.http, "a").await, None);
     assert_eq!(served(r.http, "b").await, None);
-    await_loads(&r, 2.0).await;
     assert_eq!(r.metric("redirector_links").await, 1.0);
 }
 

@@ -34,7 +34,7 @@ async fn off_mode_redirects_and_records_nothing() {
     // the redirector's would be one too: the one row must be the marker's.
     r.service.signal(Signal::SIGTERM);
     assert!(r.service.wait_exit(LIMIT).await.success());
-    let marker = [("marker".to_owned(), shared::now_us())];
+    let marker = [("marker".to_owned(), protocol::now_us())];
     collector::testkit::send_all(&f.socket, collector::testkit::datagrams(1, &marker)).await;
     await_rows(&f.client, Some("marker"), 1).await;
     assert_eq!(rows(&f.client, None).await, 1, "only the marker is a row");

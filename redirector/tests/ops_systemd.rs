@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 const SERVICES: [&str; 2] = ["collector.service", "redirector.service"];
@@ -35,12 +35,18 @@ fn unit_dir() -> PathBuf {
 
 /// Runs a systemd tool, returning whether it succeeded and its stdout and stderr together.
 fn run<S: AsRef<OsStr>>(tool: &str, args: &[S]) -> (bool, String) {
+    let (status, text) = run_status(tool, args);
+    (status.success(), text)
+}
+
+/// [`run`], with the exit status itself.
+fn run_status<S: AsRef<OsStr>>(tool: &str, args: &[S]) -> (ExitStatus, String) {
     let out = Command::new(tool).args(args).output().unwrap_or_else(|e| {
         panic!("running {tool}: {e}. Install it: `apt-get install systemd` (Debian).")
     });
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    (out.status, text)
 }
 
 /// The figure on `systemd-analyze security`'s "Overall exposure level for UNIT: 1.3 OK" line.
@@ -92,18 +98,56 @@ fn each_service_is_exposed_at_most_1_0_in_offline_security_analysis() {
     }
 }
 
+/// The binaries `systemd-analyze verify` says are missing: those of its `Command
+/// /usr/local/bin/B is not executable: No such file or directory` lines.
+fn reported_missing_binaries(report: &str) -> Vec<&'static str> {
+    BINARIES
+        .into_iter()
+        .filter(|b| {
+            report.lines().any(|l| {
+                l.contains(&format!("Command /usr/local/bin/{b} is not executable"))
+                    && l.contains("No such file or directory")
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn verify_reports_nothing_but_the_binaries_not_yet_installed() {
     let paths: Vec<PathBuf> = UNITS.iter().map(|u| unit_dir().join(u)).collect();
     let mut args = vec![OsStr::new("verify")];
     args.extend(paths.iter().map(|p| p.as_os_str()));
-    let (_, report) = run("systemd-analyze", &args);
+    let (status, report) = run_status("systemd-analyze", &args);
     let unexpected = unexpected_verify_lines(&report);
     assert!(
         unexpected.is_empty(),
         "systemd-analyze verify reported more than the missing binaries:\n{}",
         unexpected.join("\n")
     );
+    // The units name the binaries where the install step puts them; on this machine they may
+    // or may not be there. Each one missing is reported, and nothing else is.
+    let not_installed: Vec<&str> = BINARIES
+        .into_iter()
+        .filter(|b| !Path::new("/usr/local/bin").join(b).exists())
+        .collect();
+    assert_eq!(
+        reported_missing_binaries(&report),
+        not_installed,
+        "the binaries verify reports missing are those not in /usr/local/bin:\n{report}"
+    );
+    // Its exit status: failure (1) for the missing binaries, and for nothing else.
+    if not_installed.is_empty() {
+        assert!(
+            status.success(),
+            "systemd-analyze verify failed ({status}) with every binary installed:\n{report}"
+        );
+    } else {
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "systemd-analyze verify's exit status, with {not_installed:?} not installed:\n{report}"
+        );
+    }
 }
 
 /// The `Key=value` settings of a unit file, every value of a key in file order.
@@ -582,10 +626,13 @@ async fn database_step(cluster: &shared::pgtest::Cluster) {
     assert_eq!(row.get::<_, String>(0), "https://example.com/a");
     let write = redirector
         .batch_execute("INSERT INTO clicks (code, clicked_at) VALUES ('a', now())")
-        .await;
-    assert!(
-        write.is_err(),
-        "the redirector's role must not write clicks"
+        .await
+        .expect_err("the redirector's role must not write clicks");
+    assert_eq!(
+        write.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{}",
+        shared::db::describe(&write)
     );
     let read = redirector
         .query_one("SELECT count(*) FROM clicks", &[])

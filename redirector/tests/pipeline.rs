@@ -7,14 +7,14 @@ use std::time::Duration;
 use hyper::Method;
 use nix::sys::signal::Signal;
 use redirector::testkit::{
-    await_rows, collector, collector_with, database_away, fixture, load::Load, metric, redirector,
-    rows, LIMIT,
+    await_rows, collector_with, database_away, fixture, load::Load, metric, redirector, rows, LIMIT,
 };
+use shared::testkit::db::await_rows_settled;
 
 #[tokio::test]
 async fn twenty_thousand_gets_become_twenty_thousand_rows() {
     let f = fixture(&[("promo", "https://example.com/promo")]).await;
-    let _collector = collector(&f.db.url, &f.socket).await;
+    let (_collector, collector_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
@@ -28,7 +28,8 @@ async fn twenty_thousand_gets_become_twenty_thousand_rows() {
     assert_eq!(heads.count(302), 2_000, "{heads:?}");
     assert_eq!(unknown.count(404), 2_000, "{unknown:?}");
 
-    await_rows(&f.client, Some("promo"), 20_000).await;
+    let admins = [r.admin, collector_admin];
+    await_rows_settled(&f.client, Some("promo"), 20_000, &admins).await;
     assert_eq!(
         rows(&f.client, None).await,
         20_000,
@@ -42,7 +43,7 @@ async fn twenty_thousand_gets_become_twenty_thousand_rows() {
 #[tokio::test]
 async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_seconds() {
     let f = fixture(&[("steady", "https://example.com/")]).await;
-    let mut first = collector(&f.db.url, &f.socket).await;
+    let (mut first, _) = collector_with(&f.db.url, &f.socket, &[]).await;
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
@@ -70,7 +71,7 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         sent_before,
         "nothing is sent while nobody listens"
     );
-    let _second = collector(&f.db.url, &f.socket).await;
+    let (_second, second_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
     shared::testkit::eventually("clicks sent again", LIMIT, || async {
         (r.metric("redirector_clicks_sent_total").await > sent_before + held).then_some(())
     })
@@ -84,7 +85,8 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         report.total(),
         "every request redirected: {report:?}"
     );
-    await_rows(&f.client, Some("steady"), report.count(302)).await;
+    let admins = [r.admin, second_admin];
+    await_rows_settled(&f.client, Some("steady"), report.count(302), &admins).await;
     assert_eq!(
         r.metric("redirector_clicks_sent_total").await,
         report.count(302) as f64
@@ -121,7 +123,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
         "RSS grew from {before} KiB to {after} KiB over 100,000 dropped clicks"
     );
 
-    let _collector = collector(&f.db.url, &f.socket).await;
+    let (_collector, collector_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
     let served = warm.count(302) + flood.count(302);
     let ring_full = r
         .metric("redirector_clicks_dropped_total{reason=\"ring_full\"}")
@@ -131,7 +133,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
         "{ring_full} dropped for a full ring"
     );
     let sent = served - ring_full as u64;
-    await_rows(&f.client, Some("flood"), sent).await;
+    await_rows_settled(&f.client, Some("flood"), sent, &[r.admin, collector_admin]).await;
     assert_eq!(r.metric("redirector_clicks_sent_total").await, sent as f64);
     assert_eq!(dropped(&r).await, ring_full, "only ring_full drops");
     assert_eq!(r.metric("redirector_redirects_total").await, served as f64);
@@ -141,7 +143,7 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
 #[tokio::test]
 async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_restart_goes_on() {
     let f = fixture(&[("busy", "https://example.com/")]).await;
-    let _collector = collector(&f.db.url, &f.socket).await;
+    let (_collector, collector_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
     let mut r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
@@ -164,7 +166,8 @@ async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_r
         report.count(302),
         "served = acknowledged + dropped: {report:?}"
     );
-    await_rows(&f.client, Some("busy"), sent).await;
+    // The redirector is gone: only the collector is left to settle.
+    await_rows_settled(&f.client, Some("busy"), sent, &[collector_admin]).await;
     eprintln!(
         "SIGTERM under load: {} redirects, {sent} sent, {dropped} dropped, {} requests cut off",
         report.count(302),
@@ -182,7 +185,7 @@ async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_r
         redirector::testkit::final_counts(&next.service.log()),
         (2_000, 0)
     );
-    await_rows(&f.client, Some("busy"), sent + 2_000).await;
+    await_rows_settled(&f.client, Some("busy"), sent + 2_000, &[collector_admin]).await;
 }
 
 #[tokio::test]
@@ -286,7 +289,7 @@ async fn dropped(r: &redirector::testkit::Redirector) -> f64 {
 #[tokio::test]
 async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
     let f = fixture(&[("forged", "https://example.com/")]).await;
-    let mut collector = collector(&f.db.url, &f.socket).await;
+    let (mut collector, _) = collector_with(&f.db.url, &f.socket, &[]).await;
     let ack_socket = f.socket.with_file_name("forged-ack.sock");
     let ack_flag = ack_socket.to_str().unwrap();
     // Writable by anyone, so that only the checks beside the file mode are left.
@@ -302,7 +305,7 @@ async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
         .next()
         .unwrap();
     let sender = u64::from_str_radix(sender, 16).unwrap();
-    let forged = shared::wire::Ack::new(sender, Some(u64::MAX >> 1), None).encode();
+    let forged = protocol::wire::Ack::new(sender, Some(u64::MAX >> 1), None).encode();
 
     let first = Load::get(r.http, "/forged").run(2_000).await;
     redirector::testkit::await_first_rows(&f.client, "forged").await;
@@ -335,10 +338,11 @@ async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
         "nothing forgotten"
     );
 
-    let _collector = redirector::testkit::collector(&f.db.url, &f.socket).await;
+    let (_collector, collector_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
     let served = first.count(302) + second.count(302);
     assert_eq!(served, 4_000);
-    await_rows(&f.client, Some("forged"), served).await;
+    let admins = [r.admin, collector_admin];
+    await_rows_settled(&f.client, Some("forged"), served, &admins).await;
     r.service.signal(Signal::SIGTERM);
     assert!(r.service.wait_exit(LIMIT).await.success());
     assert_eq!(

@@ -6,7 +6,7 @@
 use std::os::unix::net::UnixDatagram;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use shared::wire::{decode, EncodeError, Encoder, MAX_DATAGRAM};
+use protocol::wire::{decode, EncodeError, Encoder, MAX_DATAGRAM};
 
 /// Fills one datagram of at most `limit` bytes with 9-byte codes; returns it and its clicks.
 fn full_datagram(limit: usize) -> (Vec<u8>, u64) {

@@ -1,5 +1,6 @@
-//! What the redirector, the collector and `clicktap` have in common: the wire format, the
-//! socket and systemd plumbing, metrics and the admin listener.
+//! What the redirector, the collector and `clicktap` have in common around the protocol
+//! (crate `protocol`): the socket and systemd plumbing, database connections, flags, metrics and
+//! the admin listener.
 
 pub mod admin;
 pub mod backoff;
@@ -8,7 +9,6 @@ pub mod flags;
 pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtest;
-pub mod seq;
 pub mod socket;
 pub mod systemd;
 pub mod tap;
@@ -17,15 +17,6 @@ pub mod testcerts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod throttle;
-pub mod wire;
-
-/// Now, in microseconds since the Unix epoch (the wire format's clock).
-pub fn now_us() -> i64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
-}
 
 /// Completes with the signal's name on the first SIGTERM or SIGINT. The handlers are installed
 /// before it returns, so a signal that arrives before the future is awaited is not lost.

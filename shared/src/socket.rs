@@ -7,6 +7,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+use protocol::Creds;
 
 /// Why a datagram socket could not be bound at a path.
 #[derive(Debug, thiserror::Error)]
@@ -116,14 +117,6 @@ impl Received {
     pub fn irregular_control(&self) -> bool {
         self.fds > 0 || self.ctrunc
     }
-}
-
-/// Who sent a datagram, as the kernel vouches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Creds {
-    pub pid: i32,
-    pub uid: u32,
-    pub gid: u32,
 }
 
 /// The room [`recv`] gives the control data: the credentials (SO_PASSCRED), then as many file

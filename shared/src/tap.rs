@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 
 use crate::socket::{BindError, SendErrorKind};
-use crate::wire::EncodeError;
+use protocol::wire::EncodeError;
 
 /// Socket-level inspection of the click pipeline's datagram socket.
 #[derive(Debug, Parser)]

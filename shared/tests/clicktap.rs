@@ -9,10 +9,10 @@ use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use protocol::wire::{self, Encoder, DEFAULT_DATAGRAM};
 use serde_json::Value;
 use shared::socket::{bind_datagram, SendErrorKind};
 use shared::testkit::{eventually, Service};
-use shared::wire::{self, Encoder, DEFAULT_DATAGRAM};
 
 const LIMIT: Duration = Duration::from_secs(20);
 /// The design's golden vector: sender 12345, seq 7, base_us -5, clicks ("seed1", 0), ("x", 300).
@@ -327,7 +327,7 @@ fn send_seq(to: &Path, sender: u64, seq: u64) {
     for _ in 0..seq {
         encoder.next();
     }
-    encoder.push("gap", shared::now_us()).unwrap();
+    encoder.push("gap", protocol::now_us()).unwrap();
     UnixDatagram::unbound()
         .unwrap()
         .send_to(encoder.datagram(), to)

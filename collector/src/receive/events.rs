@@ -96,6 +96,9 @@ impl Events {
             Outcome::StaleResync => {
                 m.resyncs.inc(Resync::Stale);
             }
+            Outcome::UnaskedResync => {
+                m.resyncs.inc(Resync::Unasked);
+            }
             Outcome::Resynced {
                 sender,
                 first,

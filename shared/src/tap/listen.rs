@@ -15,9 +15,9 @@ use serde_json::json;
 
 use super::show::{self, SeqNote, Verdict};
 use super::{signals, TapError};
-use crate::seq::{self, LastSeqs};
 use crate::socket::bind_datagram;
-use crate::wire::{Datagram, MAX_DATAGRAM};
+use protocol::seq::{self, LastSeqs};
+use protocol::wire::{Datagram, MAX_DATAGRAM};
 
 /// How long one `recv` blocks: bounds how late a `--stats` line or a signal is noticed when a
 /// signal lands just before the call (otherwise `EINTR` wakes it at once).
@@ -97,7 +97,7 @@ impl Listener<'_> {
 
     /// Counts a datagram and, unless only per-second totals are asked for, prints it.
     fn show(&mut self, bytes: &[u8], len: usize) -> io::Result<()> {
-        let (now, json, quiet) = (crate::now_us(), self.args.json, self.args.stats);
+        let (now, json, quiet) = (protocol::now_us(), self.args.json, self.args.stats);
         match show::judge(bytes, len) {
             Verdict::Datagram(batch) => {
                 let note = self.tally.batch(&batch, len);
@@ -224,7 +224,7 @@ impl Tally {
 fn stats_line(totals: &Totals, elapsed: Duration, json: bool) -> String {
     let secs = elapsed.as_secs_f64();
     let rate = |n: u64| (n as f64 / secs).round() as u64;
-    let now = show::format_time(crate::now_us());
+    let now = show::format_time(protocol::now_us());
     if json {
         let gaps: serde_json::Map<String, serde_json::Value> = totals
             .gaps

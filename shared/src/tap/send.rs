@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{hex, read_all, say, signals, PeerProblem, TapError};
 use crate::socket::SendErrorKind;
-use crate::wire::{self, EncodeError, Encoder, DEFAULT_DATAGRAM};
+use protocol::wire::{self, EncodeError, Encoder, DEFAULT_DATAGRAM};
 
 /// Pause before resending when the receiver's queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);
@@ -152,7 +152,7 @@ fn send_clicks(
             let code = &codes[(pushed % codes.len() as u64) as usize];
             let at_us = pace
                 .as_ref()
-                .map_or_else(crate::now_us, |p| p.stamp_us(pushed));
+                .map_or_else(protocol::now_us, |p| p.stamp_us(pushed));
             match encoder.push(code, at_us) {
                 Ok(()) => pushed += 1,
                 Err(EncodeError::Full) if !encoder.is_empty() => break,
@@ -186,7 +186,7 @@ impl Pace {
         Pace {
             rate,
             start: Instant::now(),
-            start_us: crate::now_us(),
+            start_us: protocol::now_us(),
         }
     }
 

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use serde_json::{json, Map, Value};
 
 use super::hex;
-use crate::wire::{self, Datagram, MAX_DATAGRAM};
+use protocol::wire::{self, Datagram, MAX_DATAGRAM};
 
 /// Codes listed on a `listen` line before the rest is summarised as "+N more".
 const CODES_SHOWN: usize = 5;
@@ -203,7 +203,7 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{END_CLICKED_AT_US, MIN_CLICKED_AT_US};
+    use protocol::wire::{END_CLICKED_AT_US, MIN_CLICKED_AT_US};
 
     #[test]
     fn times_cover_the_whole_wire_range() {

@@ -8,18 +8,25 @@
 
 use std::collections::{HashMap, HashSet};
 
-use collector::senders::{Resynced, Senders, Verdict};
-use nix::sys::socket::UnixAddr;
+use std::time::Instant;
+
 use proptest::prelude::*;
-use redirector::window::{Rewound, Window};
-use shared::socket::Creds;
-use shared::wire::{Ack, Resync};
-use tokio::time::Instant;
+use protocol::senders::{Resynced, Senders, Verdict};
+use protocol::window::{Rewound, Window};
+use protocol::wire::{Ack, Resync};
+use protocol::Creds;
+
+/// The sender's address, as the collector's half sees it.
+type Addr = &'static str;
 
 const SLOTS: usize = 8;
 /// Rounds of delivery and acknowledgement timeouts a quiet network may take to empty the
 /// window: one to resend, one to resync, one to commit, with room to spare.
 const ROUNDS: usize = 6;
+
+/// A resend interval: the sender's acknowledgement timeout (`--ack-timeout`, 2 s by default, a
+/// little less here).
+const ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One datagram, by its sender and seq.
 type Id = (u64, u64);
@@ -83,7 +90,7 @@ struct Db {
 }
 
 struct World {
-    addr: UnixAddr,
+    addr: Addr,
     creds: Creds,
     now: Instant,
     // The sender.
@@ -95,7 +102,7 @@ struct World {
     to_collector: Vec<Msg>,
     to_sender: Vec<Ack>,
     // The collector and its database.
-    senders: Senders,
+    senders: Senders<Addr>,
     pending: Vec<(Id, u64)>,
     notes: HashMap<u64, (u64, u64)>,
     db: Db,
@@ -107,15 +114,15 @@ struct World {
     /// Sender ids that restarted before a failover: what the failover lost of theirs after
     /// they were acknowledged, nobody is left to find out (the one gap no protocol closes).
     unobservable: HashSet<u64>,
-    /// A failover happened, and the collector has not accepted from (or resynced) the current
-    /// sender since: if it restarts now, its losses go unobserved.
+    /// A failover happened in the current sender's life: if it restarts (a new id), what the
+    /// failover lost of what it had let go is never asked for again, so never counted.
     unsettled: bool,
 }
 
 impl World {
     fn new() -> World {
         World {
-            addr: UnixAddr::new_abstract(b"redirector").unwrap(),
+            addr: "redirector",
             creds: Creds {
                 pid: 10,
                 uid: 1000,
@@ -156,9 +163,7 @@ impl World {
                 }
             }
             Step::Commit => self.commit()?,
-            Step::AckTimeout => {
-                self.window.rewind();
-            }
+            Step::AckTimeout => self.ack_timeout(),
             Step::Snapshot => self.snapshot = self.db.clone(),
             Step::CollectorRestart(loss) => self.restart_collector(loss),
             Step::SenderRestart => self.restart_sender(),
@@ -201,7 +206,6 @@ impl World {
                 let (verdict, reply) = self.senders.judge(sender, (seq, clicks), addr, creds, now);
                 if let Verdict::Accept { lost } = verdict {
                     prop_assert_eq!(lost, 0, "a sender with an address loses nothing");
-                    self.unsettled &= sender != self.sender;
                     self.pending.push(((sender, seq), clicks));
                     let through = self.senders.clicks_through(sender);
                     note(&mut self.notes, sender, seq, through);
@@ -231,9 +235,9 @@ impl World {
                         self.skipped.insert((sender, seq));
                     }
                     note(&mut self.notes, sender, first - 1, resync.clicks_before);
-                    self.unsettled &= sender != self.sender;
                 }
-                Resynced::Stale => {}
+                // Crossed a collector restart: the new one asks again.
+                Resynced::Stale | Resynced::Unasked => {}
                 Resynced::Refused(why) => prop_assert!(false, "resync refused: {why:?}"),
             },
         }
@@ -299,6 +303,13 @@ impl World {
         self.senders = Senders::committed(record);
     }
 
+    /// No acknowledgement in time: the sender goes back to its oldest datagram, a resend
+    /// interval later (long enough for the collector to repeat what it asked).
+    fn ack_timeout(&mut self) {
+        self.window.rewind();
+        self.now += ACK_TIMEOUT;
+    }
+
     fn restart_sender(&mut self) {
         let (first, end) = (self.first_held(), self.next_seq);
         self.dropped
@@ -337,7 +348,7 @@ impl World {
             if self.window.is_empty() {
                 return Ok(());
             }
-            self.window.rewind();
+            self.ack_timeout();
         }
         Err(TestCaseError::fail(format!(
             "stalled: {} datagrams still held after {ROUNDS} resend intervals",

@@ -1,0 +1,743 @@
+//! Each sender's seqs as this collector knows them: which datagrams are new, repeated, missing
+//! or not believable, what to tell a sender that waits for acknowledgements, and which process
+//! a sender id belongs to.
+//!
+//! Two kinds of sender. One that sends from an address of its own (a redirector) expects
+//! acknowledgements and resends what is not acknowledged: its datagrams are accepted strictly
+//! in seq order, a datagram past the next one expected is not accepted (the sender is asked to
+//! resend from the missing one), and a repeat of a committed one is acknowledged again. One
+//! without an address (`clicktap send`, an older redirector) is never acknowledged: a gap in
+//! its seqs is counted as lost, as the wire format's first version had it.
+//!
+//! When this collector's record of a sender that expects acknowledgements is behind what the
+//! sender still holds (`click_senders` emptied, restored from a backup, rolled back by a
+//! failover), the sender, asked for a seq it no longer holds, answers with a resync: where its
+//! window starts and how many clicks were acknowledged before it. The collector goes on from
+//! there and counts the clicks it has no record of as unaccounted: committed before the record
+//! was lost, or lost with it, which it cannot tell apart. No seq it still has a record of is
+//! accepted again, and no sender waits for a seq it cannot send.
+//!
+//! A sender id belongs to the process (pid and uid, as the kernel attests them) whose datagram
+//! of it this collector accepted first; another process's datagram claiming it is refused, and
+//! so is a seq further ahead than any sender could have got (from a sender without an address:
+//! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
+//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS`, and ids idle for two
+//! days are forgotten; what is forgotten leaves `click_senders` with the next batch.
+//!
+//! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::wire::{Ack, Resync};
+use crate::Creds;
+
+/// An acknowledgement or resend request identical to one sent this recently is not sent again:
+/// a burst of repeated or early datagrams gets one answer, not one each.
+const REPEAT_AFTER: Duration = Duration::from_millis(200);
+/// The furthest a seq may be past the next one expected: far more datagrams than a collector
+/// can lose (its two batches and the socket's queue hold a few hundred), far fewer than a
+/// forged seq would claim.
+pub const MAX_JUMP: u64 = 100_000;
+/// Sender ids one process keeps: a redirector has one per process start (a new one after a
+/// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's.
+pub const PER_PROCESS: usize = 4;
+/// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
+/// claiming more per skipped datagram is not believed.
+const MAX_CLICKS_PER_DATAGRAM: u64 = crate::wire::MAX_DATAGRAM as u64 / 3;
+/// Resend requests remembered (for senders with an address), to check that a resync answers
+/// one: a flood of fresh ids pushes out arbitrary ones, whose senders are asked again.
+const MAX_ASKED: usize = 4_096;
+/// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
+pub const MAX_SENDERS: usize = 100_000;
+/// An id not seen for this long is forgotten: its redirector, if alive, went on under a new id
+/// after a day idle (twice that here, so that a datagram sent just before the redirector's day
+/// is up still finds its sender known).
+const IDLE: Duration = Duration::from_secs(2 * 24 * 3600);
+/// How often idle ids are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// What a datagram is, by its sender's id and seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// New; `lost` datagrams of this sender were skipped before it (never for a sender that
+    /// expects acknowledgements: it resends them).
+    Accept { lost: u64 },
+    /// Accepted before: skipped.
+    Duplicate,
+    /// From a sender that expects acknowledgements, past the next seq expected: not accepted,
+    /// the sender resends from the missing one.
+    Ahead,
+    /// Not believed: the datagram is rejected whole.
+    Refused(Refusal),
+}
+
+/// What a resync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resynced {
+    /// The record was behind: `skipped` datagrams of `unaccounted` clicks were passed over, and
+    /// the sender goes on from `first`.
+    Skipped {
+        first: u64,
+        skipped: u64,
+        unaccounted: u64,
+    },
+    /// The record is not behind (a repeated resync, or one that crossed a resend): nothing.
+    Stale,
+    /// Not an answer to a resend request this collector made (to that process, at that
+    /// address, for a seq below `first`): ignored. One in flight across a collector restart
+    /// is; the new collector asks again. A forger's never skips anything.
+    Unasked,
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The sender id belongs to another process.
+    SenderMismatch,
+    /// The seq is more than `MAX_JUMP` past the next one expected.
+    SeqJump,
+    /// A resync from a sender without an address (never asked to resend), or claiming more
+    /// clicks than the datagrams it skips can hold.
+    BadResync,
+}
+
+impl Refusal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::SenderMismatch => "sender_mismatch",
+            Refusal::SeqJump => "seq_jump",
+            Refusal::BadResync => "bad_resync",
+        }
+    }
+}
+
+/// A message for a sender: where (`A`: its address, as the transport names it), and what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply<A> {
+    pub to: A,
+    pub ack: Ack,
+}
+
+/// The process a sender id belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Owner {
+    pid: i32,
+    uid: u32,
+}
+
+impl Owner {
+    fn of(creds: Option<Creds>) -> Option<Owner> {
+        creds.map(|c| Owner {
+            pid: c.pid,
+            uid: c.uid,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Sender<A> {
+    /// Highest seq accepted into a batch, committed or not.
+    accepted: Option<u64>,
+    /// Highest seq committed.
+    committed: Option<u64>,
+    /// Clicks in its datagrams up to `accepted`, since its seq 0 (as far as this collector's
+    /// record goes): what a resync is compared with.
+    clicks: u64,
+    /// Where its acknowledgements go; `None` while it sends from no address of its own.
+    reply: Option<A>,
+    /// The last message sent to it, and when.
+    told: Option<(Ack, Instant)>,
+    /// Whose it is: set by the first datagram of it accepted in this collector's life.
+    owner: Option<Owner>,
+    seen: Instant,
+}
+
+impl<A: Copy> Sender<A> {
+    fn new(now: Instant) -> Sender<A> {
+        Sender {
+            accepted: None,
+            committed: None,
+            clicks: 0,
+            reply: None,
+            told: None,
+            owner: None,
+            seen: now,
+        }
+    }
+
+    /// A reply of `ack`, unless the sender has no address or was told the same just now.
+    fn tell(&mut self, ack: Ack, now: Instant, repeat: bool) -> Option<Reply<A>> {
+        let to = self.reply?;
+        let recent = |&(told, at): &(Ack, Instant)| told == ack && now - at < REPEAT_AFTER;
+        if !repeat && self.told.as_ref().is_some_and(recent) {
+            return None;
+        }
+        self.told = Some((ack, now));
+        Some(Reply { to, ack })
+    }
+}
+
+/// The collector's half of the acknowledgement protocol; `A` is a sender's address.
+/// A resend request made: for which seq, of which process, at which address.
+#[derive(Debug, Clone, Copy)]
+struct Asked<A> {
+    seq: u64,
+    owner: Option<Owner>,
+    to: A,
+}
+
+#[derive(Debug)]
+pub struct Senders<A> {
+    map: HashMap<u64, Sender<A>>,
+    /// The last resend request made to each sender, until a resync answers it.
+    asked: HashMap<u64, Asked<A>>,
+    /// Each process's ids, oldest first.
+    by_process: HashMap<Owner, Vec<u64>>,
+    /// Forgotten since `forgotten` was last called: to delete from click_senders.
+    forgotten: Vec<u64>,
+    swept: Instant,
+}
+
+impl<A: Copy + PartialEq> Default for Senders<A> {
+    fn default() -> Senders<A> {
+        Senders::committed([])
+    }
+}
+
+impl<A: Copy + PartialEq> Senders<A> {
+    /// The senders whose seqs were committed, each with its last committed seq and the clicks
+    /// up to it.
+    pub fn committed(last: impl IntoIterator<Item = (u64, u64, u64)>) -> Senders<A> {
+        let now = Instant::now();
+        let map = last
+            .into_iter()
+            .map(|(sender, seq, clicks)| {
+                let mut known = Sender::new(now);
+                (known.accepted, known.committed) = (Some(seq), Some(seq));
+                known.clicks = clicks;
+                (sender, known)
+            })
+            .collect();
+        Senders {
+            map,
+            asked: HashMap::new(),
+            by_process: HashMap::new(),
+            forgotten: Vec::new(),
+            swept: now,
+        }
+    }
+
+    /// Judges datagram `seq` of `sender`, `clicks` clicks sent from `from` by the process of
+    /// `creds`, and, if new, remembers it as accepted; also what to tell the sender, if anything.
+    pub fn judge(
+        &mut self,
+        sender: u64,
+        (seq, clicks): (u64, u64),
+        from: Option<A>,
+        creds: Option<Creds>,
+        now: Instant,
+    ) -> (Verdict, Option<Reply<A>>) {
+        self.sweep(now);
+        let owner = Owner::of(creds);
+        let Some(s) = self.map.get_mut(&sender) else {
+            let (verdict, reply) = self.first(sender, (seq, clicks), from, owner, now);
+            self.note_asked(sender, owner, reply);
+            return (verdict, reply);
+        };
+        if s.owner.is_some() && s.owner != owner {
+            return (Verdict::Refused(Refusal::SenderMismatch), None);
+        }
+        let (verdict, reply) = judge_known(s, sender, seq, from, now);
+        if let Verdict::Accept { .. } = verdict {
+            s.accepted = Some(seq);
+            s.clicks += clicks;
+            if s.owner.is_none() {
+                s.owner = owner;
+                self.bind(sender, owner);
+            }
+        }
+        self.note_asked(sender, owner, reply);
+        (verdict, reply)
+    }
+
+    /// Remembers a resend request in `reply`, if it is one, so that a resync can be checked
+    /// against it.
+    fn note_asked(&mut self, sender: u64, owner: Option<Owner>, reply: Option<Reply<A>>) {
+        let Some((seq, to)) = reply.and_then(|r| Some((r.ack.resend_from?, r.to))) else {
+            return;
+        };
+        if self.asked.len() >= MAX_ASKED && !self.asked.contains_key(&sender) {
+            let any = self.asked.keys().next().copied();
+            any.map(|id| self.asked.remove(&id));
+        }
+        self.asked.insert(sender, Asked { seq, owner, to });
+    }
+
+    /// The first datagram of a sender this collector does not know (never seen, or forgotten):
+    /// remembered only if accepted, so that refused or early ones take no memory.
+    fn first(
+        &mut self,
+        sender: u64,
+        (seq, clicks): (u64, u64),
+        from: Option<A>,
+        owner: Option<Owner>,
+        now: Instant,
+    ) -> (Verdict, Option<Reply<A>>) {
+        let mut s = Sender::new(now);
+        let (verdict, reply) = judge_known(&mut s, sender, seq, from, now);
+        if let Verdict::Accept { .. } = verdict {
+            (s.accepted, s.owner, s.clicks) = (Some(seq), owner, clicks);
+            self.map.insert(sender, s);
+            self.bind(sender, owner);
+        }
+        (verdict, reply)
+    }
+
+    /// Takes a resync of `sender`, sent from `from` by the process of `creds`, in answer to a
+    /// resend request made to that process at that address: if the record of it is behind
+    /// `first`, the seqs before `first` count as accepted, with `clicks_before` clicks up to
+    /// them, and the difference as unaccounted.
+    pub fn resync(
+        &mut self,
+        resync: &Resync,
+        from: Option<A>,
+        creds: Option<Creds>,
+        now: Instant,
+    ) -> Resynced {
+        let (sender, first) = (resync.sender, resync.first);
+        let owner = Owner::of(creds);
+        let Some(last) = first.checked_sub(1) else {
+            return Resynced::Stale;
+        };
+        if from.is_none() {
+            return Resynced::Refused(Refusal::BadResync);
+        }
+        let s = self.map.get(&sender);
+        if s.is_some_and(|s| s.owner.is_some() && s.owner != owner) {
+            return Resynced::Refused(Refusal::SenderMismatch);
+        }
+        if s.is_some_and(|s| s.accepted.is_some_and(|a| a >= last)) {
+            return Resynced::Stale;
+        }
+        let asked = self.asked.get(&sender);
+        if !asked.is_some_and(|a| a.seq < first && a.owner == owner && Some(a.to) == from) {
+            return Resynced::Unasked;
+        }
+        let (accepted, clicks) = s.map_or((None, 0), |s| (s.accepted, s.clicks));
+        let skipped = accepted.map_or(first, |a| last - a);
+        let unaccounted = resync.clicks_before.saturating_sub(clicks);
+        if unaccounted > skipped.saturating_mul(MAX_CLICKS_PER_DATAGRAM) {
+            return Resynced::Refused(Refusal::BadResync);
+        }
+        self.asked.remove(&sender);
+        let s = self.map.entry(sender).or_insert_with(|| Sender::new(now));
+        (s.accepted, s.clicks, s.seen, s.reply) = (Some(last), resync.clicks_before, now, from);
+        if s.owner.is_none() {
+            s.owner = owner;
+            self.bind(sender, owner);
+        }
+        Resynced::Skipped {
+            first,
+            skipped,
+            unaccounted,
+        }
+    }
+
+    /// Clicks in `sender`'s datagrams up to the last one accepted, since its seq 0.
+    pub fn clicks_through(&self, sender: u64) -> u64 {
+        self.map.get(&sender).map_or(0, |s| s.clicks)
+    }
+
+    /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
+    /// oldest is forgotten.
+    fn bind(&mut self, sender: u64, owner: Option<Owner>) {
+        let Some(owner) = owner else { return };
+        let ids = self.by_process.entry(owner).or_default();
+        ids.push(sender);
+        if ids.len() > PER_PROCESS {
+            let oldest = ids.remove(0);
+            self.forget(oldest);
+        }
+    }
+
+    fn forget(&mut self, sender: u64) {
+        let Some(s) = self.map.remove(&sender) else {
+            return;
+        };
+        if let Some(owner) = s.owner {
+            if let Some(ids) = self.by_process.get_mut(&owner) {
+                ids.retain(|&id| id != sender);
+                if ids.is_empty() {
+                    self.by_process.remove(&owner);
+                }
+            }
+        }
+        self.forgotten.push(sender);
+    }
+
+    /// Once a minute: forgets ids idle for `IDLE`, and the least recently seen tenth while
+    /// there are more than `MAX_SENDERS`.
+    fn sweep(&mut self, now: Instant) {
+        if now - self.swept < SWEEP_EVERY && self.map.len() <= MAX_SENDERS {
+            return;
+        }
+        self.swept = now;
+        let mut by_age: Vec<(Instant, u64)> =
+            self.map.iter().map(|(&id, s)| (s.seen, id)).collect();
+        by_age.sort_unstable();
+        let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
+        let excess = if self.map.len() > MAX_SENDERS {
+            over
+        } else {
+            0
+        };
+        for (i, (seen, id)) in by_age.into_iter().enumerate() {
+            if i < excess || now - seen >= IDLE {
+                self.forget(id);
+            }
+        }
+    }
+
+    /// Records that `sender`'s datagrams up to `seq` are committed; the acknowledgement to
+    /// send, if the sender expects one.
+    pub fn commit(&mut self, sender: u64, seq: u64, now: Instant) -> Option<Reply<A>> {
+        let s = self.map.get_mut(&sender)?;
+        let committed = s.committed.map_or(seq, |c| c.max(seq));
+        s.committed = Some(committed);
+        s.tell(Ack::new(sender, Some(committed), None), now, true)
+    }
+
+    /// The ids forgotten since the last call, to delete from click_senders.
+    pub fn forgotten(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.forgotten)
+    }
+
+    /// Senders known.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The verdict on datagram `seq` of the known (or new) sender `s`, and its reply; updates
+/// what it knows of the sender but not its accepted seq.
+fn judge_known<A: Copy>(
+    s: &mut Sender<A>,
+    sender: u64,
+    seq: u64,
+    from: Option<A>,
+    now: Instant,
+) -> (Verdict, Option<Reply<A>>) {
+    let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
+    // One that expects acknowledgements is asked to resend instead: a long-lived sender whose
+    // record this collector lost is far ahead, and resyncs.
+    if from.is_none() && seq.saturating_sub(expected) > MAX_JUMP {
+        return (Verdict::Refused(Refusal::SeqJump), None);
+    }
+    s.seen = now;
+    s.reply = from;
+    match (from, s.accepted) {
+        (None, accepted) => match crate::seq::judge(accepted, seq, true) {
+            crate::seq::Verdict::Duplicate => (Verdict::Duplicate, None),
+            crate::seq::Verdict::Accept { lost } => (Verdict::Accept { lost }, None),
+        },
+        (Some(_), Some(accepted)) if seq <= accepted => {
+            // Committed already: the sender missed the acknowledgement (or this collector
+            // restarted), so it is told again. Pending: its commit will tell.
+            let reply = match s.committed {
+                Some(committed) if seq <= committed => {
+                    s.tell(Ack::new(sender, Some(committed), None), now, false)
+                }
+                _ => None,
+            };
+            (Verdict::Duplicate, reply)
+        }
+        (Some(_), _) if seq == expected => (Verdict::Accept { lost: 0 }, None),
+        (Some(_), _) => {
+            let ask = Ack::new(sender, s.committed, Some(expected));
+            (Verdict::Ahead, s.tell(ask, now, false))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sender's address; the transport's kind does not matter here.
+    type Addr = &'static str;
+
+    fn addr() -> Option<Addr> {
+        Some("sender")
+    }
+
+    fn creds(pid: i32) -> Option<Creds> {
+        Some(Creds {
+            pid,
+            uid: 1000,
+            gid: 1000,
+        })
+    }
+
+    fn ack(committed: Option<u64>, resend_from: Option<u64>) -> Option<Reply<Addr>> {
+        let to = addr().unwrap();
+        Some(Reply {
+            to,
+            ack: Ack::new(7, committed, resend_from),
+        })
+    }
+
+    #[test]
+    fn a_sender_with_an_address_is_taken_in_order_and_told_what_is_committed() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let c = creds(10);
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), c, now),
+            (Verdict::Ahead, ack(None, Some(0)))
+        );
+        assert_eq!(
+            s.judge(7, (0, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), c, now),
+            (Verdict::Duplicate, None),
+            "pending"
+        );
+        assert_eq!(
+            s.judge(7, (3, 1), addr(), c, now),
+            (Verdict::Ahead, ack(None, Some(2)))
+        );
+        assert_eq!(
+            s.judge(7, (3, 1), addr(), c, now),
+            (Verdict::Ahead, None),
+            "asked once"
+        );
+        assert_eq!(s.commit(7, 1, now), ack(Some(1), None));
+        assert_eq!(
+            s.judge(7, (0, 1), addr(), c, now),
+            (Verdict::Duplicate, None),
+            "just told"
+        );
+        let later = now + REPEAT_AFTER;
+        assert_eq!(
+            s.judge(7, (0, 1), addr(), c, later),
+            (Verdict::Duplicate, ack(Some(1), None))
+        );
+        assert_eq!(
+            s.commit(8, 0, now),
+            None,
+            "an unknown sender is told nothing"
+        );
+    }
+
+    #[test]
+    fn a_sender_whose_record_was_lost_resyncs_and_the_gap_is_counted_once() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let c = creds(10);
+        assert_eq!(
+            s.judge(7, (500, 10), addr(), c, now),
+            (Verdict::Ahead, ack(None, Some(0))),
+            "asks for what it has no record of"
+        );
+        let resync = Resync::new(7, 500, 4_990);
+        let skipped = Resynced::Skipped {
+            first: 500,
+            skipped: 500,
+            unaccounted: 4_990,
+        };
+        assert_eq!(s.resync(&resync, addr(), c, now), skipped);
+        assert_eq!(s.resync(&resync, addr(), c, now), Resynced::Stale, "once");
+        assert_eq!(s.judge(7, (499, 10), addr(), c, now).0, Verdict::Duplicate);
+        assert_eq!(
+            s.judge(7, (500, 10), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        assert_eq!(s.clicks_through(7), 5_000);
+        let forger = creds(11);
+        assert_eq!(
+            s.resync(&Resync::new(7, 900, 9_000), addr(), forger, now),
+            Resynced::Refused(Refusal::SenderMismatch)
+        );
+    }
+
+    #[test]
+    fn a_record_rolled_back_counts_only_what_it_lacks_and_far_seqs_are_asked_for() {
+        let mut s = Senders::<Addr>::committed([(7, 99, 1_000)]);
+        let now = Instant::now();
+        let c = creds(10);
+        let far = 99 + 2 * MAX_JUMP;
+        assert_eq!(
+            s.judge(7, (far, 10), addr(), c, now),
+            (Verdict::Ahead, ack(Some(99), Some(100))),
+            "a sender with an address is asked, not refused"
+        );
+        let elsewhere = Some("elsewhere");
+        assert_eq!(
+            s.resync(&Resync::new(7, 300, 3_000), elsewhere, c, now),
+            Resynced::Unasked,
+            "asked at another address"
+        );
+        assert_eq!(
+            s.resync(&Resync::new(8, 300, 3_000), addr(), c, now),
+            Resynced::Unasked,
+            "never asked"
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, 100, 1_000), addr(), c, now),
+            Resynced::Stale,
+            "the record is not behind"
+        );
+        let implausible = Resync::new(7, 300, u64::MAX);
+        assert_eq!(
+            s.resync(&implausible, addr(), c, now),
+            Resynced::Refused(Refusal::BadResync)
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, 300, 3_000), None, c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "a sender without an address is never asked to resend"
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, 300, 3_000), addr(), c, now),
+            Resynced::Skipped {
+                first: 300,
+                skipped: 200,
+                unaccounted: 2_000
+            }
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, 0, 0), addr(), c, now),
+            Resynced::Stale
+        );
+    }
+
+    #[test]
+    fn a_sender_without_an_address_gets_gaps_counted_and_nothing_back() {
+        let mut s = Senders::<Addr>::committed([(7, 4, 0)]);
+        let now = Instant::now();
+        assert_eq!(
+            s.judge(7, (4, 1), None, None, now),
+            (Verdict::Duplicate, None)
+        );
+        assert_eq!(
+            s.judge(7, (8, 1), None, None, now),
+            (Verdict::Accept { lost: 3 }, None)
+        );
+        assert_eq!(
+            s.judge(9, (2, 1), None, None, now),
+            (Verdict::Accept { lost: 2 }, None)
+        );
+        assert_eq!(s.commit(7, 8, now), None);
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_restarted_collector_acknowledges_what_was_committed_before_it() {
+        let mut s = Senders::<Addr>::committed([(7, 4, 0)]);
+        let now = Instant::now();
+        let c = creds(10);
+        assert_eq!(
+            s.judge(7, (3, 1), addr(), c, now),
+            (Verdict::Duplicate, ack(Some(4), None))
+        );
+        assert_eq!(
+            s.judge(7, (6, 1), addr(), c, now),
+            (Verdict::Ahead, ack(Some(4), Some(5)))
+        );
+        assert_eq!(
+            s.judge(7, (5, 1), addr(), c, now).0,
+            Verdict::Accept { lost: 0 }
+        );
+    }
+
+    #[test]
+    fn an_id_belongs_to_the_process_that_sent_it_first_and_forged_seqs_are_refused() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        assert_eq!(
+            s.judge(7, (0, 1), None, creds(10), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let mismatch = Verdict::Refused(Refusal::SenderMismatch);
+        assert_eq!(
+            s.judge(7, (1, 1), None, creds(11), now).0,
+            mismatch,
+            "another pid"
+        );
+        let other_uid = Some(Creds {
+            pid: 10,
+            uid: 0,
+            gid: 0,
+        });
+        assert_eq!(
+            s.judge(7, (1, 1), None, other_uid, now).0,
+            mismatch,
+            "another uid"
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), None, creds(10), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let jump = Verdict::Refused(Refusal::SeqJump);
+        assert_eq!(
+            s.judge(7, (9_000_000_000_000_000_000, 1), None, creds(10), now)
+                .0,
+            jump
+        );
+        assert_eq!(
+            s.judge(8, (MAX_JUMP + 1, 1), None, creds(12), now).0,
+            jump,
+            "a first seq too"
+        );
+        assert_eq!(
+            s.judge(7, (2 + MAX_JUMP, 1), None, creds(10), now).0,
+            Verdict::Accept { lost: MAX_JUMP }
+        );
+        assert_eq!(s.len(), 1, "refused ids take no memory");
+    }
+
+    #[test]
+    fn a_flood_of_fresh_ids_keeps_each_process_to_a_few_and_forgets_the_rest() {
+        let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
+        let now = Instant::now();
+        for id in 100..10_100 {
+            assert_eq!(
+                s.judge(id, (0, 1), None, creds(66), now).0,
+                Verdict::Accept { lost: 0 }
+            );
+        }
+        assert_eq!(
+            s.len(),
+            1 + PER_PROCESS,
+            "the flooder's last ids, and the other sender"
+        );
+        let forgotten = s.forgotten();
+        assert_eq!(forgotten.len(), 10_000 - PER_PROCESS);
+        assert!(!forgotten.contains(&1));
+        assert!(s.forgotten().is_empty(), "reported once");
+    }
+
+    #[test]
+    fn ids_idle_for_two_days_are_forgotten() {
+        let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
+        let start = Instant::now();
+        s.judge(2, (0, 1), None, creds(3), start);
+        let later = start + IDLE;
+        s.judge(4, (0, 1), None, creds(5), later);
+        assert_eq!(s.len(), 1);
+        let mut forgotten = s.forgotten();
+        forgotten.sort();
+        assert_eq!(forgotten, [1, 2]);
+    }
+}
