@@ -14,7 +14,6 @@ pub mod intake;
 pub mod lock;
 pub mod maintenance;
 pub mod metrics;
-pub mod migrations;
 pub mod mirror;
 pub mod partitions;
 pub mod receive;

@@ -19,7 +19,8 @@ use crate::socket::Inbox;
 use crate::store::Conn;
 use crate::unfolded::Unfolded;
 use crate::writer::Writer;
-use crate::{compact, copy, lock, maintenance, migrations, partitions};
+use crate::{compact, copy, lock, maintenance, partitions};
+use schema as migrations;
 
 /// Why the collector could not start or go on.
 #[derive(Debug, thiserror::Error)]

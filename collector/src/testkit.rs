@@ -62,7 +62,7 @@ pub struct Place {
 }
 
 pub async fn place() -> Place {
-    let db = crate::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = shared::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {

@@ -100,7 +100,7 @@ fn in_user_namespace(cmd: &std::process::Command) -> std::process::Command {
 /// cannot enter the Unix cluster's directory (its owner, `postgres` as root runs it, is not
 /// mapped there, so root inside has no power over it), but reaches 127.0.0.1 as usual.
 async fn tcp_place() -> Place {
-    let db = collector::migrations::test_db_on(shared::pgtest::tcp_cluster()).await;
+    let db = shared::pgtest::test_db_on(shared::pgtest::tcp_cluster()).await;
     let client = shared::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {
@@ -446,7 +446,7 @@ async fn a_role_that_may_connect_cannot_shadow_the_functions_the_collector_calls
         ))
         .await
         .unwrap();
-    collector::migrations::apply(&mut client).await.unwrap();
+    schema::apply(&mut client).await.unwrap();
 
     let intruder = shared::pgtest::connect(&format!("{} user={mallory}", db.url)).await;
     // The collector connects as the harness's superuser, `postgres`.

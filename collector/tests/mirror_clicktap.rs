@@ -64,7 +64,7 @@ async fn await_tapped(out: &Path, n: usize) {
 
 #[tokio::test]
 async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = shared::pgtest::connect(&db.url).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("collector.sock");

@@ -57,7 +57,7 @@ async fn name_of(client: &tokio_postgres::Client, at_us: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Metrics::default();
     // Ten days on, a second before midnight: that day and the two after it exist already.
@@ -121,7 +121,7 @@ async fn day_state(client: &tokio_postgres::Client, name: &str) -> DayState {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute("CREATE EXTENSION pg_visibility")
@@ -233,7 +233,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let mut client = pgtest::connect(&db.url).await;
     let metrics = Metrics::default();
     // Ten days ago, the collector made that day's partitions; clicks landed there.
@@ -323,9 +323,7 @@ async fn a_collector_skips_the_partitions_while_another_sees_to_them() {
 async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     let db = pgtest::cluster().fresh_database().await;
     let mut client = pgtest::connect(&db.url).await;
-    collector::migrations::apply_up_to(&mut client, 5)
-        .await
-        .unwrap();
+    schema::apply_up_to(&mut client, 5).await.unwrap();
     // 100,000 clicks of the last 100 days, and 3 dated decades ahead (the old decoder took any
     // year), in the unpartitioned table.
     client
@@ -344,9 +342,7 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     let digest: String = client.query_one(before, &[]).await.unwrap().get(0);
 
     assert_eq!(
-        collector::migrations::apply_up_to(&mut client, 6)
-            .await
-            .unwrap(),
+        schema::apply_up_to(&mut client, 6).await.unwrap(),
         [6],
         "only the partitioning is left"
     );
@@ -359,7 +355,7 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     assert_eq!(count(&client, legacy).await, 100_000);
 
     // The migrations after it, which today's collector writes with.
-    collector::migrations::apply(&mut client).await.unwrap();
+    schema::apply(&mut client).await.unwrap();
     // New clicks go to day partitions; a late one dated before the migration to the old table.
     let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Metrics::default())).await;
     let now = protocol::now_us();

@@ -393,7 +393,7 @@ async fn migrate_subcommand_applies_the_schema_and_exits() {
     let client = pgtest::connect(&db.url).await;
     assert_eq!(
         count(&client, "SELECT max(version)::int8 FROM schema_migrations").await,
-        collector::migrations::LATEST as i64
+        schema::LATEST as i64
     );
 }
 

@@ -36,7 +36,7 @@ async fn check_until(url: String, done: Arc<AtomicBool>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let done = Arc::new(AtomicBool::new(false));
     let checker = tokio::spawn(check_until(db.url.clone(), done.clone()));
     let folds = Arc::new(AtomicU64::new(0));
@@ -105,7 +105,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ways_of_applying_the_sums_count_every_key_once() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let db = collector::migrations::test_db().await;
+        let db = shared::pgtest::test_db().await;
         let mut client = pgtest::connect(&db.url).await;
         let metrics = Arc::new(Metrics::default());
         let (mut handoff, own) = writer_with_sums(&db.url, "ways", LIMIT, metrics).await;
@@ -140,7 +140,7 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 /// totals stay exact, and the next fold moves everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let (mut handoff, own) = writer_with_sums(&db.url, "cutoff", LIMIT, metrics).await;
@@ -220,7 +220,7 @@ const FOLD_ROWS_OF_VERSION_9: &str = "
 /// version's fold takes what earlier collectors left, arrays and deltas alike.
 #[tokio::test]
 async fn a_rolling_upgrade_folds_both_versions_rows_once() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let mut client = pgtest::connect(&db.url).await;
     let sent = clicks(3_000, 200, start_us(), 1_000);
     let (mut handoff, own) =

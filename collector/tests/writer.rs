@@ -33,7 +33,7 @@ async fn impatient_writer(url: &str) -> (Handoff, Arc<Metrics>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let sent = clicks(2_000, 20, start_us(), 1_000);
     let grams = datagrams(41, &sent);
@@ -86,7 +86,7 @@ const BUSY_SESSIONS: &str = "
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client.batch_execute(SLOW_COMMIT).await.unwrap();
     let sent = clicks(3_000, 20, start_us(), 1_000);
@@ -124,7 +124,7 @@ enum Orphan {
 /// (checked against the deltas) and the clicks the writer counts as written, once it handed
 /// the second batch back.
 async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
@@ -185,7 +185,7 @@ async fn the_claim_waits_for_an_uncommitted_claim_and_writes_the_batch_once_it_r
 /// the committed seqs are not moved back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a_batch() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute("INSERT INTO click_senders (sender, last_seq) VALUES (81, 1000), (83, 1000)")
@@ -217,7 +217,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
 /// free, the batch is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_outage() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
     collector::lock::take(
@@ -280,7 +280,7 @@ async fn asking_for_the_lock(client: &tokio_postgres::Client, holder: i32, not: 
 /// live one, and each committed row is marked with the instance and the clicks up to its seq.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forgetting_a_sender_deletes_only_this_instances_row() {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute(

@@ -26,7 +26,7 @@ pub struct Fixture {
 
 /// A fresh [`Fixture`] with `links` as (code, url) rows.
 pub async fn fixture(links: &[(&str, &str)]) -> Fixture {
-    let db = collector::migrations::test_db().await;
+    let db = shared::pgtest::test_db().await;
     let client = shared::pgtest::connect(&db.url).await;
     for (code, url) in links {
         add_link(&client, code, url).await;

@@ -128,7 +128,7 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
         .await
         .unwrap();
     let mut client = cluster.connect(&name).await;
-    collector::migrations::apply(&mut client).await.unwrap();
+    schema::apply(&mut client).await.unwrap();
     add_link(&client, "soon", "https://example.com/soon").await;
     r.ready().await;
     let response = shared::testkit::http::request(r.http, Method::GET, "/soon")

@@ -610,7 +610,7 @@ async fn database_step(cluster: &shared::pgtest::Cluster) {
 
     let url = |role: &str| format!("{} user={role}", cluster.url("clicks"));
     let mut collector = shared::pgtest::connect(&url("clicks-collector")).await;
-    collector::migrations::apply(&mut collector)
+    schema::apply(&mut collector)
         .await
         .expect("migrations as clicks-collector");
     collector

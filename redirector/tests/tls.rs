@@ -186,7 +186,7 @@ async fn login_roles(admin: &tokio_postgres::Client, db: &str) -> (String, Strin
 /// load, both services' sessions are encrypted, and the redirector's role cannot read clicks.
 #[tokio::test]
 async fn pipeline_runs_over_tls_with_a_role_per_process() {
-    let db = collector::migrations::test_db_on(tls_cluster()).await;
+    let db = shared::pgtest::test_db_on(tls_cluster()).await;
     let admin = shared::pgtest::connect(&db.url).await;
     add_link(&admin, "tls", "https://example.com/tls").await;
     let (collector_role, redirector_role) = login_roles(&admin, &db.name).await;

@@ -11,7 +11,6 @@ pub mod metrics;
 pub mod pgtest;
 pub mod socket;
 pub mod systemd;
-pub mod tap;
 #[cfg(feature = "testkit")]
 pub mod testcerts;
 #[cfg(feature = "testkit")]

@@ -336,3 +336,18 @@ pub fn find_bindir() -> Option<PathBuf> {
         .find(|d| has_all(d))
         .map(|d| std::fs::canonicalize(&d).unwrap_or(d))
 }
+
+/// A fresh database of the test cluster with every migration applied, for tests.
+pub async fn test_db() -> TestDb {
+    test_db_on(cluster()).await
+}
+
+/// A fresh database of `cluster` with every migration applied, for tests.
+pub async fn test_db_on(cluster: &Cluster) -> TestDb {
+    let db = cluster.fresh_database().await;
+    let mut client = connect(&db.url).await;
+    schema::apply(&mut client)
+        .await
+        .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name));
+    db
+}

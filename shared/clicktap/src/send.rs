@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use super::{hex, read_all, say, signals, PeerProblem, TapError};
-use crate::socket::SendErrorKind;
 use protocol::wire::{self, EncodeError, Encoder, DEFAULT_DATAGRAM};
+use shared::socket::SendErrorKind;
 
 /// Pause before resending when the receiver's queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);

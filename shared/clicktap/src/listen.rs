@@ -15,9 +15,9 @@ use serde_json::json;
 
 use super::show::{self, SeqNote, Verdict};
 use super::{signals, TapError};
-use crate::socket::bind_datagram;
 use protocol::seq::{self, LastSeqs};
 use protocol::wire::{Datagram, MAX_DATAGRAM};
+use shared::socket::bind_datagram;
 
 /// How long one `recv` blocks: bounds how late a `--stats` line or a signal is noticed when a
 /// signal lands just before the call (otherwise `EINTR` wakes it at once).
@@ -41,7 +41,7 @@ pub struct Args {
     stats: bool,
     /// File mode of the socket, in octal; senders need write permission on it (a collector
     /// running as another user needs 666, or this tap run in the collector's group).
-    #[arg(long, default_value = "660", value_parser = crate::flags::mode)]
+    #[arg(long, default_value = "660", value_parser = shared::flags::mode)]
     mode: u32,
 }
 

@@ -1,6 +1,5 @@
 //! The schema against a real PostgreSQL cluster from the test harness.
 
-use collector::migrations;
 use shared::pgtest;
 
 /// Every table, view, function and trigger with its definition, to compare schemas.
@@ -20,8 +19,8 @@ async fn applying_twice_changes_nothing() {
     let db = pgtest::cluster().fresh_database().await;
     let mut client = pgtest::connect(&db.url).await;
     assert_eq!(
-        migrations::apply(&mut client).await.unwrap(),
-        migrations::versions()
+        schema::apply(&mut client).await.unwrap(),
+        schema::versions()
     );
     let before: String = client.query_one(SCHEMA, &[]).await.unwrap().get(0);
     for column in [
@@ -31,10 +30,7 @@ async fn applying_twice_changes_nothing() {
     ] {
         assert!(before.contains(column), "{column} in {before}");
     }
-    assert_eq!(
-        migrations::apply(&mut client).await.unwrap(),
-        Vec::<i32>::new()
-    );
+    assert_eq!(schema::apply(&mut client).await.unwrap(), Vec::<i32>::new());
     let after: String = client.query_one(SCHEMA, &[]).await.unwrap().get(0);
     assert_eq!(before, after);
 }
@@ -46,7 +42,7 @@ async fn concurrent_starts_apply_each_migration_once() {
         let url = db.url.clone();
         tokio::spawn(async move {
             let mut client = pgtest::connect(&url).await;
-            migrations::apply(&mut client).await.unwrap()
+            schema::apply(&mut client).await.unwrap()
         })
     });
     let mut applied = Vec::new();
@@ -54,12 +50,12 @@ async fn concurrent_starts_apply_each_migration_once() {
         applied.extend(run.await.unwrap());
     }
     applied.sort();
-    assert_eq!(applied, migrations::versions());
+    assert_eq!(applied, schema::versions());
 }
 
 #[tokio::test]
 async fn links_accept_only_http_urls_and_valid_codes() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let insert = "INSERT INTO links (code, url) VALUES ($1, $2)";
     client
@@ -86,7 +82,7 @@ async fn links_accept_only_http_urls_and_valid_codes() {
 
 #[tokio::test]
 async fn changing_links_notifies_links_changed() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let (listener, mut conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -128,7 +124,7 @@ async fn changing_links_notifies_links_changed() {
 
 #[tokio::test]
 async fn totals_view_adds_unfolded_deltas() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute(
@@ -167,7 +163,7 @@ async fn totals_view_adds_unfolded_deltas() {
 /// groups by it.
 #[tokio::test]
 async fn every_unique_key_contains_the_column_the_table_would_be_sharded_by() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let keys = "
         SELECT c.conrelid::regclass::text, string_agg(a.attname, ',' ORDER BY a.attname)
@@ -201,7 +197,7 @@ async fn every_unique_key_contains_the_column_the_table_would_be_sharded_by() {
 
 #[tokio::test]
 async fn links_refuse_control_characters_and_urls_over_2048_bytes() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let insert = "INSERT INTO links (code, url) VALUES ($1, $2)";
     let longest = format!("https://example.com/{}", "x".repeat(2048 - 20));
@@ -262,7 +258,7 @@ async fn url_check_validated(client: &tokio_postgres::Client) -> bool {
 async fn migrate_links_holding(rows: &[(&str, String)]) -> (tokio_postgres::Client, Vec<String>) {
     let db = pgtest::cluster().fresh_database().await;
     let mut client = pgtest::connect(&db.url).await;
-    migrations::apply_up_to(&mut client, 6).await.unwrap();
+    schema::apply_up_to(&mut client, 6).await.unwrap();
     for (code, url) in rows {
         client
             .execute(
@@ -283,7 +279,7 @@ async fn migrate_links_holding(rows: &[(&str, String)]) -> (tokio_postgres::Clie
             }
         }
     });
-    migrations::apply(&mut migrator).await.unwrap();
+    schema::apply(&mut migrator).await.unwrap();
     drop(migrator);
     // The session ends once its client is dropped, and with it the stream of notices.
     let mut notices = Vec::new();
@@ -359,7 +355,7 @@ async fn migration_7_validates_a_clean_table_and_warns_about_rows_that_break_the
 async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
     let cluster = pgtest::cluster();
     // The group roles exist once any database of the cluster is migrated.
-    let _ = migrations::test_db().await;
+    let _ = pgtest::test_db().await;
     let admin = cluster.connect("postgres").await;
     let name = format!("legacy_{}", std::process::id());
     for sql in [
@@ -370,10 +366,10 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
     }
     let url = format!("{} user={name}", cluster.url(&name));
     let mut legacy = pgtest::connect(&url).await;
-    migrations::apply_up_to(&mut legacy, 7)
+    schema::apply_up_to(&mut legacy, 7)
         .await
         .expect("migrations 1-7 as the database owner");
-    let err = migrations::apply(&mut legacy).await.unwrap_err();
+    let err = schema::apply(&mut legacy).await.unwrap_err();
     let db_err = err.as_db_error().expect("a server error");
     assert!(
         db_err
@@ -392,7 +388,7 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
         .batch_execute(&format!("GRANT clicks_collector TO {name}"))
         .await
         .unwrap();
-    assert_eq!(migrations::apply_up_to(&mut legacy, 8).await.unwrap(), [8]);
+    assert_eq!(schema::apply_up_to(&mut legacy, 8).await.unwrap(), [8]);
     let owner: String = legacy
         .query_one(
             "SELECT tableowner::text FROM pg_tables WHERE tablename = 'clicks'",
@@ -428,7 +424,7 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
 async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_what_to_run() {
     let cluster = pgtest::cluster();
     // The group roles exist once any database of the cluster is migrated.
-    let _ = migrations::test_db().await;
+    let _ = pgtest::test_db().await;
     let admin = cluster.connect("postgres").await;
     let name = format!("pg14_{}", std::process::id());
     for sql in [
@@ -447,10 +443,10 @@ async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_
     let public_may_create = "SELECT has_schema_privilege('public', 'public', 'CREATE')";
 
     let mut collector = pgtest::connect(&format!("{} user={name}", cluster.url(&name))).await;
-    migrations::apply_up_to(&mut collector, 12)
+    schema::apply_up_to(&mut collector, 12)
         .await
         .expect("migrations 1-12 as the database owner");
-    let err = migrations::apply(&mut collector).await.unwrap_err();
+    let err = schema::apply(&mut collector).await.unwrap_err();
     let db_err = err.as_db_error().expect("a server error");
     assert!(
         db_err.message().contains(&format!(
@@ -478,7 +474,7 @@ async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_
 
     // What the hint says, as a superuser.
     superuser.batch_execute(fix).await.unwrap();
-    assert_eq!(migrations::apply(&mut collector).await.unwrap(), [13]);
+    assert_eq!(schema::apply(&mut collector).await.unwrap(), [13]);
     let may: bool = superuser
         .query_one(public_may_create, &[])
         .await
@@ -505,7 +501,7 @@ async fn migration_13_revokes_what_it_may_and_pins_every_functions_search_path()
         )
         .await
         .unwrap();
-    migrations::apply(&mut client).await.unwrap();
+    schema::apply(&mut client).await.unwrap();
     let row = client
         .query_one(
             "SELECT has_schema_privilege('public', 'public', 'CREATE'),

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
-use crate::socket::{BindError, SendErrorKind};
 use protocol::wire::EncodeError;
+use shared::socket::{BindError, SendErrorKind};
 
 /// Socket-level inspection of the click pipeline's datagram socket.
 #[derive(Debug, Parser)]

@@ -1,4 +1,6 @@
-//! Versioned schema migrations, embedded in the binary and applied at start.
+//! The database schema of both services, in one place: versioned migrations, embedded in the
+//! collector's binary and applied at start (the redirector reads `links` and `link_changes`,
+//! which they create), and by the tests of both.
 //!
 //! All pending migrations run in one transaction under a transaction-scoped advisory lock, so
 //! collectors starting together apply each migration exactly once, and a failed migration
@@ -121,21 +123,4 @@ pub async fn apply_up_to(
     }
     tx.commit().await?;
     Ok(applied)
-}
-
-/// A fresh database of the test cluster with every migration applied, for tests.
-#[cfg(feature = "testkit")]
-pub async fn test_db() -> shared::pgtest::TestDb {
-    test_db_on(shared::pgtest::cluster()).await
-}
-
-/// A fresh database of `cluster` with every migration applied, for tests.
-#[cfg(feature = "testkit")]
-pub async fn test_db_on(cluster: &shared::pgtest::Cluster) -> shared::pgtest::TestDb {
-    let db = cluster.fresh_database().await;
-    let mut client = shared::pgtest::connect(&db.url).await;
-    apply(&mut client)
-        .await
-        .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name));
-    db
 }

@@ -6,7 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     shared::init_logging();
-    match shared::tap::run(shared::tap::Cli::parse()) {
+    match clicktap::run(clicktap::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("clicktap: {e}");

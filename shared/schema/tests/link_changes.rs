@@ -1,6 +1,5 @@
 //! Migration 4: the change log of `links` the redirectors follow.
 
-use collector::migrations;
 use shared::pgtest;
 
 async fn logged(client: &tokio_postgres::Client) -> Vec<String> {
@@ -24,7 +23,7 @@ async fn state(client: &tokio_postgres::Client) -> (i64, i64, i64) {
 
 #[tokio::test]
 async fn every_changed_code_is_logged_once_per_statement_and_a_rename_logs_both() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute(
@@ -43,7 +42,7 @@ async fn every_changed_code_is_logged_once_per_statement_and_a_rename_logs_both(
 
 #[tokio::test]
 async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute(
@@ -81,7 +80,7 @@ async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
 
 #[tokio::test]
 async fn a_role_that_may_only_change_links_still_logs_its_changes() {
-    let db = migrations::test_db().await;
+    let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let role = format!("linker_{}", db.name);
     client

@@ -440,7 +440,7 @@ fn decode_prints_the_golden_vector_fields() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("golden.bin");
-    std::fs::write(&file, shared::tap::hex::parse(GOLDEN).unwrap()).unwrap();
+    std::fs::write(&file, clicktap::hex::parse(GOLDEN).unwrap()).unwrap();
     let from_file = run_args(&["decode", file.to_str().unwrap()]);
 
     for out in [from_hex, from_file] {
