@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn every_duration_flag_refuses_zero_and_absurd_values() {
         let command = <Cli as clap::CommandFactory>::command();
-        shared::testkit::assert_duration_flags_refuse_zero_and_absurd(command, &[]);
+        testkit::assert_duration_flags_refuse_zero_and_absurd(command, &[]);
     }
 
     #[test]

@@ -22,8 +22,6 @@ pub mod senders;
 pub mod service;
 pub mod socket;
 pub mod store;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod unfolded;
 pub mod userns;
 pub mod writer;

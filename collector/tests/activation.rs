@@ -6,16 +6,16 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 
-use collector::testkit::*;
 use nix::sys::signal::Signal;
-use shared::pgtest::TestDb;
+use testkit::collector::*;
+use testkit::pgtest::TestDb;
 
 /// The collector started the way systemd starts it: `fd` as fd 3, LISTEN_FDS=1 and
 /// LISTEN_PID set to its own pid, NOTIFY_SOCKET at `notify`.
 fn activated(db: &TestDb, fd: RawFd, dir: &Path, notify: &Path) -> Command {
     let mut inner = command(db, &dir.join("not-bound.sock"), &[]);
     inner.env("NOTIFY_SOCKET", notify);
-    shared::testkit::socket_activated(&inner, fd)
+    testkit::socket_activated(&inner, fd)
 }
 
 /// The next notification the collector sent.
@@ -80,7 +80,7 @@ async fn the_admin_listener_passed_by_name_is_used_beside_the_datagram_socket() 
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let admin_addr = admin.local_addr().unwrap();
     let inner = command(&p.db, &p.dir.path().join("not-bound.sock"), &[]);
-    let cmd = shared::testkit::socket_activated_named(
+    let cmd = testkit::socket_activated_named(
         &inner,
         &[
             ("collector.socket", passed.as_raw_fd()),

@@ -5,12 +5,10 @@
 
 use std::time::Duration;
 
-use collector::testkit::*;
 use shared::admin::MAX_CONNECTIONS;
-use shared::testkit::http::get;
-use shared::testkit::{
-    eventually, limit_descriptors, open_descriptors, raise_own_descriptor_limit,
-};
+use testkit::collector::*;
+use testkit::http::get;
+use testkit::{eventually, limit_descriptors, open_descriptors, raise_own_descriptor_limit};
 use tokio::net::TcpStream;
 
 /// collector.service's `LimitNOFILE=`.

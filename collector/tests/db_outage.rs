@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use collector::testkit::*;
-use shared::pgtest;
+use testkit::collector::*;
+use testkit::pgtest;
 
 /// Polls of an unchanged value that show the receiver stalled: ten in a row span well over
 /// the 40 ms between the late sender's datagrams.
@@ -14,7 +14,7 @@ const STALLED_POLLS: u32 = 10;
 async fn unchanged_for_polls(c: &Collector, series: &str) -> f64 {
     let seen = std::cell::Cell::new((f64::NAN, 0));
     let what = format!("{series} to stay put over {STALLED_POLLS} polls");
-    shared::testkit::eventually(&what, LIMIT, || async {
+    testkit::eventually(&what, LIMIT, || async {
         let now = c.metric(series).await;
         let (last, same) = seen.get();
         let same = if now == last { same + 1 } else { 0 };
@@ -49,7 +49,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     tokio::task::spawn_blocking(|| pgtest::cluster().stop_server())
         .await
         .unwrap();
-    shared::testkit::eventually(
+    testkit::eventually(
         "/healthz to say 503 while the database is down",
         LIMIT,
         || async { (c.health().await == 503).then_some(()) },
@@ -67,7 +67,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
             }
         })
     };
-    shared::testkit::eventually("clicks pending for the database", LIMIT, || async {
+    testkit::eventually("clicks pending for the database", LIMIT, || async {
         (c.metric("collector_pending_clicks").await > 0.0).then_some(())
     })
     .await;
@@ -94,7 +94,7 @@ async fn postgres_stopped_for_seconds_loses_and_doubles_nothing() {
     c.ready().await;
     assert!(c.metric("collector_db_errors_total").await >= 1.0);
     assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
-    shared::testkit::eventually(
+    testkit::eventually(
         "click_counts to catch up after the outage",
         LIMIT,
         || async {

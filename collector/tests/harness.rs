@@ -3,7 +3,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use shared::pgtest;
+use testkit::pgtest;
 
 /// Both parallel tests meet here after creating their databases, so each one looks for the
 /// other's row only once that row exists.

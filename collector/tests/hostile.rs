@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use collector::testkit::*;
 use protocol::wire::{Click, Datagram, Encoder, DEFAULT_DATAGRAM, VERSION};
-use shared::testkit::XorShift;
+use testkit::collector::*;
+use testkit::XorShift;
 
 /// A datagram of `sender` at `seq` with `clicks` clicks of `code`, stamped now.
 fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
@@ -32,7 +32,7 @@ async fn a_forged_sender_id_from_another_process_is_rejected_and_the_real_sender
     // Another process (the same uid) claims the id: a seq far ahead, and the very next one.
     let uid = nix::unistd::getuid().as_raw();
     for seq in [9_000_000_000_000_000_000, 1] {
-        shared::testkit::send_as_user(uid, &p.path, &datagram(77, seq, "forged", 5)).unwrap();
+        testkit::send_as_user(uid, &p.path, &datagram(77, seq, "forged", 5)).unwrap();
     }
     c.await_metric(
         "collector_datagrams_rejected_total{reason=\"sender_mismatch\"}",
@@ -59,7 +59,7 @@ async fn only_the_uids_allowed_are_taken() {
         let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
         std::fs::set_permissions(dir, open).unwrap();
     }
-    shared::testkit::send_as_user(65534, &p.path, &datagram(5, 0, "other", 3)).unwrap();
+    testkit::send_as_user(65534, &p.path, &datagram(5, 0, "other", 3)).unwrap();
     c.await_metric(
         "collector_datagrams_rejected_total{reason=\"unauthorized\"}",
         1.0,
@@ -100,8 +100,8 @@ fn in_user_namespace(cmd: &std::process::Command) -> std::process::Command {
 /// cannot enter the Unix cluster's directory (its owner, `postgres` as root runs it, is not
 /// mapped there, so root inside has no power over it), but reaches 127.0.0.1 as usual.
 async fn tcp_place() -> Place {
-    let db = shared::pgtest::test_db_on(shared::pgtest::tcp_cluster()).await;
-    let client = shared::pgtest::connect(&db.url).await;
+    let db = testkit::pgtest::test_db_on(testkit::pgtest::tcp_cluster()).await;
+    let client = testkit::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {
         db,
@@ -131,7 +131,7 @@ async fn an_allowed_uid_its_user_namespace_does_not_map_stops_the_collector_at_s
     let p = tcp_place().await;
     let uid = OUTSIDE_UID.to_string();
     let cmd = in_user_namespace(&command(&p.db, &p.path, &["--allow-uid", &uid]));
-    let mut run = shared::testkit::Service::spawn("collector", cmd);
+    let mut run = testkit::Service::spawn("collector", cmd);
     let status = run.wait_exit(LIMIT).await;
     assert!(
         !status.success(),
@@ -158,7 +158,7 @@ async fn in_a_user_namespace_an_allowed_mapped_uid_starts_and_others_arrive_as_6
     let c = Collector::spawn(in_user_namespace(&command(&p.db, &p.path, &flags))).await;
     c.ready().await;
     open_to_everyone(&p);
-    shared::testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(5, 0, "outside", 3)).unwrap();
+    testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(5, 0, "outside", 3)).unwrap();
     c.await_metric(
         "collector_datagrams_rejected_total{reason=\"unauthorized\"}",
         1.0,
@@ -189,7 +189,7 @@ async fn in_a_user_namespace_without_allow_uid_the_socket_mode_decides() {
     let c = Collector::spawn(in_user_namespace(&command(&p.db, &p.path, &flags))).await;
     c.ready().await;
     open_to_everyone(&p);
-    shared::testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(7, 0, "outside", 3)).unwrap();
+    testkit::send_as_user(OUTSIDE_UID, &p.path, &datagram(7, 0, "outside", 3)).unwrap();
     await_rows(&p.client, None, 3).await;
     assert_eq!(
         c.metric("collector_datagrams_rejected_total{reason=\"unauthorized\"}")
@@ -208,11 +208,11 @@ async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_b
     send_all(&p.path, flood(1..100_001)).await;
     c.await_metric("collector_datagrams_received_total", 100_000.0)
         .await;
-    let before = shared::testkit::rss_kib(c.service.pid());
+    let before = testkit::rss_kib(c.service.pid());
     send_all(&p.path, flood(100_001..1_000_001)).await;
     c.await_metric("collector_datagrams_received_total", 1_000_000.0)
         .await;
-    let after = shared::testkit::rss_kib(c.service.pid());
+    let after = testkit::rss_kib(c.service.pid());
     // A marker sent last: once its row is in, every batch before it is committed.
     send_all(&p.path, vec![datagram(2_000_000, 0, "marker", 1)]).await;
     await_rows(&p.client, None, 1).await;
@@ -280,13 +280,13 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
     send_all(&p.path, warm.to_vec()).await;
     c.await_metric("collector_datagrams_received_total", 100_000.0)
         .await;
-    let before = shared::testkit::rss_kib(c.service.pid());
+    let before = testkit::rss_kib(c.service.pid());
     send_all(&p.path, rest.to_vec()).await;
     await_rows(&p.client, None, seq * 50).await;
     let total = all.len() as f64;
     c.await_metric("collector_datagrams_received_total", total)
         .await;
-    let after = shared::testkit::rss_kib(c.service.pid());
+    let after = testkit::rss_kib(c.service.pid());
     for (reason, n) in &expected {
         let series = format!("collector_datagrams_rejected_total{{reason=\"{reason}\"}}");
         assert_eq!(c.metric(&series).await, *n, "{series}");
@@ -357,13 +357,8 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
     c.service
         .wait_for_log("every click of a batch of 20 refused", LIMIT)
         .await;
-    shared::testkit::eventually("/healthz to say 503", LIMIT, || async {
-        (shared::testkit::http::get(c.admin, "/healthz")
-            .await
-            .ok()?
-            .0
-            == 503)
-            .then_some(())
+    testkit::eventually("/healthz to say 503", LIMIT, || async {
+        (testkit::http::get(c.admin, "/healthz").await.ok()?.0 == 503).then_some(())
     })
     .await;
     assert_eq!(
@@ -427,8 +422,8 @@ async fn assert_no_shadow_called(client: &tokio_postgres::Client, when: &str) {
 /// partitions; a batch; a fold and the pruning) never calls either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_that_may_connect_cannot_shadow_the_functions_the_collector_calls() {
-    let db = shared::pgtest::cluster().fresh_database().await;
-    let mut client = shared::pgtest::connect(&db.url).await;
+    let db = testkit::pgtest::cluster().fresh_database().await;
+    let mut client = testkit::pgtest::connect(&db.url).await;
     // Roles are the cluster's: one of its own for each test database.
     let mallory = format!("mallory_{}", db.name);
     client
@@ -448,7 +443,7 @@ async fn a_role_that_may_connect_cannot_shadow_the_functions_the_collector_calls
         .unwrap();
     schema::apply(&mut client).await.unwrap();
 
-    let intruder = shared::pgtest::connect(&format!("{} user={mallory}", db.url)).await;
+    let intruder = testkit::pgtest::connect(&format!("{} user={mallory}", db.url)).await;
     // The collector connects as the harness's superuser, `postgres`.
     let in_own_schema = format!(
         "CREATE SCHEMA postgres; GRANT USAGE ON SCHEMA postgres TO PUBLIC; {}",
@@ -464,7 +459,7 @@ async fn a_role_that_may_connect_cannot_shadow_the_functions_the_collector_calls
     send_all(&path, vec![datagram(12, 0, "shadowed", 5)]).await;
     await_rows(&client, None, 5).await;
     c.await_metric("collector_clicks_written_total", 5.0).await;
-    shared::testkit::eventually("a fold", LIMIT, || async {
+    testkit::eventually("a fold", LIMIT, || async {
         (c.metric("collector_compactions_total").await >= 1.0).then_some(())
     })
     .await;

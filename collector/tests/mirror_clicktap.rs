@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nix::sys::signal::Signal;
-use shared::testkit::db::await_rows;
-use shared::testkit::services::Collector;
-use shared::testkit::{binary, eventually, Service, LIMIT};
+use testkit::db::await_rows;
+use testkit::services::Collector;
+use testkit::{binary, eventually, Service, LIMIT};
 
 fn clicktap(args: &[&str], socket: &Path) -> Command {
     let mut cmd = Command::new(binary("clicktap"));
@@ -64,8 +64,8 @@ async fn await_tapped(out: &Path, n: usize) {
 
 #[tokio::test]
 async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
-    let db = shared::pgtest::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
+    let db = testkit::pgtest::test_db().await;
+    let client = testkit::pgtest::connect(&db.url).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("collector.sock");
     let tap = dir.path().join("tap.sock");

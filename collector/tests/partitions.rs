@@ -11,9 +11,12 @@ use collector::compact;
 use collector::maintenance::{self, Policy};
 use collector::metrics::Metrics;
 use collector::partitions;
-use collector::testkit::*;
+mod support;
+
 use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
-use shared::pgtest;
+use support::*;
+use testkit::collector::*;
+use testkit::pgtest;
 
 const DAY_US: i64 = 86_400_000_000;
 const HOUR_US: i64 = 3_600_000_000;
@@ -57,7 +60,7 @@ async fn name_of(client: &tokio_postgres::Client, at_us: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Metrics::default();
     // Ten days on, a second before midnight: that day and the two after it exist already.
@@ -121,7 +124,7 @@ async fn day_state(client: &tokio_postgres::Client, name: &str) -> DayState {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute("CREATE EXTENSION pg_visibility")
@@ -162,7 +165,7 @@ async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before()
     // The next day: vacuumed (at each round until every page is all-visible: right after the
     // clicks' commit one may not be yet), analyzed, handed back to autovacuum, indexed; the
     // new today's partition is left alone.
-    shared::testkit::eventually("the closed day settled", LIMIT, || async {
+    testkit::eventually("the closed day settled", LIMIT, || async {
         maintenance::keep_partitions(&client, &policy(None), &metrics, noon + DAY_US)
             .await
             .unwrap();
@@ -233,7 +236,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let mut client = pgtest::connect(&db.url).await;
     let metrics = Metrics::default();
     // Ten days ago, the collector made that day's partitions; clicks landed there.
@@ -290,7 +293,7 @@ async fn a_started_collector_drops_expired_days_in_its_partition_task() {
     assert!(partitions(&p.client).await.contains(&old_day));
     let c = start_collector(&p.db, &p.path, &["--retention", "3"]).await;
     // The metric counts a round's drops once the round is done, after the tables are gone.
-    shared::testkit::eventually("the expired day dropped and counted", LIMIT, || async {
+    testkit::eventually("the expired day dropped and counted", LIMIT, || async {
         let gone = !partitions(&p.client).await.contains(&old_day);
         let counted = c.metric("collector_partitions_dropped_total").await >= 1.0;
         (gone && counted).then_some(())

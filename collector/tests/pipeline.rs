@@ -4,11 +4,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::time::Instant;
 
-use collector::testkit::*;
 use nix::sys::signal::Signal;
 use protocol::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
-use shared::pgtest;
 use shared::socket::SendErrorKind;
+use testkit::collector::*;
+use testkit::pgtest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_clicks_land_exactly_with_totals() {
@@ -54,7 +54,7 @@ async fn hundred_thousand_clicks_land_exactly_with_totals() {
 
 /// Waits until click_counts alone (after a compaction) holds `expected`.
 async fn eventually_counts(client: &tokio_postgres::Client, expected: &Totals) {
-    shared::testkit::eventually("click_counts to match after compaction", LIMIT, || async {
+    testkit::eventually("click_counts to match after compaction", LIMIT, || async {
         (totals(client, "click_counts").await == *expected).then_some(())
     })
     .await;
@@ -282,9 +282,7 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
     first
         .await_metric("collector_datagrams_received_total", grams.len() as f64)
         .await;
-    let (status, body) = shared::testkit::http::get(second.admin, "/healthz")
-        .await
-        .unwrap();
+    let (status, body) = testkit::http::get(second.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(!second_path.exists(), "no socket while it waits");
     first.service.signal(Signal::SIGTERM);
@@ -385,7 +383,7 @@ async fn mirror_forwards_every_datagram_unchanged_and_counts_what_it_cannot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_subcommand_applies_the_schema_and_exits() {
     let db = pgtest::cluster().fresh_database().await;
-    let status = std::process::Command::new(shared::testkit::binary("collector"))
+    let status = std::process::Command::new(testkit::binary("collector"))
         .args(["migrate", "--database-url", &db.url])
         .status()
         .unwrap();
@@ -399,7 +397,7 @@ async fn migrate_subcommand_applies_the_schema_and_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_database_url_is_a_usage_error() {
-    let out = std::process::Command::new(shared::testkit::binary("collector"))
+    let out = std::process::Command::new(testkit::binary("collector"))
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
@@ -418,9 +416,7 @@ async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
     let (_dir, path) = socket_path();
     let c = Collector::spawn(command(&db, &path, &[])).await;
     c.service.wait_for_log("database not ready", LIMIT).await;
-    let (status, body) = shared::testkit::http::get(c.admin, "/healthz")
-        .await
-        .unwrap();
+    let (status, body) = testkit::http::get(c.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(!path.exists(), "no socket before the database is reached");
 
@@ -481,7 +477,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
     let c = start_collector(&p.db, &p.path, &["--compact-interval", "100ms"]).await;
     let remaining = "SELECT (SELECT count(*) FROM click_senders WHERE sender = 1)
                           + (SELECT count(*) FROM click_writers WHERE writer = 3)";
-    shared::testkit::eventually("the idle rows pruned", LIMIT, || async {
+    testkit::eventually("the idle rows pruned", LIMIT, || async {
         (count(&p.client, remaining).await == 0).then_some(())
     })
     .await;

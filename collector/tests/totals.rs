@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use collector::compact::{self, Apply};
 use collector::metrics::Metrics;
-use collector::testkit::*;
+mod support;
+
 use collector::unfolded::Unfolded;
-use shared::pgtest;
+use support::*;
+use testkit::collector::*;
+use testkit::pgtest;
 
 /// Keys whose totals differ from their rows in `clicks`, in one snapshot (one statement).
 const DISAGREEING: &str = "
@@ -36,7 +39,7 @@ async fn check_until(url: String, done: Arc<AtomicBool>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let done = Arc::new(AtomicBool::new(false));
     let checker = tokio::spawn(check_until(db.url.clone(), done.clone()));
     let folds = Arc::new(AtomicU64::new(0));
@@ -76,7 +79,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
     for w in writers {
         w.await.unwrap();
     }
-    shared::testkit::eventually("a fold after the last batch", LIMIT, || async {
+    testkit::eventually("a fold after the last batch", LIMIT, || async {
         let seen = folds.load(Relaxed);
         (seen >= 30).then_some(())
     })
@@ -105,7 +108,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ways_of_applying_the_sums_count_every_key_once() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let db = shared::pgtest::test_db().await;
+        let db = testkit::pgtest::test_db().await;
         let mut client = pgtest::connect(&db.url).await;
         let metrics = Arc::new(Metrics::default());
         let (mut handoff, own) = writer_with_sums(&db.url, "ways", LIMIT, metrics).await;
@@ -140,7 +143,7 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 /// totals stay exact, and the next fold moves everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let (mut handoff, own) = writer_with_sums(&db.url, "cutoff", LIMIT, metrics).await;
@@ -167,7 +170,7 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     let busy = "SELECT pid FROM pg_stat_activity
                 WHERE datname = current_database() AND query LIKE '%INTO click_counts%'
                   AND state = 'active' AND pid <> pg_backend_pid()";
-    let pid: i32 = shared::testkit::eventually("the fold under way", LIMIT, || async {
+    let pid: i32 = testkit::eventually("the fold under way", LIMIT, || async {
         client.query_opt(busy, &[]).await.unwrap().map(|r| r.get(0))
     })
     .await;
@@ -220,7 +223,7 @@ const FOLD_ROWS_OF_VERSION_9: &str = "
 /// version's fold takes what earlier collectors left, arrays and deltas alike.
 #[tokio::test]
 async fn a_rolling_upgrade_folds_both_versions_rows_once() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let mut client = pgtest::connect(&db.url).await;
     let sent = clicks(3_000, 200, start_us(), 1_000);
     let (mut handoff, own) =

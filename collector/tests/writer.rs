@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use collector::batch::Handoff;
 use collector::metrics::{Health, Metrics};
-use collector::testkit::*;
-use shared::pgtest;
+mod support;
+
+use support::*;
+use testkit::collector::*;
+use testkit::pgtest;
 
 /// The instance name the writers of these tests write as.
 const INSTANCE: &str = "writer-test";
@@ -33,7 +36,7 @@ async fn impatient_writer(url: &str) -> (Handoff, Arc<Metrics>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let sent = clicks(2_000, 20, start_us(), 1_000);
     let grams = datagrams(41, &sent);
@@ -46,7 +49,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
         .await
         .unwrap();
     handoff.full.send(batch_of(&grams)).await.unwrap();
-    shared::testkit::eventually("the first attempt to time out", LIMIT, || async {
+    testkit::eventually("the first attempt to time out", LIMIT, || async {
         (metrics.db_errors.get() >= 1).then_some(())
     })
     .await;
@@ -86,7 +89,7 @@ const BUSY_SESSIONS: &str = "
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client.batch_execute(SLOW_COMMIT).await.unwrap();
     let sent = clicks(3_000, 20, start_us(), 1_000);
@@ -96,7 +99,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     // completes a moment later, while retries are under way.
     write(&mut handoff, batch_of(&datagrams(51, &sent))).await;
     assert!(metrics.db_errors.get() >= 1, "the first attempt timed out");
-    shared::testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
+    testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
         (count(&client, BUSY_SESSIONS).await == 0).then_some(())
     })
     .await;
@@ -124,7 +127,7 @@ enum Orphan {
 /// (checked against the deltas) and the clicks the writer counts as written, once it handed
 /// the second batch back.
 async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let metrics = Arc::new(Metrics::default());
     let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
@@ -144,7 +147,7 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
         write(&mut handoff, batch_of(&second_grams())).await;
     } else {
         handoff.full.send(batch_of(&second_grams())).await.unwrap();
-        shared::testkit::eventually("the writer to wait on its row", LIMIT, || async {
+        testkit::eventually("the writer to wait on its row", LIMIT, || async {
             let waiting = "SELECT count(*) FROM pg_stat_activity
                            WHERE datname = current_database() AND wait_event_type = 'Lock'";
             (count(&client, waiting).await == 1).then_some(())
@@ -185,7 +188,7 @@ async fn the_claim_waits_for_an_uncommitted_claim_and_writes_the_batch_once_it_r
 /// the committed seqs are not moved back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a_batch() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute("INSERT INTO click_senders (sender, last_seq) VALUES (81, 1000), (83, 1000)")
@@ -217,7 +220,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
 /// free, the batch is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_outage() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
     collector::lock::take(
@@ -268,7 +271,7 @@ async fn asking_for_the_lock(client: &tokio_postgres::Client, holder: i32, not: 
     let asking = "SELECT pid FROM pg_stat_activity
                   WHERE datname = current_database() AND pid <> pg_backend_pid()
                     AND pid <> $1 AND pid <> $2 AND query LIKE '%pg_try_advisory_lock%'";
-    shared::testkit::eventually("a writer connection asking for the lock", LIMIT, || async {
+    testkit::eventually("a writer connection asking for the lock", LIMIT, || async {
         let rows = client.query(asking, &[&holder, &not]).await.unwrap();
         rows.first().map(|r| r.get(0))
     })
@@ -280,7 +283,7 @@ async fn asking_for_the_lock(client: &tokio_postgres::Client, holder: i32, not: 
 /// live one, and each committed row is marked with the instance and the clicks up to its seq.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forgetting_a_sender_deletes_only_this_instances_row() {
-    let db = shared::pgtest::test_db().await;
+    let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     client
         .batch_execute(

@@ -2,6 +2,7 @@
 //! hands each click, through a fixed ring and a drain task, to the collector's datagram socket
 //! without making the request wait.
 
+pub(crate) mod admin;
 pub mod config;
 pub mod direct;
 pub mod drain;
@@ -11,5 +12,3 @@ pub mod metrics;
 pub mod ring;
 pub mod service;
 pub mod table;
-#[cfg(feature = "testkit")]
-pub mod testkit;

@@ -1,12 +1,7 @@
-//! The redirector's metrics, each declared once, and what the admin listener serves.
-
-use std::sync::Arc;
+//! The redirector's metrics, each declared once.
 
 use shared::metrics::{Counter, FloatGauge, Gauge, LabeledCounter};
 use shared::socket::SendErrorKind;
-
-use crate::links::LinkTable;
-use crate::ring::Ring;
 
 shared::label! {
     /// Why a click that was served did not reach the collector.
@@ -101,37 +96,5 @@ shared::metrics! {
         admin_connections_closed: LabeledCounter<shared::admin::Closed> =
             "admin_connections_closed",
             "Admin listener connections it closed itself to stay within its bound, by reason.";
-    }
-}
-
-/// What `/metrics` and `/healthz` read: the metrics, and the state health is judged by.
-pub struct AdminView {
-    pub metrics: Arc<Metrics>,
-    pub ring: Option<Arc<Ring>>,
-    pub links: Arc<LinkTable>,
-}
-
-impl shared::admin::Admin for AdminView {
-    fn metrics(&self) -> String {
-        let m = &self.metrics;
-        let (depth, capacity) = self
-            .ring
-            .as_ref()
-            .map_or((0, 0), |r| (r.len() as i64, r.capacity() as i64));
-        m.ring_depth.set(depth);
-        m.ring_capacity.set(capacity);
-        m.encode()
-    }
-
-    fn connection_closed(&self, why: shared::admin::Closed) {
-        self.metrics.admin_connections_closed.inc(why);
-    }
-
-    fn health(&self) -> Result<(), String> {
-        if self.links.is_loaded() {
-            Ok(())
-        } else {
-            Err("link table not loaded yet".into())
-        }
     }
 }

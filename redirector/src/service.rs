@@ -12,12 +12,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::admin::AdminView;
 use crate::config::{ClickMode, Config};
 use crate::direct::Direct;
 use crate::drain::{self, Drain, Left};
 use crate::http::{self, App, Clicks, Limits};
 use crate::links::{self, LinkTable};
-use crate::metrics::{AdminView, Dropped, Metrics};
+use crate::metrics::{Dropped, Metrics};
 use crate::ring::Ring;
 
 #[derive(Debug, thiserror::Error)]

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use hyper::Method;
-use redirector::testkit::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
-use shared::testkit::http::request;
-use shared::testkit::{eventually, limit_descriptors, raise_own_descriptor_limit};
+use testkit::http::request;
+use testkit::redirector::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
+use testkit::{eventually, limit_descriptors, raise_own_descriptor_limit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -132,7 +132,7 @@ async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_30
 async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     let long_url = format!("https://example.com/{}", "a".repeat(1_500));
     let f = fixture(&[(LONG_CODE, &long_url)]).await;
-    let r = redirector::testkit::redirector(
+    let r = testkit::redirector::redirector(
         &f.db.url,
         &f.socket,
         &[
@@ -180,7 +180,7 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = redirector::testkit::redirector(
+    let r = testkit::redirector::redirector(
         &f.db.url,
         &f.socket,
         &["--idle-timeout", "1s", "--header-read-timeout", "10m"],
@@ -208,7 +208,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
 #[tokio::test]
 async fn a_request_head_not_finished_in_time_is_closed_as_a_header_timeout() {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = redirector::testkit::redirector(
+    let r = testkit::redirector::redirector(
         &f.db.url,
         &f.socket,
         &["--idle-timeout", "10m", "--header-read-timeout", "1s"],
@@ -314,7 +314,7 @@ async fn clients_trickling_request_heads_at_the_limit_do_not_lock_out_a_new_clie
     const LIMIT_CONNECTIONS: usize = 4;
     let f = fixture(&[(CODE, URL)]).await;
     // Timeouts far away: only eviction can make room for the new client.
-    let r = redirector::testkit::redirector(
+    let r = testkit::redirector::redirector(
         &f.db.url,
         &f.socket,
         &[
@@ -372,7 +372,7 @@ async fn clients_trickling_request_heads_at_the_limit_do_not_lock_out_a_new_clie
 #[tokio::test]
 async fn a_request_head_trickled_byte_by_byte_is_closed_at_the_header_read_timeout() {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = redirector::testkit::redirector(
+    let r = testkit::redirector::redirector(
         &f.db.url,
         &f.socket,
         &["--idle-timeout", "10m", "--header-read-timeout", "3s"],
@@ -407,7 +407,7 @@ async fn listeners_passed_by_systemd_are_taken_by_name() {
     let http = std::net::TcpListener::bind("127.0.0.1:0").expect("http listener");
     let (admin_addr, http_addr) = (admin.local_addr().unwrap(), http.local_addr().unwrap());
     let cmd = redirector_command(&f.db.url, &f.socket, &[]);
-    let cmd = shared::testkit::socket_activated_named(
+    let cmd = testkit::socket_activated_named(
         &cmd,
         &[("admin", admin.as_raw_fd()), ("http", http.as_raw_fd())],
     );

@@ -13,11 +13,11 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
 use nix::sys::signal::Signal;
-use redirector::testkit::{fixture, load::Load, metric, Fixture};
-use redirector::testkit::{redirector, rows, scalar, Redirector, LIMIT};
-use shared::testkit::db::await_rows_settled;
-use shared::testkit::services::Collector;
-use shared::testkit::{eventually, Service};
+use testkit::db::await_rows_settled;
+use testkit::redirector::{fixture, load::Load, metric, Fixture};
+use testkit::redirector::{redirector, rows, scalar, Redirector, LIMIT};
+use testkit::services::Collector;
+use testkit::{eventually, Service};
 
 /// 1,000 redirects from one connection (so no two clicks share a microsecond), all of them
 /// acknowledged by the collector (whose admin listener is `collector`), each written once.
@@ -217,7 +217,7 @@ async fn a_click_written_again_after_the_count_was_reached_fails_the_settled_wai
     await_rows_settled(&f.client, Some("twice"), 1, &[admin]).await;
 
     send_click(&f.socket, 2, "twice", at);
-    let client = shared::pgtest::connect(&f.db.url).await;
+    let client = testkit::pgtest::connect(&f.db.url).await;
     let wait = tokio::spawn(async move {
         await_rows_settled(&client, Some("twice"), 1, &[admin]).await;
     });

@@ -14,7 +14,7 @@ use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
 use shared::socket::SendErrorKind;
-use shared::testkit::eventually;
+use testkit::eventually;
 use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -385,14 +385,14 @@ async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_no
     refused(&rig, 2).await;
     // From anyone else, as any other user: the uid the kernel attests gives it away.
     let forged = Ack::new(SENDER, Some(sent - 1), None).encode();
-    shared::testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
+    testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
     refused(&rig, 3).await;
     // Also while the collector is away.
     drop(c);
     std::fs::remove_file(&rig.path).unwrap();
     rig.push("forged", 1);
     rig.await_error(SendErrorKind::NotFound).await;
-    shared::testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
+    testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
     refused(&rig, 4).await;
     assert_eq!(rig.metrics.acks.get(), 0);
     assert_eq!(rig.metrics.clicks_acked.get(), 0);
@@ -462,7 +462,7 @@ async fn a_collector_under_another_user_is_believed_once_its_socket_says_so() {
     let last = got.datagrams.last().unwrap().0;
     let ack = Ack::new(SENDER, Some(last), None).encode();
     nix::unistd::chown(&rig.path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
-    shared::testkit::send_as_user(65534, &rig.ack_path, &ack).unwrap();
+    testkit::send_as_user(65534, &rig.ack_path, &ack).unwrap();
     await_acked(&rig, 100).await;
     assert_eq!(rig.metrics.acks_rejected.get(), 0);
     assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());

@@ -4,8 +4,5 @@
 #[test]
 fn every_duration_flag_refuses_zero_and_absurd_values() {
     let command = <redirector::config::Config as clap::CommandFactory>::command();
-    shared::testkit::assert_duration_flags_refuse_zero_and_absurd(
-        command,
-        &["--database-url", "x"],
-    );
+    testkit::assert_duration_flags_refuse_zero_and_absurd(command, &["--database-url", "x"]);
 }

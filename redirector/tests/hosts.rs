@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::Signal;
-use redirector::testkit::{
+use testkit::redirector::{
     await_rows, collector_with, fixture, load::Load, metric, redirector, LIMIT,
 };
-use shared::testkit::{eventually, Service};
+use testkit::{eventually, Service};
 
 const PAIRS: usize = 3;
 
@@ -19,7 +19,7 @@ struct Host {
     socket: PathBuf,
     collector: Service,
     collector_admin: SocketAddr,
-    redirector: redirector::testkit::Redirector,
+    redirector: testkit::redirector::Redirector,
     code: String,
 }
 
@@ -27,7 +27,7 @@ async fn start_collector(url: &str, socket: &Path, instance: &str) -> (Service, 
     let flags = ["--instance", instance, "--compact-interval", "300ms"];
     let (service, admin) = collector_with(url, socket, &flags).await;
     eventually("the collector to be ready", LIMIT, || async {
-        let (status, _) = shared::testkit::http::get(admin, "/healthz").await.ok()?;
+        let (status, _) = testkit::http::get(admin, "/healthz").await.ok()?;
         (status == 200).then_some(())
     })
     .await;
@@ -71,14 +71,14 @@ async fn three_hosts_on_one_database_each_count_every_click_through_a_collector_
         .collect();
     let running: Vec<_> = loads.iter().map(Load::start).collect();
     for h in &hosts {
-        redirector::testkit::await_first_rows(&f.client, &h.code).await;
+        testkit::redirector::await_first_rows(&f.client, &h.code).await;
     }
 
     // One host's collector stops and comes back while every host carries load.
     let restarted = &mut hosts[1];
     restarted.collector.signal(Signal::SIGTERM);
     assert!(restarted.collector.wait_exit(LIMIT).await.success());
-    let before = redirector::testkit::rows(&f.client, Some(&restarted.code)).await;
+    let before = testkit::redirector::rows(&f.client, Some(&restarted.code)).await;
     let (collector, admin) =
         start_collector(&f.db.url, &restarted.socket, &restarted.instance).await;
     (restarted.collector, restarted.collector_admin) = (collector, admin);
@@ -86,7 +86,7 @@ async fn three_hosts_on_one_database_each_count_every_click_through_a_collector_
         "the restarted host's clicks to land again",
         LIMIT,
         || async {
-            (redirector::testkit::rows(&f.client, Some(&restarted.code)).await > before + 1_000)
+            (testkit::redirector::rows(&f.client, Some(&restarted.code)).await > before + 1_000)
                 .then_some(())
         },
     )
@@ -108,7 +108,7 @@ async fn three_hosts_on_one_database_each_count_every_click_through_a_collector_
         assert_eq!(redirects, report.total(), "{}: {report:?}", h.instance);
         h.redirector.service.signal(Signal::SIGTERM);
         assert!(h.redirector.service.wait_exit(LIMIT).await.success());
-        let final_counts = redirector::testkit::final_counts(&h.redirector.service.log());
+        let final_counts = testkit::redirector::final_counts(&h.redirector.service.log());
         assert_eq!(
             final_counts,
             (redirects, 0),
@@ -119,7 +119,7 @@ async fn three_hosts_on_one_database_each_count_every_click_through_a_collector_
         eprintln!("{}: {redirects} redirects, as many rows", h.instance);
         served += redirects;
     }
-    assert_eq!(redirector::testkit::rows(&f.client, None).await, served);
+    assert_eq!(testkit::redirector::rows(&f.client, None).await, served);
     let totals = "SELECT sum(clicks)::int8 FROM click_totals";
     let totals: i64 = f.client.query_one(totals, &[]).await.unwrap().get(0);
     assert_eq!(

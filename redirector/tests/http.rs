@@ -4,7 +4,7 @@
 use std::os::unix::net::UnixDatagram;
 
 use hyper::Method;
-use redirector::testkit::{add_link, fixture, load::Load, redirector, LIMIT};
+use testkit::redirector::{add_link, fixture, load::Load, redirector, LIMIT};
 
 #[tokio::test]
 async fn answers_redirects_not_found_and_wrong_methods() {
@@ -12,7 +12,7 @@ async fn answers_redirects_not_found_and_wrong_methods() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
 
-    let response = shared::testkit::http::request(r.http, Method::GET, "/home")
+    let response = testkit::http::request(r.http, Method::GET, "/home")
         .await
         .expect("an answer");
     assert_eq!(response.status(), 302);
@@ -21,7 +21,7 @@ async fn answers_redirects_not_found_and_wrong_methods() {
         "https://example.com/home?x=1"
     );
     assert_eq!(response.headers()["cache-control"], "no-store");
-    let head = shared::testkit::http::request(r.http, Method::HEAD, "/home")
+    let head = testkit::http::request(r.http, Method::HEAD, "/home")
         .await
         .expect("an answer");
     assert_eq!(head.status(), 302);
@@ -33,14 +33,14 @@ async fn answers_redirects_not_found_and_wrong_methods() {
         "/home/more",
         &format!("/{}", "a".repeat(65)),
     ] {
-        let status = shared::testkit::http::request(r.http, Method::GET, path)
+        let status = testkit::http::request(r.http, Method::GET, path)
             .await
             .expect("an answer")
             .status();
         assert_eq!(status, 404, "GET {path}");
     }
     for method in [Method::POST, Method::PUT, Method::DELETE] {
-        let status = shared::testkit::http::request(r.http, method.clone(), "/home")
+        let status = testkit::http::request(r.http, method.clone(), "/home")
             .await
             .expect("an answer")
             .status();
@@ -77,7 +77,7 @@ async fn a_request_head_over_the_limit_is_refused() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     let long = format!("/{}", "a".repeat(20_000));
-    let status = shared::testkit::http::request(r.http, Method::GET, &long)
+    let status = testkit::http::request(r.http, Method::GET, &long)
         .await
         .expect("an answer")
         .status();
@@ -91,28 +91,26 @@ async fn a_request_head_over_the_limit_is_refused() {
 #[tokio::test]
 async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_systemd() {
     // A database that does not exist yet: the link table cannot load until it is created.
-    let cluster = shared::pgtest::cluster();
+    let cluster = testkit::pgtest::cluster();
     let name = format!("late_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let notify = UnixDatagram::bind(dir.path().join("notify.sock")).unwrap();
-    let mut cmd = redirector::testkit::redirector_command(
+    let mut cmd = testkit::redirector::redirector_command(
         &cluster.url(&name),
         &dir.path().join("c.sock"),
         &[],
     );
     cmd.env("NOTIFY_SOCKET", dir.path().join("notify.sock"));
-    let mut r = redirector::testkit::start_redirector(cmd).await;
+    let mut r = testkit::redirector::start_redirector(cmd).await;
 
-    let response = shared::testkit::http::request(r.http, Method::GET, "/soon")
+    let response = testkit::http::request(r.http, Method::GET, "/soon")
         .await
         .expect("an answer");
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
-    let (status, body) = shared::testkit::http::get(r.admin, "/healthz")
-        .await
-        .unwrap();
+    let (status, body) = testkit::http::get(r.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
-    shared::testkit::eventually("a failed link load counted", LIMIT, || async {
+    testkit::eventually("a failed link load counted", LIMIT, || async {
         (r.metric("redirector_link_load_errors_total").await >= 1.0).then_some(())
     })
     .await;
@@ -131,11 +129,11 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
     schema::apply(&mut client).await.unwrap();
     add_link(&client, "soon", "https://example.com/soon").await;
     r.ready().await;
-    let response = shared::testkit::http::request(r.http, Method::GET, "/soon")
+    let response = testkit::http::request(r.http, Method::GET, "/soon")
         .await
         .expect("an answer");
     assert_eq!(response.status(), 302);
-    shared::testkit::eventually("READY=1", LIMIT, || async {
+    testkit::eventually("READY=1", LIMIT, || async {
         (notifications(&notify) == ["READY=1"]).then_some(())
     })
     .await;

@@ -8,15 +8,15 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hyper::Method;
-use redirector::testkit::{
+use testkit::eventually;
+use testkit::redirector::{
     add_link, cut_off, db_now, drop_url_check, fixture, let_back, redirector, scalar, Fixture,
 };
-use redirector::testkit::{Redirector, LIMIT};
-use shared::testkit::eventually;
+use testkit::redirector::{Redirector, LIMIT};
 
 /// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
 async fn served(http: SocketAddr, code: &str) -> Option<String> {
-    let response = shared::testkit::http::request(http, Method::GET, &format!("/{code}"))
+    let response = testkit::http::request(http, Method::GET, &format!("/{code}"))
         .await
         .expect("an answer");
     match response.status().as_u16() {
@@ -164,7 +164,7 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_by_notifi
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     assert_eq!(r.metric("redirector_links").await, f64::from(LINKS));
-    let load = redirector::testkit::load::Load::get(r.http, "/big42");
+    let load = testkit::redirector::load::Load::get(r.http, "/big42");
     let running = load.start();
 
     // Four writers at once, so that commits interleave and land out of id order.
@@ -174,7 +174,7 @@ async fn bursts_of_changes_to_a_large_table_under_load_are_each_served_by_notifi
         let codes = (0..LINKS).filter(|n| n % 4 == w && *n != 42);
         let codes = codes.map(|n| format!("big{n}"));
         writers.push(Writer {
-            client: shared::pgtest::connect(&f.db.url).await,
+            client: testkit::pgtest::connect(&f.db.url).await,
             codes: codes.collect(),
             rng: 0x2545_f491_4f6c_dd1d + u64::from(w),
         });
@@ -289,7 +289,7 @@ async fn a_change_that_commits_after_a_later_id_is_applied() {
     // Only notifications wake the loader: each read below is the one a commit caused.
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
-    let mut early = shared::pgtest::connect(&f.db.url).await;
+    let mut early = testkit::pgtest::connect(&f.db.url).await;
     let tx = early.transaction().await.unwrap();
     tx.execute(
         "INSERT INTO links (code, url) VALUES ('early', 'https://example.com/early')",
@@ -337,7 +337,7 @@ async fn a_change_of_more_links_than_one_read_takes_makes_a_full_load() {
     let n = u32::try_from(redirector::links::LOG_READ_MAX).unwrap() + 1;
     // The bulk change takes its log ids first but commits after a later change was read: its
     // rows are below the position by id, so only counting them tells how many there are.
-    let mut bulk = shared::pgtest::connect(&f.db.url).await;
+    let mut bulk = testkit::pgtest::connect(&f.db.url).await;
     let tx = bulk.transaction().await.unwrap();
     big_table(&tx, n).await;
     add_link(&f.client, "later", "https://example.com/later").await;

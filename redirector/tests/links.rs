@@ -1,14 +1,14 @@
 //! The link table follows the database without a restart, and survives losing it.
 
 use hyper::Method;
-use redirector::testkit::{add_link, add_link_predating_check, fixture, redirector, scalar, LIMIT};
-use shared::testkit::eventually;
+use testkit::eventually;
+use testkit::redirector::{add_link, add_link_predating_check, fixture, redirector, scalar, LIMIT};
 
 /// Waits until `GET /code` answers `status` (and, for a redirect, `location`).
 async fn await_answer(http: std::net::SocketAddr, code: &str, status: u16, location: &str) {
     let what = format!("GET /{code} to answer {status} {location}");
     eventually(&what, LIMIT, || async {
-        let response = shared::testkit::http::request(http, Method::GET, &format!("/{code}"))
+        let response = testkit::http::request(http, Method::GET, &format!("/{code}"))
             .await
             .expect("an answer");
         let got = response
@@ -28,7 +28,7 @@ async fn a_link_changed_with_sql_is_served_on_its_notification() {
     let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
     r.ready().await;
     assert_eq!(
-        shared::testkit::http::request(r.http, Method::GET, "/fresh")
+        testkit::http::request(r.http, Method::GET, "/fresh")
             .await
             .expect("an answer")
             .status(),
@@ -61,14 +61,14 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
     r.ready().await;
 
     // Cut the redirector's session from the server side, and refuse new ones for a while.
-    let admin = redirector::testkit::cut_off(&f, &r).await;
-    let response = shared::testkit::http::request(r.http, Method::GET, "/steady")
+    let admin = testkit::redirector::cut_off(&f, &r).await;
+    let response = testkit::http::request(r.http, Method::GET, "/steady")
         .await
         .expect("an answer");
     assert_eq!(response.status(), 302, "the last table is still served");
 
-    redirector::testkit::let_back(&f, &admin).await;
-    let allowed_at = redirector::testkit::db_now(&admin).await;
+    testkit::redirector::let_back(&f, &admin).await;
+    let allowed_at = testkit::redirector::db_now(&admin).await;
     // Reconnected: a read of the change log after connections were allowed again. A new
     // session reads once at its start, so only now does a change test the notification.
     eventually(
@@ -80,7 +80,7 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
         },
     )
     .await;
-    let fresh = shared::pgtest::connect(&f.db.url).await;
+    let fresh = testkit::pgtest::connect(&f.db.url).await;
     add_link(&fresh, "after", "https://example.com/after").await;
     // The poll is an hour, far longer than the wait: only the re-established LISTEN can
     // deliver this change in time.
@@ -107,14 +107,14 @@ async fn rows_from_before_the_url_check_are_skipped_and_counted() {
     assert_eq!(r.metric("redirector_links_skipped").await, 3.0);
     for code in ["broken", "tabbed", "long"] {
         let path = format!("/{code}");
-        let status = shared::testkit::http::request(r.http, Method::GET, &path)
+        let status = testkit::http::request(r.http, Method::GET, &path)
             .await
             .expect("an answer")
             .status();
         assert_eq!(status, 404, "{code} must not be served");
     }
     assert_eq!(
-        shared::testkit::http::request(r.http, Method::GET, "/good")
+        testkit::http::request(r.http, Method::GET, "/good")
             .await
             .expect("an answer")
             .status(),
@@ -138,8 +138,8 @@ async fn a_change_beyond_a_reads_horizon_is_applied_once_it_commits() {
     // spoil the case: then try again, with new codes.
     for attempt in 0..20 {
         let (older, newer) = (format!("older{attempt}"), format!("newer{attempt}"));
-        let mut older_db = shared::pgtest::connect(&f.db.url).await;
-        let mut newer_db = shared::pgtest::connect(&f.db.url).await;
+        let mut older_db = testkit::pgtest::connect(&f.db.url).await;
+        let mut newer_db = testkit::pgtest::connect(&f.db.url).await;
         // `older` takes its transaction id first; `newer` a higher one but the lower change id.
         let older_tx = older_db.transaction().await.unwrap();
         older_tx

@@ -2,7 +2,7 @@
 //! without a collector.
 
 use nix::sys::signal::Signal;
-use redirector::testkit::{await_rows, fixture, load::Load, redirector, rows, LIMIT};
+use testkit::redirector::{await_rows, fixture, load::Load, redirector, rows, LIMIT};
 
 #[tokio::test]
 async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
@@ -20,7 +20,7 @@ async fn direct_mode_inserts_one_row_per_redirect_without_a_collector() {
 #[tokio::test]
 async fn off_mode_redirects_and_records_nothing() {
     let f = fixture(&[("quiet", "https://example.com/")]).await;
-    let _collector = redirector::testkit::collector(&f.db.url, &f.socket).await;
+    let _collector = testkit::redirector::collector(&f.db.url, &f.socket).await;
     let mut r = redirector(&f.db.url, &f.socket, &["--clicks", "off"]).await;
     r.ready().await;
     let report = Load::get(r.http, "/quiet").run(2_000).await;
@@ -35,7 +35,7 @@ async fn off_mode_redirects_and_records_nothing() {
     r.service.signal(Signal::SIGTERM);
     assert!(r.service.wait_exit(LIMIT).await.success());
     let marker = [("marker".to_owned(), protocol::now_us())];
-    collector::testkit::send_all(&f.socket, collector::testkit::datagrams(1, &marker)).await;
+    testkit::collector::send_all(&f.socket, testkit::collector::datagrams(1, &marker)).await;
     await_rows(&f.client, Some("marker"), 1).await;
     assert_eq!(rows(&f.client, None).await, 1, "only the marker is a row");
 }
@@ -59,31 +59,31 @@ async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
     let mut r = redirector(&f.db.url, &f.socket, &flags).await;
     r.ready().await;
     let running = Load::get(r.http, "/cutoff").start();
-    shared::testkit::eventually("rows being written", redirector::testkit::LIMIT, || async {
+    testkit::eventually("rows being written", testkit::redirector::LIMIT, || async {
         (rows(&f.client, Some("cutoff")).await >= 200).then_some(())
     })
     .await;
     r.service.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(r
         .service
-        .wait_exit(redirector::testkit::LIMIT)
+        .wait_exit(testkit::redirector::LIMIT)
         .await
         .success());
     // INSERTs the server had already been sent still run after the process is gone.
     let busy = "SELECT count(*) FROM pg_stat_activity
                 WHERE datname = current_database() AND pid <> pg_backend_pid()";
-    shared::testkit::eventually(
+    testkit::eventually(
         "the redirector's sessions to end",
-        redirector::testkit::LIMIT,
+        testkit::redirector::LIMIT,
         || async {
             let n: i64 = f.client.query_one(busy, &[]).await.unwrap().get(0);
             (n == 0).then_some(())
         },
     )
     .await;
-    let (sent, dropped) = redirector::testkit::final_counts(&r.service.log());
+    let (sent, dropped) = testkit::redirector::final_counts(&r.service.log());
     assert_eq!(dropped, 0);
     assert_eq!(rows(&f.client, Some("cutoff")).await, sent);
-    assert_eq!(redirector::testkit::final_redirects(&r.service.log()), sent);
+    assert_eq!(testkit::redirector::final_redirects(&r.service.log()), sent);
     running.await.unwrap();
 }

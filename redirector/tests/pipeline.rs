@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use hyper::Method;
 use nix::sys::signal::Signal;
-use redirector::testkit::{
+use testkit::db::await_rows_settled;
+use testkit::redirector::{
     await_rows, collector_with, database_away, fixture, load::Load, metric, redirector, rows, LIMIT,
 };
-use shared::testkit::db::await_rows_settled;
 
 #[tokio::test]
 async fn twenty_thousand_gets_become_twenty_thousand_rows() {
@@ -49,7 +49,7 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
 
     let load = Load::get(r.http, "/steady");
     let running = load.start();
-    redirector::testkit::await_first_rows(&f.client, "steady").await;
+    testkit::redirector::await_first_rows(&f.client, "steady").await;
     first.signal(Signal::SIGTERM);
     assert!(first.wait_exit(LIMIT).await.success());
     let sent_before = r.metric("redirector_clicks_sent_total").await;
@@ -72,7 +72,7 @@ async fn the_ring_holds_every_click_while_the_collector_is_stopped_for_three_sec
         "nothing is sent while nobody listens"
     );
     let (_second, second_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
-    shared::testkit::eventually("clicks sent again", LIMIT, || async {
+    testkit::eventually("clicks sent again", LIMIT, || async {
         (r.metric("redirector_clicks_sent_total").await > sent_before + held).then_some(())
     })
     .await;
@@ -113,9 +113,9 @@ async fn a_collector_away_longer_than_the_ring_holds_counts_every_drop_without_g
             .await
             > 0.0
     );
-    let before = shared::testkit::rss_kib(r.service.pid());
+    let before = testkit::rss_kib(r.service.pid());
     let flood = load.run(100_000).await;
-    let after = shared::testkit::rss_kib(r.service.pid());
+    let after = testkit::rss_kib(r.service.pid());
     assert_eq!(flood.count(302), 100_000, "{flood:?}");
     // 100,000 clicks kept would take 8 MB at 80 bytes each; the ring is allocated once.
     assert!(
@@ -148,7 +148,7 @@ async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_r
     r.ready().await;
 
     let running = Load::get(r.http, "/busy").start();
-    shared::testkit::eventually("load under way", LIMIT, || async {
+    testkit::eventually("load under way", LIMIT, || async {
         (rows(&f.client, Some("busy")).await >= 5_000).then_some(())
     })
     .await;
@@ -158,8 +158,8 @@ async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_r
     assert!(status.success(), "{status:?}");
 
     let log = r.service.log();
-    let (sent, dropped) = redirector::testkit::final_counts(&log);
-    let (acked, unacked) = redirector::testkit::final_acks(&log);
+    let (sent, dropped) = testkit::redirector::final_counts(&log);
+    let (acked, unacked) = testkit::redirector::final_acks(&log);
     assert_eq!(acked + unacked, sent, "sent = acknowledged + not");
     assert_eq!(
         acked + dropped,
@@ -182,7 +182,7 @@ async fn sigterm_under_load_exits_zero_every_redirect_is_a_row_or_a_drop_and_a_r
     next.service.signal(Signal::SIGTERM);
     assert!(next.service.wait_exit(LIMIT).await.success());
     assert_eq!(
-        redirector::testkit::final_counts(&next.service.log()),
+        testkit::redirector::final_counts(&next.service.log()),
         (2_000, 0)
     );
     await_rows_settled(&f.client, Some("busy"), sent + 2_000, &[collector_admin]).await;
@@ -202,7 +202,7 @@ async fn sigterm_with_the_collector_away_counts_the_ring_as_dropped_at_shutdown(
     let status = r.service.wait_exit(LIMIT).await;
     assert!(status.success(), "{status:?}");
     assert_eq!(
-        redirector::testkit::final_counts(&r.service.log()),
+        testkit::redirector::final_counts(&r.service.log()),
         (0, 3_000)
     );
     assert_eq!(rows(&f.client, None).await, 0);
@@ -222,7 +222,7 @@ async fn sigterm_with_the_database_away_counts_the_unacknowledged_clicks_as_drop
     let before = Load::get(r.http, "/stranded").run(200).await;
     assert_eq!(before.count(302), 200, "{before:?}");
     await_rows(&f.client, Some("stranded"), 200).await;
-    shared::testkit::eventually("the first 200 clicks to be acknowledged", LIMIT, || async {
+    testkit::eventually("the first 200 clicks to be acknowledged", LIMIT, || async {
         (r.metric("redirector_clicks_acked_total").await == 200.0).then_some(())
     })
     .await;
@@ -230,7 +230,7 @@ async fn sigterm_with_the_database_away_counts_the_unacknowledged_clicks_as_drop
     let _admin = database_away(&f).await;
     let during = Load::get(r.http, "/stranded").run(300).await;
     assert_eq!(during.count(302), 300, "{during:?}");
-    shared::testkit::eventually(
+    testkit::eventually(
         "the collector to hold the 300 clicks it cannot commit, unacknowledged",
         LIMIT,
         || async {
@@ -245,27 +245,27 @@ async fn sigterm_with_the_database_away_counts_the_unacknowledged_clicks_as_drop
     let status = r.service.wait_exit(LIMIT).await;
     assert!(status.success(), "{status:?}");
     let log = r.service.log();
-    let (sent, dropped) = redirector::testkit::final_counts(&log);
-    let (acked, unacked) = redirector::testkit::final_acks(&log);
+    let (sent, dropped) = testkit::redirector::final_counts(&log);
+    let (acked, unacked) = testkit::redirector::final_acks(&log);
     assert_eq!(
         (sent, acked, unacked),
         (500, 200, 300),
         "sent, acknowledged, not"
     );
     assert_eq!(
-        redirector::testkit::final_drops(&log),
+        testkit::redirector::final_drops(&log),
         [("unacknowledged".to_owned(), 300)].into(),
         "dropped by reason"
     );
     assert_eq!(dropped, 300);
     assert_eq!(
         acked + dropped,
-        redirector::testkit::final_redirects(&log),
+        testkit::redirector::final_redirects(&log),
         "served = acknowledged + dropped"
     );
 }
 
-async fn dropped(r: &redirector::testkit::Redirector) -> f64 {
+async fn dropped(r: &testkit::redirector::Redirector) -> f64 {
     let mut total = 0.0;
     for reason in [
         "ring_full",
@@ -308,11 +308,11 @@ async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
     let forged = protocol::wire::Ack::new(sender, Some(u64::MAX >> 1), None).encode();
 
     let first = Load::get(r.http, "/forged").run(2_000).await;
-    redirector::testkit::await_first_rows(&f.client, "forged").await;
+    testkit::redirector::await_first_rows(&f.client, "forged").await;
     // The ack socket takes it (it is not connected), and the uid the kernel attests gives it
     // away.
-    shared::testkit::send_as_user(65534, &ack_socket, &forged).unwrap();
-    shared::testkit::eventually("the forged acknowledgement refused", LIMIT, || async {
+    testkit::send_as_user(65534, &ack_socket, &forged).unwrap();
+    testkit::eventually("the forged acknowledgement refused", LIMIT, || async {
         (r.metric("redirector_acks_rejected_total").await == 1.0).then_some(())
     })
     .await;
@@ -322,14 +322,14 @@ async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
     collector.wait_exit(LIMIT).await;
     let second = Load::get(r.http, "/forged").run(2_000).await;
     let refused = "redirector_send_errors_total{kind=\"refused\"}";
-    shared::testkit::eventually(
+    testkit::eventually(
         "the redirector to find the collector dead",
         LIMIT,
         || async { (r.metric(refused).await > 0.0).then_some(()) },
     )
     .await;
-    shared::testkit::send_as_user(65534, &ack_socket, &forged).unwrap();
-    shared::testkit::eventually("the forged acknowledgement refused", LIMIT, || async {
+    testkit::send_as_user(65534, &ack_socket, &forged).unwrap();
+    testkit::eventually("the forged acknowledgement refused", LIMIT, || async {
         (r.metric("redirector_acks_rejected_total").await == 2.0).then_some(())
     })
     .await;
@@ -346,7 +346,7 @@ async fn a_forged_acknowledgement_from_another_user_changes_nothing() {
     r.service.signal(Signal::SIGTERM);
     assert!(r.service.wait_exit(LIMIT).await.success());
     assert_eq!(
-        redirector::testkit::final_counts(&r.service.log()),
+        testkit::redirector::final_counts(&r.service.log()),
         (served, 0)
     );
 }

@@ -2,9 +2,9 @@
 //! servers on loopback TCP: one with TLS (a CA and a certificate for `localhost` and
 //! 127.0.0.1, made at start), one without.
 
-use redirector::testkit::*;
-use shared::pgtest::{cluster, tcp_cluster, tls_cluster};
-use shared::testkit::http::request;
+use testkit::http::request;
+use testkit::pgtest::{cluster, tcp_cluster, tls_cluster};
+use testkit::redirector::*;
 
 /// Connects with `url` through `shared::db`, as both services do.
 async fn try_connect(url: &str) -> Result<tokio_postgres::Client, String> {
@@ -186,8 +186,8 @@ async fn login_roles(admin: &tokio_postgres::Client, db: &str) -> (String, Strin
 /// load, both services' sessions are encrypted, and the redirector's role cannot read clicks.
 #[tokio::test]
 async fn pipeline_runs_over_tls_with_a_role_per_process() {
-    let db = shared::pgtest::test_db_on(tls_cluster()).await;
-    let admin = shared::pgtest::connect(&db.url).await;
+    let db = testkit::pgtest::test_db_on(tls_cluster()).await;
+    let admin = testkit::pgtest::connect(&db.url).await;
     add_link(&admin, "tls", "https://example.com/tls").await;
     let (collector_role, redirector_role) = login_roles(&admin, &db.name).await;
     let url = |role: &str| {

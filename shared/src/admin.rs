@@ -268,9 +268,9 @@ fn answer(admin: &dyn Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
     use crate::metrics::Label;
-    use crate::testkit::http::get;
-    use crate::testkit::LIMIT;
     use std::time::Instant;
+    use testkit::http::get;
+    use testkit::LIMIT;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 

@@ -7,14 +7,8 @@ pub mod backoff;
 pub mod db;
 pub mod flags;
 pub mod metrics;
-#[cfg(feature = "testkit")]
-pub mod pgtest;
 pub mod socket;
 pub mod systemd;
-#[cfg(feature = "testkit")]
-pub mod testcerts;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod throttle;
 
 /// Completes with the signal's name on the first SIGTERM or SIGINT. The handlers are installed

@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use protocol::wire::{self, Encoder, DEFAULT_DATAGRAM};
 use serde_json::Value;
 use shared::socket::{bind_datagram, SendErrorKind};
-use shared::testkit::{eventually, Service};
+use testkit::{eventually, Service};
 
 const LIMIT: Duration = Duration::from_secs(20);
 /// The design's golden vector: sender 12345, seq 7, base_us -5, clicks ("seed1", 0), ("x", 300).

@@ -1,6 +1,6 @@
 //! Migration 4: the change log of `links` the redirectors follow.
 
-use shared::pgtest;
+use testkit::pgtest;
 
 async fn logged(client: &tokio_postgres::Client) -> Vec<String> {
     let rows = client

@@ -1,6 +1,6 @@
 //! The schema against a real PostgreSQL cluster from the test harness.
 
-use shared::pgtest;
+use testkit::pgtest;
 
 /// Every table, view, function and trigger with its definition, to compare schemas.
 const SCHEMA: &str = "

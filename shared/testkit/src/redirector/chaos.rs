@@ -10,12 +10,12 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::{eventually, Service, XorShift};
 use nix::sys::signal::Signal;
-use shared::testkit::{eventually, Service, XorShift};
 
 use super::load::{Load, Report};
 use super::{fixture, metric, redirector, Redirector, LIMIT};
-use shared::testkit::services::{collector_command, Collector};
+use crate::services::{collector_command, Collector};
 
 /// What varies between the chaos tests.
 pub struct Scenario {
@@ -60,7 +60,7 @@ async fn start_collector(
     let flags = ["--instance", instance, "--compact-interval", "500ms"];
     let cmd = collector_command(url, pair_socket, &flags);
     let cmd = match held {
-        Some(socket) => shared::testkit::socket_activated(&cmd, socket.as_raw_fd()),
+        Some(socket) => crate::socket_activated(&cmd, socket.as_raw_fd()),
         None => cmd,
     };
     let collector = Collector::spawn(cmd).await;
@@ -146,14 +146,14 @@ pub async fn crash_and_count(scenario: Scenario) {
         );
         if kill == 2 {
             tokio::time::sleep(moments.next()).await;
-            tokio::task::spawn_blocking(|| shared::pgtest::cluster().restart_immediately())
+            tokio::task::spawn_blocking(|| crate::pgtest::cluster().restart_immediately())
                 .await
                 .unwrap();
             eprintln!("chaos: PostgreSQL restarted with -m immediate");
         }
     }
     // Clicks flow again through every pair after the last failure.
-    let client = shared::pgtest::connect(&f.db.url).await;
+    let client = crate::pgtest::connect(&f.db.url).await;
     for (code, _) in &loads {
         let before = super::rows(&client, Some(code)).await;
         eventually("clicks to land again after the failures", LIMIT, || async {

@@ -1,26 +1,19 @@
-//! What the collector's tests share (feature `testkit`, tests only): starting the real binary,
-//! a test sender that speaks the wire format, a writer task of its own, and reading the tables
-//! back. A library module, so that each test binary takes the part it needs.
+//! What the collector's tests share: starting the real binary, a test sender that speaks the
+//! wire format, and reading the tables back. (What needs the collector's internals, a writer
+//! task of its own, is in `collector/tests/support`.)
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
-use crate::batch::{self, Batch, Handoff};
-use crate::db::Db;
-use crate::metrics::{Health, Metrics};
-use crate::unfolded::Unfolded;
-use crate::writer::Writer;
+use crate::pgtest::TestDb;
+use crate::services::collector_command;
 use protocol::wire::{EncodeError, Encoder, DEFAULT_DATAGRAM};
-use shared::pgtest::TestDb;
-use shared::testkit::services::collector_command;
-use std::sync::Arc;
 
-pub use shared::testkit::db::await_rows;
-pub use shared::testkit::services::Collector;
-pub use shared::testkit::LIMIT;
+pub use crate::db::await_rows;
+pub use crate::services::Collector;
+pub use crate::LIMIT;
 
 const DAY_US: i64 = 86_400_000_000;
 
@@ -62,8 +55,8 @@ pub struct Place {
 }
 
 pub async fn place() -> Place {
-    let db = shared::pgtest::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
+    let db = crate::pgtest::test_db().await;
+    let client = crate::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {
         db,
@@ -172,110 +165,4 @@ pub async fn totals(client: &tokio_postgres::Client, source: &str) -> Totals {
         .iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect()
-}
-
-/// A window that sets nothing aside.
-const WIDE_OPEN: crate::batch::Window = crate::batch::Window {
-    max_age_us: i64::MAX,
-    max_skew_us: i64::MAX,
-};
-
-/// A batch holding `grams`, as the receiver builds it.
-pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
-    let mut batch = Batch::default();
-    let mut clicks = std::collections::HashMap::new();
-    for g in grams {
-        let d = protocol::wire::decode(g).unwrap();
-        batch.push(&d, &WIDE_OPEN, start_us());
-        let through = clicks.entry(d.sender).or_insert(0);
-        *through += d.clicks.len() as u64;
-        batch.note_sender(d.sender, d.seq, *through);
-    }
-    batch
-}
-
-/// A writer task of `instance` for `url` with `timeout`; the receiver's ends of its channels.
-/// The spare batch the channel starts with is taken out, so each `recv` returns a written
-/// batch.
-pub async fn writer(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-) -> Handoff {
-    writer_with_sums(url, instance, timeout, metrics).await.0
-}
-
-/// [`writer`], reporting whether the database is reachable into `health`.
-pub async fn writer_with_health(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-) -> Handoff {
-    start_writer(url, instance, timeout, metrics, health)
-        .await
-        .0
-}
-
-/// [`writer`], with the sums it keeps of the batches it committed, for its folds.
-pub async fn writer_with_sums(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-) -> (Handoff, Arc<Unfolded>) {
-    start_writer(url, instance, timeout, metrics, Arc::default()).await
-}
-
-async fn start_writer(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-) -> (Handoff, Arc<Unfolded>) {
-    let (mut handoff, ends) = batch::handoff();
-    let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
-    let db = Db::parse(url).unwrap();
-    let writer = Writer::new(
-        db,
-        instance,
-        timeout,
-        unfolded.clone(),
-        metrics,
-        health,
-        None,
-    );
-    tokio::spawn(writer.run(ends));
-    handoff.empty.recv().await.unwrap();
-    (handoff, unfolded)
-}
-
-/// Folds now, whatever waits: the batches `own` holds the sums of, and every other writer's
-/// rows (orphaned at once, with a zero interval).
-pub async fn fold_all(
-    client: &mut tokio_postgres::Client,
-    own: &Unfolded,
-) -> Result<Option<i64>, tokio_postgres::Error> {
-    let policy = crate::compact::Policy {
-        interval: Duration::ZERO,
-        backlog: 1,
-    };
-    crate::compact::fold(client, &policy, own).await
-}
-
-/// Hands `batch` to the writer and waits until it is committed.
-pub async fn write(handoff: &mut Handoff, batch: Batch) {
-    handoff.full.send(batch).await.unwrap();
-    handed_back(handoff).await;
-}
-
-/// Waits for the writer to be done with the batch it was sent.
-pub async fn handed_back(handoff: &mut Handoff) {
-    tokio::time::timeout(LIMIT, handoff.empty.recv())
-        .await
-        .expect("the writer hands the batch back")
-        .unwrap();
 }

@@ -1,16 +1,31 @@
-//! Test support beside the PostgreSQL harness: the workspace's real binaries, and bounded
-//! waits on conditions instead of sleeps. What both services' tests use lives here once:
-//! starting the collector (`services`), the HTTP client (`http`), reading the clicks back
-//! (`db`).
+//! Test support, a dev-dependency only: the PostgreSQL harness (`pgtest`, with certificates
+//! from `testcerts`), the workspace's real binaries, and bounded waits on conditions instead of
+//! sleeps. What the tests of several crates use lives here once: starting the collector
+//! (`services`), the HTTP client (`http`), reading the clicks back (`db`), the redirector's
+//! fixtures, load generator and chaos scenarios (`redirector`), a test sender and the tables
+//! read back (`collector`).
 
+pub mod collector;
 pub mod db;
 pub mod http;
+pub mod pgtest;
+pub mod redirector;
 pub mod services;
+pub mod testcerts;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The repository's root (this crate lives in `shared/testkit`).
+pub fn repo() -> PathBuf {
+    let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .join("../..")
+        .canonicalize()
+        .expect("the repository's root")
+}
 
 /// Upper bound for anything the tests await.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -352,7 +367,7 @@ pub fn send_as_user(
 }
 
 /// Checks that every flag of `command` whose value is a `DURATION` refuses zero and absurd
-/// values with the reason, as [`crate::flags::duration`] does: a flag parsed another way
+/// values with the reason, as [`shared::flags::duration`] does: a flag parsed another way
 /// could take `0s` and panic a timer later. `required` are the arguments the command needs
 /// besides the flag tried.
 pub fn assert_duration_flags_refuse_zero_and_absurd(command: clap::Command, required: &[&str]) {

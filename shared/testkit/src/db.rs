@@ -11,7 +11,7 @@ pub async fn rows(client: &tokio_postgres::Client, code: Option<&str>) -> u64 {
     let row = client
         .query_one(sql, &[&code])
         .await
-        .unwrap_or_else(|e| panic!("counting clicks: {}", crate::db::describe(&e)));
+        .unwrap_or_else(|e| panic!("counting clicks: {}", shared::db::describe(&e)));
     row.get::<_, i64>(0) as u64
 }
 
@@ -83,7 +83,7 @@ async fn quiet(admins: &[SocketAddr]) -> Option<Vec<f64>> {
             .unwrap_or_else(|e| panic!("GET /metrics from {admin}: {e}"));
         assert_eq!(status, 200, "GET /metrics from {admin}: {body}");
         let sample = |series: &str| {
-            crate::metrics::sample(&body, series)
+            shared::metrics::sample(&body, series)
                 .unwrap_or_else(|| panic!("no {series} in the /metrics of {admin}:\n{body}"))
         };
         if body.contains("\nredirector_unacked_clicks ") {

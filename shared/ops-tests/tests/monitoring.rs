@@ -9,11 +9,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use redirector::testkit::{collector_with, fixture, load::Load, redirector, LIMIT};
 use serde_json::Value;
-use shared::testkit::{eventually, Service};
+use testkit::redirector::{collector_with, fixture, load::Load, redirector, LIMIT};
+use testkit::{eventually, Service};
 
-const MONITORING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../monitoring");
+/// The monitoring files, at the repository's root.
+fn monitoring() -> PathBuf {
+    testkit::repo().join("monitoring")
+}
 
 #[tokio::test]
 async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
@@ -72,7 +75,7 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
 
     // The dashboard: every panel's queries, with Grafana's variables as Grafana would fill them
     // for "All", and the instance variable's own query.
-    let dashboard: Value = serde_json::from_str(&read(&format!("{MONITORING}/dashboard.json")))
+    let dashboard: Value = serde_json::from_str(&read(&monitoring().join("dashboard.json")))
         .expect("dashboard.json is JSON");
     let mut queries = 0;
     for panel in panels(&dashboard) {
@@ -142,7 +145,7 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
     // The rules: all of alerts.yml loaded, each evaluated cleanly and quiet, and every series
     // its expression selects present (an expression over a misspelt metric is valid PromQL,
     // and silently never fires).
-    let defined = read(&format!("{MONITORING}/alerts.yml"))
+    let defined = read(&monitoring().join("alerts.yml"))
         .lines()
         .filter(|l| l.trim_start().starts_with("- alert:"))
         .count();
@@ -220,8 +223,8 @@ fn prometheus_binary() -> PathBuf {
         })
 }
 
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
 /// Every panel of a dashboard, inside collapsed rows too.
@@ -289,7 +292,7 @@ struct Prometheus {
 impl Prometheus {
     async fn start(binary: &Path, redirector: SocketAddr, collector: SocketAddr) -> Prometheus {
         let dir = tempfile::tempdir().expect("temp dir");
-        let rules = Path::new(MONITORING)
+        let rules = monitoring()
             .join("alerts.yml")
             .canonicalize()
             .expect("monitoring/alerts.yml");
@@ -319,7 +322,7 @@ impl Prometheus {
             .current_dir(dir.path());
         let service = Service::spawn("prometheus", cmd);
         eventually("Prometheus /-/ready", LIMIT, || async {
-            let (status, _) = shared::testkit::http::get(addr, "/-/ready").await.ok()?;
+            let (status, _) = testkit::http::get(addr, "/-/ready").await.ok()?;
             (status == 200).then_some(())
         })
         .await;
@@ -332,7 +335,7 @@ impl Prometheus {
 
     /// The JSON answer of a GET on the API.
     async fn api(&self, path: &str) -> Value {
-        let (status, body) = shared::testkit::http::get(self.addr, path)
+        let (status, body) = testkit::http::get(self.addr, path)
             .await
             .unwrap_or_else(|e| panic!("GET {path} from Prometheus: {e}"));
         serde_json::from_str(&body)

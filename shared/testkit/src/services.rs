@@ -97,5 +97,5 @@ pub async fn await_healthy(name: &str, admin: SocketAddr) {
 pub async fn metric(admin: SocketAddr, series: &str) -> f64 {
     let (status, body) = http::get(admin, "/metrics").await.expect("GET /metrics");
     assert_eq!(status, 200, "{body}");
-    crate::metrics::sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+    shared::metrics::sample(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::User;
-use shared::testkit::{eventually, Service};
+use testkit::{eventually, Service};
 
 /// The first run builds the release binaries (fat LTO) on two cores.
 const FIRST_READY: Duration = Duration::from_secs(15 * 60);
@@ -29,10 +29,7 @@ const DEVELOPER: &str = "daemon";
 const OTHER: &str = "nobody";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate lives in the workspace")
-        .to_owned()
+    testkit::repo()
 }
 
 /// `scripts/dev` with its stdout folded into the captured stderr.
@@ -109,7 +106,7 @@ async fn wait_ready(run: &Service, limit: Duration) -> Ready {
 
 /// GET `path`: the status and the Location header.
 async fn get(addr: SocketAddr, path: &str) -> (u16, Option<String>) {
-    let response = shared::testkit::http::request(addr, hyper::Method::GET, path)
+    let response = testkit::http::request(addr, hyper::Method::GET, path)
         .await
         .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"));
     let location = response.headers().get("location");
@@ -161,7 +158,7 @@ fn as_user(user: &str, cmd: &Command) -> Command {
 
 /// psql beside the server binaries, or else on PATH.
 fn psql() -> PathBuf {
-    shared::pgtest::find_bindir()
+    testkit::pgtest::find_bindir()
         .map(|dir| dir.join("psql"))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| "psql".into())
@@ -381,7 +378,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
     assert_eq!(shown, 1, "one redirect, one click");
     assert_eq!(ready.metrics.len(), 2, "two metrics URLs printed");
     for addr in &ready.metrics {
-        let (status, body) = shared::testkit::http::get(*addr, "/metrics")
+        let (status, body) = testkit::http::get(*addr, "/metrics")
             .await
             .expect("metrics");
         assert_eq!(status, 200, "GET http://{addr}/metrics");
@@ -410,7 +407,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         "the second run seeded the links again"
     );
     assert_eq!(clicks_shown(&ready.psql), Some(1), "the first run's click");
-    let db = shared::pgtest::connect(&format!(
+    let db = testkit::pgtest::connect(&format!(
         "host={} user=postgres dbname=clicks",
         dev_dir.join("pg").display()
     ))
@@ -441,7 +438,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
 async fn dev_script_uses_the_database_url_it_is_given() {
     let dir = DevDir::new();
     let dev_dir = dir.path();
-    let cluster = shared::pgtest::cluster();
+    let cluster = testkit::pgtest::cluster();
     let db = cluster.fresh_database().await;
 
     let mut cmd = dev_command(&dev_dir);

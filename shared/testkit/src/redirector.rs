@@ -1,6 +1,5 @@
-//! What the redirector's tests share (feature `testkit`, tests only): running the real
-//! binaries, reading their metrics and the database, the load generator and the chaos
-//! scenarios. A library module, so that each test binary takes the part it needs.
+//! What the redirector's tests share: running the real binaries, reading their metrics and the
+//! database, the load generator and the chaos scenarios.
 
 pub mod chaos;
 pub mod load;
@@ -9,16 +8,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
-pub use shared::testkit::db::{await_rows, rows};
-pub use shared::testkit::services::metric;
-use shared::testkit::services::{await_healthy, collector_command, Collector};
-use shared::testkit::Service;
-pub use shared::testkit::LIMIT;
+pub use crate::db::{await_rows, rows};
+pub use crate::services::metric;
+use crate::services::{await_healthy, collector_command, Collector};
+use crate::Service;
+pub use crate::LIMIT;
 
 /// What most tests start from: a migrated database of their own holding `links`, a client of
 /// it, and a temp dir for the collector's socket.
 pub struct Fixture {
-    pub db: shared::pgtest::TestDb,
+    pub db: crate::pgtest::TestDb,
     pub client: tokio_postgres::Client,
     pub socket: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -26,8 +25,8 @@ pub struct Fixture {
 
 /// A fresh [`Fixture`] with `links` as (code, url) rows.
 pub async fn fixture(links: &[(&str, &str)]) -> Fixture {
-    let db = shared::pgtest::test_db().await;
-    let client = shared::pgtest::connect(&db.url).await;
+    let db = crate::pgtest::test_db().await;
+    let client = crate::pgtest::connect(&db.url).await;
     for (code, url) in links {
         add_link(&client, code, url).await;
     }
@@ -58,7 +57,7 @@ pub fn redirector_command(database_url: &str, socket: &Path, extra: &[&str]) -> 
     static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let ack = socket.with_file_name(format!("redirector-{n}.sock"));
-    let mut cmd = Command::new(shared::testkit::binary("redirector"));
+    let mut cmd = Command::new(crate::binary("redirector"));
     cmd.args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .arg("--database-url")
         .arg(database_url)
@@ -94,13 +93,13 @@ impl Redirector {
 
     /// Clicks dropped, summed over every reason.
     pub async fn dropped(&self) -> f64 {
-        let mut total = 0.0;
-        for reason in <crate::metrics::Dropped as shared::metrics::Label>::ALL {
-            let reason = shared::metrics::Label::as_str(*reason);
-            let series = format!("redirector_clicks_dropped_total{{reason=\"{reason}\"}}");
-            total += self.metric(&series).await;
-        }
-        total
+        let (_, text) = crate::http::get(self.admin, "/metrics")
+            .await
+            .expect("GET /metrics");
+        text.lines()
+            .filter(|l| l.starts_with("redirector_clicks_dropped_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 }
 
@@ -170,7 +169,7 @@ pub async fn db_now(db: &tokio_postgres::Client) -> f64 {
 /// [`let_back`]; returns once the redirector counted the loss. The admin client it returns is
 /// what lets it back.
 pub async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
-    let admin = shared::pgtest::cluster().connect("postgres").await;
+    let admin = crate::pgtest::cluster().connect("postgres").await;
     let errors = r.metric("redirector_link_load_errors_total").await;
     let sql = format!(
         "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
@@ -179,7 +178,7 @@ pub async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
         f.db.name
     );
     admin.batch_execute(&sql).await.expect("cutting off");
-    shared::testkit::eventually(
+    crate::eventually(
         "the redirector to notice the lost session",
         LIMIT,
         || async { (r.metric("redirector_link_load_errors_total").await > errors).then_some(()) },
@@ -192,7 +191,7 @@ pub async fn cut_off(f: &Fixture, r: &Redirector) -> tokio_postgres::Client {
 /// and ends every client session open on it (the collector's, the redirector's, `f.client`'s),
 /// until [`let_back`]. Returns once none is left, with the admin client that lets it back.
 pub async fn database_away(f: &Fixture) -> tokio_postgres::Client {
-    let admin = shared::pgtest::cluster().connect("postgres").await;
+    let admin = crate::pgtest::cluster().connect("postgres").await;
     let sessions = format!(
         "FROM pg_stat_activity WHERE datname = '{}' AND backend_type = 'client backend'",
         f.db.name
@@ -206,7 +205,7 @@ pub async fn database_away(f: &Fixture) -> tokio_postgres::Client {
         .await
         .expect("taking the database away");
     let count = format!("SELECT count(*) {sessions}");
-    shared::testkit::eventually("every session of the database to end", LIMIT, || async {
+    crate::eventually("every session of the database to end", LIMIT, || async {
         (scalar::<i64>(&admin, &count).await == 0).then_some(())
     })
     .await;
@@ -302,7 +301,7 @@ pub fn final_redirects(log: &[String]) -> u64 {
 /// Waits until clicks for `code` start arriving in `clicks`.
 pub async fn await_first_rows(db: &tokio_postgres::Client, code: &str) {
     let what = format!("the first rows in clicks for {code}");
-    shared::testkit::eventually(&what, LIMIT, || async {
+    crate::eventually(&what, LIMIT, || async {
         (rows(db, Some(code)).await > 0).then_some(())
     })
     .await;

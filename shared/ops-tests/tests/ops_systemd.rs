@@ -23,10 +23,7 @@ const BINARIES: [&str; 2] = ["collector", "redirector"];
 const MAX_EXPOSURE: f64 = 1.0;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate lives in the workspace")
-        .to_owned()
+    testkit::repo()
 }
 
 fn unit_dir() -> PathBuf {
@@ -339,7 +336,7 @@ fn install_steps_in_a_temp_root_give_users_enabled_units_and_a_clean_verify() {
 
     // install -m 0755 target/release/collector target/release/redirector /usr/local/bin/
     for bin in BINARIES {
-        let built = shared::testkit::binary(bin);
+        let built = testkit::binary(bin);
         install(&built, &root.join("usr/local/bin").join(bin), 0o755);
     }
     // install -m 0644 systemd/clicks.conf /usr/lib/sysusers.d/clicks.conf && systemd-sysusers
@@ -492,10 +489,7 @@ fn check_environment_file(root: &Path, bin: &str) {
     let file = root.join(file.trim_start_matches('-').trim_start_matches('/'));
     let text = fs::read_to_string(&file)
         .unwrap_or_else(|e| panic!("{bin}.service reads {}: {e}", file.display()));
-    let (ok, help) = run(
-        shared::testkit::binary(bin).to_str().expect("utf-8"),
-        &["--help"],
-    );
+    let (ok, help) = run(testkit::binary(bin).to_str().expect("utf-8"), &["--help"]);
     assert!(ok, "{bin} --help failed:\n{help}");
     // clap wraps the help to the terminal, possibly inside `[env: X]` or `[default: Y]`.
     let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -545,7 +539,7 @@ fn check_stop_timeout_above_drain(unit: &HashMap<String, Vec<String>>, help: &st
 
 /// psql beside the server binaries the harness uses, or else on PATH.
 fn psql() -> PathBuf {
-    shared::pgtest::find_bindir()
+    testkit::pgtest::find_bindir()
         .map(|dir| dir.join("psql"))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| "psql".into())
@@ -556,7 +550,7 @@ fn psql() -> PathBuf {
 /// more.
 #[tokio::test]
 async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links() {
-    database_step(shared::pgtest::cluster()).await;
+    database_step(testkit::pgtest::cluster()).await;
 }
 
 /// The same on a server where, as before PostgreSQL 15, schema public belongs to the bootstrap
@@ -565,7 +559,7 @@ async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links(
 /// collector's role may not run on such a schema, goes through.
 #[tokio::test]
 async fn database_step_on_14s_schema_public_lets_the_collector_migrate() {
-    let cluster = shared::pgtest::tcp_cluster();
+    let cluster = testkit::pgtest::tcp_cluster();
     // psql, whose session ends with it: database.sql's CREATE DATABASE copies template1, which
     // no session may be connected to then.
     let out = Command::new(psql())
@@ -589,7 +583,7 @@ async fn database_step_on_14s_schema_public_lets_the_collector_migrate() {
     database_step(cluster).await;
 }
 
-async fn database_step(cluster: &shared::pgtest::Cluster) {
+async fn database_step(cluster: &testkit::pgtest::Cluster) {
     let sql = fs::File::open(unit_dir().join("database.sql")).expect("systemd/database.sql");
     let out = Command::new(psql())
         .args([
@@ -609,7 +603,7 @@ async fn database_step(cluster: &shared::pgtest::Cluster) {
     );
 
     let url = |role: &str| format!("{} user={role}", cluster.url("clicks"));
-    let mut collector = shared::pgtest::connect(&url("clicks-collector")).await;
+    let mut collector = testkit::pgtest::connect(&url("clicks-collector")).await;
     schema::apply(&mut collector)
         .await
         .expect("migrations as clicks-collector");
@@ -618,7 +612,7 @@ async fn database_step(cluster: &shared::pgtest::Cluster) {
         .await
         .expect("the collector's role owns the tables");
 
-    let redirector = shared::pgtest::connect(&url("clicks-redirector")).await;
+    let redirector = testkit::pgtest::connect(&url("clicks-redirector")).await;
     let row = redirector
         .query_one("SELECT url FROM links WHERE code = 'a'", &[])
         .await

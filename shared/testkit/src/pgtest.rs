@@ -260,10 +260,10 @@ impl Cluster {
 
 /// Connects to `url`, panicking with the reason if it cannot; for tests.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let config: crate::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
-    crate::db::connect(&config)
+    let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
+    shared::db::connect(&config)
         .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {}", crate::db::describe(&e)))
+        .unwrap_or_else(|e| panic!("connecting to {url}: {}", shared::db::describe(&e)))
 }
 
 /// As root, the unprivileged user PostgreSQL runs as (`postgres`, or `$PGTEST_USER`); else

@@ -1,0 +1,120 @@
+//! What the collector's own tests share that needs its internals: a batch as the receiver
+//! builds it, and a writer task of its own. Included by the test files that use it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use collector::batch::{self, Batch, Handoff};
+use collector::db::Db;
+use collector::metrics::{Health, Metrics};
+use collector::unfolded::Unfolded;
+use collector::writer::Writer;
+use testkit::collector::start_us;
+use testkit::LIMIT;
+
+/// A window that sets nothing aside.
+const WIDE_OPEN: collector::batch::Window = collector::batch::Window {
+    max_age_us: i64::MAX,
+    max_skew_us: i64::MAX,
+};
+
+/// A batch holding `grams`, as the receiver builds it.
+pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
+    let mut batch = Batch::default();
+    let mut clicks = std::collections::HashMap::new();
+    for g in grams {
+        let d = protocol::wire::decode(g).unwrap();
+        batch.push(&d, &WIDE_OPEN, start_us());
+        let through = clicks.entry(d.sender).or_insert(0);
+        *through += d.clicks.len() as u64;
+        batch.note_sender(d.sender, d.seq, *through);
+    }
+    batch
+}
+
+/// A writer task of `instance` for `url` with `timeout`; the receiver's ends of its channels.
+/// The spare batch the channel starts with is taken out, so each `recv` returns a written
+/// batch.
+pub async fn writer(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) -> Handoff {
+    writer_with_sums(url, instance, timeout, metrics).await.0
+}
+
+/// [`writer`], reporting whether the database is reachable into `health`.
+pub async fn writer_with_health(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Handoff {
+    start_writer(url, instance, timeout, metrics, health)
+        .await
+        .0
+}
+
+/// [`writer`], with the sums it keeps of the batches it committed, for its folds.
+pub async fn writer_with_sums(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) -> (Handoff, Arc<Unfolded>) {
+    start_writer(url, instance, timeout, metrics, Arc::default()).await
+}
+
+async fn start_writer(
+    url: &str,
+    instance: &str,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> (Handoff, Arc<Unfolded>) {
+    let (mut handoff, ends) = batch::handoff();
+    let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
+    let db = Db::parse(url).unwrap();
+    let writer = Writer::new(
+        db,
+        instance,
+        timeout,
+        unfolded.clone(),
+        metrics,
+        health,
+        None,
+    );
+    tokio::spawn(writer.run(ends));
+    handoff.empty.recv().await.unwrap();
+    (handoff, unfolded)
+}
+
+/// Folds now, whatever waits: the batches `own` holds the sums of, and every other writer's
+/// rows (orphaned at once, with a zero interval).
+pub async fn fold_all(
+    client: &mut tokio_postgres::Client,
+    own: &Unfolded,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    let policy = collector::compact::Policy {
+        interval: Duration::ZERO,
+        backlog: 1,
+    };
+    collector::compact::fold(client, &policy, own).await
+}
+
+/// Hands `batch` to the writer and waits until it is committed.
+pub async fn write(handoff: &mut Handoff, batch: Batch) {
+    handoff.full.send(batch).await.unwrap();
+    handed_back(handoff).await;
+}
+
+/// Waits for the writer to be done with the batch it was sent.
+pub async fn handed_back(handoff: &mut Handoff) {
+    tokio::time::timeout(LIMIT, handoff.empty.recv())
+        .await
+        .expect("the writer hands the batch back")
+        .unwrap();
+}
