@@ -25,12 +25,12 @@ type FastHash = foldhash::fast::RandomState;
 /// when it received them. The others are set aside, so that a wrong clock or a forged datagram
 /// cannot write into a day long gone (or far ahead), nor into a day without a partition.
 #[derive(Debug, Clone, Copy)]
-pub struct Window {
+pub struct DateWindow {
     pub max_age_us: i64,
     pub max_skew_us: i64,
 }
 
-impl Window {
+impl DateWindow {
     /// Why a click at `at_us`, received at `now_us`, is set aside; `None` if it is not.
     pub fn judge(&self, at_us: i64, now_us: i64) -> Option<SetAside> {
         if at_us < now_us.saturating_sub(self.max_age_us) {
@@ -95,7 +95,12 @@ pub struct Batch {
 impl Batch {
     /// Adds an accepted datagram's clicks, received at `now_us`: those outside `window` are
     /// set aside.
-    pub fn push(&mut self, datagram: &protocol::wire::Datagram<'_>, window: &Window, now_us: i64) {
+    pub fn push(
+        &mut self,
+        datagram: &protocol::wire::Datagram<'_>,
+        window: &DateWindow,
+        now_us: i64,
+    ) {
         for (code, at_us) in datagram.clicks_at() {
             if let Some(why) = window.judge(at_us, now_us) {
                 copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
@@ -304,7 +309,7 @@ mod tests {
     use protocol::wire::{Click, Datagram};
 
     /// Sets nothing aside.
-    const OPEN: Window = Window {
+    const OPEN: DateWindow = DateWindow {
         max_age_us: i64::MAX,
         max_skew_us: i64::MAX,
     };
@@ -378,7 +383,7 @@ mod tests {
 
     #[test]
     fn clicks_outside_the_window_are_set_aside_by_reason() {
-        let window = Window {
+        let window = DateWindow {
             max_age_us: 100,
             max_skew_us: 10,
         };

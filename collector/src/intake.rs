@@ -7,7 +7,7 @@ use protocol::wire::Reject;
 use shared::socket::Received;
 use std::time::Instant;
 
-use crate::batch::{Batch, Window};
+use crate::batch::{Batch, DateWindow};
 use protocol::senders::{Refusal, Resynced, Verdict};
 
 use crate::senders::{Reply, Senders};
@@ -125,7 +125,7 @@ pub enum Outcome {
 
 pub struct Intake {
     senders: Senders,
-    window: Window,
+    window: DateWindow,
     /// `--allow-uid`: datagrams of any other uid are rejected (`None`: any uid).
     allowed_uids: Option<Vec<u32>>,
     /// The receive buffer's size: a datagram that filled it is cut.
@@ -135,7 +135,7 @@ pub struct Intake {
 impl Intake {
     pub fn new(
         senders: Senders,
-        window: Window,
+        window: DateWindow,
         allowed_uids: Option<Vec<u32>>,
         buffer: usize,
     ) -> Intake {
@@ -252,7 +252,7 @@ mod tests {
     use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
     use protocol::Creds;
 
-    const OPEN: Window = Window {
+    const OPEN: DateWindow = DateWindow {
         max_age_us: i64::MAX,
         max_skew_us: i64::MAX,
     };

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::{Batch, Handoff, Window};
+use crate::batch::{Batch, DateWindow, Handoff};
 use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -65,7 +65,7 @@ pub struct Settings {
     pub batch_rows: usize,
     pub flush_interval: Duration,
     /// Clicks dated outside it are set aside, not written into `clicks`.
-    pub window: Window,
+    pub window: DateWindow,
     /// `--allow-uid`: datagrams of any other uid are rejected.
     pub allowed_uids: Option<Vec<u32>>,
 }

@@ -8,7 +8,7 @@ use shared::throttle::Throttle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::batch::{self, Handoff, Window};
+use crate::batch::{self, DateWindow, Handoff};
 use crate::config::Config;
 use crate::db::{self, describe, Db};
 use crate::metrics::{AdminView, Health, Metrics};
@@ -125,7 +125,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         Settings {
             batch_rows: config.batch_rows as usize,
             flush_interval: config.flush_interval,
-            window: Window {
+            window: DateWindow {
                 max_age_us: micros(config.max_click_age),
                 max_skew_us: micros(config.max_click_skew),
             },

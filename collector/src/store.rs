@@ -87,7 +87,7 @@ pub struct Rows {
 
 /// What an attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Stored {
     /// Committed; `refused` clicks PostgreSQL refused for good were set aside instead.
     Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
@@ -151,7 +151,7 @@ impl Conn {
         rows: &Rows,
         number: &BatchNumber,
         sift: bool,
-    ) -> Result<Outcome, tokio_postgres::Error> {
+    ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for (day, bytes) in &rows.clicks {
@@ -165,7 +165,7 @@ impl Conn {
         ];
         if tx.query_opt(&self.claim_batch, &claim).await?.is_none() {
             tx.rollback().await?;
-            return Ok(Outcome::AlreadyCommitted);
+            return Ok(Stored::AlreadyCommitted);
         }
         let [senders, seqs, sender_clicks] = batch.sender_columns();
         let advance = [
@@ -191,7 +191,7 @@ impl Conn {
             }
             if !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
-                return Ok(Outcome::AllRefused(refused[0].1.clone()));
+                return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
             let (counts, set_aside) =
                 without_refused(number.tag(), &rows_in, &refused, &rows.set_aside);
@@ -209,7 +209,7 @@ impl Conn {
         }
         copy_in(&tx, &self.copy_counts, counts).await?;
         tx.commit().await?;
-        Ok(Outcome::Written { refused })
+        Ok(Stored::Written { refused })
     }
 
     /// The statement that COPYs day `day`'s clicks: straight into the day's partition when one

@@ -195,7 +195,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Window;
+    use crate::batch::DateWindow;
     use protocol::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {
@@ -211,7 +211,7 @@ mod tests {
             clicks,
         };
         let mut b = Batch::default();
-        let window = Window {
+        let window = DateWindow {
             max_age_us: i64::MAX,
             max_skew_us: i64::MAX,
         };

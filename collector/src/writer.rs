@@ -11,7 +11,7 @@ use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
 use crate::metrics::{Health, Metrics};
-use crate::store::{refuses_rows, BatchNumber, Conn, Outcome, Rows};
+use crate::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
 use crate::unfolded::Unfolded;
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
@@ -73,12 +73,12 @@ impl Writer {
             let written = self.write(&batch, &rows, &number).await;
             drop(rows);
             match written {
-                Outcome::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
+                Stored::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
                 // Its counts are not the batch's: the rows will tell.
                 _ => self.unfolded.lose(number.batch),
             }
             let refused = match written {
-                Outcome::Written { refused } => refused,
+                Stored::Written { refused } => refused,
                 _ => 0,
             };
             let m = &self.metrics;
@@ -103,12 +103,12 @@ impl Writer {
     /// PostgreSQL refuses a row for good (`store::refuses_rows`), the attempts sift the rows
     /// to set the refused ones aside. Returns how it went in: written (with how many refused),
     /// or already committed by an attempt whose answer was lost.
-    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> Outcome {
+    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> Stored {
         let mut backoff = db::backoff();
         let mut sift = false;
         loop {
             match self.attempt(batch, rows, number, sift).await {
-                Ok(Outcome::Written { refused }) => {
+                Ok(Stored::Written { refused }) => {
                     if refused > 0 {
                         tracing::warn!(
                             "{refused} clicks of a batch of {} refused by the database for \
@@ -117,18 +117,18 @@ impl Writer {
                         );
                     }
                     self.health.db_reachable.store(true, Relaxed);
-                    return Outcome::Written { refused };
+                    return Stored::Written { refused };
                 }
-                Ok(Outcome::AlreadyCommitted) => {
+                Ok(Stored::AlreadyCommitted) => {
                     tracing::info!(
                         "a batch of {} clicks was committed by an attempt whose answer was lost; \
                          not writing it again",
                         batch.len()
                     );
                     self.health.db_reachable.store(true, Relaxed);
-                    return Outcome::AlreadyCommitted;
+                    return Stored::AlreadyCommitted;
                 }
-                Ok(Outcome::AllRefused(error)) => {
+                Ok(Stored::AllRefused(error)) => {
                     tracing::warn!(
                         "every click of a batch of {} refused ({error}): not set aside, as a \
                          table that takes no row needs an operator; retrying",
@@ -173,7 +173,7 @@ impl Writer {
         rows: &Rows,
         number: &BatchNumber,
         sift: bool,
-    ) -> Result<Outcome, Failure> {
+    ) -> Result<Stored, Failure> {
         // Kept outside the attempt, which a timeout drops: it tells a lock held by another
         // session from a database that does not answer.
         let mut wait = Throttle::per_outage();

@@ -4,7 +4,7 @@
 //! and the batch holds exactly the clicks of the datagrams accepted.
 #![no_main]
 
-use collector::batch::{Batch, Window};
+use collector::batch::{Batch, DateWindow};
 use collector::intake::{Intake, Outcome};
 use collector::senders::Senders;
 use libfuzzer_sys::fuzz_target;
@@ -13,7 +13,7 @@ use protocol::Creds;
 use shared::socket::Received;
 
 fuzz_target!(|data: &[u8]| {
-    let window = Window { max_age_us: 86_400_000_000, max_skew_us: 300_000_000 };
+    let window = DateWindow { max_age_us: 86_400_000_000, max_skew_us: 300_000_000 };
     let mut intake = Intake::new(Senders::default(), window, None, 65_536);
     let mut batch = Batch::default();
     let now = std::time::Instant::now();

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{Dropped, Metrics};
-use crate::ring::{Refusal, Ring};
+use crate::ring::{PushError, Ring};
 use bounded::{Conn, Connections};
 use watched::Watched;
 
@@ -108,8 +108,8 @@ impl App {
                     Ok(()) => {
                         m.clicks_queued.inc();
                     }
-                    Err(Refusal::Full) => m.clicks_dropped.inc(Dropped::RingFull),
-                    Err(Refusal::CodeTooLong) => m.clicks_dropped.inc(Dropped::Invalid),
+                    Err(PushError::Full) => m.clicks_dropped.inc(Dropped::RingFull),
+                    Err(PushError::CodeTooLong) => m.clicks_dropped.inc(Dropped::Invalid),
                 }
                 m.redirects.inc();
             }

@@ -31,7 +31,7 @@ impl Slot {
 
 /// Why a push did not take a click.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum PushError {
     #[error("ring full")]
     Full,
     #[error("code longer than {MAX_CODE_LEN} bytes")]
@@ -54,10 +54,10 @@ impl Ring {
     pub const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
 
     /// Queues a click without blocking.
-    pub fn push(&self, code: &str, at_us: i64) -> Result<(), Refusal> {
+    pub fn push(&self, code: &str, at_us: i64) -> Result<(), PushError> {
         let bytes = code.as_bytes();
         if bytes.len() > MAX_CODE_LEN {
-            return Err(Refusal::CodeTooLong);
+            return Err(PushError::CodeTooLong);
         }
         let mut slot = Slot {
             at_us,
@@ -65,7 +65,7 @@ impl Ring {
             code: [0; MAX_CODE_LEN],
         };
         slot.code[..bytes.len()].copy_from_slice(bytes);
-        self.queue.push(slot).map_err(|_| Refusal::Full)
+        self.queue.push(slot).map_err(|_| PushError::Full)
     }
 
     pub fn pop(&self) -> Option<Slot> {
@@ -100,7 +100,7 @@ mod tests {
         let ring = Ring::new(2);
         ring.push("a", 1).unwrap();
         ring.push("bb", 2).unwrap();
-        assert_eq!(ring.push("c", 3), Err(Refusal::Full));
+        assert_eq!(ring.push("c", 3), Err(PushError::Full));
         let first = ring.pop().unwrap();
         assert_eq!((first.code(), first.at_us()), ("a", 1));
         assert_eq!(ring.pop().unwrap().code(), "bb");
@@ -115,7 +115,7 @@ mod tests {
         assert_eq!(ring.pop().unwrap().code(), longest);
         assert_eq!(
             ring.push(&"x".repeat(MAX_CODE_LEN + 1), 7),
-            Err(Refusal::CodeTooLong)
+            Err(PushError::CodeTooLong)
         );
     }
 

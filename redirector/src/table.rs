@@ -157,15 +157,15 @@ impl Shard {
     }
 
     /// Where `code` is in the index (its slot), to mark it seen during a full comparison.
-    pub fn bucket_of(&self, hash: u64, code: &[u8], url: &[u8]) -> Lookup {
+    pub fn bucket_of(&self, hash: u64, code: &[u8], url: &[u8]) -> Probe {
         match self.index.find(hash, |at| self.code_at(at) == code) {
-            None => Lookup::Absent,
+            None => Probe::Absent,
             Some(bucket) => {
                 let at = self.index.at(bucket).expect("found");
                 if &self.arena[self.url_range(at)] == url {
-                    Lookup::Same(bucket)
+                    Probe::Same(bucket)
                 } else {
-                    Lookup::Different(bucket)
+                    Probe::Different(bucket)
                 }
             }
         }
@@ -216,7 +216,7 @@ impl Shard {
 
 /// What [`Shard::bucket_of`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
+pub enum Probe {
     Absent,
     Same(usize),
     Different(usize),

@@ -288,7 +288,7 @@ mod tests {
     use super::*;
 
     crate::label! {
-        pub enum Why: "reason" {
+        pub enum Reason: "reason" {
             RingFull = "ring_full",
             Shutdown = "shutdown",
         }
@@ -299,7 +299,7 @@ mod tests {
             x: Counter = "x", "X.";
             depth: Gauge = "depth", "Depth.";
             lag: FloatGauge = "lag_seconds", "Lag.";
-            dropped: LabeledCounter<Why> = "dropped", "Dropped.";
+            dropped: LabeledCounter<Reason> = "dropped", "Dropped.";
             lat: Histogram = "lat_seconds", "Latency.";
         }
     }
@@ -310,7 +310,7 @@ mod tests {
         m.x.inc_by(5);
         m.depth.set(-1);
         m.lag.set(0.25);
-        m.dropped.add(Why::RingFull, 3);
+        m.dropped.add(Reason::RingFull, 3);
         m.lat.observe(Duration::from_millis(2));
         m.lat.observe_all([Duration::from_secs(60)]);
         let text = m.encode();

@@ -14,7 +14,7 @@ use testkit::collector::start_us;
 use testkit::LIMIT;
 
 /// A window that sets nothing aside.
-const WIDE_OPEN: collector::batch::Window = collector::batch::Window {
+const WIDE_OPEN: collector::batch::DateWindow = collector::batch::DateWindow {
     max_age_us: i64::MAX,
     max_skew_us: i64::MAX,
 };

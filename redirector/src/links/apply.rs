@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::table::{shard_of, Changes, Lookup, Shard, Table, SHARDS};
+use crate::table::{shard_of, Changes, Probe, Shard, Table, SHARDS};
 
 /// While serving, a change to a shard is applied early once it reaches half the shard (and at
 /// least this many links), so a comparison that finds most of a large table changed holds at
@@ -50,7 +50,7 @@ impl<'a> Batch<'a> {
         let current = self.table.shard(i);
         let unchanged = matches!(
             (current.bucket_of(hash, code, url.unwrap_or_default()), url),
-            (Lookup::Same(_), Some(_)) | (Lookup::Absent, None)
+            (Probe::Same(_), Some(_)) | (Probe::Absent, None)
         );
         if unchanged {
             return;
@@ -101,7 +101,7 @@ impl Seen {
     pub fn mark(&mut self, table: &Table, code: &[u8]) {
         let hash = table.hasher().hash(code);
         let i = shard_of(hash);
-        if let Lookup::Same(b) | Lookup::Different(b) = self.shards[i].bucket_of(hash, code, b"") {
+        if let Probe::Same(b) | Probe::Different(b) = self.shards[i].bucket_of(hash, code, b"") {
             self.bits[i][b / 64] |= 1 << (b % 64);
         }
     }

@@ -124,16 +124,14 @@ fn buckets_name_each_entry_once() {
     let hasher = Hasher::default();
     let shard = b.build(&hasher);
     let h = hasher.hash(b"k5");
-    let Lookup::Same(bucket) = shard.bucket_of(h, b"k5", b"https://x/") else {
+    let Probe::Same(bucket) = shard.bucket_of(h, b"k5", b"https://x/") else {
         panic!("k5 is there with that URL");
     };
     assert_eq!(shard.code_in_bucket(bucket), Some(&b"k5"[..]));
-    assert!(
-        matches!(shard.bucket_of(h, b"k5", b"https://y/"), Lookup::Different(i) if i == bucket)
-    );
+    assert!(matches!(shard.bucket_of(h, b"k5", b"https://y/"), Probe::Different(i) if i == bucket));
     assert_eq!(
         shard.bucket_of(hasher.hash(b"zz"), b"zz", b"u"),
-        Lookup::Absent
+        Probe::Absent
     );
     let occupied = (0..shard.buckets())
         .filter(|&i| shard.code_in_bucket(i).is_some())

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::show::{self, Verdict};
+use super::show::{self, Reading};
 use super::{hex, read_all, say, TapError};
 
 #[derive(Debug, clap::Args)]
@@ -24,8 +24,8 @@ pub fn run(args: &Args) -> Result<(), TapError> {
         input
     };
     match show::judge(&bytes, bytes.len()) {
-        Verdict::Datagram(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
-        Verdict::Rejected { reason, error } => Err(TapError::Invalid {
+        Reading::Datagram(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
+        Reading::Rejected { reason, error } => Err(TapError::Invalid {
             len: bytes.len(),
             reason,
             error,

@@ -13,7 +13,7 @@ use nix::errno::Errno;
 use nix::sys::socket::MsgFlags;
 use serde_json::json;
 
-use super::show::{self, SeqNote, Verdict};
+use super::show::{self, Reading, SeqNote};
 use super::{signals, TapError};
 use protocol::seq::{self, LastSeqs};
 use protocol::wire::{Datagram, MAX_DATAGRAM};
@@ -99,7 +99,7 @@ impl Listener<'_> {
     fn show(&mut self, bytes: &[u8], len: usize) -> io::Result<()> {
         let (now, json, quiet) = (protocol::now_us(), self.args.json, self.args.stats);
         match show::judge(bytes, len) {
-            Verdict::Datagram(batch) => {
+            Reading::Datagram(batch) => {
                 let note = self.tally.batch(&batch, len);
                 if quiet {
                     return Ok(());
@@ -111,7 +111,7 @@ impl Listener<'_> {
                 };
                 self.print(&line)
             }
-            Verdict::Rejected { reason, error } => {
+            Reading::Rejected { reason, error } => {
                 self.tally.reject(len);
                 if quiet {
                     return Ok(());
@@ -194,11 +194,11 @@ impl Default for Tally {
 impl Tally {
     fn batch(&mut self, batch: &Datagram<'_>, len: usize) -> SeqNote {
         let note = match self.seqs.accept(batch.sender, batch.seq) {
-            seq::Verdict::Accept { lost } => SeqNote {
+            seq::Seen::New { lost } => SeqNote {
                 missing: lost,
                 repeat: false,
             },
-            seq::Verdict::Duplicate => SeqNote {
+            seq::Seen::Again => SeqNote {
                 missing: 0,
                 repeat: true,
             },

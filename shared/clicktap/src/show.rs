@@ -13,23 +13,23 @@ use protocol::wire::{self, Datagram, MAX_DATAGRAM};
 const CODES_SHOWN: usize = 5;
 
 /// A datagram accepted whole, or the reason it was rejected.
-pub enum Verdict<'a> {
+pub enum Reading<'a> {
     Datagram(Datagram<'a>),
     Rejected { reason: &'static str, error: String },
 }
 
 /// Judges a datagram of `len` bytes of which `bytes` were kept: a receiver's buffer holds
 /// [`MAX_DATAGRAM`] bytes, so anything longer is rejected as `oversize` before decoding.
-pub fn judge(bytes: &[u8], len: usize) -> Verdict<'_> {
+pub fn judge(bytes: &[u8], len: usize) -> Reading<'_> {
     if len > MAX_DATAGRAM {
-        return Verdict::Rejected {
+        return Reading::Rejected {
             reason: "oversize",
             error: format!("{len} bytes, over the {MAX_DATAGRAM}-byte limit"),
         };
     }
     match wire::decode(bytes) {
-        Ok(batch) => Verdict::Datagram(batch),
-        Err(reject) => Verdict::Rejected {
+        Ok(batch) => Reading::Datagram(batch),
+        Err(reject) => Reading::Rejected {
             reason: reject.reason(),
             error: reject.to_string(),
         },
@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn oversize_is_rejected_before_decoding() {
-        let Verdict::Rejected { reason, .. } = judge(&[1], MAX_DATAGRAM + 1) else {
+        let Reading::Rejected { reason, .. } = judge(&[1], MAX_DATAGRAM + 1) else {
             panic!("an oversize datagram was accepted");
         };
         assert_eq!(reason, "oversize");

@@ -442,8 +442,8 @@ fn judge_known<A: Copy>(
     s.reply = from;
     match (from, s.accepted) {
         (None, accepted) => match crate::seq::judge(accepted, seq, true) {
-            crate::seq::Verdict::Duplicate => (Verdict::Duplicate, None),
-            crate::seq::Verdict::Accept { lost } => (Verdict::Accept { lost }, None),
+            crate::seq::Seen::Again => (Verdict::Duplicate, None),
+            crate::seq::Seen::New { lost } => (Verdict::Accept { lost }, None),
         },
         (Some(_), Some(accepted)) if seq <= accepted => {
             // Committed already: the sender missed the acknowledgement (or this collector

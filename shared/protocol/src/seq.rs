@@ -5,24 +5,24 @@ use std::collections::HashMap;
 
 /// What a datagram is, by its sender's seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Seen {
     /// At or below the last accepted seq: seen already.
-    Duplicate,
+    Again,
     /// New; `lost` datagrams of this sender were skipped before it.
-    Accept { lost: u64 },
+    New { lost: u64 },
 }
 
 /// Judges datagram `seq` given the sender's last accepted seq, if any. With `from_start`, a
 /// sender seen first at seq N lost seqs 0 to N-1; otherwise its first datagram counts nothing
 /// as missing.
-pub fn judge(last: Option<u64>, seq: u64, from_start: bool) -> Verdict {
+pub fn judge(last: Option<u64>, seq: u64, from_start: bool) -> Seen {
     let lost = match last {
-        Some(last) if seq <= last => return Verdict::Duplicate,
+        Some(last) if seq <= last => return Seen::Again,
         Some(last) => seq - last - 1,
         None if from_start => seq,
         None => 0,
     };
-    Verdict::Accept { lost }
+    Seen::New { lost }
 }
 
 /// Each sender's last accepted seq and nothing else: what an observer such as `clicktap listen`
@@ -56,13 +56,13 @@ impl LastSeqs {
     }
 
     /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one.
-    pub fn accept(&mut self, sender: u64, seq: u64) -> Verdict {
+    pub fn accept(&mut self, sender: u64, seq: u64) -> Seen {
         let verdict = judge(
             self.last.get(&sender).copied(),
             seq,
             !self.joined_mid_stream,
         );
-        if let Verdict::Accept { .. } = verdict {
+        if let Seen::New { .. } = verdict {
             self.last.insert(sender, seq);
         }
         verdict
@@ -85,20 +85,20 @@ mod tests {
     #[test]
     fn duplicates_and_gaps() {
         let mut s = LastSeqs::default();
-        assert_eq!(s.accept(7, 0), Verdict::Accept { lost: 0 });
-        assert_eq!(s.accept(7, 0), Verdict::Duplicate);
-        assert_eq!(s.accept(7, 1), Verdict::Accept { lost: 0 });
-        assert_eq!(s.accept(7, 5), Verdict::Accept { lost: 3 });
-        assert_eq!(s.accept(7, 4), Verdict::Duplicate);
-        assert_eq!(s.accept(u64::MAX, 2), Verdict::Accept { lost: 2 });
+        assert_eq!(s.accept(7, 0), Seen::New { lost: 0 });
+        assert_eq!(s.accept(7, 0), Seen::Again);
+        assert_eq!(s.accept(7, 1), Seen::New { lost: 0 });
+        assert_eq!(s.accept(7, 5), Seen::New { lost: 3 });
+        assert_eq!(s.accept(7, 4), Seen::Again);
+        assert_eq!(s.accept(u64::MAX, 2), Seen::New { lost: 2 });
         assert_eq!(s.len(), 2);
     }
 
     #[test]
     fn a_mid_stream_observer_counts_nothing_before_a_first_sight() {
         let mut s = LastSeqs::mid_stream();
-        assert_eq!(s.accept(7, 40), Verdict::Accept { lost: 0 });
-        assert_eq!(s.accept(7, 42), Verdict::Accept { lost: 1 });
-        assert_eq!(s.accept(7, 42), Verdict::Duplicate);
+        assert_eq!(s.accept(7, 40), Seen::New { lost: 0 });
+        assert_eq!(s.accept(7, 42), Seen::New { lost: 1 });
+        assert_eq!(s.accept(7, 42), Seen::Again);
     }
 }
