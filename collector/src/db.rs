@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use shared::backoff::Backoff;
 pub use shared::db::describe;
 use tokio_postgres::Client;
 
@@ -79,10 +78,7 @@ pub async fn timed<T>(
     }
 }
 
-/// Capped exponential waits between attempts to reach the database: 100 ms doubling to 5 s.
-pub fn backoff() -> Backoff {
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
-}
+pub use shared::db::backoff;
 
 #[cfg(test)]
 mod tests {

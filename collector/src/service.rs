@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use tracing::Instrument;
 
 use shared::throttle::Throttle;
 use tokio::net::TcpListener;
@@ -133,24 +134,24 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         },
         handoff,
     );
-    let partitions = tokio::spawn(maintenance::run_partitions(
-        db.clone(),
-        upkeep,
-        metrics.clone(),
-    ));
-    let maintenance = tokio::spawn(maintenance::run(
-        db,
-        upkeep,
-        unfolded,
-        metrics.clone(),
-        health.clone(),
-    ));
+    // A span per task, so that its lines can be told apart (and filtered, `RUST_LOG`).
+    let partitions = tokio::spawn(
+        maintenance::run_partitions(db.clone(), upkeep, metrics.clone())
+            .instrument(tracing::info_span!("partitions")),
+    );
+    let maintenance = tokio::spawn(
+        maintenance::run(db, upkeep, unfolded, metrics.clone(), health.clone())
+            .instrument(tracing::info_span!("fold")),
+    );
     let stopping = async {
         let name = stop.await;
         tracing::info!("{name}: draining the socket, writing what is pending");
         shared::systemd::notify_or_log("STOPPING=1");
     };
-    let received = receiver.run(stopping).await;
+    let received = receiver
+        .run(stopping)
+        .instrument(tracing::info_span!("receive"))
+        .await;
     // The receiver and its channel ends are gone: the writer ends after the last batch.
     if let Err(e) = writer.await {
         tracing::error!("the database writer failed: {e}");
@@ -241,7 +242,11 @@ fn start_writer(
         health.clone(),
         Some(conn),
     );
-    (handoff, tokio::spawn(writer.run(writer_ends)))
+    let span = tracing::info_span!("writer");
+    (
+        handoff,
+        tokio::spawn(writer.run(writer_ends).instrument(span)),
+    )
 }
 
 /// Connects (retrying with backoff while the database is away), waits for the lock of

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use shared::throttle::Throttle;
 
@@ -70,7 +71,9 @@ impl Writer {
             };
             self.last.batch += 1;
             let number = self.last.clone();
-            let written = self.write(&batch, &rows, &number).await;
+            // Its lines carry the batch's number, the one click_writers records.
+            let span = tracing::info_span!("batch", number = number.batch);
+            let written = self.write(&batch, &rows, &number).instrument(span).await;
             drop(rows);
             match written {
                 Stored::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),

@@ -129,6 +129,7 @@ pub fn spawn(
         .name("link-loader".into())
         .spawn(move || {
             let mut loader = Loader::new(links, metrics, options);
+            let _span = tracing::info_span!("links").entered();
             runtime.block_on(loader.run(&config));
         })?;
     Ok(())
@@ -314,7 +315,7 @@ impl Loader {
     }
 
     async fn run(&mut self, config: &shared::db::Config) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = shared::db::backoff();
         loop {
             let err = self.session(config, &mut backoff).await;
             // Between sessions it neither listens nor polls.

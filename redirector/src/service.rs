@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -105,7 +106,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let (stop_drain, drain_stopped) = watch::channel(None);
     let mut drain = match &ring {
         Some(ring) => Some(tokio::spawn(
-            new_drain(&cfg, ring.clone(), metrics.clone())?.run(drain_stopped),
+            new_drain(&cfg, ring.clone(), metrics.clone())?
+                .run(drain_stopped)
+                .instrument(tracing::info_span!("drain")),
         )),
         None => None,
     };

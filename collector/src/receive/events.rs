@@ -109,6 +109,10 @@ impl Events {
                 m.clicks_unaccounted.inc_by(unaccounted);
                 m.senders.set(senders as i64);
                 tracing::warn!(
+                    sender = %format_args!("{sender:016x}"),
+                    first,
+                    skipped,
+                    unaccounted,
                     "sender {sender:016x} resynced: this collector's record of it was behind \
                      (click_senders lost or rolled back); going on from seq {first}, {skipped} \
                      datagrams of {unaccounted} clicks unaccounted for (committed before the \
@@ -138,6 +142,9 @@ impl Events {
         self.metrics.datagrams_lost.inc_by(lost);
         if let Some(held) = self.lost_log.allow() {
             tracing::warn!(
+                sender = %format_args!("{sender:016x}"),
+                seq,
+                lost,
                 "sender {sender:016x}: {lost} datagrams lost before seq {seq} ({held} more gaps \
                  not logged)"
             );
@@ -151,6 +158,7 @@ impl Events {
         let reason = shared::metrics::Label::as_str(reason);
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(
+                reason,
                 "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"
             );
         }

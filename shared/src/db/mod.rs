@@ -131,3 +131,10 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
         None => e.to_string(),
     }
 }
+
+/// Capped exponential waits between attempts to reach the database, for every session of both
+/// services: 100 ms doubling to 5 s.
+pub fn backoff() -> crate::backoff::Backoff {
+    let first = std::time::Duration::from_millis(100);
+    crate::backoff::Backoff::new(first, std::time::Duration::from_secs(5))
+}
