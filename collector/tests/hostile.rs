@@ -82,33 +82,14 @@ async fn only_the_uids_allowed_are_taken() {
 /// nothing else (PrivateUsers= maps root and the service's own user), so any other uid
 /// outside arrives as the overflow uid, 65534.
 fn in_user_namespace(cmd: &std::process::Command) -> std::process::Command {
-    let mut wrapped = std::process::Command::new("unshare");
-    wrapped
-        .args(["--user", "--map-root-user", "--"])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
+    testkit::wrapped("unshare", &["--user", "--map-root-user", "--"], cmd)
 }
 
 /// A migrated database on the harness's TCP cluster: a process in a user namespace of its own
 /// cannot enter the Unix cluster's directory (its owner, `postgres` as root runs it, is not
 /// mapped there, so root inside has no power over it), but reaches 127.0.0.1 as usual.
 async fn tcp_place() -> Place {
-    let db = testkit::pgtest::test_db_on(testkit::pgtest::tcp_cluster()).await;
-    let client = testkit::pgtest::connect(&db.url).await;
-    let (dir, path) = socket_path();
-    Place {
-        db,
-        client,
-        dir,
-        path,
-    }
+    place_on(testkit::pgtest::tcp_cluster()).await
 }
 
 /// Lets any user reach the socket (the directories and the socket itself), so that a process

@@ -137,23 +137,13 @@ fn as_user(user: &str, cmd: &Command) -> Command {
         .ok()
         .flatten()
         .unwrap_or_else(|| panic!("no user {user} on this system"));
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .arg(format!("--reuid={}", account.uid))
-        .arg(format!("--regid={}", account.gid))
-        .args(["--init-groups", "--"])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    if let Some(dir) = cmd.get_current_dir() {
-        wrapped.current_dir(dir);
-    }
-    wrapped
+    let ids = [
+        format!("--reuid={}", account.uid),
+        format!("--regid={}", account.gid),
+        "--init-groups".into(),
+        "--".into(),
+    ];
+    testkit::wrapped("setpriv", &ids, cmd)
 }
 
 /// psql beside the server binaries, or else on PATH.

@@ -55,7 +55,12 @@ pub struct Place {
 }
 
 pub async fn place() -> Place {
-    let db = crate::pgtest::test_db().await;
+    place_on(crate::pgtest::cluster()).await
+}
+
+/// A [`Place`] whose database is on `cluster`.
+pub async fn place_on(cluster: &crate::pgtest::Cluster) -> Place {
+    let db = crate::pgtest::test_db_on(cluster).await;
     let client = crate::pgtest::connect(&db.url).await;
     let (dir, path) = socket_path();
     Place {

@@ -278,19 +278,29 @@ pub fn socket_activated_named(cmd: &Command, named: &[(&str, std::os::fd::RawFd)
     activated(cmd, &fds, Some(names.join(":")))
 }
 
-fn activated(cmd: &Command, fds: &[std::os::fd::RawFd], names: Option<String>) -> Command {
-    use std::os::unix::process::CommandExt;
-    let mut activated = Command::new("sh");
-    activated
-        .args(["-c", r#"LISTEN_PID=$$ exec "$0" "$@""#])
+/// `cmd` run by `program` with `args` before it (`sh -c ...`, `unshare ...`, `setpriv ...`):
+/// the same program, arguments, environment and directory.
+pub fn wrapped<S: AsRef<std::ffi::OsStr>>(program: &str, args: &[S], cmd: &Command) -> Command {
+    let mut wrapped = Command::new(program);
+    wrapped
+        .args(args)
         .arg(cmd.get_program())
         .args(cmd.get_args());
     for (key, value) in cmd.get_envs() {
         match value {
-            Some(value) => activated.env(key, value),
-            None => activated.env_remove(key),
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
         };
     }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+fn activated(cmd: &Command, fds: &[std::os::fd::RawFd], names: Option<String>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut activated = wrapped("sh", &["-c", r#"LISTEN_PID=$$ exec "$0" "$@""#], cmd);
     activated.env("LISTEN_FDS", fds.len().to_string());
     match names {
         Some(names) => activated.env("LISTEN_FDNAMES", names),
