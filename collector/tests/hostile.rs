@@ -378,16 +378,8 @@ fn shadows(schema: &str) -> String {
 
 /// Nothing in `audit.shadow_calls`: no shadow ran.
 async fn assert_no_shadow_called(client: &tokio_postgres::Client, when: &str) {
-    let calls: Vec<String> = client
-        .query(
-            "SELECT called || ' as ' || by_role FROM audit.shadow_calls",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let sql = "SELECT called || ' as ' || by_role FROM audit.shadow_calls";
+    let calls = testkit::pgtest::strings(client, sql).await;
     assert!(
         calls.is_empty(),
         "the collector called the shadows {when}: {calls:?}"

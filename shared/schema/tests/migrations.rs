@@ -514,19 +514,14 @@ async fn migration_13_revokes_what_it_may_and_pins_every_functions_search_path()
         (row.get::<_, bool>(0), row.get::<_, bool>(1)),
         (false, true)
     );
-    let unpinned: Vec<String> = client
-        .query(
-            "SELECT p.oid::regprocedure::text FROM pg_proc AS p
-             WHERE p.pronamespace = 'public'::regnamespace
-               AND NOT EXISTS (SELECT FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')
-             ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let unpinned = pgtest::strings(
+        &client,
+        "SELECT p.oid::regprocedure::text FROM pg_proc AS p
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND NOT EXISTS (SELECT FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')
+         ORDER BY 1",
+    )
+    .await;
     assert!(
         unpinned.is_empty(),
         "functions without a search_path of their own: {unpinned:?}"

@@ -259,6 +259,13 @@ impl Cluster {
 }
 
 /// Connects to `url`, panicking with the reason if it cannot; for tests.
+/// The first column of every row `sql` returns, as text.
+pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    let rows = client.query(sql, &[]).await;
+    let rows = rows.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
     shared::db::connect(&config)
