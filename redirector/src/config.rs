@@ -78,12 +78,19 @@ pub struct Config {
     #[arg(long, value_name = "MODE", env = "CLICKS", value_enum, default_value_t = ClickMode::Pipeline)]
     pub clicks: ClickMode,
 
-    /// Clicks the ring holds while the collector is slow or away (88 bytes each, allocated at
-    /// start). The default holds 262,144 clicks in 22 MiB: over a second of the fastest load
-    /// measured on one host, and minutes of ordinary traffic.
+    /// Clicks the ring holds while the collector is slow or away (88 bytes each, in the state
+    /// region: 22 MiB by default; BENCHMARKS.md has how long that lasts at full load).
     #[arg(long, value_name = "N", env = "REDIRECTOR_RING_CAPACITY", default_value_t = 262_144,
           value_parser = clap::value_parser!(u64).range(1..=(1 << 28)))]
     pub ring_capacity: u64,
+
+    /// A file holding the ring and the resend window (the state region), so that clicks
+    /// survive a crash of the process (SIGKILL, the OOM killer) and a restart: the next
+    /// process sends what it holds. Memory, not disk: put it on a tmpfs (/run); a reboot
+    /// empties it. Without it, under systemd, the region is kept in the service's file
+    /// descriptor store (FileDescriptorStoreMax=); elsewhere it lives as long as the process.
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_STATE_FILE")]
+    pub state_file: Option<std::path::PathBuf>,
 
     /// How often the drain task sends what the ring holds, full datagrams or not: the longest a
     /// click waits in the ring while the collector keeps up.

@@ -39,7 +39,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::{Dropped, Metrics};
-use crate::ring::{Ring, Slot};
+use crate::ring::{Read, Ring};
+use crate::state::{Sender, WindowStore};
 use protocol::window::{Rewound, Window};
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
@@ -91,7 +92,7 @@ pub type Stop = watch::Sender<Option<Instant>>;
 /// What the task left when it stopped, in clicks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Left {
-    /// Never handed to the kernel (the ring, the datagram being built, unsent window slots).
+    /// Never handed to the kernel (the ring, unsent window slots).
     pub unsent: u64,
     /// Sent and not acknowledged by the deadline.
     pub unacked: u64,
@@ -124,9 +125,11 @@ pub struct Drain {
     metrics: Arc<Metrics>,
     settings: Settings,
     encoder: Encoder,
-    /// A click popped from the ring that did not fit the datagram being built.
-    held: Option<Slot>,
-    window: Window,
+    /// The next ring position to read. Positions from the ring's head up to it are in the
+    /// datagram being built (or skipped); they are released once the window holds it.
+    cursor: u64,
+    window: Window<WindowStore>,
+    sender: Sender,
     /// Bound at `--ack-socket`: sends the datagrams, receives the acknowledgements.
     socket: UnixDatagram,
     collector: UnixAddr,
@@ -152,25 +155,27 @@ pub struct Drain {
 
 impl Drain {
     /// Binds the ack socket (SO_PASSCRED on, so each acknowledgement carries its sender's
-    /// credentials) and allocates the window.
+    /// credentials), and goes on from where the state region's window and sender left off.
     pub fn new(
         ring: Arc<Ring>,
+        window: Window<WindowStore>,
+        sender: Sender,
         metrics: Arc<Metrics>,
         settings: Settings,
-        sender: u64,
     ) -> Result<Drain, Error> {
-        let encoder = Encoder::new(sender, settings.datagram_limit)?;
+        let mut encoder = Encoder::new(sender.id(), settings.datagram_limit)?;
+        encoder.resume_as(sender.id(), window.next_seq());
         let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
         socket.set_nonblocking(true)?;
-        let window = Window::new(settings.window, settings.datagram_limit);
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
         Ok(Drain {
+            cursor: ring.head(),
             ring,
             metrics,
             encoder,
-            held: None,
             window,
+            sender,
             socket: UnixDatagram::from_std(socket)?,
             collector,
             link: Link::Away(now),
@@ -185,11 +190,6 @@ impl Drain {
             refused_log: Throttle::default(),
             settings,
         })
-    }
-
-    /// Bytes the resend window took, allocated at start.
-    pub fn window_memory(&self) -> usize {
-        self.window.memory()
     }
 
     /// Runs until `stop` carries a deadline (or is dropped), then keeps sending and waiting for
@@ -253,17 +253,14 @@ impl Drain {
     }
 
     fn is_done(&self) -> bool {
-        self.ring.is_empty()
-            && self.held.is_none()
-            && self.encoder.is_empty()
-            && self.window.is_empty()
+        self.ring.is_empty() && self.encoder.is_empty() && self.window.is_empty()
     }
 
     fn left(&self) -> Left {
+        // The datagram being built is still in the ring (from its head to the cursor).
         let (unsent, unacked) = self.window.unsent_and_unacked();
-        let building = self.ring.len() + self.encoder.len() + usize::from(self.held.is_some());
         Left {
-            unsent: unsent + building as u64,
+            unsent: unsent + self.ring.len() as u64,
             unacked,
         }
     }
@@ -277,27 +274,39 @@ impl Drain {
         if self.window.has_unsent() {
             return;
         }
-        let mut budget = self.ring.len() + usize::from(self.held.is_some());
-        while budget > 0 && !self.window.is_full() {
-            let Some(slot) = self.held.take().or_else(|| self.ring.pop()) else {
-                break;
+        let end = self.ring.tail();
+        while self.cursor < end && !self.window.is_full() {
+            let slot = match self.ring.read(self.cursor) {
+                // A push still writing its slot: the next tick takes it.
+                Read::Empty => break,
+                // Counted when the region was adopted.
+                Read::Torn => {
+                    self.cursor += 1;
+                    continue;
+                }
+                Read::Click(slot) => slot,
             };
             self.renew_sender_after_idle();
-            match self.encoder.push(slot.code(), slot.at_us()) {
-                Ok(()) => budget -= 1,
-                Err(EncodeError::Full) => {
-                    self.held = Some(slot);
-                    self.seal();
-                }
+            let pushed = slot
+                .code()
+                .map_err(EncodeError::from)
+                .and_then(|code| self.encoder.push(code, slot.at_us()));
+            match pushed {
+                Ok(()) => self.cursor += 1,
+                Err(EncodeError::Full) => self.seal(),
                 Err(e) => {
-                    budget -= 1;
+                    self.cursor += 1;
                     self.metrics.clicks_dropped.inc(Dropped::Invalid);
-                    tracing::warn!("dropping click {:?}: {e}", slot.code());
+                    tracing::warn!(code = ?slot.code(), "dropping a click: {e}");
                 }
             }
         }
         if !self.encoder.is_empty() && !self.window.is_full() {
             self.seal();
+        }
+        if self.encoder.is_empty() {
+            // Everything before the cursor is in the window or was skipped.
+            self.ring.release(self.cursor);
         }
     }
 
@@ -307,17 +316,19 @@ impl Drain {
             && self.window.is_empty()
             && self.last_datagram.elapsed() >= NEW_SENDER_AFTER_IDLE
         {
-            let sender = protocol::wire::random_sender();
+            let sender = self.sender.renew(&mut self.window);
             tracing::info!(
-                "idle for over {}: going on as sender {sender:016x}",
+                sender = format_args!("{sender:016x}"),
+                "idle for over {}: going on as a new sender",
                 seconds(NEW_SENDER_AFTER_IDLE)
             );
             self.encoder.restart_as(sender);
-            self.window.restart();
         }
     }
 
-    /// The datagram being built goes into the window, to be sent.
+    /// The datagram being built goes into the window, to be sent, and its clicks leave the
+    /// ring: in that order, so that a process killed in between has them in one or the other
+    /// (the window's tag says how far the ring is consumed).
     fn seal(&mut self) {
         if !self.window.awaits_ack() {
             // The acknowledgement timeout counts from the first datagram it waits for.
@@ -325,7 +336,9 @@ impl Drain {
         }
         let clicks = self.encoder.len() as u32;
         let seq = self.encoder.seq();
-        self.window.push(seq, self.encoder.datagram(), clicks);
+        self.window
+            .push(seq, self.encoder.datagram(), clicks, self.cursor);
+        self.ring.release(self.cursor);
         self.encoder.next();
         self.last_datagram = Instant::now();
     }

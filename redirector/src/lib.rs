@@ -11,4 +11,5 @@ pub mod links;
 pub mod metrics;
 pub mod ring;
 pub mod service;
+pub mod state;
 pub mod table;

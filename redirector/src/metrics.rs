@@ -20,6 +20,10 @@ shared::label! {
         /// only copy it could resend: once it exits nobody resends them, so they are counted as
         /// lost. The collector may still write those it had received; nobody can tell.
         Unacknowledged = "unacknowledged",
+        /// A push that the death of the process cut off (a SIGKILL between claiming a ring slot
+        /// and publishing it), found by the next process in the state region. Its request was
+        /// never answered.
+        Torn = "torn",
     }
 }
 
@@ -50,6 +54,8 @@ shared::metrics! {
             "Methods other than GET or HEAD (405).";
         not_ready: Counter = "not_ready", "Answered 503 before the first link table load.";
         clicks_queued: Counter = "clicks_queued", "Clicks pushed into the ring.";
+        clicks_recovered: Counter = "clicks_recovered",
+            "Clicks an earlier process left in the state region (ring and resend window), adopted at start.";
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
         clicks_dropped: LabeledCounter<Dropped> = "clicks_dropped",
             "Clicks served but not sent, by reason.";

@@ -1,19 +1,35 @@
-//! The fixed ring between the request handlers and the drain task.
+//! The fixed ring between the request handlers and the drain task, in the state region (memory
+//! that can outlive the process: see `state`).
 //!
-//! A bounded lock-free queue (`crossbeam_queue::ArrayQueue`) of fixed-size slots with the code
-//! stored inline: it is allocated once at start, a push is one `try_push` that never blocks,
-//! awaits or allocates, and a full ring refuses the click so the caller can count the drop.
+//! A bounded queue of fixed-size slots with the code stored inline (Vyukov's bounded queue, as
+//! `crossbeam_queue::ArrayQueue` is, laid out in the region): a push claims a position by
+//! moving `tail`, writes its slot, then publishes it by storing the slot's stamp. It never
+//! blocks, awaits or allocates, and a full ring refuses the click so the caller can count the
+//! drop. The one consumer, the drain, reads published slots from its own cursor and releases
+//! them only once the window holds their datagram, so that a process killed in between leaves
+//! every click in the ring or the window (see `state`).
+//!
+//! A process killed in the middle of a push leaves a claimed slot that was never published:
+//! the next process finds it between `head` and `tail` with the stamp of a claim, and marks it
+//! torn ([`Ring::mark_torn`]); the drain skips it, never misreads it.
 
-use crossbeam_queue::ArrayQueue;
-use protocol::wire::MAX_CODE_LEN;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One click waiting for the drain task: its code (inline, no allocation) and when it happened.
+use protocol::wire::{CodeError, MAX_CODE_LEN};
+
+/// A click as a slot holds it: its code (inline, no allocation) and when it happened.
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Slot {
     at_us: i64,
+    /// The code's length, or `TORN`.
     len: u8,
     code: [u8; MAX_CODE_LEN],
 }
+
+/// A slot's `len` when its push was cut off by the death of the process.
+const TORN: u8 = u8::MAX;
 
 impl Slot {
     /// Microseconds since the Unix epoch, as `protocol::now_us()` gave it.
@@ -21,13 +37,41 @@ impl Slot {
         self.at_us
     }
 
-    pub fn code(&self) -> &str {
-        // A slot is only built from a whole `&str` of at most MAX_CODE_LEN bytes, so its
-        // first `len` bytes are that string, which is valid UTF-8.
-        std::str::from_utf8(&self.code[..usize::from(self.len)])
-            .expect("slot holds the bytes of a whole &str")
+    /// The code. Never an error for a slot a push wrote; a slot of a layout this process does
+    /// not know is refused before it is read, and this is the last line of defence.
+    pub fn code(&self) -> Result<&str, CodeError> {
+        let len = usize::from(self.len);
+        let bytes = self.code.get(..len).ok_or(CodeError::TooLong(len))?;
+        std::str::from_utf8(bytes).map_err(|e| CodeError::BadByte {
+            at: e.valid_up_to(),
+            byte: bytes[e.valid_up_to()],
+        })
     }
 }
+
+/// One position of the ring in the region: the stamp says whose it is (Vyukov's sequence,
+/// doubled so that a ring of one cell works too: `2 pos` free for a push at `pos`, `2 pos + 1`
+/// published, `2 (pos + capacity)` read and free for the next lap).
+#[repr(C)]
+pub(crate) struct Cell {
+    stamp: AtomicU64,
+    slot: UnsafeCell<Slot>,
+}
+
+/// A cell's stamp when it is free for a push at `pos`.
+fn free(pos: u64) -> u64 {
+    pos * 2
+}
+
+/// A cell's stamp once the push at `pos` is written.
+fn published(pos: u64) -> u64 {
+    pos * 2 + 1
+}
+
+/// The ring's positions, each in a cache line of its own: pushers move `tail`, the drain `head`.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub(crate) struct Position(AtomicU64);
 
 /// Why a push did not take a click.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -38,20 +82,60 @@ pub enum PushError {
     CodeTooLong,
 }
 
-pub struct Ring {
-    queue: ArrayQueue<Slot>,
+/// What the drain finds at a position.
+#[derive(Clone, Copy)]
+pub enum Read {
+    Click(Slot),
+    /// A push the death of an earlier process cut off: nothing to send.
+    Torn,
+    /// Nothing published there yet.
+    Empty,
 }
 
+/// The ring, over cells and positions that live in the state region (which `_region` keeps
+/// mapped as long as the ring lives).
+pub struct Ring {
+    head: &'static Position,
+    tail: &'static Position,
+    cells: &'static [Cell],
+    _region: std::sync::Arc<crate::state::Mapping>,
+}
+
+// SAFETY: a cell's slot is written only by the push that claimed its position (the CAS on
+// `tail` gives each position to one pusher), before the Release store of its stamp, and read
+// only by the drain after an Acquire load of that stamp shows it published.
+unsafe impl Sync for Ring {}
+unsafe impl Send for Ring {}
+
 impl Ring {
-    /// Allocates the whole ring now. `capacity` must be at least 1.
-    pub fn new(capacity: usize) -> Ring {
+    /// Size of one cell in the region.
+    pub const CELL_SIZE: usize = std::mem::size_of::<Cell>();
+
+    /// The ring over `cells` of a mapped region. A new region's stamps are set by `format`.
+    pub(crate) fn new(
+        head: &'static Position,
+        tail: &'static Position,
+        cells: &'static [Cell],
+        region: std::sync::Arc<crate::state::Mapping>,
+    ) -> Ring {
         Ring {
-            queue: ArrayQueue::new(capacity),
+            head,
+            tail,
+            cells,
+            _region: region,
         }
     }
 
-    /// Size of one slot, for the memory figure logged at start.
-    pub const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
+    /// Makes a zeroed region an empty ring: each cell free for the first lap.
+    pub(crate) fn format(cells: &[Cell]) {
+        for (pos, cell) in cells.iter().enumerate() {
+            cell.stamp.store(free(pos as u64), Ordering::Relaxed);
+        }
+    }
+
+    fn cell(&self, pos: u64) -> &Cell {
+        &self.cells[(pos % self.cells.len() as u64) as usize]
+    }
 
     /// Queues a click without blocking.
     pub fn push(&self, code: &str, at_us: i64) -> Result<(), PushError> {
@@ -59,60 +143,157 @@ impl Ring {
         if bytes.len() > MAX_CODE_LEN {
             return Err(PushError::CodeTooLong);
         }
-        let mut slot = Slot {
-            at_us,
-            len: bytes.len() as u8,
-            code: [0; MAX_CODE_LEN],
-        };
-        slot.code[..bytes.len()].copy_from_slice(bytes);
-        self.queue.push(slot).map_err(|_| PushError::Full)
+        let mut pos = self.tail.0.load(Ordering::Relaxed);
+        loop {
+            let cell = self.cell(pos);
+            let stamp = cell.stamp.load(Ordering::Acquire);
+            if stamp == free(pos) {
+                match self.tail.0.compare_exchange_weak(
+                    pos,
+                    pos + 1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        // SAFETY: the CAS gave this position to this push alone (see `Sync`).
+                        let slot = unsafe { &mut *cell.slot.get() };
+                        slot.at_us = at_us;
+                        slot.len = bytes.len() as u8;
+                        slot.code[..bytes.len()].copy_from_slice(bytes);
+                        cell.stamp.store(published(pos), Ordering::Release);
+                        return Ok(());
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if stamp < free(pos) {
+                // The cell still holds the click of the last lap: the ring is full.
+                return Err(PushError::Full);
+            } else {
+                pos = self.tail.0.load(Ordering::Relaxed);
+            }
+        }
     }
 
-    pub fn pop(&self) -> Option<Slot> {
-        self.queue.pop()
+    /// The drain's read at `pos` (from `head` on): the slot if it is published.
+    pub fn read(&self, pos: u64) -> Read {
+        let cell = self.cell(pos);
+        if cell.stamp.load(Ordering::Acquire) != published(pos) {
+            return Read::Empty;
+        }
+        // SAFETY: published (the Acquire above pairs with the push's Release), and no push
+        // writes it again before `release` frees it.
+        let slot = unsafe { *cell.slot.get() };
+        match slot.len {
+            TORN => Read::Torn,
+            _ => Read::Click(slot),
+        }
     }
 
+    /// Positions before `through` are read and their clicks kept elsewhere: free them.
+    pub fn release(&self, through: u64) {
+        let head = self.head();
+        for pos in head..through {
+            let next_lap = pos + self.cells.len() as u64;
+            self.cell(pos)
+                .stamp
+                .store(free(next_lap), Ordering::Release);
+        }
+        if through > head {
+            self.head.0.store(through, Ordering::Release);
+        }
+    }
+
+    /// Marks the claimed and never published positions between `head` and `tail` torn, and
+    /// returns how many. Only for a ring no push can reach yet (at adoption).
+    pub(crate) fn mark_torn(&self) -> u64 {
+        let mut torn = 0;
+        for pos in self.head()..self.tail() {
+            let cell = self.cell(pos);
+            if cell.stamp.load(Ordering::Acquire) != published(pos) {
+                // SAFETY: no push or read runs yet.
+                unsafe { (*cell.slot.get()).len = TORN };
+                cell.stamp.store(published(pos), Ordering::Release);
+                torn += 1;
+            }
+        }
+        torn
+    }
+
+    /// The oldest position not released.
+    pub fn head(&self) -> u64 {
+        self.head.0.load(Ordering::Acquire)
+    }
+
+    /// The next position a push claims.
+    pub fn tail(&self) -> u64 {
+        self.tail.0.load(Ordering::Acquire)
+    }
+
+    /// Clicks pushed and not released.
     pub fn len(&self) -> usize {
-        self.queue.len()
+        self.tail().saturating_sub(self.head()) as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.len() == 0
     }
 
     pub fn capacity(&self) -> usize {
-        self.queue.capacity()
+        self.cells.len()
     }
 
-    /// Bytes the queue's storage takes, written (so resident) at start: capacity x (slot size
-    /// plus the one-word stamp `ArrayQueue` keeps beside each slot).
+    /// Bytes the ring's cells take in the region.
     pub fn memory(&self) -> usize {
-        self.capacity() * (Self::SLOT_SIZE + std::mem::size_of::<usize>())
+        std::mem::size_of_val(self.cells)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::{Geometry, Region};
+
+    fn ring(capacity: usize) -> std::sync::Arc<Ring> {
+        let geometry = Geometry {
+            ring: capacity as u64,
+            window: 1,
+            slot_size: 64,
+        };
+        Region::anonymous(geometry).unwrap().ring
+    }
+
+    /// Reads and releases one click.
+    fn pop(ring: &Ring) -> Option<Slot> {
+        let head = ring.head();
+        match ring.read(head) {
+            Read::Click(slot) => {
+                ring.release(head + 1);
+                Some(slot)
+            }
+            _ => None,
+        }
+    }
 
     #[test]
     fn keeps_order_and_refuses_when_full() {
-        let ring = Ring::new(2);
+        let ring = ring(2);
         ring.push("a", 1).unwrap();
         ring.push("bb", 2).unwrap();
         assert_eq!(ring.push("c", 3), Err(PushError::Full));
-        let first = ring.pop().unwrap();
-        assert_eq!((first.code(), first.at_us()), ("a", 1));
-        assert_eq!(ring.pop().unwrap().code(), "bb");
-        assert!(ring.pop().is_none());
+        let first = pop(&ring).unwrap();
+        assert_eq!((first.code(), first.at_us()), (Ok("a"), 1));
+        assert_eq!(pop(&ring).unwrap().code(), Ok("bb"));
+        assert!(pop(&ring).is_none());
+        ring.push("d", 4).unwrap();
+        assert_eq!(pop(&ring).unwrap().code(), Ok("d"), "the next lap");
     }
 
     #[test]
     fn holds_a_longest_code_and_refuses_a_longer_one() {
-        let ring = Ring::new(4);
+        let ring = ring(4);
         let longest = "x".repeat(MAX_CODE_LEN);
         ring.push(&longest, 7).unwrap();
-        assert_eq!(ring.pop().unwrap().code(), longest);
+        assert_eq!(pop(&ring).unwrap().code(), Ok(longest.as_str()));
         assert_eq!(
             ring.push(&"x".repeat(MAX_CODE_LEN + 1), 7),
             Err(PushError::CodeTooLong)
@@ -120,14 +301,29 @@ mod tests {
     }
 
     #[test]
-    fn slot_is_small_and_memory_is_capacity_times_slot() {
-        assert_eq!(Ring::SLOT_SIZE, 80);
-        assert_eq!(Ring::new(1000).memory(), 88_000);
+    fn a_claimed_and_never_published_slot_is_torn_never_read() {
+        let ring = ring(4);
+        ring.push("a", 1).unwrap();
+        // A push that claimed position 1 and died before publishing it.
+        ring.tail.0.store(2, Ordering::Release);
+        assert!(matches!(ring.read(1), Read::Empty), "unpublished: not read");
+        assert_eq!(ring.mark_torn(), 1);
+        assert_eq!(ring.mark_torn(), 0, "counted once");
+        assert!(matches!(ring.read(0), Read::Click(_)));
+        assert!(matches!(ring.read(1), Read::Torn));
+        ring.release(2);
+        ring.push("c", 3).unwrap();
+        assert_eq!(pop(&ring).unwrap().code(), Ok("c"));
     }
 
     #[test]
-    fn concurrent_pushes_and_pops_lose_nothing() {
-        let ring = std::sync::Arc::new(Ring::new(64));
+    fn cell_is_small() {
+        assert_eq!(Ring::CELL_SIZE, 88);
+    }
+
+    #[test]
+    fn concurrent_pushes_and_reads_lose_nothing() {
+        let ring = ring(64);
         let per_thread = 10_000;
         let pushers: Vec<_> = (0..2)
             .map(|t| {
@@ -144,8 +340,8 @@ mod tests {
         let mut seen = [0i64; 2];
         let mut last = [-1i64; 2];
         while seen.iter().sum::<i64>() < 2 * per_thread {
-            if let Some(slot) = ring.pop() {
-                let t = usize::from(slot.code() == "b");
+            if let Some(slot) = pop(&ring) {
+                let t = usize::from(slot.code() == Ok("b"));
                 assert!(slot.at_us() > last[t], "one pusher's clicks stay in order");
                 last[t] = slot.at_us();
                 seen[t] += 1;

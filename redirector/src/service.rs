@@ -21,11 +21,14 @@ use crate::http::{self, App, Clicks, Limits};
 use crate::links::{self, LinkTable};
 use crate::metrics::{Dropped, Metrics};
 use crate::ring::Ring;
+use crate::state::{self, Geometry, Kept, Region};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the sockets systemd passed: {0}")]
     Passed(std::io::Error),
+    #[error("the state region (--state-file): {0}")]
+    State(#[from] state::Error),
     #[error("binding the {what} listener on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -54,13 +57,18 @@ pub enum Error {
 pub struct Summary {
     /// GET requests answered with a redirect: each one a click.
     pub redirects: u64,
+    /// Clicks an earlier process left in the state region, adopted at start.
+    pub recovered: u64,
     pub sent: u64,
     pub dropped: u64,
     /// Of the clicks sent, those the collector acknowledged as committed, and those it had not
-    /// by the end of the drain timeout (committed or not: nobody said). The unacknowledged are
-    /// in `dropped` too (`unacknowledged`), so `redirects = acked + dropped`.
+    /// by the end of the drain timeout (committed or not: nobody said). Where the state region
+    /// outlives the process, what is left is `kept` for the next one; otherwise the
+    /// unacknowledged are in `dropped` too (`unacknowledged`). Either way
+    /// `redirects + recovered = acked + dropped + kept`.
     pub acked: u64,
     pub unacked: u64,
+    pub kept: u64,
 }
 
 /// Resolves on the first SIGTERM or SIGINT, after logging which; installed before it returns.
@@ -77,16 +85,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let table = Arc::new(LinkTable::default());
     let max_connections =
         http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
-    let ring = (cfg.clicks == ClickMode::Pipeline).then(|| new_ring(&cfg));
-
     // Under systemd the listeners come from redirector.socket and redirector-admin.socket, so
-    // the service itself needs no Internet sockets of its own (RestrictAddressFamilies=AF_UNIX).
+    // the service itself needs no Internet sockets of its own (RestrictAddressFamilies=AF_UNIX);
+    // the state region comes back from the file descriptor store.
     let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
+    let state = match cfg.clicks {
+        ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics)?),
+        _ => None,
+    };
+    let ring = state.as_ref().map(|s| s.ring.clone());
     let http_listener = listener(&mut passed, "http", cfg.listen).await?;
     let admin_listener = listener(&mut passed, "admin", cfg.admin_listen).await?;
     for (name, _) in passed.rest() {
         tracing::warn!(
-            "systemd passed a socket named {name:?}; only \"http\" and \"admin\" are used"
+            "systemd passed a descriptor named {name:?}; only \"http\", \"admin\" and \"{}\" \
+             are used",
+            state::FDNAME
         );
     }
     shared::admin::spawn(
@@ -104,9 +118,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     links::spawn(db.clone(), table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
-    let mut drain = match &ring {
-        Some(ring) => Some(tokio::spawn(
-            new_drain(&cfg, ring.clone(), metrics.clone())?
+    let kept = state.as_ref().map(|s| s.kept.clone());
+    let mut drain = match state {
+        Some(state) => Some(tokio::spawn(
+            new_drain(&cfg, state, metrics.clone())?
                 .run(drain_stopped)
                 .instrument(tracing::info_span!("drain")),
         )),
@@ -158,6 +173,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         stop_drain,
         drain,
         direct,
+        kept,
     };
     shut_down(stopping, cfg.drain_timeout, &metrics).await
 }
@@ -169,10 +185,14 @@ struct Stopping {
     drain: Option<JoinHandle<Left>>,
     /// `--clicks direct`: its INSERTs under way must be counted before the final counts.
     direct: Option<Arc<Direct>>,
+    /// Where the state region lives (`--clicks pipeline`): if it outlives the process, what
+    /// is left is kept for the next one, not dropped.
+    kept: Option<Kept>,
 }
 
-/// Waits for the http server task, then drains the ring for up to `drain_timeout` and counts
-/// the rest as dropped: what was never sent as `shutdown`, what was sent and never
+/// Waits for the http server task, then drains the ring for up to `drain_timeout`. The rest is
+/// kept in the state region for the next process if the region outlives this one; otherwise
+/// it is counted as dropped: what was never sent as `shutdown`, what was sent and never
 /// acknowledged as `unacknowledged`. A failed server task still gets the drain and the final
 /// counts (its handlers are gone all the same); its error is returned afterwards.
 async fn shut_down(
@@ -185,6 +205,7 @@ async fn shut_down(
         stop_drain,
         drain,
         direct,
+        kept,
     } = stopping;
     let served = server.await;
     if let Some(direct) = direct {
@@ -196,18 +217,32 @@ async fn shut_down(
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
         None => Left::default(),
     };
-    metrics.clicks_dropped.add(Dropped::Shutdown, left.unsent);
-    // Sent but never acknowledged: this process held the only copy it could resend, and it is
-    // going. Served = acknowledged + dropped, every drop under a named reason.
-    metrics
-        .clicks_dropped
-        .add(Dropped::Unacknowledged, left.unacked);
+    let kept = match kept {
+        Some(kept) if kept.outlives_process() => {
+            let held = left.unsent + left.unacked;
+            if held > 0 {
+                tracing::info!(kept = %kept, "{held} clicks left in the state region for the next start");
+            }
+            held
+        }
+        _ => {
+            metrics.clicks_dropped.add(Dropped::Shutdown, left.unsent);
+            // Sent but never acknowledged: this process held the only copy it could resend,
+            // and it is going. Served = acknowledged + dropped, every drop under a named reason.
+            metrics
+                .clicks_dropped
+                .add(Dropped::Unacknowledged, left.unacked);
+            0
+        }
+    };
     let summary = Summary {
         redirects: metrics.redirects.get(),
+        recovered: metrics.clicks_recovered.get(),
         sent: metrics.clicks_sent.get(),
         dropped: metrics.clicks_dropped.total(),
         acked: metrics.clicks_acked.get(),
         unacked: left.unacked,
+        kept,
     };
     if summary.dropped > 0 {
         tracing::warn!(
@@ -216,13 +251,15 @@ async fn shut_down(
         );
     }
     tracing::info!(
-        "redirector: {} clicks sent, {} dropped ({} redirects served); {} acknowledged, {} not \
-         acknowledged",
+        "redirector: {} clicks sent, {} dropped ({} redirects served, {} clicks recovered at \
+         start); {} acknowledged, {} not acknowledged; {} kept for the next start",
         summary.sent,
         summary.dropped,
         summary.redirects,
+        summary.recovered,
         summary.acked,
-        summary.unacked
+        summary.unacked,
+        summary.kept
     );
     served.map_err(Error::Server)?;
     Ok(summary)
@@ -240,40 +277,93 @@ fn drops_by_reason(metrics: &Metrics) -> String {
         .join(", ")
 }
 
-/// The drain task's state, its ack socket bound and its resend window allocated.
-fn new_drain(cfg: &Config, ring: Arc<Ring>, metrics: Arc<Metrics>) -> Result<Drain, Error> {
+/// The drain task's state, its ack socket bound, going on from the state region.
+fn new_drain(cfg: &Config, state: Region, metrics: Arc<Metrics>) -> Result<Drain, Error> {
     let settings = drain::Settings {
         collector: cfg.socket.clone(),
         ack_socket: cfg.ack_socket.clone(),
         ack_socket_mode: cfg.ack_socket_mode,
-        datagram_limit: cfg.datagram_size,
-        window: cfg.resend_window as usize,
+        datagram_limit: state.geometry.slot_size as usize,
+        window: state.geometry.window as usize,
         flush_every: cfg.flush_interval,
         ack_timeout: cfg.ack_timeout,
     };
-    let sender = protocol::wire::random_sender();
-    let drain = Drain::new(ring, metrics, settings, sender)?;
+    let sender = state.sender.id();
+    let drain = Drain::new(state.ring, state.window, state.sender, metrics, settings)?;
     tracing::info!(
-        "sending as {sender:016x} from {} (acknowledgements arrive there); resend window: {} \
-         datagrams of up to {} B = {:.1} MiB, allocated now",
+        sender = format_args!("{sender:016x}"),
+        "sending from {} (acknowledgements arrive there)",
         cfg.ack_socket.display(),
-        cfg.resend_window,
-        cfg.datagram_size,
-        drain.window_memory() as f64 / (1024.0 * 1024.0)
     );
     Ok(drain)
 }
 
-fn new_ring(cfg: &Config) -> Arc<Ring> {
-    let ring = Ring::new(cfg.ring_capacity as usize);
+/// The state region (the ring and the resend window): `--state-file`, or the one systemd
+/// kept, or a new memfd (given to systemd's store when it keeps one for this service).
+fn open_state(
+    cfg: &Config,
+    passed: &mut shared::systemd::Passed,
+    metrics: &Metrics,
+) -> Result<Region, Error> {
+    let want = Geometry {
+        ring: cfg.ring_capacity,
+        window: cfg.resend_window,
+        slot_size: cfg.datagram_size as u64,
+    };
+    let stored = passed.named(state::FDNAME);
+    let region = match (&cfg.state_file, stored) {
+        (Some(path), stored) => {
+            if stored.is_some() {
+                tracing::warn!("--state-file is set: the state systemd kept is not used");
+            }
+            Region::file(path, want)
+        }
+        (None, Some(fd)) => Region::stored(fd, want),
+        (None, None) => Region::memfd(want, shared::systemd::fd_store_enabled()),
+    }?;
+    if let Some(fd) = &region.upload {
+        if let Err(e) = shared::systemd::store_fd(state::FDNAME, fd) {
+            tracing::warn!("handing the state region to systemd's file descriptor store: {e}");
+        }
+    }
+    log_state(&region, want);
+    metrics.clicks_recovered.inc_by(region.recovered);
+    metrics.clicks_dropped.add(Dropped::Torn, region.torn);
+    Ok(region)
+}
+
+fn log_state(region: &Region, want: Geometry) {
+    let g = region.geometry;
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     tracing::info!(
-        "ring: {} clicks x {} B (+{} B queue stamp) = {:.1} MiB, allocated now",
-        ring.capacity(),
-        Ring::SLOT_SIZE,
-        std::mem::size_of::<usize>(),
-        ring.memory() as f64 / (1024.0 * 1024.0)
+        kept = %region.kept,
+        "state region: ring of {} clicks x {} B = {:.1} MiB, resend window of {} datagrams of up \
+         to {} B = {:.1} MiB",
+        g.ring,
+        Ring::CELL_SIZE,
+        mib(g.ring * Ring::CELL_SIZE as u64),
+        g.window,
+        g.slot_size,
+        mib(g.window * g.slot_size),
     );
-    Arc::new(ring)
+    if g != want {
+        tracing::warn!(
+            "the state region was laid out for --ring-capacity {} --resend-window {} \
+             --datagram-size {} and still holds clicks: it is used as it is, and laid out as \
+             configured at a start that finds it empty",
+            g.ring,
+            g.window,
+            g.slot_size
+        );
+    }
+    if region.recovered > 0 || region.torn > 0 {
+        tracing::warn!(
+            recovered = region.recovered,
+            torn = region.torn,
+            "adopted the clicks an earlier process left: sending them again from seq {}",
+            region.window.next_seq() - region.window.len() as u64
+        );
+    }
 }
 
 /// The listener systemd passed under the name `what`, or else one bound at `addr`. Its address
@@ -325,9 +415,14 @@ mod tests {
     async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(Metrics::default());
-        let ring = Arc::new(Ring::new(100));
+        let geometry = Geometry {
+            ring: 100,
+            window: 16,
+            slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
+        };
+        let state = Region::anonymous(geometry).unwrap();
         for at in 0..10 {
-            ring.push("left", at).unwrap();
+            state.ring.push("left", at).unwrap();
         }
         // Nobody listens at the path, so the drain can only count the clicks as left.
         let settings = drain::Settings {
@@ -339,7 +434,14 @@ mod tests {
             flush_every: Duration::from_secs(3600),
             ack_timeout: Duration::from_secs(2),
         };
-        let drain = Drain::new(ring, metrics.clone(), settings, 1).unwrap();
+        let drain = Drain::new(
+            state.ring,
+            state.window,
+            state.sender,
+            metrics.clone(),
+            settings,
+        )
+        .unwrap();
         let (stop_drain, stopped) = watch::channel(None);
         let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });
@@ -349,6 +451,7 @@ mod tests {
             stop_drain,
             drain: Some(drain),
             direct: None,
+            kept: Some(Kept::No),
         };
         let result = shut_down(stopping, Duration::from_millis(50), &metrics).await;
         assert!(matches!(result, Err(Error::Server(_))), "{result:?}");

@@ -13,6 +13,7 @@ use protocol::wire::Ack;
 use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
+use redirector::state::{Geometry, Region};
 use shared::socket::SendErrorKind;
 use testkit::eventually;
 use tokio::net::UnixDatagram;
@@ -21,13 +22,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(20);
-const SENDER: u64 = 42;
 
 struct Rig {
     _dir: tempfile::TempDir,
     path: PathBuf,
     ack_path: PathBuf,
     ring: Arc<Ring>,
+    sender: u64,
     metrics: Arc<Metrics>,
     stop: watch::Sender<Option<Instant>>,
     drain: JoinHandle<Left>,
@@ -38,7 +39,13 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("collector.sock");
     let ack_path = dir.path().join("ack.sock");
-    let ring = Arc::new(Ring::new(capacity));
+    let geometry = Geometry {
+        ring: capacity as u64,
+        window: window as u64,
+        slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
+    };
+    let state = Region::memfd(geometry, false).unwrap();
+    let (ring, sender) = (state.ring.clone(), state.sender.id());
     let metrics = Arc::new(Metrics::default());
     let settings = Settings {
         collector: path.clone(),
@@ -50,7 +57,14 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         flush_every: Duration::from_millis(5),
         ack_timeout,
     };
-    let drain = Drain::new(ring.clone(), metrics.clone(), settings, SENDER).unwrap();
+    let drain = Drain::new(
+        state.ring,
+        state.window,
+        state.sender,
+        metrics.clone(),
+        settings,
+    )
+    .unwrap();
     let (stop, stopped) = watch::channel(None);
     let drain = tokio::spawn(drain.run(stopped));
     Rig {
@@ -58,6 +72,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         path,
         ack_path,
         ring,
+        sender,
         metrics,
         stop,
         drain,
@@ -107,6 +122,8 @@ struct Collector {
     socket: UnixDatagram,
     /// Acknowledge each datagram as it is read.
     acks: bool,
+    /// The drain's sender id.
+    sender: u64,
 }
 
 fn bind(path: &Path) -> UnixDatagram {
@@ -115,10 +132,11 @@ fn bind(path: &Path) -> UnixDatagram {
     UnixDatagram::from_std(std).unwrap()
 }
 
-fn collector(path: &Path, acks: bool) -> Collector {
+fn collector(rig: &Rig, acks: bool) -> Collector {
     Collector {
-        socket: bind(path),
+        socket: bind(&rig.path),
         acks,
+        sender: rig.sender,
     }
 }
 
@@ -165,12 +183,12 @@ impl Received {
                 read.len
             );
             let batch = protocol::wire::decode(&buf[..read.len]).expect("a valid datagram");
-            assert_eq!(batch.sender, SENDER);
+            assert_eq!(batch.sender, c.sender);
             assert!(batch.clicks.iter().all(|c| c.code == code));
             self.from = read.from;
             if c.acks {
                 let from = read.from.expect("the drain sends from its own address");
-                c.send(Ack::new(SENDER, Some(batch.seq), None), &from)
+                c.send(Ack::new(c.sender, Some(batch.seq), None), &from)
                     .unwrap();
             }
             self.datagrams.push((batch.seq, batch.clicks.len()));
@@ -207,7 +225,7 @@ fn queued_clicks(socket: &UnixDatagram) -> u64 {
 /// queue holds (10 datagrams by default), so the drain has met a full queue when this returns.
 async fn full_queue(code: &str, clicks: usize, acks: bool) -> (Rig, Collector) {
     let rig = rig(clicks);
-    let c = collector(&rig.path, acks);
+    let c = collector(&rig, acks);
     rig.push(code, clicks);
     rig.await_error(SendErrorKind::QueueFull).await;
     (rig, c)
@@ -223,7 +241,7 @@ async fn await_acked(rig: &Rig, clicks: u64) {
 #[tokio::test]
 async fn sends_every_click_once_in_numbered_datagrams_and_forgets_what_is_acknowledged() {
     let rig = rig(100_000);
-    let c = collector(&rig.path, true);
+    let c = collector(&rig, true);
     rig.push("abc", 20_000);
     let mut got = Received::default();
     got.until(&c, 20_000, "abc").await;
@@ -249,7 +267,7 @@ async fn holds_clicks_while_nobody_listens_then_delivers_them() {
     rig.push("away", 1_000);
     rig.await_error(SendErrorKind::NotFound).await;
     assert_eq!(rig.metrics.clicks_sent.get(), 0);
-    let c = collector(&rig.path, true);
+    let c = collector(&rig, true);
     let mut got = Received::default();
     got.until(&c, 1_000, "away").await;
     got.assert_consecutive();
@@ -270,7 +288,7 @@ async fn waits_on_a_full_queue_without_losing_or_repeating_a_click() {
 #[tokio::test]
 async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge() {
     let rig = rig(10_000);
-    let first = collector(&rig.path, false);
+    let first = collector(&rig, false);
     rig.push("again", 100);
     let mut got = Received::default();
     got.until(&first, 100, "again").await;
@@ -281,7 +299,7 @@ async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge()
     first.shutdown(std::net::Shutdown::Read).unwrap();
     rig.push("again", 100);
     rig.await_error(SendErrorKind::NotFound).await;
-    let second = collector(&rig.path, true);
+    let second = collector(&rig, true);
     let mut again = Received::default();
     again.until(&second, 200, "again").await;
     again.assert_consecutive();
@@ -299,7 +317,7 @@ async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge()
 #[tokio::test]
 async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_again() {
     let rig = rig_with(10_000, 512, Duration::from_millis(200));
-    let c = collector(&rig.path, false);
+    let c = collector(&rig, false);
     rig.push("timeout", 3_000);
     let mut got = Received::default();
     got.until(&c, 6_000, "timeout").await;
@@ -311,7 +329,7 @@ async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_ag
     assert_eq!(rig.metrics.clicks_sent.get(), 3_000);
     // Acknowledged at last: nothing is left to resend.
     let last = *seqs.last().unwrap();
-    c.send(Ack::new(SENDER, Some(last), None), &got.from.unwrap())
+    c.send(Ack::new(rig.sender, Some(last), None), &got.from.unwrap())
         .unwrap();
     await_acked(&rig, 3_000).await;
     assert_eq!(rig.metrics.unacked_clicks.get(), 0);
@@ -320,14 +338,15 @@ async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_ag
 #[tokio::test]
 async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
     let rig = rig(10_000);
-    let c = collector(&rig.path, false);
+    let c = collector(&rig, false);
     rig.push("asked", 8_000);
     let mut got = Received::default();
     got.until(&c, 8_000, "asked").await;
     let sent = got.datagrams.len() as u64;
     assert!(sent >= 3);
     let from = got.from.unwrap();
-    c.send(Ack::new(SENDER, Some(0), Some(1)), &from).unwrap();
+    c.send(Ack::new(rig.sender, Some(0), Some(1)), &from)
+        .unwrap();
     let resent_clicks: usize = got.datagrams[1..].iter().map(|d| d.1).sum();
     got.until(&c, 8_000 + resent_clicks, "asked").await;
     let again: Vec<u64> = got.seqs()[sent as usize..].to_vec();
@@ -338,7 +357,7 @@ async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
 #[tokio::test]
 async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
     let rig = rig_with(50_000, 2, Duration::from_secs(3600));
-    let c = collector(&rig.path, false);
+    let c = collector(&rig, false);
     rig.push("held", 10_000);
     // Were the window not full, one flush would empty the ring before the first send.
     eventually(
@@ -354,7 +373,7 @@ async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
     assert_eq!(rig.metrics.clicks_dropped.total(), 0);
     // Acknowledged: the window frees and the drain goes on.
     let c = Collector { acks: true, ..c };
-    c.send(Ack::new(SENDER, Some(1), None), &got.from.unwrap())
+    c.send(Ack::new(rig.sender, Some(1), None), &got.from.unwrap())
         .unwrap();
     got.until(&c, 10_000, "held").await;
     got.assert_consecutive();
@@ -363,7 +382,7 @@ async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
 #[tokio::test]
 async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_nothing() {
     let rig = rig(10_000);
-    let c = collector(&rig.path, false);
+    let c = collector(&rig, false);
     rig.push("forged", 1_000);
     let mut got = Received::default();
     got.until(&c, 1_000, "forged").await;
@@ -379,12 +398,14 @@ async fn acknowledgements_that_claim_too_much_or_come_from_anyone_else_change_no
         }
     };
     // From the collector itself: past what was sent, or for another sender.
-    c.send(Ack::new(SENDER, Some(sent), None), &from).unwrap();
+    c.send(Ack::new(rig.sender, Some(sent), None), &from)
+        .unwrap();
     refused(&rig, 1).await;
-    c.send(Ack::new(SENDER + 1, Some(0), None), &from).unwrap();
+    c.send(Ack::new(rig.sender + 1, Some(0), None), &from)
+        .unwrap();
     refused(&rig, 2).await;
     // From anyone else, as any other user: the uid the kernel attests gives it away.
-    let forged = Ack::new(SENDER, Some(sent - 1), None).encode();
+    let forged = Ack::new(rig.sender, Some(sent - 1), None).encode();
     testkit::send_as_user(65534, &rig.ack_path, &forged).unwrap();
     refused(&rig, 3).await;
     // Also while the collector is away.
@@ -441,7 +462,7 @@ async fn the_shutdown_deadline_cuts_off_a_send_waiting_on_a_full_queue_and_count
 #[tokio::test]
 async fn shutdown_sends_what_the_ring_still_holds_and_waits_for_the_acknowledgement() {
     let rig = rig(10_000);
-    let c = collector(&rig.path, true);
+    let c = collector(&rig, true);
     rig.push("last", 3_000);
     let stopping = tokio::spawn(rig.stop(Duration::from_secs(5)));
     let mut got = Received::default();
@@ -455,12 +476,12 @@ async fn shutdown_sends_what_the_ring_still_holds_and_waits_for_the_acknowledgem
 #[tokio::test]
 async fn a_collector_under_another_user_is_believed_once_its_socket_says_so() {
     let rig = rig(10_000);
-    let c = collector(&rig.path, false);
+    let c = collector(&rig, false);
     rig.push("newuser", 100);
     let mut got = Received::default();
     got.until(&c, 100, "newuser").await;
     let last = got.datagrams.last().unwrap().0;
-    let ack = Ack::new(SENDER, Some(last), None).encode();
+    let ack = Ack::new(rig.sender, Some(last), None).encode();
     nix::unistd::chown(&rig.path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
     testkit::send_as_user(65534, &rig.ack_path, &ack).unwrap();
     await_acked(&rig, 100).await;

@@ -3,7 +3,7 @@
 //! Both are no-ops outside systemd.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
@@ -29,6 +29,46 @@ pub fn notify_or_log(state: &str) {
     if let Err(e) = notify(state) {
         tracing::warn!("sd_notify {state}: {e}");
     }
+}
+
+/// Whether systemd keeps descriptors for this service (`FileDescriptorStoreMax=` above 0: it
+/// says so in `$FDSTORE`, systemd 254 and later).
+pub fn fd_store_enabled() -> bool {
+    std::env::var_os("NOTIFY_SOCKET").is_some()
+        && std::env::var("FDSTORE")
+            .ok()
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+/// Hands `fd` to systemd's file descriptor store under `name` (`FDSTORE=1`): it is passed back
+/// through `LISTEN_FDS` to the next process of this service.
+pub fn store_fd(name: &str, fd: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "NOTIFY_SOCKET is not set",
+        ));
+    };
+    let bytes = path.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => UnixAddr::new_abstract(name)?,
+        None => UnixAddr::new(bytes)?,
+    };
+    let socket = UnixDatagram::unbound()?;
+    let state = format!("FDSTORE=1\nFDNAME={name}");
+    let fds = [fd.as_raw_fd()];
+    let iov = [io::IoSlice::new(state.as_bytes())];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    sendmsg(
+        socket.as_raw_fd(),
+        &iov,
+        &cmsg,
+        MsgFlags::empty(),
+        Some(&addr),
+    )?;
+    Ok(())
 }
 
 /// The most descriptors we accept from LISTEN_FDS; more is a misconfiguration, not a reason to

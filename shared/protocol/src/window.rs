@@ -4,8 +4,15 @@
 //! A datagram stays until an acknowledgement covers it; a full window refuses more, so the
 //! drain stops and the ring holds (backpressure). Sending goes through a cursor: go-back-N
 //! puts the cursor back to the oldest datagram (or the one a resend request names) and sends
-//! everything from there again. Plain data and no I/O, so that it can be tested alone, and so
-//! that it could live in memory that outlives the process.
+//! everything from there again. Plain data and no I/O, so that it can be tested alone; its
+//! slots and bounds live in a [`Store`], which may be memory that outlives the process: a
+//! later process adopts the window ([`Window::adopt`]) and sends again what it holds.
+//!
+//! Crash consistency: a push writes the slot, then publishes it by moving `end`; an
+//! acknowledgement moves `first`. Each is one atomic store, so a process killed at any
+//! instant leaves bounds that cover only whole datagrams.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why an acknowledgement or a resend request was refused: it would make the window forget,
 /// or resend, what it never sent. Only a forger or a confused collector sends such.
@@ -19,12 +26,67 @@ pub enum Refused {
     ResendNotHeld(u64),
 }
 
+/// What the window keeps of each datagram. `repr(C)` and plain integers, so that it can live in
+/// memory that a later process maps (the redirector's state region).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Meta {
+pub struct Meta {
     len: u32,
     clicks: u32,
-    /// Sent at least once: counted as sent; if unacknowledged at exit, as unacknowledged.
-    sent: bool,
+    /// Sent at least once (1): counted as sent; if unacknowledged at exit, as unacknowledged.
+    sent: u32,
+    _pad: u32,
+    /// The caller's mark of what this datagram consumed (the redirector: the ring position
+    /// after its last click), so that a later process knows what the window already holds.
+    tag: u64,
+    /// Clicks of every datagram of this sender before this one: what a resync reports.
+    clicks_before: u64,
+}
+
+/// The window's bounds, `first .. end`, the only state besides the slots that a later process
+/// needs. Atomics so that each is one store that is never torn, and so that a store into them
+/// is not reordered before the slot writes it publishes.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Marks {
+    first: AtomicU64,
+    end: AtomicU64,
+}
+
+/// Where the window keeps its datagrams: the heap ([`Heap`]), or memory that outlives the
+/// process (the redirector's state region). `bytes` is `meta.len()` slots of `slot_size`.
+pub trait Store {
+    fn parts(&self) -> (&[u8], &[Meta], &Marks);
+    fn parts_mut(&mut self) -> (&mut [u8], &mut [Meta], &Marks);
+}
+
+/// A window's storage on the heap, allocated (and written) at once.
+#[derive(Debug)]
+pub struct Heap {
+    bytes: Box<[u8]>,
+    meta: Box<[Meta]>,
+    marks: Marks,
+}
+
+impl Heap {
+    pub fn new(slots: usize, slot_size: usize) -> Heap {
+        let slots = slots.max(1);
+        Heap {
+            bytes: vec![0; slots * slot_size].into_boxed_slice(),
+            meta: vec![Meta::default(); slots].into_boxed_slice(),
+            marks: Marks::default(),
+        }
+    }
+}
+
+impl Store for Heap {
+    fn parts(&self) -> (&[u8], &[Meta], &Marks) {
+        (&self.bytes, &self.meta, &self.marks)
+    }
+
+    fn parts_mut(&mut self) -> (&mut [u8], &mut [Meta], &Marks) {
+        (&mut self.bytes, &mut self.meta, &self.marks)
+    }
 }
 
 /// What a resend request does.
@@ -52,11 +114,11 @@ pub struct Released {
     pub clicks: u64,
 }
 
-pub struct Window {
-    buf: Box<[u8]>,
+pub struct Window<S: Store = Heap> {
+    store: S,
     slot_size: usize,
-    meta: Box<[Meta]>,
-    /// Seq of the oldest datagram held.
+    slots: usize,
+    /// Seq of the oldest datagram held (`Marks::first`, kept here too for reading).
     first: u64,
     /// Datagrams held: seqs `first .. first + held`.
     held: usize,
@@ -69,26 +131,66 @@ pub struct Window {
     acked_clicks: u64,
 }
 
-impl Window {
-    /// Room for `slots` datagrams of up to `slot_size` bytes, allocated (and written) now.
-    pub fn new(slots: usize, slot_size: usize) -> Window {
-        let slots = slots.max(1);
+impl Window<Heap> {
+    /// Room for `slots` datagrams of up to `slot_size` bytes, on the heap, allocated now.
+    pub fn new(slots: usize, slot_size: usize) -> Window<Heap> {
+        Window::adopt(Heap::new(slots, slot_size), slot_size)
+    }
+}
+
+impl<S: Store> Window<S> {
+    /// The window a store holds: a new one (all zero: empty, at seq 0), or one a killed process
+    /// left. Everything held is sent again from the oldest (the collector drops what it
+    /// committed already); what was acknowledged before is taken from the slots.
+    pub fn adopt(store: S, slot_size: usize) -> Window<S> {
+        let (_, meta, marks) = store.parts();
+        let slots = meta.len();
+        let end = marks.end.load(Ordering::Acquire);
+        // A push into an empty window that moved `first` and was killed before moving `end`:
+        // that datagram was never published (its clicks are still where they came from).
+        let first = marks.first.load(Ordering::Acquire).min(end);
+        let held = ((end - first) as usize).min(slots);
+        let first = end - held as u64;
+        let slot = |seq: u64| meta[(seq % slots as u64) as usize];
+        let in_window = first..end;
+        let clicks = in_window
+            .clone()
+            .map(|seq| u64::from(slot(seq).clicks))
+            .sum();
+        let acked_clicks = match (held, end) {
+            (_, 0) => 0,
+            (0, _) => slot(end - 1).clicks_before + u64::from(slot(end - 1).clicks),
+            _ => slot(first).clicks_before,
+        };
+        // What was sent before the kill may have been acknowledged by now: accept an
+        // acknowledgement of anything held, sent in this life or not.
+        let sent_through = end.checked_sub(1);
+        marks.first.store(first, Ordering::Release);
         Window {
-            buf: vec![0; slots * slot_size].into_boxed_slice(),
+            store,
             slot_size,
-            meta: vec![Meta::default(); slots].into_boxed_slice(),
-            first: 0,
-            held: 0,
-            cursor: 0,
-            sent_through: None,
-            clicks: 0,
-            acked_clicks: 0,
+            slots,
+            first,
+            held,
+            cursor: first,
+            sent_through,
+            clicks,
+            acked_clicks,
         }
+    }
+
+    /// The storage, for a test that plays a later process adopting it.
+    pub fn into_store(self) -> S {
+        self.store
     }
 
     /// Starts over from seq 0 (a new sender id). The caller checks `is_empty` first.
     pub fn restart(&mut self) {
         assert!(self.is_empty(), "restart of a window that holds datagrams");
+        let marks = self.store.parts().2;
+        // `end` first: killed in between, `first` > `end` reads as empty at the old end.
+        marks.end.store(0, Ordering::Release);
+        marks.first.store(0, Ordering::Release);
         (
             self.first,
             self.cursor,
@@ -99,11 +201,12 @@ impl Window {
 
     /// Bytes allocated.
     pub fn memory(&self) -> usize {
-        self.buf.len() + self.meta.len() * std::mem::size_of::<Meta>()
+        let (bytes, meta, _) = self.store.parts();
+        std::mem::size_of_val(bytes) + std::mem::size_of_val(meta)
     }
 
     pub fn is_full(&self) -> bool {
-        self.held == self.meta.len()
+        self.held == self.slots
     }
 
     pub fn is_empty(&self) -> bool {
@@ -136,29 +239,41 @@ impl Window {
     }
 
     fn slot(&self, seq: u64) -> usize {
-        (seq % self.meta.len() as u64) as usize
+        (seq % self.slots as u64) as usize
     }
 
     /// Adds datagram `seq` (the one after the last held; any seq into an empty window), of
-    /// `clicks` clicks. The caller checks `is_full` first.
-    pub fn push(&mut self, seq: u64, datagram: &[u8], clicks: u32) {
+    /// `clicks` clicks, with the caller's `tag` (see [`Window::last_tag`]). The caller checks
+    /// `is_full` first.
+    pub fn push(&mut self, seq: u64, datagram: &[u8], clicks: u32, tag: u64) {
         assert!(!self.is_full(), "push into a full window");
         assert!(
             datagram.len() <= self.slot_size,
             "datagram over the slot size"
         );
+        let moved_first = self.is_empty() && seq != self.first;
         if self.is_empty() {
             self.first = seq;
             self.cursor = seq;
         }
         assert_eq!(seq, self.end(), "datagrams enter the window in seq order");
         let i = self.slot(seq);
-        self.buf[i * self.slot_size..][..datagram.len()].copy_from_slice(datagram);
-        self.meta[i] = Meta {
+        let clicks_before = self.acked_clicks + self.clicks;
+        let (bytes, meta, marks) = self.store.parts_mut();
+        bytes[i * self.slot_size..][..datagram.len()].copy_from_slice(datagram);
+        meta[i] = Meta {
             len: datagram.len() as u32,
             clicks,
-            sent: false,
+            sent: 0,
+            _pad: 0,
+            tag,
+            clicks_before,
         };
+        if moved_first {
+            marks.first.store(seq, Ordering::Release);
+        }
+        // Publishes the slot: a later process adopts it from here on.
+        marks.end.store(seq + 1, Ordering::Release);
         self.held += 1;
         self.clicks += u64::from(clicks);
     }
@@ -169,7 +284,8 @@ impl Window {
             return None;
         }
         let i = self.slot(self.cursor);
-        Some(&self.buf[i * self.slot_size..][..self.meta[i].len as usize])
+        let (bytes, meta, _) = self.store.parts();
+        Some(&bytes[i * self.slot_size..][..meta[i].len as usize])
     }
 
     /// The datagram at the cursor was sent: moves on. Returns its clicks if this was its first
@@ -181,8 +297,8 @@ impl Window {
                 .map_or(self.cursor, |s| s.max(self.cursor)),
         );
         self.cursor += 1;
-        let meta = &mut self.meta[i];
-        (!std::mem::replace(&mut meta.sent, true)).then_some(meta.clicks)
+        let meta = &mut self.store.parts_mut().1[i];
+        (std::mem::replace(&mut meta.sent, 1) == 0).then_some(meta.clicks)
     }
 
     /// Everything up to `seq` is committed: those datagrams leave the window.
@@ -194,10 +310,15 @@ impl Window {
         while self.held > 0 && self.first <= seq {
             let i = self.slot(self.first);
             released.datagrams += 1;
-            released.clicks += u64::from(self.meta[i].clicks);
+            released.clicks += u64::from(self.store.parts().1[i].clicks);
             self.first += 1;
             self.held -= 1;
         }
+        self.store
+            .parts()
+            .2
+            .first
+            .store(self.first, Ordering::Release);
         self.clicks -= released.clicks;
         self.acked_clicks += released.clicks;
         self.cursor = self.cursor.max(self.first);
@@ -244,12 +365,25 @@ impl Window {
 
     /// (clicks never sent, clicks sent and not acknowledged), for the count at exit.
     pub fn unsent_and_unacked(&self) -> (u64, u64) {
+        let meta = self.store.parts().1;
         (self.first..self.end())
-            .map(|seq| self.meta[self.slot(seq)])
+            .map(|seq| meta[self.slot(seq)])
             .fold((0, 0), |(unsent, unacked), m| match m.sent {
-                true => (unsent, unacked + u64::from(m.clicks)),
-                false => (unsent + u64::from(m.clicks), unacked),
+                0 => (unsent + u64::from(m.clicks), unacked),
+                _ => (unsent, unacked + u64::from(m.clicks)),
             })
+    }
+
+    /// The tag of the last datagram pushed (kept after it is acknowledged), or `None` before
+    /// the first push of this sender: how far a later process knows its source was consumed.
+    pub fn last_tag(&self) -> Option<u64> {
+        let end = self.end();
+        (end > 0).then(|| self.store.parts().1[self.slot(end - 1)].tag)
+    }
+
+    /// The seq the next datagram takes.
+    pub fn next_seq(&self) -> u64 {
+        self.end()
     }
 }
 
@@ -261,7 +395,7 @@ mod tests {
     fn window(slots: usize, seqs: std::ops::Range<u64>) -> Window {
         let mut w = Window::new(slots, 8);
         for seq in seqs {
-            w.push(seq, &[seq as u8; 3], 10);
+            w.push(seq, &[seq as u8; 3], 10, seq);
         }
         w
     }
@@ -290,7 +424,7 @@ mod tests {
             })
         );
         assert!(!w.is_full());
-        w.push(9, &[9; 3], 10);
+        w.push(9, &[9; 3], 10, 9);
         assert_eq!(send_all(&mut w), [9], "the slot of 5 is reused for 9");
         assert_eq!(
             w.acknowledge(9),
@@ -347,7 +481,7 @@ mod tests {
         assert_eq!(send_all(&mut w), [2, 3], "then everything held, again");
         w.acknowledge(3).unwrap();
         w.restart();
-        w.push(0, &[0; 3], 10);
+        w.push(0, &[0; 3], 10, 0);
         w.mark_sent();
         assert_eq!(
             w.rewind_to(0),
@@ -357,8 +491,56 @@ mod tests {
     }
 
     #[test]
+    fn a_later_process_adopts_what_is_held_and_resends_it_from_the_oldest() {
+        let mut w = window(4, 0..3);
+        send_all(&mut w);
+        w.acknowledge(0).unwrap();
+        let mut later = Window::adopt(w.into_store(), 8);
+        assert_eq!((later.len(), later.clicks(), later.next_seq()), (2, 20, 3));
+        assert_eq!(later.last_tag(), Some(2));
+        assert_eq!(send_all(&mut later), [1, 2], "everything held, again");
+        assert_eq!(
+            later.rewind_to(0),
+            Ok(Rewound::Resync {
+                first: 1,
+                clicks_before: 10
+            }),
+            "what was acknowledged before the kill is known"
+        );
+        later.acknowledge(2).unwrap();
+        let empty = Window::adopt(later.into_store(), 8);
+        assert!(empty.is_empty());
+        assert_eq!((empty.next_seq(), empty.last_tag()), (3, Some(2)));
+        let mut again = Window::adopt(empty.into_store(), 8);
+        again.push(3, &[3; 3], 10, 3);
+        assert_eq!(again.mark_sent(), Some(10));
+        assert_eq!(
+            again.rewind_to(0),
+            Ok(Rewound::Resync {
+                first: 3,
+                clicks_before: 30
+            }),
+            "acknowledged clicks carry over an empty window"
+        );
+    }
+
+    #[test]
+    fn a_push_killed_before_it_published_is_not_adopted() {
+        let mut store = Heap::new(4, 8);
+        store.parts().2.end.store(5, Ordering::Release);
+        store.parts().2.first.store(5, Ordering::Release);
+        // The push of seq 9 into the empty window moved `first`, and died before `end`.
+        store.parts_mut().1[1].clicks = 99;
+        store.parts().2.first.store(9, Ordering::Release);
+        let w = Window::adopt(store, 8);
+        assert!(w.is_empty(), "nothing unpublished is read");
+        assert_eq!(w.next_seq(), 5);
+        assert_eq!(w.clicks(), 0);
+    }
+
+    #[test]
     #[should_panic(expected = "seq order")]
     fn datagrams_enter_in_seq_order() {
-        window(4, 0..2).push(5, b"x", 1);
+        window(4, 0..2).push(5, b"x", 1, 5);
     }
 }

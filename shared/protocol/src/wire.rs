@@ -337,8 +337,13 @@ impl Encoder {
     /// Goes on as sender `sender` from seq 0, keeping the clicks pushed so far (the header is
     /// written only by [`Encoder::datagram`]).
     pub fn restart_as(&mut self, sender: u64) {
+        self.resume_as(sender, 0);
+    }
+
+    /// Goes on as sender `sender` from `seq`: where an earlier process of that sender left off.
+    pub fn resume_as(&mut self, sender: u64, seq: u64) {
         self.sender = sender;
-        self.seq = 0;
+        self.seq = seq;
     }
 
     /// Clicks in the datagram being filled.

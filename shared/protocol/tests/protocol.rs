@@ -52,13 +52,21 @@ enum Loss {
 enum Step {
     Push(u64),
     Send,
-    ToCollector { pick: usize, fate: u8 },
-    ToSender { pick: usize, fate: u8 },
+    ToCollector {
+        pick: usize,
+        fate: u8,
+    },
+    ToSender {
+        pick: usize,
+        fate: u8,
+    },
     Commit,
     AckTimeout,
     Snapshot,
     CollectorRestart(Loss),
     SenderRestart,
+    /// Killed, and started again on the window it left.
+    SenderCrash,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -78,6 +86,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Snapshot),
         1 => loss.prop_map(Step::CollectorRestart),
         1 => Just(Step::SenderRestart),
+        1 => Just(Step::SenderCrash),
     ]
 }
 
@@ -167,6 +176,7 @@ impl World {
             Step::Snapshot => self.snapshot = self.db.clone(),
             Step::CollectorRestart(loss) => self.restart_collector(loss),
             Step::SenderRestart => self.restart_sender(),
+            Step::SenderCrash => self.crash_sender(),
         }
         Ok(())
     }
@@ -176,7 +186,8 @@ impl World {
             return;
         }
         let seq = self.next_seq;
-        self.window.push(seq, &seq.to_le_bytes(), clicks as u32);
+        self.window
+            .push(seq, &seq.to_le_bytes(), clicks as u32, seq);
         self.clicks_of.insert((self.sender, seq), clicks);
         self.next_seq += 1;
     }
@@ -320,6 +331,14 @@ impl World {
         self.sender += 1;
         self.window = Window::new(SLOTS, 16);
         self.next_seq = 0;
+    }
+
+    /// The sender killed and started again on the window it left (the redirector's state
+    /// region): same id, same seqs, everything held sent again; nothing is dropped.
+    fn crash_sender(&mut self) {
+        let window = std::mem::replace(&mut self.window, Window::new(1, 1));
+        self.window = Window::adopt(window.into_store(), 16);
+        assert_eq!(self.window.next_seq(), self.next_seq, "the seq goes on");
     }
 
     /// Seqs below it were acknowledged (or belong to an id this sender left).

@@ -1,0 +1,594 @@
+//! The state region: the ring and the resend window in one mapping of memory that can outlive
+//! the process, so that a redirector killed with SIGKILL loses no click it served.
+//!
+//! The memory is a file (`--state-file`), or a memfd that systemd keeps in the service's file
+//! descriptor store (uploaded at start with `FDSTORE=1`, passed back through `LISTEN_FDS` under
+//! the name `state`), or, with neither, a memfd nobody keeps (the state lives as long as the
+//! process, as before). A new process adopts the region: the same sender id and seq, what the
+//! window holds sent again, then what the ring holds.
+//!
+//! Layout (native endianness and alignment: a region is read only by a redirector on the same
+//! machine): a header of [`HEADER_SIZE`] bytes (magic, layout version, geometry, sender id,
+//! the window's bounds, the ring's positions), the ring's cells, the window's slot records,
+//! the window's datagram bytes. A region of another layout version is refused with a message;
+//! one of another geometry (another `--ring-capacity`, `--resend-window` or `--datagram-size`)
+//! is adopted with its own geometry, which stays until a start finds it empty.
+//!
+//! Crash consistency, for a process killed at any instant:
+//! - a push writes its slot, then publishes it (`ring`); an unpublished claim is torn;
+//! - the drain releases ring positions only after the window published the datagram holding
+//!   them, and the datagram records where it ends in the ring (its tag): a process killed in
+//!   between has the next one release them, never send them twice;
+//! - a new sender id (after a day idle) is journalled: `renewing` set, the id written, the
+//!   window restarted, `renewing` cleared; found set, the adoption takes another new id.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use protocol::window::{Marks, Meta, Store, Window};
+
+use crate::ring::{Cell, Position, Ring};
+
+const MAGIC: [u8; 8] = *b"CLKSTATE";
+/// Bumped on any change of the layout: a region of another version is refused, not misread.
+pub const LAYOUT_VERSION: u32 = 1;
+const HEADER_SIZE: usize = 256;
+/// The name of the region's descriptor in systemd's file descriptor store.
+pub const FDNAME: &str = "state";
+
+/// The sizes a region is laid out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Ring cells.
+    pub ring: u64,
+    /// Window slots.
+    pub window: u64,
+    /// Bytes of each window slot: the datagram size limit.
+    pub slot_size: u64,
+}
+
+impl Geometry {
+    fn offsets(&self) -> Option<Offsets> {
+        let cells = HEADER_SIZE;
+        let meta = cells.checked_add(
+            usize::try_from(self.ring)
+                .ok()?
+                .checked_mul(Ring::CELL_SIZE)?,
+        )?;
+        let window = usize::try_from(self.window).ok()?;
+        let bytes = meta.checked_add(window.checked_mul(std::mem::size_of::<Meta>())?)?;
+        let end = bytes.checked_add(window.checked_mul(usize::try_from(self.slot_size).ok()?)?)?;
+        let len = end.checked_next_multiple_of(page_size())?;
+        Some(Offsets { meta, bytes, len })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Offsets {
+    meta: usize,
+    bytes: usize,
+    len: usize,
+}
+
+#[repr(C)]
+struct Header {
+    magic: [u8; 8],
+    version: u32,
+    _pad: u32,
+    ring: u64,
+    window: u64,
+    slot_size: u64,
+    sender: AtomicU64,
+    renewing: AtomicU64,
+    marks: Marks,
+    head: Position,
+    tail: Position,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
+
+/// Where the region lives, and so whether it outlives the process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// `--state-file`.
+    File(PathBuf),
+    /// A memfd in systemd's file descriptor store.
+    FdStore,
+    /// A memfd only this process holds: gone with it.
+    No,
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kept::File(path) => write!(f, "{}", path.display()),
+            Kept::FdStore => f.write_str("systemd's file descriptor store"),
+            Kept::No => f.write_str("this process only"),
+        }
+    }
+}
+
+impl Kept {
+    pub fn outlives_process(&self) -> bool {
+        !matches!(self, Kept::No)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: {1}")]
+    Io(String, io::Error),
+    #[error(
+        "{0} is in use by another redirector (it is locked): two redirectors must not share \
+         one state; give each its own --state-file"
+    )]
+    Locked(String),
+    #[error(
+        "{0} is not a redirector state region ({1}): refusing to overwrite it; move it aside \
+         or point --state-file elsewhere"
+    )]
+    NotState(String, &'static str),
+    #[error(
+        "{0} has layout version {1}, this redirector reads version {LAYOUT_VERSION}: start the \
+         redirector that wrote it to send what it holds, or move it aside (its clicks are lost)"
+    )]
+    Version(String, u32),
+    #[error("the state region's geometry is too large for this machine: {0:?}")]
+    TooLarge(Geometry),
+}
+
+/// A mapped region, unmapped when the last of the ring and the window's store lets it go.
+pub(crate) struct Mapping {
+    base: *mut u8,
+    len: usize,
+    /// Holds the lock (a file), or the memfd.
+    _fd: Flock<OwnedFd>,
+}
+
+// SAFETY: the mapping is plain shared memory; what is written where is the ring's and the
+// window's business (each documents its own rules).
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `Mapping::map` with this length; nothing refers to it any more.
+        unsafe {
+            let _ = munmap(std::ptr::NonNull::new_unchecked(self.base.cast()), self.len);
+        }
+    }
+}
+
+impl Mapping {
+    fn map(fd: Flock<OwnedFd>, len: usize, what: &str) -> Result<Mapping, Error> {
+        let size = std::num::NonZeroUsize::new(len).ok_or(Error::NotState(what.into(), "empty"))?;
+        // SAFETY: a fresh shared mapping of a file we hold; no Rust reference aliases it yet.
+        let base = unsafe {
+            mmap(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                fd.as_fd(),
+                0,
+            )
+        }
+        .map_err(|e| Error::Io(format!("mapping {what}"), e.into()))?;
+        Ok(Mapping {
+            base: base.as_ptr().cast(),
+            len,
+            _fd: fd,
+        })
+    }
+
+    /// `count` values of `T` at `offset`, for as long as the mapping lives.
+    ///
+    /// SAFETY: the caller makes sure the range lies in the mapping, is aligned for `T`, and
+    /// that `Arc<Mapping>` is kept alive by whoever holds the slice.
+    unsafe fn slice<T>(&self, offset: usize, count: usize) -> &'static mut [T] {
+        std::slice::from_raw_parts_mut(self.base.add(offset).cast::<T>(), count)
+    }
+}
+
+/// The window's slots in the region.
+pub struct WindowStore {
+    bytes: &'static mut [u8],
+    meta: &'static mut [Meta],
+    marks: &'static Marks,
+    _region: Arc<Mapping>,
+}
+
+// SAFETY: only the drain task holds the store; the slices are disjoint from the ring's.
+unsafe impl Send for WindowStore {}
+
+impl Store for WindowStore {
+    fn parts(&self) -> (&[u8], &[Meta], &Marks) {
+        (self.bytes, self.meta, self.marks)
+    }
+
+    fn parts_mut(&mut self) -> (&mut [u8], &mut [Meta], &Marks) {
+        (self.bytes, self.meta, self.marks)
+    }
+}
+
+/// An adopted (or new) region, split into its parts.
+pub struct Region {
+    pub ring: Arc<Ring>,
+    pub window: Window<WindowStore>,
+    pub sender: Sender,
+    pub geometry: Geometry,
+    pub kept: Kept,
+    /// Clicks found in the ring and the window at adoption (a killed or stopped process's).
+    pub recovered: u64,
+    /// Pushes found cut off by the death of the last process.
+    pub torn: u64,
+    /// The region's descriptor, for systemd's store (when it was not passed from there).
+    pub upload: Option<OwnedFd>,
+}
+
+/// The sender id in the region, and its journalled renewal.
+pub struct Sender {
+    header: &'static Header,
+    _region: Arc<Mapping>,
+}
+
+// SAFETY: atomics only.
+unsafe impl Send for Sender {}
+unsafe impl Sync for Sender {}
+
+impl Sender {
+    pub fn id(&self) -> u64 {
+        self.header.sender.load(Ordering::Acquire)
+    }
+
+    /// Goes on under a new id from seq 0: the window (empty) restarts with it.
+    pub fn renew(&self, window: &mut Window<WindowStore>) -> u64 {
+        let id = protocol::wire::random_sender();
+        self.header.renewing.store(1, Ordering::Release);
+        self.header.sender.store(id, Ordering::Release);
+        window.restart();
+        self.header.renewing.store(0, Ordering::Release);
+        id
+    }
+}
+
+impl Region {
+    /// The region at `path`, created if missing (or empty), locked for this process.
+    pub fn file(path: &Path, want: Geometry) -> Result<Region, Error> {
+        let what = path.display().to_string();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| Error::Io(what.clone(), e))?;
+        let fd = Flock::lock(OwnedFd::from(file), FlockArg::LockExclusiveNonblock).map_err(
+            |(_, e)| match e {
+                nix::errno::Errno::EWOULDBLOCK => Error::Locked(what.clone()),
+                e => Error::Io(format!("locking {what}"), e.into()),
+            },
+        )?;
+        Region::open(fd, want, Kept::File(path.to_owned()), &what)
+    }
+
+    /// The region systemd kept in the file descriptor store.
+    pub fn stored(fd: OwnedFd, want: Geometry) -> Result<Region, Error> {
+        let what = format!("the state systemd kept ({FDNAME:?})");
+        let fd = Flock::lock(fd, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| match e {
+            nix::errno::Errno::EWOULDBLOCK => Error::Locked(what.clone()),
+            e => Error::Io(format!("locking {what}"), e.into()),
+        })?;
+        Region::open(fd, want, Kept::FdStore, &what)
+    }
+
+    /// A new region in a memfd: kept by systemd if `store` (its descriptor is in `upload`),
+    /// otherwise gone with the process.
+    pub fn memfd(want: Geometry, store: bool) -> Result<Region, Error> {
+        let memfd = nix::sys::memfd::memfd_create(
+            c"redirector-state",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .map_err(|e| Error::Io("memfd_create".into(), e.into()))?;
+        let upload = store
+            .then(|| memfd.try_clone())
+            .transpose()
+            .map_err(|e| Error::Io("memfd".into(), e))?;
+        let fd = Flock::lock(memfd, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| Error::Io("locking a memfd".into(), e.into()))?;
+        let kept = if store { Kept::FdStore } else { Kept::No };
+        let mut region = Region::open(fd, want, kept, "a new memfd")?;
+        region.upload = upload;
+        Ok(region)
+    }
+
+    /// A region only this process holds, for tests.
+    #[cfg(test)]
+    pub fn anonymous(want: Geometry) -> Result<Region, Error> {
+        Region::memfd(want, false)
+    }
+
+    fn open(fd: Flock<OwnedFd>, want: Geometry, kept: Kept, what: &str) -> Result<Region, Error> {
+        let found = read_header(&fd, what)?;
+        let geometry = match found {
+            // Nothing held: laid out as configured now, under a new sender id.
+            None | Some(Found { held: 0, .. }) => want,
+            Some(Found { geometry, .. }) => geometry,
+        };
+        let offsets = geometry.offsets().ok_or(Error::TooLarge(geometry))?;
+        let adopt = match found {
+            Some(f) if f.geometry == geometry && f.len == offsets.len => true,
+            Some(f) if f.held > 0 => {
+                return Err(Error::NotState(
+                    what.into(),
+                    "its size does not fit its header",
+                ))
+            }
+            _ => false,
+        };
+        if !adopt {
+            nix::unistd::ftruncate(fd.as_fd(), 0)
+                .and_then(|()| nix::unistd::ftruncate(fd.as_fd(), offsets.len as i64))
+                .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
+        }
+        let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
+        if !adopt {
+            format(&map, geometry);
+        }
+        Ok(Region::adopt(map, geometry, offsets, kept))
+    }
+
+    fn adopt(map: Arc<Mapping>, geometry: Geometry, at: Offsets, kept: Kept) -> Region {
+        // SAFETY: the offsets come from the geometry the mapping was sized for; the header,
+        // cells, records and bytes are disjoint and each aligned (HEADER_SIZE and the cell
+        // and record sizes are multiples of 8).
+        let header: &'static Header = unsafe { &*map.base.cast::<Header>() };
+        let (cells, meta, bytes) = unsafe {
+            (
+                map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize),
+                map.slice::<Meta>(at.meta, geometry.window as usize),
+                map.slice::<u8>(at.bytes, (geometry.window * geometry.slot_size) as usize),
+            )
+        };
+        let ring = Ring::new(&header.head, &header.tail, cells, map.clone());
+        let torn = ring.mark_torn();
+        let store = WindowStore {
+            bytes,
+            meta,
+            marks: &header.marks,
+            _region: map.clone(),
+        };
+        let mut window = Window::adopt(store, geometry.slot_size as usize);
+        let sender = Sender {
+            header,
+            _region: map.clone(),
+        };
+        if header.renewing.load(Ordering::Acquire) != 0 || sender.id() == 0 {
+            sender.renew(&mut window);
+        }
+        // The window published a datagram whose ring positions were not released yet.
+        if let Some(tag) = window.last_tag() {
+            if tag > ring.head() && tag <= ring.tail() {
+                ring.release(tag);
+            }
+        }
+        let recovered = window.clicks() + ring.len() as u64 - torn;
+        Region {
+            ring: Arc::new(ring),
+            window,
+            sender,
+            geometry,
+            kept,
+            recovered,
+            torn,
+            upload: None,
+        }
+    }
+}
+
+/// What a region's header says.
+#[derive(Debug, Clone, Copy)]
+struct Found {
+    geometry: Geometry,
+    /// Clicks and datagrams held in the ring and the window.
+    held: u64,
+    /// The region's size.
+    len: usize,
+}
+
+/// The header of the region in `fd`, checked against its magic and version; `None` for an
+/// empty file (a new region).
+fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> {
+    let io = |e: nix::errno::Errno| Error::Io(what.into(), e.into());
+    let len = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(io)?.st_size as usize;
+    if len == 0 {
+        return Ok(None);
+    }
+    let mut h = [0u8; HEADER_SIZE];
+    if len < HEADER_SIZE || nix::sys::uio::pread(fd.as_fd(), &mut h, 0).map_err(io)? < HEADER_SIZE {
+        return Err(Error::NotState(what.into(), "shorter than a header"));
+    }
+    if h[..8] != MAGIC {
+        return Err(Error::NotState(what.into(), "no magic number"));
+    }
+    let u64_at = |at: usize| u64::from_ne_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let version = u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes"));
+    if version != LAYOUT_VERSION {
+        return Err(Error::Version(what.into(), version));
+    }
+    let geometry = Geometry {
+        ring: u64_at(std::mem::offset_of!(Header, ring)),
+        window: u64_at(std::mem::offset_of!(Header, window)),
+        slot_size: u64_at(std::mem::offset_of!(Header, slot_size)),
+    };
+    // `Marks` is `first` then `end`.
+    let marks = std::mem::offset_of!(Header, marks);
+    let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
+    let in_ring = u64_at(std::mem::offset_of!(Header, tail))
+        .saturating_sub(u64_at(std::mem::offset_of!(Header, head)));
+    Ok(Some(Found {
+        geometry,
+        held: in_ring + in_window,
+        len,
+    }))
+}
+
+/// Lays out a zeroed region: the header, and the ring's cells free for the first lap. The
+/// window's slots and bounds start at zero; the sender id is set at adoption.
+fn format(map: &Mapping, geometry: Geometry) {
+    // SAFETY: a freshly sized, zeroed mapping nothing else refers to yet.
+    let header = unsafe { &mut *map.base.cast::<Header>() };
+    header.magic = MAGIC;
+    header.version = LAYOUT_VERSION;
+    header.ring = geometry.ring;
+    header.window = geometry.window;
+    header.slot_size = geometry.slot_size;
+    // SAFETY: as in `Region::adopt`.
+    Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
+}
+
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |p| p as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::Read;
+
+    const GEOMETRY: Geometry = Geometry {
+        ring: 8,
+        window: 4,
+        slot_size: 1024,
+    };
+
+    fn codes(ring: &Ring) -> Vec<String> {
+        (ring.head()..ring.tail())
+            .map(|pos| match ring.read(pos) {
+                Read::Click(slot) => slot.code().unwrap().to_owned(),
+                Read::Torn => "torn".into(),
+                Read::Empty => "empty".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_later_process_adopts_the_ring_the_window_and_the_sender() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let (sender, seq) = {
+            let mut region = Region::file(&path, GEOMETRY).unwrap();
+            assert_eq!((region.recovered, region.torn), (0, 0));
+            for code in ["a", "b", "c"] {
+                region.ring.push(code, 1).unwrap();
+            }
+            // The drain sealed "a" and "b" into a datagram and was killed before it released
+            // them from the ring: the window's tag says they are taken.
+            region.window.push(0, b"datagram of a, b", 2, 2);
+            (region.sender.id(), region.window.next_seq())
+        };
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.sender.id(), sender, "the same sender id");
+        assert_eq!(region.window.next_seq(), seq, "the same seq");
+        assert_eq!(
+            codes(&region.ring),
+            ["c"],
+            "a and b are in the window, not twice"
+        );
+        assert_eq!((region.window.len(), region.window.clicks()), (1, 2));
+        assert_eq!((region.recovered, region.torn), (3, 0));
+        assert_eq!(region.kept, Kept::File(path));
+    }
+
+    #[test]
+    fn a_push_cut_off_by_a_kill_is_counted_torn_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let region = Region::file(&path, GEOMETRY).unwrap();
+            region.ring.push("a", 1).unwrap();
+            region.ring.push("b", 2).unwrap();
+        }
+        // A push that claimed position 2 (moved the tail) and died before it published.
+        let tail = std::mem::offset_of!(Header, tail) as u64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        nix::sys::uio::pwrite(&file, &3u64.to_ne_bytes(), tail as i64).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.recovered, region.torn), (2, 1));
+        assert_eq!(codes(&region.ring), ["a", "b", "torn"]);
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.torn, 0, "marked: not counted again");
+    }
+
+    #[test]
+    fn a_second_redirector_on_the_same_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let _first = Region::file(&path, GEOMETRY).unwrap();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(matches!(err, Error::Locked(_)), "{err}");
+        assert!(
+            err.to_string().contains("in use by another redirector"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn another_layout_version_or_a_foreign_file_is_refused_never_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        drop(Region::file(&path, GEOMETRY).unwrap());
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        nix::sys::uio::pwrite(&file, &2u32.to_ne_bytes(), 8).unwrap();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(matches!(err, Error::Version(_, 2)), "{err}");
+        assert!(err.to_string().contains("layout version 2"), "{err}");
+
+        let foreign = dir.path().join("notes.txt");
+        std::fs::write(&foreign, "not a state region").unwrap();
+        let err = Region::file(&foreign, GEOMETRY).err().unwrap();
+        assert!(matches!(err, Error::NotState(..)), "{err}");
+        assert_eq!(
+            std::fs::read(&foreign).unwrap(),
+            b"not a state region",
+            "untouched"
+        );
+    }
+
+    #[test]
+    fn another_geometry_is_kept_while_it_holds_clicks_and_relaid_once_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        Region::file(&path, GEOMETRY)
+            .unwrap()
+            .ring
+            .push("a", 1)
+            .unwrap();
+        let bigger = Geometry {
+            ring: 16,
+            ..GEOMETRY
+        };
+        let region = Region::file(&path, bigger).unwrap();
+        assert_eq!(
+            region.geometry, GEOMETRY,
+            "held clicks: read with its own layout"
+        );
+        assert_eq!(codes(&region.ring), ["a"]);
+        region.ring.release(region.ring.tail());
+        drop(region);
+        let region = Region::file(&path, bigger).unwrap();
+        assert_eq!(region.geometry, bigger, "empty: laid out as configured");
+        assert_eq!(region.ring.capacity(), 16);
+    }
+}
