@@ -18,7 +18,10 @@
 //! accepted again, and no sender waits for a seq it cannot send.
 //!
 //! A sender id belongs to the process (pid and uid, as the kernel attests them) whose datagram
-//! of it this collector accepted first; another process's datagram claiming it is refused, and
+//! of it this collector accepted first; another process's datagram claiming it is refused,
+//! unless it comes from the same user at the same address: a redirector restarted on its state
+//! region (after a crash, a kill or a restart) goes on with the id and seqs of the process it
+//! replaces, from the acknowledgement socket that only its user can bind. Also refused is
 //! so is a seq further ahead than any sender could have got (from a sender without an address:
 //! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
 //! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS`, and ids idle for two
@@ -245,10 +248,17 @@ impl<A: Copy + PartialEq> Senders<A> {
             self.note_asked(sender, owner, reply);
             return (verdict, reply);
         };
-        if s.owner.is_some() && s.owner != owner {
+        if !Self::speaks_for(s, owner, from) {
             return (Verdict::Refused(Refusal::SenderMismatch), None);
         }
+        let took_over = s.owner.is_some() && s.owner != owner;
         let (verdict, reply) = judge_known(s, sender, seq, from, now);
+        if took_over {
+            self.take_over(sender, owner);
+        }
+        let Some(s) = self.map.get_mut(&sender) else {
+            return (verdict, reply);
+        };
         if let Verdict::Accept { .. } = verdict {
             s.accepted = Some(seq);
             s.clicks += clicks;
@@ -314,7 +324,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             return Resynced::Refused(Refusal::BadResync);
         }
         let s = self.map.get(&sender);
-        if s.is_some_and(|s| s.owner.is_some() && s.owner != owner) {
+        if s.is_some_and(|s| !Self::speaks_for(s, owner, from)) {
             return Resynced::Refused(Refusal::SenderMismatch);
         }
         if s.is_some_and(|s| s.accepted.is_some_and(|a| a >= last)) {
@@ -336,6 +346,8 @@ impl<A: Copy + PartialEq> Senders<A> {
         if s.owner.is_none() {
             s.owner = owner;
             self.bind(sender, owner);
+        } else if s.owner != owner {
+            self.take_over(sender, owner);
         }
         Resynced::Skipped {
             first,
@@ -347,6 +359,33 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// Clicks in `sender`'s datagrams up to the last one accepted, since its seq 0.
     pub fn clicks_through(&self, sender: u64) -> u64 {
         self.map.get(&sender).map_or(0, |s| s.clicks)
+    }
+
+    /// Whether the process `owner`, sending from `from`, may speak for the known sender `s`: its
+    /// owner, or (for a sender with an address) a later process of the same user at the same
+    /// address, which took the id over with the state region it adopted.
+    fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
+        match (s.owner, owner) {
+            (None, _) => true,
+            (known, claimed) if known == claimed => true,
+            (Some(known), Some(claimed)) => {
+                from.is_some() && s.reply == from && known.uid == claimed.uid
+            }
+            (Some(_), None) => false,
+        }
+    }
+
+    /// `sender` moves to the process `owner` (see [`Senders::speaks_for`]).
+    fn take_over(&mut self, sender: u64, owner: Option<Owner>) {
+        let Some(s) = self.map.get_mut(&sender) else {
+            return;
+        };
+        let before = std::mem::replace(&mut s.owner, owner);
+        if let Some(ids) = before.and_then(|o| self.by_process.get_mut(&o)) {
+            ids.retain(|&id| id != sender);
+        }
+        self.by_process.retain(|_, ids| !ids.is_empty());
+        self.bind(sender, owner);
     }
 
     /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
@@ -566,8 +605,13 @@ mod tests {
         assert_eq!(s.clicks_through(7), 5_000);
         let forger = creds(11);
         assert_eq!(
-            s.resync(&Resync::new(7, 900, 9_000), addr(), forger, now),
+            s.resync(&Resync::new(7, 900, 9_000), Some("elsewhere"), forger, now),
             Resynced::Refused(Refusal::SenderMismatch)
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, 900, 9_000), addr(), forger, now),
+            Resynced::Unasked,
+            "a successor at the same address is asked first, like anyone"
         );
     }
 
@@ -659,6 +703,39 @@ mod tests {
             s.judge(7, (5, 1), addr(), c, now).0,
             Verdict::Accept { lost: 0 }
         );
+    }
+
+    #[test]
+    fn a_later_process_of_the_same_user_at_the_same_address_takes_the_id_over() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        assert_eq!(
+            s.judge(7, (0, 1), addr(), creds(10), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let mismatch = Verdict::Refused(Refusal::SenderMismatch);
+        assert_eq!(
+            s.judge(7, (1, 1), Some("elsewhere"), creds(11), now).0,
+            mismatch,
+            "another address: a copy of the state, not its successor"
+        );
+        let other_uid = Some(Creds {
+            pid: 11,
+            uid: 0,
+            gid: 0,
+        });
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), other_uid, now).0,
+            mismatch,
+            "another user"
+        );
+        assert_eq!(
+            s.judge(7, (1, 1), addr(), creds(11), now).0,
+            Verdict::Accept { lost: 0 },
+            "the successor goes on"
+        );
+        let successor = Owner::of(creds(11)).unwrap();
+        assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);
     }
 
     #[test]

@@ -338,6 +338,8 @@ impl World {
     fn crash_sender(&mut self) {
         let window = std::mem::replace(&mut self.window, Window::new(1, 1));
         self.window = Window::adopt(window.into_store(), 16);
+        // Another pid, the same user and address: the collector hands it the id.
+        self.creds.pid += 1;
         assert_eq!(self.window.next_seq(), self.next_seq, "the seq goes on");
     }
 

@@ -16,7 +16,8 @@ use hyper_util::rt::TokioIo;
 #[derive(Debug, Default)]
 pub struct Report {
     pub statuses: BTreeMap<u16, u64>,
-    /// Requests that got no answer (the connection failed or closed); each ends its task.
+    /// Requests that got no answer (the connection failed or closed); each ends its task,
+    /// unless the load reconnects.
     pub errors: u64,
     pub max_latency: Duration,
 }
@@ -48,6 +49,9 @@ pub struct Load {
     pub path: String,
     pub connections: usize,
     pub stop: Arc<AtomicBool>,
+    /// After a request that got no answer, connect again (after 10 ms) and go on, as clients
+    /// of a server that restarts do; without it the connection's task ends.
+    pub reconnect: bool,
 }
 
 impl Load {
@@ -58,6 +62,7 @@ impl Load {
             path: path.to_owned(),
             connections: 50,
             stop: Arc::new(AtomicBool::new(false)),
+            reconnect: false,
         }
     }
 
@@ -91,9 +96,21 @@ impl Load {
 
     async fn connection(self, budget: Arc<AtomicU64>) -> Report {
         let mut report = Report::default();
+        loop {
+            let cut_off = report.errors;
+            self.connect_and_request(&budget, &mut report).await;
+            if !self.reconnect || report.errors == cut_off || self.stop.load(Relaxed) {
+                return report;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// One connection's requests, until one gets no answer, the budget is spent or `stop`.
+    async fn connect_and_request(&self, budget: &AtomicU64, report: &mut Report) {
         let Ok(stream) = tokio::net::TcpStream::connect(self.addr).await else {
             report.errors += 1;
-            return report;
+            return;
         };
         let _ = stream.set_nodelay(true);
         let (mut sender, connection) =
@@ -101,7 +118,7 @@ impl Load {
                 Ok(pair) => pair,
                 Err(_) => {
                     report.errors += 1;
-                    return report;
+                    return;
                 }
             };
         tokio::spawn(connection);
@@ -131,6 +148,5 @@ impl Load {
             report.max_latency = report.max_latency.max(start.elapsed());
             *report.statuses.entry(status).or_default() += 1;
         }
-        report
     }
 }

@@ -1,0 +1,283 @@
+//! A redirector killed with SIGKILL loses nothing (issue 27), with the real binaries: the ring
+//! and the resend window live in the state region (a `--state-file`, or a memfd in systemd's
+//! file descriptor store), and the next process sends what they hold.
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use testkit::db::await_rows_settled;
+use testkit::redirector::{fixture, load::Load, redirector_command, start_redirector, Fixture};
+use testkit::redirector::{rows, Redirector, LIMIT};
+use testkit::services::Collector;
+use testkit::{eventually, Service, XorShift};
+
+const CODE: &str = "crash";
+
+async fn start_collector(f: &Fixture) -> (Service, SocketAddr) {
+    let cmd = testkit::services::collector_command(&f.db.url, &f.socket, &[]);
+    let collector = Collector::spawn(cmd).await;
+    collector.ready().await;
+    (collector.service, collector.admin)
+}
+
+async fn kill(r: &mut Redirector) {
+    r.service.signal(Signal::SIGKILL);
+    r.service.wait_exit(LIMIT).await;
+}
+
+/// Every drop reason's count in the redirector's `/metrics`, those above zero.
+async fn drops(r: &Redirector) -> Vec<String> {
+    let (_, text) = testkit::http::get(r.admin, "/metrics").await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("redirector_clicks_dropped_total{") && !l.ends_with(" 0"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirector() {
+    const N: u64 = 5_000;
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let state = state.to_str().unwrap();
+    let flags = ["--state-file", state];
+    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
+    assert_eq!(served.count(302), N, "{served:?}");
+    kill(&mut r).await;
+
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
+    assert_eq!(
+        r.metric("redirector_clicks_recovered_total").await,
+        N as f64
+    );
+    assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+}
+
+/// Where the test holds the redirector's listeners, as systemd's socket units do.
+struct Held {
+    http: TcpListener,
+    admin: TcpListener,
+}
+
+impl Held {
+    fn bind() -> Held {
+        let bind = || TcpListener::bind("127.0.0.1:0").unwrap();
+        Held {
+            http: bind(),
+            admin: bind(),
+        }
+    }
+
+    /// The redirector on the held listeners, and on `state` if given (the fd store's copy).
+    async fn start(&self, f: &Fixture, flags: &[&str], state: Option<&OwnedFd>) -> Redirector {
+        let cmd = redirector_command(&f.db.url, &f.socket, flags);
+        let mut named = vec![
+            ("http", self.http.as_raw_fd()),
+            ("admin", self.admin.as_raw_fd()),
+        ];
+        named.extend(state.map(|fd| ("state", fd.as_raw_fd())));
+        start_redirector(testkit::socket_activated_named(&cmd, &named)).await
+    }
+}
+
+#[tokio::test]
+async fn under_load_three_kills_lose_no_redirect_a_client_saw_and_write_none_twice() {
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    // One acknowledgement socket for every start, as the unit's is: the collector hands the
+    // sender id to a later process of the same user at the same address.
+    let ack = f.socket.with_file_name("redirector-ack.sock");
+    let flags = [
+        "--state-file",
+        state.to_str().unwrap(),
+        "--ack-socket",
+        ack.to_str().unwrap(),
+    ];
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let held = Held::bind();
+    let mut r = held.start(&f, &flags, None).await;
+    r.ready().await;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("crash: seed {seed}");
+    let mut moments = XorShift(seed);
+    let load = Load {
+        connections: 8,
+        reconnect: true,
+        ..Load::get(held.http.local_addr().unwrap(), &format!("/{CODE}"))
+    };
+    let running = load.start();
+    let (mut torn, mut recovered) = (0.0, 0.0);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300 + moments.next_u64() % 1_200)).await;
+        kill(&mut r).await;
+        r = held.start(&f, &flags, None).await;
+        r.ready().await;
+        torn += r
+            .metric("redirector_clicks_dropped_total{reason=\"torn\"}")
+            .await;
+        recovered += r.metric("redirector_clicks_recovered_total").await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.stop();
+    let seen = running.await.unwrap();
+    let ok = seen.count(302);
+    // 503: a restarted redirector before its link table is loaded (not a click).
+    assert_eq!(
+        seen.total(),
+        ok + seen.count(503),
+        "only redirects: {seen:?}"
+    );
+    eprintln!(
+        "crash: {ok} redirects seen, {} requests cut off, {recovered} clicks recovered, {torn} \
+         torn",
+        seen.errors
+    );
+    assert!(
+        ok > 0 && recovered > 0.0,
+        "the kills came under load: {seen:?}"
+    );
+    // Settled: the last redirector has nothing in its ring or window, the collector nothing
+    // uncommitted, and the count stays.
+    let rows = eventually("the last clicks to be written", LIMIT, || async {
+        let n = rows(&f.client, Some(CODE)).await;
+        (n >= ok).then_some(n)
+    })
+    .await;
+    await_rows_settled(&f.client, Some(CODE), rows, &[r.admin, collector_admin]).await;
+    assert!(
+        rows <= ok + seen.errors,
+        "{rows} rows for {ok} redirects seen and {} cut off: a click written twice",
+        seen.errors
+    );
+    let other_drops: Vec<_> = drops(&r)
+        .await
+        .into_iter()
+        .filter(|l| !l.contains("reason=\"torn\""))
+        .collect();
+    assert_eq!(
+        other_drops,
+        Vec::<String>::new(),
+        "nothing dropped but torn pushes"
+    );
+}
+
+/// Plays systemd's part of the file descriptor store: the `NOTIFY_SOCKET` the redirector hands
+/// its state region to (`FDSTORE=1`, `FDNAME=state`), kept to pass back at the next start.
+struct FdStore {
+    socket: UnixDatagram,
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl FdStore {
+    fn new() -> FdStore {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        FdStore {
+            socket,
+            _dir: dir,
+            path,
+        }
+    }
+
+    /// The environment systemd gives a service with `FileDescriptorStoreMax=1`.
+    fn env(&self, cmd: &mut std::process::Command) {
+        cmd.env("NOTIFY_SOCKET", &self.path).env("FDSTORE", "1");
+    }
+
+    /// Waits for the `FDSTORE=1` message and takes its descriptor (`READY=1` and the like are
+    /// read past).
+    async fn stored(&self) -> OwnedFd {
+        eventually("FDSTORE=1 with a descriptor", LIMIT, || async {
+            self.receive()
+        })
+        .await
+    }
+
+    fn receive(&self) -> Option<OwnedFd> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::FromRawFd;
+        loop {
+            let mut buf = [0u8; 256];
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+            let fd = self.socket.as_raw_fd();
+            let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::empty()).ok()?;
+            let fds: Vec<OwnedFd> = msg
+                .cmsgs()
+                .ok()?
+                .filter_map(|c| match c {
+                    ControlMessageOwned::ScmRights(fds) => Some(fds),
+                    _ => None,
+                })
+                .flatten()
+                // SAFETY: SCM_RIGHTS gave these descriptors to this process.
+                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                .collect();
+            let text = String::from_utf8_lossy(msg.iovs().next().unwrap_or_default()).into_owned();
+            if text.contains("FDSTORE=1") {
+                assert!(text.contains("FDNAME=state"), "{text:?}");
+                assert_eq!(fds.len(), 1, "one descriptor with {text:?}");
+                return fds.into_iter().next();
+            }
+        }
+    }
+}
+
+async fn start_with_store(
+    f: &Fixture,
+    held: &Held,
+    store: &FdStore,
+    state: Option<&OwnedFd>,
+) -> Redirector {
+    let mut cmd = redirector_command(&f.db.url, &f.socket, &[]);
+    store.env(&mut cmd);
+    let mut named = vec![
+        ("http", held.http.as_raw_fd()),
+        ("admin", held.admin.as_raw_fd()),
+    ];
+    named.extend(state.map(|fd| ("state", fd.as_raw_fd())));
+    start_redirector(testkit::socket_activated_named(&cmd, &named)).await
+}
+
+#[tokio::test]
+async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
+    const N: u64 = 2_000;
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let held = Held::bind();
+    let store = FdStore::new();
+    let mut r = start_with_store(&f, &held, &store, None).await;
+    let memfd = store.stored().await;
+    r.ready().await;
+    let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
+    assert_eq!(served.count(302), N, "{served:?}");
+    kill(&mut r).await;
+
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let r = start_with_store(&f, &held, &store, Some(&memfd)).await;
+    r.ready().await;
+    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
+    assert_eq!(
+        r.metric("redirector_clicks_recovered_total").await,
+        N as f64
+    );
+    assert!(
+        store.receive().is_none(),
+        "a region passed back is not stored again"
+    );
+    assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+}
