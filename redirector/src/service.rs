@@ -252,14 +252,14 @@ async fn shut_down(
     }
     tracing::info!(
         "redirector: {} clicks sent, {} dropped ({} redirects served, {} clicks recovered at \
-         start); {} acknowledged, {} not acknowledged; {} kept for the next start",
+         start, {} kept for the next start); {} acknowledged, {} not acknowledged",
         summary.sent,
         summary.dropped,
         summary.redirects,
         summary.recovered,
+        summary.kept,
         summary.acked,
         summary.unacked,
-        summary.kept
     );
     served.map_err(Error::Server)?;
     Ok(summary)
