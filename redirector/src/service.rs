@@ -185,14 +185,14 @@ struct Stopping {
     drain: Option<JoinHandle<Left>>,
     /// `--clicks direct`: its INSERTs under way must be counted before the final counts.
     direct: Option<Arc<Direct>>,
-    /// Where the state region lives (`--clicks pipeline`): if it outlives the process, what
-    /// is left is kept for the next one, not dropped.
+    /// Where the state region lives (`--clicks pipeline`): if it survives a stop, what is left
+    /// is kept for the next process, not dropped.
     kept: Option<Kept>,
 }
 
 /// Waits for the http server task, then drains the ring for up to `drain_timeout`. The rest is
-/// kept in the state region for the next process if the region outlives this one; otherwise
-/// it is counted as dropped: what was never sent as `shutdown`, what was sent and never
+/// kept in the state region for the next process if the region survives a stop (a
+/// `--state-file`); otherwise it is counted as dropped: what was never sent as `shutdown`, what was sent and never
 /// acknowledged as `unacknowledged`. A failed server task still gets the drain and the final
 /// counts (its handlers are gone all the same); its error is returned afterwards.
 async fn shut_down(
@@ -218,7 +218,7 @@ async fn shut_down(
         None => Left::default(),
     };
     let kept = match kept {
-        Some(kept) if kept.outlives_process() => {
+        Some(kept) if kept.survives_stop() => {
             let held = left.unsent + left.unacked;
             if held > 0 {
                 tracing::info!(kept = %kept, "{held} clicks left in the state region for the next start");

@@ -115,8 +115,12 @@ impl std::fmt::Display for Kept {
 }
 
 impl Kept {
-    pub fn outlives_process(&self) -> bool {
-        !matches!(self, Kept::No)
+    /// Whether what a stop leaves is there for the next start. A file's is. systemd's store
+    /// keeps it over a stop only with `FileDescriptorStorePreserve=yes` (systemd 254 and
+    /// later), which the process cannot see: there a stop counts what it leaves as dropped, an
+    /// upper bound (the next start may still send it). A crash or a kill leaves it either way.
+    pub fn survives_stop(&self) -> bool {
+        matches!(self, Kept::File(_))
     }
 }
 

@@ -61,6 +61,66 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
 }
 
+#[tokio::test]
+async fn what_a_stop_leaves_in_a_state_file_is_kept_for_the_next_start_not_dropped() {
+    const N: u64 = 1_000;
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let state = state.to_str().unwrap();
+    let flags = ["--state-file", state, "--drain-timeout", "200ms"];
+    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
+    assert_eq!(served.count(302), N, "{served:?}");
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    let log = r.service.log();
+    assert_eq!(
+        testkit::redirector::final_counts(&log).1,
+        0,
+        "nothing dropped"
+    );
+    let last = log
+        .iter()
+        .rev()
+        .find(|l| l.contains("kept for the next start"));
+    assert!(
+        last.is_some_and(|l| l.contains(&format!("{N} kept for the next start"))),
+        "{last:?}"
+    );
+
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
+    assert_eq!(
+        r.metric("redirector_clicks_recovered_total").await,
+        N as f64
+    );
+}
+
+#[tokio::test]
+async fn a_second_redirector_on_the_same_state_file_refuses_to_start() {
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let flags = ["--state-file", state.to_str().unwrap()];
+    let first = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    first.ready().await;
+    let cmd = redirector_command(&f.db.url, &f.socket, &flags);
+    let mut second = Service::spawn("second redirector", cmd);
+    let status = second.wait_exit(LIMIT).await;
+    assert!(!status.success(), "{status}");
+    let log = second.log().join("\n");
+    assert!(
+        log.contains("is in use by another redirector (it is locked)"),
+        "{log}"
+    );
+    assert_eq!(
+        testkit::http::get(first.admin, "/healthz").await.unwrap().0,
+        200
+    );
+}
+
 /// Where the test holds the redirector's listeners, as systemd's socket units do.
 struct Held {
     http: TcpListener,
