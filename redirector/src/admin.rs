@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::ring::Ring;
 
 /// What `/metrics` and `/healthz` read: the metrics, and the state health is judged by.
-pub struct AdminView {
+pub(crate) struct AdminView {
     pub metrics: Arc<Metrics>,
     pub ring: Option<Arc<Ring>>,
     pub links: Arc<LinkTable>,

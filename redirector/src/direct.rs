@@ -14,7 +14,7 @@ use tokio_postgres::{Client, Statement};
 
 use crate::metrics::{Dropped, Metrics};
 
-pub struct Direct {
+pub(crate) struct Direct {
     clients: Box<[(Client, Statement)]>,
     next: AtomicUsize,
     /// Clicks being recorded, and the wake-up when the last of them is done.
@@ -25,7 +25,7 @@ pub struct Direct {
 impl Direct {
     /// Opens `connections` (at least 1) connections to the database, each with the INSERT
     /// prepared.
-    pub async fn connect(
+    pub(crate) async fn connect(
         config: &shared::db::Config,
         connections: usize,
     ) -> Result<Direct, tokio_postgres::Error> {
@@ -48,7 +48,7 @@ impl Direct {
     /// Inserts the click and counts it with its redirect, on a task of its own: a request
     /// dropped while its INSERT is under way (the client gone) would otherwise leave a row
     /// whose redirect was never counted.
-    pub async fn record(self: &Arc<Self>, code: &str, metrics: &Arc<Metrics>) {
+    pub(crate) async fn record(self: &Arc<Self>, code: &str, metrics: &Arc<Metrics>) {
         let (direct, metrics, code) = (self.clone(), metrics.clone(), code.to_owned());
         // Counted before the task exists, so that `settled` cannot miss it.
         self.recording.fetch_add(1, Relaxed);
@@ -74,7 +74,7 @@ impl Direct {
 
     /// Waits until every click being recorded is counted, so that counts read afterwards are
     /// final.
-    pub async fn settled(&self) {
+    pub(crate) async fn settled(&self) {
         loop {
             // Registered before the check, so a last click done in between still wakes us.
             let settled = self.settled.notified();
@@ -85,7 +85,7 @@ impl Direct {
         }
     }
 
-    pub async fn insert(&self, code: &str) -> Result<(), tokio_postgres::Error> {
+    pub(crate) async fn insert(&self, code: &str) -> Result<(), tokio_postgres::Error> {
         let i = self.next.fetch_add(1, Relaxed) % self.clients.len();
         let (client, insert) = &self.clients[i];
         client.execute(insert, &[&code, &SystemTime::now()]).await?;

@@ -7,7 +7,7 @@
 mod bounded;
 mod watched;
 
-pub use bounded::connection_limit;
+pub(crate) use bounded::connection_limit;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -35,7 +35,7 @@ use watched::Watched;
 const MAX_HEAD: usize = 8192;
 
 /// What happens to a click once its redirect is decided.
-pub enum Clicks {
+pub(crate) enum Clicks {
     /// Pushed into the ring for the drain task (the product).
     Pipeline(Arc<Ring>),
     /// Not recorded (the baseline without click work).
@@ -45,7 +45,7 @@ pub enum Clicks {
 }
 
 /// What a request handler needs.
-pub struct App {
+pub(crate) struct App {
     pub links: Arc<LinkTable>,
     pub clicks: Clicks,
     pub metrics: Arc<Metrics>,
@@ -129,7 +129,7 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
 
 /// How connections are served.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// A client that has not sent its whole request head by then is disconnected.
     pub header_read_timeout: Duration,
     /// At shutdown, how long requests in flight get to finish.
@@ -150,7 +150,7 @@ const ACCEPT_RETRY_CAP: Duration = Duration::from_millis(500);
 /// Serves `listener` until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (for up to `limits.grace`) and closes every connection. When it returns, no handler
 /// is running or will run again, so click counts taken after it are final.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Arc<App>,
     limits: Limits,

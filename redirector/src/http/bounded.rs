@@ -37,13 +37,13 @@ const RESERVED_DESCRIPTORS: u64 = 64;
 /// The most connections `nofile` descriptors allow: what the reserve leaves, less a fifth, so
 /// that connections still closing (an evicted one closes after its successor was accepted)
 /// never run the process out of descriptors.
-pub fn fit_to_descriptors(requested: u64, nofile: u64) -> u64 {
+pub(super) fn fit_to_descriptors(requested: u64, nofile: u64) -> u64 {
     (nofile.saturating_sub(RESERVED_DESCRIPTORS) / 5 * 4).min(requested)
 }
 
 /// `requested` (`--max-connections`), fitted under the soft `RLIMIT_NOFILE` with a log line
 /// when that lowers it; an error when the descriptor limit leaves room for none.
-pub fn connection_limit(requested: u64) -> Result<usize, String> {
+pub(crate) fn connection_limit(requested: u64) -> Result<usize, String> {
     let nofile = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
         Ok((soft, _hard)) => soft,
         Err(e) => {
@@ -76,7 +76,7 @@ const NO_HEAD: u64 = u64::MAX;
 
 /// One connection's state, shared by its I/O, its request handler and the registry.
 #[derive(Debug)]
-pub struct Conn {
+pub(super) struct Conn {
     id: u64,
     epoch: Instant,
     /// Milliseconds after `epoch` at which the connection last became idle, or [`BUSY`].
@@ -121,7 +121,7 @@ impl Conn {
 
     /// Marks a request (its head whole) as being answered until the guard is dropped; the
     /// connection is busy from now until its response is written out.
-    pub fn begin_request(self: &Arc<Self>) -> Answering {
+    pub(super) fn begin_request(self: &Arc<Self>) -> Answering {
         self.in_flight.fetch_add(1, Relaxed);
         self.idle_since.store(BUSY, Relaxed);
         self.head_since.store(NO_HEAD, Relaxed);
@@ -157,7 +157,7 @@ impl Conn {
 }
 
 /// A request being answered on a connection (see [`Conn::begin_request`]).
-pub struct Answering(Arc<Conn>);
+pub(super) struct Answering(Arc<Conn>);
 
 impl Drop for Answering {
     fn drop(&mut self) {
@@ -166,7 +166,7 @@ impl Drop for Answering {
 }
 
 /// The open connections, up to the limit.
-pub struct Connections {
+pub(super) struct Connections {
     limit: usize,
     epoch: Instant,
     open: Mutex<Open>,
@@ -180,7 +180,7 @@ struct Open {
 }
 
 impl Connections {
-    pub fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
+    pub(super) fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
         metrics.connections_limit.set(limit as i64);
         Arc::new(Connections {
             limit,
@@ -199,7 +199,7 @@ impl Connections {
     /// the longest (when none is idle, of the one whose unfinished request head began first),
     /// which is told to close. `None` (counted as refused) when every connection is answering
     /// a request or writing a response; the caller then closes the new one.
-    pub fn admit(self: &Arc<Self>) -> Option<Held> {
+    pub(super) fn admit(self: &Arc<Self>) -> Option<Held> {
         let mut open = self.lock();
         if open.by_id.len() >= self.limit && !self.evict_oldest_idle(&mut open) {
             self.metrics.connections_closed.inc(Closed::Refused);
@@ -226,7 +226,7 @@ impl Connections {
 
     /// Closes the connection idle the longest (or the slowest request head), to free its
     /// descriptor (accept ran out).
-    pub fn evict_one(&self) -> bool {
+    pub(super) fn evict_one(&self) -> bool {
         let mut open = self.lock();
         self.evict_oldest_idle(&mut open)
     }
@@ -250,13 +250,13 @@ impl Connections {
 }
 
 /// A connection's place among the open ones, given back when dropped.
-pub struct Held {
+pub(super) struct Held {
     conn: Arc<Conn>,
     connections: Arc<Connections>,
 }
 
 impl Held {
-    pub fn conn(&self) -> &Arc<Conn> {
+    pub(super) fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
 }
@@ -276,7 +276,7 @@ impl Drop for Held {
 
 /// Serves one connection (hyper's future) until it ends, is evicted, or stays idle for
 /// `idle_timeout`, and counts why it was closed.
-pub async fn drive(
+pub(super) async fn drive(
     connection: impl Future<Output = hyper::Result<()>>,
     held: Held,
     idle_timeout: Duration,

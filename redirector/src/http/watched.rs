@@ -19,7 +19,7 @@ use super::bounded::Conn;
 /// A client's socket as the connection sees it: reads end its idleness, a write that takes
 /// everything marks it idle again, and a response the client leaves untaken for
 /// `write_timeout` fails the write.
-pub struct Watched {
+pub(super) struct Watched {
     stream: TcpStream,
     conn: Arc<Conn>,
     write_timeout: Duration,
@@ -28,7 +28,7 @@ pub struct Watched {
 }
 
 impl Watched {
-    pub fn new(stream: TcpStream, conn: Arc<Conn>, write_timeout: Duration) -> Watched {
+    pub(super) fn new(stream: TcpStream, conn: Arc<Conn>, write_timeout: Duration) -> Watched {
         Watched {
             stream,
             conn,

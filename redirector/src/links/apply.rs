@@ -12,7 +12,7 @@ use crate::table::{shard_of, Changes, Probe, Shard, Table, SHARDS};
 const EAGER_MIN: usize = 256;
 
 /// Changes gathered per shard and applied shard by shard.
-pub struct Batch<'a> {
+pub(super) struct Batch<'a> {
     table: &'a Table,
     /// Only the shards touched: a read of a few changes allocates for those alone. Ordered:
     /// building the shards in order left the heap 90 MB smaller at 10 M links than a
@@ -26,7 +26,7 @@ pub struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    pub fn new(table: &'a Table, first: bool) -> Batch<'a> {
+    pub(super) fn new(table: &'a Table, first: bool) -> Batch<'a> {
         Batch {
             table,
             pending: BTreeMap::new(),
@@ -37,7 +37,7 @@ impl<'a> Batch<'a> {
 
     /// Makes `code` answer `url`, or nothing for `None`. Does nothing if it already does.
     /// Each code at most once per batch.
-    pub fn set(&mut self, code: &[u8], url: Option<&[u8]>) {
+    pub(super) fn set(&mut self, code: &[u8], url: Option<&[u8]>) {
         let hash = self.table.hasher().hash(code);
         let i = shard_of(hash);
         if self.first {
@@ -73,7 +73,7 @@ impl<'a> Batch<'a> {
     }
 
     /// Applies what is still pending.
-    pub fn finish(self) -> u64 {
+    pub(super) fn finish(self) -> u64 {
         for (i, changes) in self.pending {
             self.table.apply(i, changes);
         }
@@ -83,13 +83,13 @@ impl<'a> Batch<'a> {
 
 /// Which of the links being served a full comparison saw in `links`: one bit per index bucket
 /// of each shard, as the shards were when it started (nothing else changes them meanwhile).
-pub struct Seen {
+pub(super) struct Seen {
     shards: Vec<Arc<Shard>>,
     bits: Vec<Vec<u64>>,
 }
 
 impl Seen {
-    pub fn new(table: &Table) -> Seen {
+    pub(super) fn new(table: &Table) -> Seen {
         let shards: Vec<Arc<Shard>> = (0..SHARDS).map(|i| table.shard(i)).collect();
         let bits = shards
             .iter()
@@ -98,7 +98,7 @@ impl Seen {
         Seen { shards, bits }
     }
 
-    pub fn mark(&mut self, table: &Table, code: &[u8]) {
+    pub(super) fn mark(&mut self, table: &Table, code: &[u8]) {
         let hash = table.hasher().hash(code);
         let i = shard_of(hash);
         if let Probe::Same(b) | Probe::Different(b) = self.shards[i].bucket_of(hash, code, b"") {
@@ -107,7 +107,7 @@ impl Seen {
     }
 
     /// Removes every link that was not seen; returns how many.
-    pub fn remove_unseen(self, table: &Table) -> u64 {
+    pub(super) fn remove_unseen(self, table: &Table) -> u64 {
         let mut removed = 0;
         for (i, (shard, bits)) in self.shards.iter().zip(&self.bits).enumerate() {
             let mut changes = Changes::default();
