@@ -189,17 +189,29 @@ impl Ring {
         }
     }
 
-    /// Positions before `through` are read and their clicks kept elsewhere: free them.
+    /// Positions before `through` are read and their clicks kept elsewhere: free them. `head`
+    /// moves first: a process killed before the cells are freed leaves them to `repair`,
+    /// rather than leaving freed cells after `head` that would read as torn.
     pub fn release(&self, through: u64) {
         let head = self.head();
+        if through <= head {
+            return;
+        }
+        self.head.0.store(through, Ordering::Release);
         for pos in head..through {
             let next_lap = pos + self.cells.len() as u64;
             self.cell(pos)
                 .stamp
                 .store(free(next_lap), Ordering::Release);
         }
-        if through > head {
-            self.head.0.store(through, Ordering::Release);
+    }
+
+    /// Frees every cell outside `head .. tail` for its next push, whatever an earlier process
+    /// left there (a release cut short). Only for a ring no push can reach yet (at adoption).
+    pub(crate) fn repair(&self) {
+        let (head, tail) = (self.head(), self.tail());
+        for pos in tail..head + self.cells.len() as u64 {
+            self.cell(pos).stamp.store(free(pos), Ordering::Release);
         }
     }
 

@@ -362,7 +362,6 @@ impl Region {
             )
         };
         let ring = Ring::new(&header.head, &header.tail, cells, map.clone());
-        let torn = ring.mark_torn();
         let store = WindowStore {
             bytes,
             meta,
@@ -383,6 +382,8 @@ impl Region {
                 ring.release(tag);
             }
         }
+        ring.repair();
+        let torn = ring.mark_torn();
         let recovered = window.clicks() + ring.len() as u64 - torn;
         Region {
             ring: Arc::new(ring),
@@ -533,6 +534,28 @@ mod tests {
         drop(region);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(region.torn, 0, "marked: not counted again");
+    }
+
+    #[test]
+    fn a_release_cut_short_by_a_kill_is_repaired_not_read_as_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let region = Region::file(&path, GEOMETRY).unwrap();
+            for _ in 0..GEOMETRY.ring {
+                region.ring.push("a", 1).unwrap();
+            }
+        }
+        // Killed between moving `head` past all of them and freeing their cells.
+        let head = std::mem::offset_of!(Header, head) as i64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        nix::sys::uio::pwrite(&file, &GEOMETRY.ring.to_ne_bytes(), head).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.recovered, region.torn), (0, 0));
+        for _ in 0..GEOMETRY.ring {
+            region.ring.push("b", 2).unwrap();
+        }
+        assert_eq!(codes(&region.ring), vec!["b"; GEOMETRY.ring as usize]);
     }
 
     #[test]
