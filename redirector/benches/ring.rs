@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use crossbeam_queue::ArrayQueue;
 use redirector::ring::{Read, Ring};
-use redirector::state::{Geometry, Region};
+use redirector::state::Region;
 
 /// A typical short code.
 const CODE: &str = "aZ3-x_9Qk";
@@ -70,12 +70,7 @@ impl Bench for Ring {
 }
 
 fn rings() -> [(&'static str, Arc<dyn Bench>); 2] {
-    let geometry = Geometry {
-        ring: CAPACITY as u64,
-        window: 1,
-        slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
-    };
-    let region = Region::memfd(geometry, false).expect("a memfd region");
+    let region = Region::in_process(CAPACITY as u64, 1).expect("a memfd region");
     [
         (
             "heap (before)",

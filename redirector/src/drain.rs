@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Dropped, Metrics};
 use crate::ring::{Read, Ring};
-use crate::state::{Sender, WindowStore};
+use crate::state::{Region, Sender, WindowStore};
 use protocol::window::{Rewound, Window};
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
@@ -67,9 +67,6 @@ pub struct Settings {
     /// The address of our own, where acknowledgements arrive, and its file mode.
     pub ack_socket: PathBuf,
     pub ack_socket_mode: u32,
-    pub datagram_limit: usize,
-    /// Datagrams the resend window holds.
-    pub window: usize,
     /// How often the ring is emptied into datagrams.
     pub flush_every: Duration,
     /// Without an acknowledgement for this long, everything unacknowledged is sent again.
@@ -155,15 +152,17 @@ pub struct Drain {
 
 impl Drain {
     /// Binds the ack socket (SO_PASSCRED on, so each acknowledgement carries its sender's
-    /// credentials), and goes on from where the state region's window and sender left off.
-    pub fn new(
-        ring: Arc<Ring>,
-        window: Window<WindowStore>,
-        sender: Sender,
-        metrics: Arc<Metrics>,
-        settings: Settings,
-    ) -> Result<Drain, Error> {
-        let mut encoder = Encoder::new(sender.id(), settings.datagram_limit)?;
+    /// credentials), and goes on from where the state region's window and sender left off,
+    /// with datagrams of the size its window slots take.
+    pub fn new(state: Region, metrics: Arc<Metrics>, settings: Settings) -> Result<Drain, Error> {
+        let Region {
+            ring,
+            window,
+            sender,
+            geometry,
+            ..
+        } = state;
+        let mut encoder = Encoder::new(sender.id(), geometry.slot_size as usize)?;
         encoder.resume_as(sender.id(), window.next_seq());
         let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
         socket.set_nonblocking(true)?;

@@ -243,12 +243,9 @@ mod tests {
     use protocol::wire::MAX_CODE_LEN;
 
     fn pipeline(capacity: usize) -> (App, Arc<Ring>) {
-        let geometry = crate::state::Geometry {
-            ring: capacity as u64,
-            window: 1,
-            slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
-        };
-        let ring = crate::state::Region::anonymous(geometry).unwrap().ring;
+        let ring = crate::state::Region::in_process(capacity as u64, 1)
+            .unwrap()
+            .ring;
         let app = App {
             links: Arc::new(LinkTable::default()),
             clicks: Clicks::Pipeline(ring.clone()),

@@ -263,15 +263,10 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Geometry, Region};
+    use crate::state::Region;
 
     fn ring(capacity: usize) -> std::sync::Arc<Ring> {
-        let geometry = Geometry {
-            ring: capacity as u64,
-            window: 1,
-            slot_size: 64,
-        };
-        Region::anonymous(geometry).unwrap().ring
+        Region::in_process(capacity as u64, 1).unwrap().ring
     }
 
     /// Reads and releases one click.

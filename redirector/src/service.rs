@@ -283,13 +283,11 @@ fn new_drain(cfg: &Config, state: Region, metrics: Arc<Metrics>) -> Result<Drain
         collector: cfg.socket.clone(),
         ack_socket: cfg.ack_socket.clone(),
         ack_socket_mode: cfg.ack_socket_mode,
-        datagram_limit: state.geometry.slot_size as usize,
-        window: state.geometry.window as usize,
         flush_every: cfg.flush_interval,
         ack_timeout: cfg.ack_timeout,
     };
     let sender = state.sender.id();
-    let drain = Drain::new(state.ring, state.window, state.sender, metrics, settings)?;
+    let drain = Drain::new(state, metrics, settings)?;
     tracing::info!(
         sender = format_args!("{sender:016x}"),
         "sending from {} (acknowledgements arrive there)",
@@ -415,12 +413,7 @@ mod tests {
     async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(Metrics::default());
-        let geometry = Geometry {
-            ring: 100,
-            window: 16,
-            slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
-        };
-        let state = Region::anonymous(geometry).unwrap();
+        let state = Region::in_process(100, 16).unwrap();
         for at in 0..10 {
             state.ring.push("left", at).unwrap();
         }
@@ -429,19 +422,10 @@ mod tests {
             collector: dir.path().join("nobody.sock"),
             ack_socket: dir.path().join("ack.sock"),
             ack_socket_mode: 0o600,
-            datagram_limit: protocol::wire::DEFAULT_DATAGRAM,
-            window: 16,
             flush_every: Duration::from_secs(3600),
             ack_timeout: Duration::from_secs(2),
         };
-        let drain = Drain::new(
-            state.ring,
-            state.window,
-            state.sender,
-            metrics.clone(),
-            settings,
-        )
-        .unwrap();
+        let drain = Drain::new(state, metrics.clone(), settings).unwrap();
         let (stop_drain, stopped) = watch::channel(None);
         let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });

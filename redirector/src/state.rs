@@ -313,10 +313,15 @@ impl Region {
         Ok(region)
     }
 
-    /// A region only this process holds, for tests.
-    #[cfg(test)]
-    pub fn anonymous(want: Geometry) -> Result<Region, Error> {
-        Region::memfd(want, false)
+    /// A region only this process holds, of `ring` cells and `window` slots of the default
+    /// datagram size: for tests and benches.
+    pub fn in_process(ring: u64, window: u64) -> Result<Region, Error> {
+        let geometry = Geometry {
+            ring,
+            window,
+            slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
+        };
+        Region::memfd(geometry, false)
     }
 
     fn open(fd: Flock<OwnedFd>, want: Geometry, kept: Kept, what: &str) -> Result<Region, Error> {

@@ -28,6 +28,23 @@ async fn kill(r: &mut Redirector) {
     r.service.wait_exit(LIMIT).await;
 }
 
+/// The collector started, then `next`, a redirector on the state region the last one left:
+/// it adopts the `n` clicks the last one served, and each is written once. Returns it, for
+/// the caller's checks, with the collector stopped.
+async fn all_written_by_the_next(
+    f: &Fixture,
+    n: u64,
+    next: impl std::future::Future<Output = Redirector>,
+) -> Redirector {
+    let (_collector, collector_admin) = start_collector(f).await;
+    let r = next.await;
+    r.ready().await;
+    await_rows_settled(&f.client, Some(CODE), n, &[r.admin, collector_admin]).await;
+    let recovered = r.metric("redirector_clicks_recovered_total").await;
+    assert_eq!(recovered, n as f64, "clicks adopted from the state region");
+    r
+}
+
 /// Every drop reason's count in the redirector's `/metrics`, those above zero.
 async fn drops(r: &Redirector) -> Vec<String> {
     let (_, text) = testkit::http::get(r.admin, "/metrics").await.unwrap();
@@ -50,14 +67,8 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     assert_eq!(served.count(302), N, "{served:?}");
     kill(&mut r).await;
 
-    let (_collector, collector_admin) = start_collector(&f).await;
-    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
-    r.ready().await;
-    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
-    assert_eq!(
-        r.metric("redirector_clicks_recovered_total").await,
-        N as f64
-    );
+    let cmd = redirector_command(&f.db.url, &f.socket, &flags);
+    let r = all_written_by_the_next(&f, N, start_redirector(cmd)).await;
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
 }
 
@@ -89,14 +100,8 @@ async fn what_a_stop_leaves_in_a_state_file_is_kept_for_the_next_start_not_dropp
         "{last:?}"
     );
 
-    let (_collector, collector_admin) = start_collector(&f).await;
-    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
-    r.ready().await;
-    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
-    assert_eq!(
-        r.metric("redirector_clicks_recovered_total").await,
-        N as f64
-    );
+    let cmd = redirector_command(&f.db.url, &f.socket, &flags);
+    all_written_by_the_next(&f, N, start_redirector(cmd)).await;
 }
 
 #[tokio::test]
@@ -136,9 +141,8 @@ impl Held {
         }
     }
 
-    /// The redirector on the held listeners, and on `state` if given (the fd store's copy).
-    async fn start(&self, f: &Fixture, flags: &[&str], state: Option<&OwnedFd>) -> Redirector {
-        let cmd = redirector_command(&f.db.url, &f.socket, flags);
+    /// `cmd` on the held listeners, and on `state` if given (the fd store's copy).
+    async fn start(&self, cmd: std::process::Command, state: Option<&OwnedFd>) -> Redirector {
         let mut named = vec![
             ("http", self.http.as_raw_fd()),
             ("admin", self.admin.as_raw_fd()),
@@ -163,15 +167,11 @@ async fn under_load_three_kills_lose_no_redirect_a_client_saw_and_write_none_twi
     ];
     let (_collector, collector_admin) = start_collector(&f).await;
     let held = Held::bind();
-    let mut r = held.start(&f, &flags, None).await;
+    let mut r = held
+        .start(redirector_command(&f.db.url, &f.socket, &flags), None)
+        .await;
     r.ready().await;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("crash: seed {seed}");
-    let mut moments = XorShift(seed);
+    let mut moments = XorShift::from_clock("crash");
     let load = Load {
         connections: 8,
         reconnect: true,
@@ -180,9 +180,12 @@ async fn under_load_three_kills_lose_no_redirect_a_client_saw_and_write_none_twi
     let running = load.start();
     let (mut torn, mut recovered) = (0.0, 0.0);
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(300 + moments.next_u64() % 1_200)).await;
+        let pause = moments.pause(Duration::from_millis(300), Duration::from_millis(1_200));
+        tokio::time::sleep(pause).await;
         kill(&mut r).await;
-        r = held.start(&f, &flags, None).await;
+        r = held
+            .start(redirector_command(&f.db.url, &f.socket, &flags), None)
+            .await;
         r.ready().await;
         torn += r
             .metric("redirector_clicks_dropped_total{reason=\"torn\"}")
@@ -306,12 +309,7 @@ async fn start_with_store(
 ) -> Redirector {
     let mut cmd = redirector_command(&f.db.url, &f.socket, &[]);
     store.env(&mut cmd);
-    let mut named = vec![
-        ("http", held.http.as_raw_fd()),
-        ("admin", held.admin.as_raw_fd()),
-    ];
-    named.extend(state.map(|fd| ("state", fd.as_raw_fd())));
-    start_redirector(testkit::socket_activated_named(&cmd, &named)).await
+    held.start(cmd, state).await
 }
 
 #[tokio::test]
@@ -327,14 +325,8 @@ async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
     assert_eq!(served.count(302), N, "{served:?}");
     kill(&mut r).await;
 
-    let (_collector, collector_admin) = start_collector(&f).await;
-    let r = start_with_store(&f, &held, &store, Some(&memfd)).await;
-    r.ready().await;
-    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
-    assert_eq!(
-        r.metric("redirector_clicks_recovered_total").await,
-        N as f64
-    );
+    let next = start_with_store(&f, &held, &store, Some(&memfd));
+    let r = all_written_by_the_next(&f, N, next).await;
     assert!(
         store.receive().is_none(),
         "a region passed back is not stored again"

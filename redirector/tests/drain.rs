@@ -13,7 +13,7 @@ use protocol::wire::Ack;
 use redirector::drain::{Drain, Left, Settings};
 use redirector::metrics::Metrics;
 use redirector::ring::Ring;
-use redirector::state::{Geometry, Region};
+use redirector::state::Region;
 use shared::socket::SendErrorKind;
 use testkit::eventually;
 use tokio::net::UnixDatagram;
@@ -39,12 +39,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("collector.sock");
     let ack_path = dir.path().join("ack.sock");
-    let geometry = Geometry {
-        ring: capacity as u64,
-        window: window as u64,
-        slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
-    };
-    let state = Region::memfd(geometry, false).unwrap();
+    let state = Region::in_process(capacity as u64, window as u64).unwrap();
     let (ring, sender) = (state.ring.clone(), state.sender.id());
     let metrics = Arc::new(Metrics::default());
     let settings = Settings {
@@ -52,19 +47,10 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         ack_socket: ack_path.clone(),
         // Writable by anyone: the tests show what keeps others out besides the file mode.
         ack_socket_mode: 0o666,
-        datagram_limit: protocol::wire::DEFAULT_DATAGRAM,
-        window,
         flush_every: Duration::from_millis(5),
         ack_timeout,
     };
-    let drain = Drain::new(
-        state.ring,
-        state.window,
-        state.sender,
-        metrics.clone(),
-        settings,
-    )
-    .unwrap();
+    let drain = Drain::new(state, metrics.clone(), settings).unwrap();
     let (stop, stopped) = watch::channel(None);
     let drain = tokio::spawn(drain.run(stopped));
     Rig {

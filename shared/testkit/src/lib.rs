@@ -255,6 +255,22 @@ pub fn limit_descriptors(cmd: &mut Command, nofile: u64) {
 pub struct XorShift(pub u64);
 
 impl XorShift {
+    /// Seeded from the clock; the seed is printed under `what`, to replay a failure with.
+    pub fn from_clock(what: &str) -> XorShift {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970")
+            .as_nanos() as u64
+            | 1;
+        eprintln!("{what}: seed {seed}");
+        XorShift(seed)
+    }
+
+    /// A pause from `min` up to (not including) `min + spread`.
+    pub fn pause(&mut self, min: Duration, spread: Duration) -> Duration {
+        min + Duration::from_nanos(self.next_u64() % spread.as_nanos().max(1) as u64)
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

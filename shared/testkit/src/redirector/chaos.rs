@@ -47,7 +47,8 @@ struct Moments(XorShift);
 impl Moments {
     /// A pause of 300 ms to 1.5 s.
     fn next(&mut self) -> Duration {
-        Duration::from_millis(300 + self.0.next_u64() % 1_200)
+        self.0
+            .pause(Duration::from_millis(300), Duration::from_millis(1_200))
     }
 }
 
@@ -69,13 +70,7 @@ async fn start_collector(
 }
 
 pub async fn crash_and_count(scenario: Scenario) {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("chaos: seed {seed}");
-    let mut moments = Moments(XorShift(seed));
+    let mut moments = Moments(XorShift::from_clock("chaos"));
     let codes: Vec<Vec<String>> = (0..scenario.pairs)
         .map(|p| {
             (0..CODES_PER_PAIR)
