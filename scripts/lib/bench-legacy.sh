@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The modes of scripts/bench not yet ported to its Rust binary (shared/bench), which runs this
-# file for them: compaction, hosts, partitions, links, links-follow and links-soak, each mode
-# named an argument (`bench-legacy.sh compaction hosts ...`). `scripts/bench --help` describes
+# file for them: hosts, links, links-follow and links-soak, each mode named an argument
+# (`bench-legacy.sh hosts links`). `scripts/bench --help` describes
 # the modes and the knobs (environment variables), which are read here as before.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -13,7 +13,6 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-50}
 CLICKS=${CLICKS:-2000000}
-SUSTAIN=${SUSTAIN:-15000000}
 COLLECTOR_FLAGS=${COLLECTOR_FLAGS:-}
 LINK_COUNTS=${LINK_COUNTS:-1000000 10000000}
 CHANGE_RATE=${CHANGE_RATE:-100}
@@ -35,7 +34,6 @@ PGDIR=$OUT/pg
 CLK_TCK=$(getconf CLK_TCK)
 PIDS=()
 COLLECTOR_PID=""
-MISMATCHES=0
 
 log() { printf '%s bench: %s\n' "$(date +%T)" "$*" >&2; }
 
@@ -249,71 +247,7 @@ cpu_now() { # cpu_now REDIRECTOR_PID (or -)
     echo "$r $c $(pg_ticks)"
 }
 
-# CPU microseconds per click of each process between two cpu_now readings.
-cpu_per_click() { # cpu_per_click "BEFORE" "AFTER" CLICKS -> "redirector collector postgres"
-    awk -v b="$1" -v a="$2" -v n="$3" -v hz="$CLK_TCK" 'BEGIN {
-        split(b, x, " "); split(a, y, " ");
-        for (i = 1; i <= 3; i++) printf "%.3f%s", n ? (y[i] - x[i]) * 1e6 / hz / n : 0, i < 3 ? " " : "\n" }'
-}
-
-hwm_mib() { # hwm_mib PID: peak resident memory in MiB (0 if gone)
-    awk '$1 == "VmHWM:" { printf "%.1f\n", $2 / 1024; found = 1 } END { if (!found) print 0 }' \
-        "/proc/$1/status" 2>/dev/null || echo 0
-}
-
-# PostgreSQL's memory: the proportional set size of all its processes, sampled every half
-# second into $1 until this job is killed; its largest value is the run's peak.
-sample_pg_memory() { # sample_pg_memory FILE
-    local pm
-    pm=$(head -1 "$PGDIR/data/postmaster.pid")
-    while :; do
-        # A backend that exits between pgrep and cat is only left out of this sample.
-        { cat "/proc/$pm/smaps_rollup" $(pgrep -P "$pm" | sed 's|.*|/proc/&/smaps_rollup|') 2>/dev/null || true; } \
-            | awk '$1 == "Pss:" { kib += $2 } END { printf "%.1f\n", kib / 1024 }' >>"$1"
-        sleep 0.5
-    done
-}
-
-peak() { sort -g "$1" | tail -1; }
-
-# The commit-lag histogram's buckets: "le count" lines, +Inf as inf.
-lag_buckets() { # lag_buckets ADMIN_ADDR
-    curl -fsS "http://$1/metrics" | awk -F'[{}" ]+' '$1 == "collector_commit_lag_seconds_bucket" {
-        print ($3 == "+Inf" ? "inf" : $3), $NF }'
-}
-
-# Quantile Q of the clicks committed between two lag_buckets readings, interpolated within
-# its bucket as Prometheus' histogram_quantile does.
-lag_quantile() { # lag_quantile "BEFORE" "AFTER" Q
-    awk -v q="$3" 'NR == FNR { b[$1] = $2; next }
-        { le[++n] = $1; c[n] = $2 - b[$1] }
-        END { if (!n || c[n] <= 0) { print "-"; exit }
-              rank = q * c[n]; lower = 0; below = 0
-              for (i = 1; i <= n; i++) {
-                  if (c[i] >= rank) {
-                      if (le[i] == "inf") { print lower; exit }
-                      printf "%.4f\n", lower + (le[i] - lower) * (rank - below) / (c[i] - below); exit }
-                  lower = le[i]; below = c[i] } }' <(echo "$1") <(echo "$2")
-}
-
-stop_sampler() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
-
-# --- redirector: off / pipeline / direct (and baseline) ------------------------------------------
-
-# wrk scripts that pick a code per request: uniform over all codes, or Zipf-like (s = 1):
-# floor((N+1)^u) - 1 for uniform u has P(k) ~ 1/(k+1.5), the continuous Zipf.
-write_lua() {
-    cat >"$OUT/codes-uniform.lua" <<LUA
-math.randomseed(os.time())
-request = function() return wrk.format("GET", "/seed" .. math.random(0, $CODES - 1)) end
-LUA
-    cat >"$OUT/codes-zipf.lua" <<LUA
-math.randomseed(os.time())
-request = function()
-  return wrk.format("GET", "/seed" .. (math.floor(($CODES + 1) ^ math.random()) - 1))
-end
-LUA
-}
+# --- wrk, and the collector's progress ------------------------------------------------------------
 
 # wrk's report on stdin -> "req/s p50_ms p99_ms".
 wrk_stats() {
@@ -333,132 +267,7 @@ folded_since() { # folded_since COMPACTIONS
         && [[ $(metric "$COLLECTOR_ADMIN" collector_deltas_pending) == 0 ]]
 }
 
-rows() { psql_bench -c "SELECT count(*) FROM clicks"; }
-
-# Redirector flags beyond the common ones: an ack socket for a build that has them.
-redirector_flags() { # redirector_flags BIN
-    [[ $("$1/redirector" --help) == *--ack-socket* ]] && echo "--ack-socket $OUT/redirector-ack.sock"
-    return 0
-}
-
-# One wrk run against mode MODE (off, pipeline, direct, or baseline: pipeline of BASELINE's
-# binaries). The measured window runs from wrk's start until the collector has written and
-# folded the run's clicks, so compaction is included. Appends to $OUT/redirect.tsv: "mix mode
-# round rps p50_ms p99_ms redirects sent dropped compaction_s, then CPU us per redirect and
-# peak MiB of redirector, collector, postgres".
-wrk_once() { # wrk_once MIX MODE ROUND
-    local mix=$1 mode=$2 round=$3 variant=current clicks=$2 bin pid report final rows0
-    [[ $mode == baseline ]] && variant=baseline clicks=pipeline
-    bin=$(bin_of "$variant")
-    VARIANT=$variant
-    rows0=$(rows)
-    [[ $clicks == pipeline ]] && start_collector_of "$variant"
-    # shellcheck disable=SC2046 # the flags are words
-    "$bin/redirector" --clicks "$clicks" --database-url "$(db_of "$variant")" --socket "$SOCK" \
-        --listen "$HTTP" --admin-listen "$REDIRECTOR_ADMIN" $(redirector_flags "$bin") \
-        >"$OUT/redirector.log" 2>&1 &
-    pid=$!; PIDS+=("$pid")
-    wait_healthy "$REDIRECTOR_ADMIN" redirector
-    local written0=0 compactions0=0 compact0=0 cpu0 sampler
-    if [[ $clicks == pipeline ]]; then
-        written0=$(metric "$COLLECTOR_ADMIN" collector_clicks_written_total)
-        compactions0=$(metric "$COLLECTOR_ADMIN" collector_compactions_total)
-        compact0=$(metric "$COLLECTOR_ADMIN" collector_compaction_seconds_sum)
-    fi
-    : >"$OUT/pg-memory.txt"
-    sample_pg_memory "$OUT/pg-memory.txt" &
-    sampler=$!
-    cpu0=$(cpu_now "$pid")
-    report=$(wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" --latency -s "$OUT/codes-$mix.lua" "http://$HTTP/")
-    echo "$report" >"$OUT/wrk-$mix-$mode-$round.txt"
-    local red_cpu red_mib col_mib=0 compact=0
-    red_cpu=$(ticks "$pid")
-    red_mib=$(hwm_mib "$pid")
-    stop "$pid"
-    final=$(grep -o "redirector: [0-9]* clicks sent, [0-9]* dropped ([0-9]* redirects" "$OUT/redirector.log" \
-        | awk '{ gsub(/[(]/, ""); print $7, $2, $5 }')
-    local redirects sent dropped
-    read -r redirects sent dropped <<<"$final"
-    if [[ $clicks == pipeline ]]; then
-        await 300 "the run's clicks written" written_since "$written0" "$sent"
-        await 300 "the run's deltas folded" folded_since "$compactions0"
-        compact=$(echo "$(metric "$COLLECTOR_ADMIN" collector_compaction_seconds_sum) - $compact0" | bc -l)
-        col_mib=$(hwm_mib "$COLLECTOR_PID")
-    fi
-    local cpu1 per
-    cpu1=$(cpu_now -)
-    cpu1="$red_cpu ${cpu1#* }"
-    stop_sampler "$sampler"
-    per=$(cpu_per_click "$cpu0" "$cpu1" "$redirects")
-    stop_collector
-    check_recorded "$mode" "$clicks" "$redirects" "$dropped" "$rows0"
-    local rps p50 p99
-    read -r rps p50 p99 <<<"$(wrk_stats <<<"$report")"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\n' "$mix" "$mode" "$round" \
-        "$rps" "$p50" "$p99" "$redirects" "$sent" "$dropped" "$compact" "${per// /$'\t'}" \
-        "$red_mib" "$col_mib" "$(peak "$OUT/pg-memory.txt")" >>"$OUT/redirect.tsv"
-}
-
-# Every redirect served is a row or a counted drop: rows the run added plus its drops must be
-# its redirects (modes that record clicks). A mismatch is reported and fails the run at the end.
-check_recorded() { # check_recorded MODE CLICKS REDIRECTS DROPPED ROWS_BEFORE
-    [[ $2 == off ]] && return 0
-    local recorded
-    recorded=$(($(rows) - $5))
-    if ((recorded + $4 != $3)); then
-        log "MISMATCH in mode $1: $3 redirects served, $recorded clicks recorded, $4 dropped"
-        MISMATCHES=$((MISMATCHES + 1))
-    fi
-}
-
-col() { # col MIX MODE FIELD -> median of that column over the rounds
-    awk -v x="$1" -v m="$2" -v f="$3" '$1 == x && $2 == m { print $f }' "$OUT/redirect.tsv" | median
-}
-
-redirect_modes() {
-    local modes=(${MODES:-off pipeline direct})
-    [[ -n ${BASELINE:-} && " ${modes[*]} " != *" baseline "* ]] && modes+=(baseline)
-    echo "${modes[@]}"
-}
-
-bench_redirect() {
-    write_lua
-    : >"$OUT/redirect.tsv"
-    local modes mix round mode
-    read -r -a modes <<<"$(redirect_modes)"
-    for round in $(seq "$ROUNDS"); do
-        for mix in zipf uniform; do
-            for mode in $(rotated "$round" "${modes[@]}"); do
-                log "redirect round $round, $mix codes: $mode"
-                wrk_once "$mix" "$mode" "$round"
-            done
-        done
-    done
-    echo "wrk -t2 -c$CONNECTIONS -d${DURATION}s, $CODES links, medians of $ROUNDS interleaved rounds."
-    [[ -n ${BASELINE:-} ]] && echo "\`baseline\`: the pipeline of $BASELINE ($(git rev-parse --short "$BASELINE")), on a database of its own."
-    echo
-    echo "| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector / PostgreSQL | peak MiB: redirector / collector / PostgreSQL |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
-    for mix in zipf uniform; do
-        local base
-        base=$(col "$mix" off 4)
-        for mode in "${modes[@]}"; do
-            local rps
-            rps=$(col "$mix" "$mode" 4)
-            printf '| %s | %s | %.0f | %.3f | %s | %s | %s | %s | %s / %s / %s | %s / %s / %s |\n' \
-                "$mix" "$mode" "$rps" "$(echo "$rps / $base" | bc -l)" "$(col "$mix" "$mode" 5)" \
-                "$(col "$mix" "$mode" 6)" "$(col "$mix" "$mode" 9)" "$(col "$mix" "$mode" 10)" \
-                "$(col "$mix" "$mode" 11)" "$(col "$mix" "$mode" 12)" "$(col "$mix" "$mode" 13)" \
-                "$(col "$mix" "$mode" 14)" "$(col "$mix" "$mode" 15)" "$(col "$mix" "$mode" 16)"
-        done
-    done
-    echo
-    echo "Every run: $OUT/redirect.tsv (mix, mode, round, req/s, p50 ms, p99 ms, redirects, sent, dropped,"
-    echo "compaction s, CPU us per redirect of redirector, collector and PostgreSQL, peak MiB of each)."
-    echo "CPU counts from wrk's start until the collector has written and folded the run's clicks."
-}
-
-# --- collector: ingest vs psql \copy ----------------------------------------------------------
+# --- ingest inputs and tables ----------------------------------------------------------------------
 
 make_inputs() { # codes files (one code per line) and CSV files for \copy, same rows
     log "generating $CLICKS rows per distribution"
@@ -506,206 +315,6 @@ reset_tables() {
                            TRUNCATE clicks_set_aside; END IF;
                        IF to_regclass('click_count_lists') IS NOT NULL THEN
                            TRUNCATE click_count_lists; END IF; END \$\$"
-}
-
-# CLICKS clicks of DIST from clicktap into the variant's collector as fast as it takes them,
-# timed until written; then until folded. Sets RESULT to (rate deltas catchup_s compaction_s
-# collector_us postgres_us collector_mib postgres_mib). Runs in this shell, not a $(...)
-# subshell, so that the collector it starts is one `cleanup` knows.
-ingest_collector() { # ingest_collector DIST VARIANT
-    local dist=$1 before t0 t1 deltas compact0 compactions0 cpu0 sampler
-    VARIANT=$2
-    start_collector_of "$2"
-    before=$(metric "$COLLECTOR_ADMIN" collector_clicks_written_total)
-    compact0=$(metric "$COLLECTOR_ADMIN" collector_compaction_seconds_sum)
-    compactions0=$(metric "$COLLECTOR_ADMIN" collector_compactions_total)
-    : >"$OUT/pg-memory.txt"
-    sample_pg_memory "$OUT/pg-memory.txt" &
-    sampler=$!
-    cpu0=$(cpu_now -)
-    t0=$(date +%s.%N)
-    "$BIN/clicktap" send --socket "$SOCK" --code-file "$OUT/codes-$dist.txt" --count "$CLICKS" \
-        --batch 1250 >/dev/null || die "clicktap send failed"
-    await 300 "$CLICKS clicks written" written_since "$before" "$CLICKS"
-    t1=$(date +%s.%N)
-    deltas=$(pending_counts)
-    local c0; c0=$(date +%s.%N)
-    await 300 "the run's deltas folded" folded_since "$compactions0"
-    local per catchup col_mib
-    per=$(cpu_per_click "$cpu0" "$(cpu_now -)" "$CLICKS")
-    catchup=$(echo "$(date +%s.%N) - $c0" | bc -l)
-    col_mib=$(hwm_mib "$COLLECTOR_PID")
-    stop_sampler "$sampler"
-    read -r -a RESULT <<<"$(echo "$CLICKS / ($t1 - $t0)" | bc -l) $deltas $catchup \
-        $(echo "$(metric "$COLLECTOR_ADMIN" collector_compaction_seconds_sum) - $compact0" | bc -l) \
-        ${per#* } $col_mib $(peak "$OUT/pg-memory.txt")"
-    stop_collector
-}
-
-ingest_copy() { # ingest_copy DIST: sets RESULT to (rate postgres_us postgres_mib)
-    local t0 t1 cpu0 sampler
-    VARIANT=current
-    : >"$OUT/pg-memory.txt"
-    sample_pg_memory "$OUT/pg-memory.txt" &
-    sampler=$!
-    cpu0=$(cpu_now -)
-    t0=$(date +%s.%N)
-    psql_bench -c "\\copy clicks (code, clicked_at) from '$OUT/rows-$1.csv' csv"
-    t1=$(date +%s.%N)
-    local per
-    per=$(cpu_per_click "$cpu0" "$(cpu_now -)" "$CLICKS")
-    stop_sampler "$sampler"
-    read -r -a RESULT <<<"$(echo "$CLICKS / ($t1 - $t0)" | bc -l) ${per##* } $(peak "$OUT/pg-memory.txt")"
-}
-
-ccol() { # ccol KIND DIST FIELD -> median of that column of collector.tsv
-    awk -v k="$1" -v d="$2" -v f="$3" '$1 == k && $2 == d { print $f }' "$OUT/collector.tsv" | median
-}
-
-bench_collector() {
-    : >"$OUT/collector.tsv"
-    local round dist variants=(current)
-    [[ -n ${BASELINE:-} ]] && variants+=(baseline)
-    [[ -n ${FLAT:-} ]] && variants+=(flat)
-    local m=0 variant
-    for round in $(seq "$ROUNDS"); do
-        for dist in zipf uniform; do
-            # Rotated between the two mixes of a round too (with an even number of rounds,
-            # each variant goes first equally often in each mix).
-            m=$((m + 1))
-            for variant in $(rotated $((round + m)) "${variants[@]}"); do
-                VARIANT=$variant reset_tables
-                log "ingest round $round, $dist: collector ($variant)"
-                ingest_collector "$dist" "$variant"
-                printf '%s\t%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\n' "$variant" "$dist" "$round" \
-                    "${RESULT[@]}" >>"$OUT/collector.tsv"
-            done
-            VARIANT=current reset_tables
-            log "ingest round $round, $dist: psql \\copy"
-            ingest_copy "$dist"
-            printf 'copy\t%s\t%s\t%.0f\t-\t-\t-\t0\t%s\t0\t%s\n' "$dist" "$round" "${RESULT[@]}" \
-                >>"$OUT/collector.tsv"
-        done
-    done
-    echo "| codes | writer | rows/s | vs \\copy | delta rows per run | folding them took s | deltas empty after s | CPU us per click: collector / PostgreSQL | peak MiB: collector / PostgreSQL |"
-    echo "|---|---|---|---|---|---|---|---|---|"
-    for dist in zipf uniform; do
-        local p
-        p=$(ccol copy "$dist" 4)
-        for kind in "${variants[@]}" copy; do
-            local name=$kind
-            [[ $kind == current ]] && name=collector
-            [[ $kind == baseline ]] && name="collector (baseline)"
-            [[ $kind == flat ]] && name="collector, clicks unpartitioned"
-            [[ $kind == copy ]] && name="psql \\copy"
-            printf '| %s | %s | %.0f | %.2f | %s | %s | %s | %s / %s | %s / %s |\n' "$dist" "$name" \
-                "$(ccol "$kind" "$dist" 4)" "$(echo "$(ccol "$kind" "$dist" 4) / $p" | bc -l)" \
-                "$(ccol "$kind" "$dist" 5)" "$(ccol "$kind" "$dist" 7)" "$(ccol "$kind" "$dist" 6)" \
-                "$(ccol "$kind" "$dist" 8)" "$(ccol "$kind" "$dist" 9)" "$(ccol "$kind" "$dist" 10)" \
-                "$(ccol "$kind" "$dist" 11)"
-        done
-    done
-    echo
-    echo "Every run: $OUT/collector.tsv. $CLICKS rows per run over $CODES codes; medians of $ROUNDS."
-    echo "'deltas empty after' counts from the end of the ingest, so it includes the wait for the next"
-    echo "compaction; 'folding them took' is the compactions' own time. CPU counts until folded."
-}
-
-# --- compaction under sustained ingest ----------------------------------------------------------
-
-# Sends SUSTAIN clicks as fast as the collector takes them while sampling the delta backlog
-# each second; then reads the collector's "folded N delta rows in T" lines of that run.
-sustain_once() { # sustain_once DIST: sets RESULT to (clicks/s max_backlog fold_rows_per_s longest_fold_s)
-    local dist=$1 sender t0 t1 max=0 pending lines compactions0
-    VARIANT=current
-    start_collector_of current
-    compactions0=$(metric "$COLLECTOR_ADMIN" collector_compactions_total)
-    lines=$(wc -l <"$OUT/collector.log")
-    t0=$(date +%s.%N)
-    "$BIN/clicktap" send --socket "$SOCK" --code-file "$OUT/codes-$dist.txt" --count "$SUSTAIN" \
-        --batch 1250 >/dev/null &
-    sender=$!
-    while kill -0 "$sender" 2>/dev/null; do
-        pending=$(metric "$COLLECTOR_ADMIN" collector_deltas_pending)
-        ((pending > max)) && max=$pending
-        sleep 1
-    done
-    wait "$sender" || die "clicktap send failed"
-    t1=$(date +%s.%N)
-    await 600 "the backlog folded" folded_since "$compactions0"
-    stop_collector
-    read -r -a RESULT <<<"$(tail -n +"$((lines + 1))" "$OUT/collector.log" \
-        | grep -o 'folded [0-9]* counts in [0-9.]*[mu]*s' \
-        | awk -v rate="$(echo "$SUSTAIN / ($t1 - $t0)" | bc -l)" -v max="$max" '
-            { t = $5; if (t ~ /ms$/) t /= 1000; else if (t ~ /us$/) t /= 1e6; else t += 0;
-              rows += $2; secs += t; if (t > longest) longest = t }
-            END { printf "%.0f %d %.0f %.2f\n", rate, max, secs ? rows / secs : 0, longest }')"
-}
-
-bench_compaction() {
-    echo "| codes | ingest clicks/s | largest delta backlog (rows) | fold rate (delta rows/s) | longest compaction s |"
-    echo "|---|---|---|---|---|"
-    local dist
-    for dist in zipf uniform; do
-        reset_tables
-        log "sustained ingest, $dist: $SUSTAIN clicks"
-        sustain_once "$dist"
-        printf '| %s | %s | %s | %s | %s |\n' "$dist" "${RESULT[@]}"
-    done
-    echo
-    echo "$SUSTAIN clicks per run, as fast as the collector takes them. Compaction keeps up while the"
-    echo "backlog stays bounded and returns to 0."
-}
-
-# --- totals: what keeping click_totals costs at a steady rate ---------------------------------
-
-# RATE clicks/s of uniform codes for TOTALS_SECS through `clicktap send --rate` (stamped and
-# paced as a redirector's drain sends them) into the variant's collector, which folds at its
-# own default interval; CPU from the first click until the run's counts are folded. Sets RESULT to
-# (collector_us postgres_us folds collector_mib).
-totals_once() { # totals_once VARIANT
-    local n=$((RATE * TOTALS_SECS)) before folds0 cpu0 per lag0 lag1
-    VARIANT=$1 reset_tables
-    VARIANT=$1
-    start_collector_of "$1"
-    before=$(metric "$COLLECTOR_ADMIN" collector_clicks_written_total)
-    folds0=$(metric "$COLLECTOR_ADMIN" collector_compactions_total)
-    cpu0=$(cpu_now -)
-    lag0=$(lag_buckets "$COLLECTOR_ADMIN")
-    "$BIN/clicktap" send --socket "$SOCK" --code-file "$OUT/codes-uniform.txt" --count "$n" \
-        --rate "$RATE" --batch 1250 >/dev/null || die "clicktap send failed"
-    await 120 "$n clicks written" written_since "$before" "$n"
-    lag1=$(lag_buckets "$COLLECTOR_ADMIN")
-    # Until every count of the run is folded: each variant then carries the whole cost of its
-    # run's totals, however its folds fall in time.
-    await 300 "the run's counts folded" folded_since "$folds0"
-    per=$(cpu_per_click "$cpu0" "$(cpu_now -)" "$n")
-    read -r -a RESULT <<<"${per#* } $(echo "$(metric "$COLLECTOR_ADMIN" collector_compactions_total) - $folds0" | bc) \
-        $(hwm_mib "$COLLECTOR_PID") $(lag_quantile "$lag0" "$lag1" 0.5) $(lag_quantile "$lag0" "$lag1" 0.99)"
-    stop_collector
-}
-
-bench_totals() {
-    : >"$OUT/totals.tsv"
-    local round variant variants=(current)
-    [[ -n ${BASELINE:-} ]] && variants+=(baseline)
-    for round in $(seq "$ROUNDS"); do
-        for variant in "${variants[@]}"; do
-            log "totals round $round: $variant, $RATE clicks/s for $TOTALS_SECS s"
-            totals_once "$variant"
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$round" "${RESULT[@]}" >>"$OUT/totals.tsv"
-        done
-    done
-    echo "| collector | CPU us per click: collector | PostgreSQL | folds per run | collector peak MiB | commit lag p50 / p99 s |"
-    echo "|---|---|---|---|---|---|"
-    for variant in "${variants[@]}"; do
-        awk -v v="$variant" '$1 == v' "$OUT/totals.tsv" | sort -k4 -g \
-            | awk -v v="$variant" '{ c[NR] = $3; p[NR] = $4; f[NR] = $5; m[NR] = $6; l[NR] = $7 " / " $8 }
-                END { i = int((NR + 1) / 2); printf "| %s | %.3f | %.3f | %s | %s | %s |\n", v, c[i], p[i], f[i], m[i], l[i] }'
-    done
-    echo
-    echo "$RATE uniform clicks/s over $CODES codes for $TOTALS_SECS s per run, medians of $ROUNDS rounds"
-    echo "(the run with the median PostgreSQL figure); every run in $OUT/totals.tsv."
 }
 
 # --- several collectors on one database ---------------------------------------------------------
@@ -817,56 +426,6 @@ bench_hosts() {
     echo "aggregate = all clicks / time until the last collector wrote its share; a collector's"
     echo "rate = its share / the time it took. Medians of $ROUNDS interleaved rounds; every run: $OUT/hosts.tsv"
     echo "(variant, codes, collectors, round, aggregate, slowest, fastest, CPU us per click of the collectors, of PostgreSQL)."
-}
-
-logged_since() { # logged_since LINES TEXT: the collector logged TEXT after its first LINES lines
-    tail -n +"$(($1 + 1))" "$OUT/collector.log" | grep "$2" >/dev/null
-}
-
-# --- partitions: bytes per click, and the time to drop a day ---------------------------------------
-
-# A day CLICKS clicks long, 20 days ago, loaded straight into its partition; its size on disk per
-# click (heap, and the code index the collector builds once a day is over); then a collector
-# with --retention 10 drops it, and its log says how long detaching and dropping took.
-bench_partitions() {
-    VARIANT=current
-    local day rows bytes indexed took
-    day=$(psql_bench -c "SELECT to_char(current_date - 20, 'YYYYMMDD')")
-    psql_bench -c "SELECT ensure_click_partition(current_date - 20)" >/dev/null
-    awk -F, -v d="$(psql_bench -c "SELECT (current_date - 20)::text")" \
-        '{ sub(/^[^ ]* /, d " ", $2); print $1 "," $2 }' "$OUT/rows-uniform.csv" >"$OUT/rows-old.csv"
-    psql_bench -c "\\copy clicks (code, clicked_at) from '$OUT/rows-old.csv' csv"
-    rows=$(psql_bench -c "SELECT count(*) FROM clicks_p$day")
-    bytes=$(psql_bench -c "SELECT pg_table_size('clicks_p$day')")
-    psql_bench -c "CREATE INDEX clicks_p${day}_code ON clicks_p$day (code, clicked_at)"
-    indexed=$(psql_bench -c "SELECT pg_total_relation_size('clicks_p$day')")
-    local lines
-    lines=$(wc -l <"$OUT/collector.log")
-    COLLECTOR_FLAGS="$COLLECTOR_FLAGS --retention 10" start_collector_of current
-    await 300 "the old day dropped" logged_since "$lines" "dropped partition clicks_p$day"
-    took=$(tail -n +"$((lines + 1))" "$OUT/collector.log" | grep -o "dropped partition clicks_p$day in [0-9.]*[mu]*s" \
-        | awk '{ print $NF }')
-    stop_collector
-    echo "| rows in the day | heap bytes per click | with the code index | dropping the day took |"
-    echo "|---|---|---|---|"
-    printf '| %s | %.1f | %.1f | %s |\n' "$rows" "$(echo "$bytes / $rows" | bc -l)" \
-        "$(echo "$indexed / $rows" | bc -l)" "$took"
-    echo
-    echo "One day of $rows uniform clicks loaded with \\copy into its partition; the index is the"
-    echo "(code, clicked_at) one the collector builds on each partition once its day is over."
-}
-
-# --- charts ---------------------------------------------------------------------------------------
-
-# The SVG charts in benchmarks/, drawn by scripts/bench-charts.py from the runs' TSV files.
-bench_charts() {
-    python3 -c 'import matplotlib' 2>/dev/null || {
-        log "installing matplotlib (PyPI)"
-        python3 -m pip install -q matplotlib || die "pip install matplotlib failed"
-    }
-    mkdir -p "$CHARTS"
-    python3 scripts/bench-charts.py "$OUT" "$CHARTS" || die "drawing the charts failed"
-    log "charts in $CHARTS/"
 }
 
 # --- link table: 1 M and 10 M links, no changes vs CHANGE_RATE changes a second -----------------
@@ -1135,19 +694,17 @@ main() {
     (($# > 0)) || { echo "usage: scripts/lib/bench-legacy.sh MODE..." >&2; exit 2; }
     for what in "$@"; do
         case $what in
-            compaction | hosts | partitions | links | links-follow | links-soak) ;;
+            hosts | links | links-follow | links-soak) ;;
             *) echo "bench-legacy.sh: $what is not one of its modes" >&2; exit 2 ;;
         esac
     done
     setup
     echo "# scripts/bench $*, $(date -u +%F), $(nproc) cores"
     echo
-    [[ " $* " =~ \ (compaction|hosts|partitions)\  ]] && make_inputs
+    [[ " $* " == *" hosts "* ]] && make_inputs
     for what in "$@"; do
         case $what in
-            compaction) bench_compaction ;;
             hosts) bench_hosts ;;
-            partitions) bench_partitions ;;
             links) bench_links ;;
             links-follow) bench_links_follow ;;
             links-soak) bench_links_soak ;;

@@ -55,7 +55,7 @@ pub(crate) async fn fresh_db(bench: &Bench, variant: Variant) -> Res<()> {
 }
 
 /// The code distributions of the ingest runs.
-const DISTS: [&str; 2] = ["zipf", "uniform"];
+pub(crate) const DISTS: [&str; 2] = ["zipf", "uniform"];
 
 /// For each distribution, CLICKS codes (one a line, for `clicktap send --code-file`) and the
 /// same rows as CSV for `\copy`, stamped today (UTC: a day the collector keeps a partition for).
@@ -116,7 +116,7 @@ async fn pending_counts(client: &tokio_postgres::Client) -> Res<i64> {
     number(client, sql).await
 }
 
-async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
+pub(crate) async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
     let client = bench.client(variant).await?;
     execute(&client, "TRUNCATE clicks, click_count_deltas, click_counts").await?;
     let optional = "DO $$ BEGIN
@@ -129,6 +129,14 @@ async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
 
 /// `clicktap send` of `count` codes of `dist` to the collector's socket, at `rate` if given.
 async fn send(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Res<()> {
+    let cmd = send_command(bench, dist, count, rate);
+    Proc::spawn("clicktap send", cmd, &bench.path("clicktap.log"))?
+        .finish()
+        .await
+}
+
+/// The `clicktap send` command line of [`send`].
+pub(crate) fn send_command(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Command {
     let mut cmd = Command::new(bench.bin.join("clicktap"));
     cmd.arg("send")
         .arg("--socket")
@@ -139,9 +147,7 @@ async fn send(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Res<(
     if let Some(rate) = rate {
         cmd.args(["--rate", &rate.to_string()]);
     }
-    Proc::spawn("clicktap send", cmd, &bench.path("clicktap.log"))?
-        .finish()
-        .await
+    cmd
 }
 
 /// CLICKS clicks of `dist` from clicktap into the variant's collector as fast as it takes
@@ -198,18 +204,7 @@ async fn ingest_copy(bench: &Bench, dist: &str, round: u32) -> Res<()> {
     let backends = crate::procfs::pg_children(bench.postmaster);
     let cpu0 = Cpu::now(None, None, bench.postmaster);
     let t0 = Instant::now();
-    let csv = bench.path(&format!("rows-{dist}.csv"));
-    let copy = format!(
-        "\\copy clicks (code, clicked_at) from '{}' csv",
-        csv.display()
-    );
-    let mut psql = Command::new("psql");
-    psql.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-At"])
-        .arg(bench.url(Variant::Current))
-        .args(["-c", &copy]);
-    Proc::spawn("psql \\copy", psql, &bench.path("psql.log"))?
-        .finish()
-        .await?;
+    copy_csv(bench, &bench.path(&format!("rows-{dist}.csv"))).await?;
     let rate = clicks as f64 / t0.elapsed().as_secs_f64();
     crate::procfs::await_reaped(bench.postmaster, &backends);
     let [_, _, pg_us] = Cpu::now(None, None, bench.postmaster).per_click(&cpu0, clicks);
@@ -228,6 +223,21 @@ async fn ingest_copy(bench: &Bench, dist: &str, round: u32) -> Res<()> {
         &pg_mib,
     ];
     append(&bench.path("collector.tsv"), &row.map(str::to_owned))
+}
+
+/// `psql \copy` of a CSV file of (code, clicked_at) rows into the current variant's `clicks`.
+pub(crate) async fn copy_csv(bench: &Bench, csv: &std::path::Path) -> Res<()> {
+    let copy = format!(
+        "\\copy clicks (code, clicked_at) from '{}' csv",
+        csv.display()
+    );
+    let mut psql = Command::new("psql");
+    psql.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-At"])
+        .arg(bench.url(Variant::Current))
+        .args(["-c", &copy]);
+    Proc::spawn("psql \\copy", psql, &bench.path("psql.log"))?
+        .finish()
+        .await
 }
 
 /// The variants of the collector runs.

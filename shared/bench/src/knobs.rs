@@ -17,6 +17,8 @@ pub(crate) struct Knobs {
     pub(crate) connections: usize,
     /// Rows per ingest run.
     pub(crate) clicks: u64,
+    /// Clicks per compaction run.
+    pub(crate) sustain: u64,
     pub(crate) collector_flags: Vec<String>,
     pub(crate) baseline: Option<String>,
     pub(crate) flat: bool,
@@ -67,6 +69,7 @@ impl Knobs {
             duration: positive("DURATION", duration)?,
             connections: positive("CONNECTIONS", 50)?,
             clicks: positive("CLICKS", clicks)?,
+            sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags
                 .split_whitespace()
                 .map(str::to_owned)

@@ -5,6 +5,7 @@ mod cluster;
 mod ingest;
 mod knobs;
 mod legacy;
+mod maintenance;
 mod procfs;
 mod redirect;
 mod services;
@@ -257,14 +258,21 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     if all || what == "redirect" || what == "quick" {
         redirect::bench(&mut bench).await?;
     }
-    if all || ["collector", "totals", "quick"].contains(&what) {
+    let inputs = ["collector", "compaction", "totals", "partitions", "quick"];
+    if all || inputs.contains(&what) {
         ingest::make_inputs(&bench)?;
     }
     if all || what == "collector" || what == "quick" {
         ingest::bench_collector(&mut bench).await?;
     }
+    if all || what == "compaction" {
+        maintenance::bench_compaction(&mut bench).await?;
+    }
     if all || what == "totals" {
         ingest::bench_totals(&mut bench).await?;
+    }
+    if all || what == "partitions" {
+        maintenance::bench_partitions(&mut bench).await?;
     }
     Ok(bench.mismatches)
 }

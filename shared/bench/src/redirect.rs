@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use testkit::redirector::load::{Load, Report};
+use testkit::redirector::load::{Client, Load, Report};
 
 use crate::knobs::CODES;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
@@ -198,6 +198,7 @@ async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
     let load = Load {
         connections: bench.knobs.connections,
         paths: Some(paths(mix)),
+        client: Client::Plain,
         ..Load::get(addr(HTTP), "/")
     };
     let (report, elapsed) = load

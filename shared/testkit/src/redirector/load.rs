@@ -14,6 +14,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
+use std::fmt::Write as _;
+
 use crate::XorShift;
 
 /// What the clients saw.
@@ -136,6 +138,21 @@ pub struct Load {
     pub stop: Arc<AtomicBool>,
     /// When set, each request's path is drawn by it instead of being `path`.
     pub paths: Option<Paths>,
+    pub client: Client,
+}
+
+/// How the connections speak HTTP/1.1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Client {
+    /// hyper's client connection: a whole HTTP client, what the tests use.
+    #[default]
+    Hyper,
+    /// Requests written and answers read straight on the socket: only answers that carry a
+    /// Content-Length (hyper's server sends one for every body it knows the size of). Much
+    /// less CPU per request than hyper's client (no channel and task between the caller and
+    /// the connection), so that on shared cores the generator leaves the server it measures
+    /// about as much as wrk does.
+    Plain,
 }
 
 impl Load {
@@ -147,6 +164,7 @@ impl Load {
             connections: 50,
             stop: Arc::new(AtomicBool::new(false)),
             paths: None,
+            client: Client::Hyper,
         }
     }
 
@@ -159,7 +177,16 @@ impl Load {
     pub async fn run(&self, requests: u64) -> Report {
         let budget = Arc::new(AtomicU64::new(requests));
         let tasks: Vec<_> = (0..self.connections)
-            .map(|_| tokio::spawn(self.clone().connection(budget.clone())))
+            .map(|_| {
+                let load = self.clone();
+                let budget = budget.clone();
+                tokio::spawn(async move {
+                    match load.client {
+                        Client::Hyper => load.connection(budget).await,
+                        Client::Plain => load.plain_connection(budget).await,
+                    }
+                })
+            })
             .collect();
         let mut report = Report::default();
         for task in tasks {
@@ -210,11 +237,7 @@ impl Load {
                 }
             };
         tokio::spawn(connection);
-        while !self.stop.load(Relaxed)
-            && budget
-                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        while self.take_one(&budget) {
             let request = Request::builder()
                 .method(self.method.clone())
                 .uri(self.next_path(&mut random, &mut path))
@@ -243,6 +266,51 @@ impl Load {
 }
 
 impl Load {
+    fn take_one(&self, budget: &AtomicU64) -> bool {
+        !self.stop.load(Relaxed)
+            && budget
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// [`Client::Plain`]'s connection: one request written whole, one answer read, in turn.
+    async fn plain_connection(self, budget: Arc<AtomicU64>) -> Report {
+        use tokio::io::AsyncWriteExt;
+        let mut report = Report::default();
+        let Ok(mut stream) = tokio::net::TcpStream::connect(self.addr).await else {
+            report.errors += 1;
+            return report;
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut random, mut path) = (XorShift(seed()), String::new());
+        let mut request = String::new();
+        let mut answer = Answer::default();
+        let head_only = self.method == Method::HEAD;
+        while self.take_one(&budget) {
+            request.clear();
+            let path = self.next_path(&mut random, &mut path);
+            let _ = write!(
+                request,
+                "{} {path} HTTP/1.1\r\nHost: load\r\n\r\n",
+                self.method
+            );
+            let start = Instant::now();
+            let status = match stream.write_all(request.as_bytes()).await {
+                Ok(()) => answer.read(&mut stream, head_only).await,
+                Err(_) => None,
+            };
+            let Some(status) = status else {
+                report.errors += 1;
+                break;
+            };
+            let latency = start.elapsed();
+            report.max_latency = report.max_latency.max(latency);
+            report.latencies.record(latency);
+            *report.statuses.entry(status).or_default() += 1;
+        }
+        report
+    }
+
     fn next_path<'a>(&'a self, random: &mut XorShift, buf: &'a mut String) -> &'a str {
         match &self.paths {
             Some(paths) => {
@@ -252,6 +320,78 @@ impl Load {
             }
             None => self.path.as_str(),
         }
+    }
+}
+
+/// A connection's read buffer: the bytes read past one answer are the next one's start.
+#[derive(Default)]
+struct Answer {
+    buf: Vec<u8>,
+    filled: usize,
+}
+
+/// The largest answer head or body [`Answer`] takes.
+const MAX_ANSWER: usize = 1 << 20;
+
+impl Answer {
+    /// Reads one answer; its status, or none if the connection ended or the answer is not
+    /// one this client reads.
+    async fn read(&mut self, stream: &mut tokio::net::TcpStream, head_only: bool) -> Option<u16> {
+        let end = loop {
+            if let Some(end) = self.buf[..self.filled]
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+            {
+                break end;
+            }
+            self.fill(stream).await?;
+        };
+        let head = std::str::from_utf8(&self.buf[..end]).ok()?;
+        let status = head.get(9..12)?.parse().ok()?;
+        let length = if head_only { 0 } else { content_length(head)? };
+        let total = end + 4 + length;
+        while self.filled < total {
+            self.fill(stream).await?;
+        }
+        self.buf.copy_within(total..self.filled, 0);
+        self.filled -= total;
+        Some(status)
+    }
+
+    /// Reads more from the socket, growing the buffer when it is full.
+    async fn fill(&mut self, stream: &mut tokio::net::TcpStream) -> Option<()> {
+        use tokio::io::AsyncReadExt;
+        if self.filled == self.buf.len() {
+            if self.buf.len() >= MAX_ANSWER {
+                return None;
+            }
+            self.buf.resize((self.buf.len() * 2).max(4096), 0);
+        }
+        match stream.read(&mut self.buf[self.filled..]).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => {
+                self.filled += n;
+                Some(())
+            }
+        }
+    }
+}
+
+/// The Content-Length of an answer's head (0 if it has none: an answer without a body); none
+/// for a chunked one.
+fn content_length(head: &str) -> Option<usize> {
+    let header = |wanted: &str| {
+        head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case(wanted).then_some(value.trim())
+        })
+    };
+    if header("transfer-encoding").is_some() {
+        return None;
+    }
+    match header("content-length") {
+        Some(v) => v.parse().ok().filter(|&n| n <= MAX_ANSWER),
+        None => Some(0),
     }
 }
 
@@ -282,6 +422,55 @@ mod tests {
             h.quantile(0.5).map(|d| d.as_micros()),
             Some(5_000 - 5_000 % 64 + 31)
         );
+    }
+
+    /// A server that answers every request on its connections with `answer`.
+    async fn canned(answer: &'static [u8]) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = socket.read(&mut buf).await {
+                        let requests = buf[..n].windows(4).filter(|w| w == b"\r\n\r\n").count();
+                        for _ in 0..requests {
+                            if socket.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn the_plain_client_reads_answers_with_and_without_bodies() {
+        for answer in [
+            &b"HTTP/1.1 302 Found\r\nlocation: /x\r\ncontent-length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found",
+        ] {
+            let addr = canned(answer).await;
+            let load = Load {
+                connections: 3,
+                client: Client::Plain,
+                ..Load::get(addr, "/a")
+            };
+            let report = load.run(1_000).await;
+            assert_eq!(
+                report.total(),
+                1_000,
+                "{:?}",
+                String::from_utf8_lossy(answer)
+            );
+            assert_eq!(report.errors, 0);
+            assert_eq!(report.latencies.count(), 1_000);
+        }
     }
 
     #[test]
