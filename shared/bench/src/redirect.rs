@@ -259,13 +259,18 @@ async fn check_recorded(
     rows0: i64,
 ) -> Res<()> {
     let recorded = rows_now(bench, variant).await? - rows0;
-    if recorded + dropped as i64 != redirects as i64 {
+    if !adds_up(recorded, dropped, redirects) {
         log(&format!(
             "MISMATCH in mode {mode}: {redirects} redirects served, {recorded} clicks recorded, {dropped} dropped"
         ));
         bench.mismatches += 1;
     }
     Ok(())
+}
+
+/// The pipeline's invariant: every redirect served is a recorded click or a counted drop.
+fn adds_up(recorded: i64, dropped: u64, redirects: u64) -> bool {
+    i128::from(recorded) + i128::from(dropped) == i128::from(redirects)
 }
 
 pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
@@ -334,6 +339,13 @@ mod tests {
     fn final_counts_from_the_log_line() {
         let line = "2026-12-01T10:00:00Z  INFO redirector: redirector: 10 clicks sent, 2 dropped (12 redirects served); 10 acknowledged, 0 not acknowledged";
         assert_eq!(final_counts(line), Some((12, 10, 2)));
+    }
+
+    #[test]
+    fn clicks_add_up_only_exactly() {
+        assert!(adds_up(10, 2, 12));
+        assert!(!adds_up(9, 2, 12));
+        assert!(!adds_up(11, 2, 12));
     }
 
     #[test]
