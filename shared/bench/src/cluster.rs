@@ -102,18 +102,25 @@ pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {
 
 /// The first column of the first row of `sql`, as text (`::text` in the query where needed).
 pub(crate) async fn scalar(client: &tokio_postgres::Client, sql: &str) -> Res<String> {
+    let first = column(client, sql).await?.into_iter().next();
+    first.ok_or_else(|| format!("{sql}: no row").into())
+}
+
+/// The first column of every row of `sql`, as text.
+pub(crate) async fn column(client: &tokio_postgres::Client, sql: &str) -> Res<Vec<String>> {
     let rows = client
         .simple_query(sql)
         .await
         .map_err(|e| db_error(sql, &e))?;
-    rows.iter()
-        .find_map(|m| match m {
+    Ok(rows
+        .iter()
+        .filter_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(row) => {
                 Some(row.get(0).unwrap_or("").to_owned())
             }
             _ => None,
         })
-        .ok_or_else(|| format!("{sql}: no row").into())
+        .collect())
 }
 
 /// A number that `sql` returns.

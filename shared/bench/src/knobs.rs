@@ -29,6 +29,13 @@ pub(crate) struct Knobs {
     pub(crate) rate: u64,
     pub(crate) totals_secs: u64,
     pub(crate) out: PathBuf,
+    /// Link table sizes of the links modes.
+    pub(crate) link_counts: Vec<u64>,
+    /// Link changes a second of `links` and `links-follow`.
+    pub(crate) change_rate: u64,
+    /// Seconds of `links-soak`, and its changes a second.
+    pub(crate) soak: u64,
+    pub(crate) soak_rate: u64,
 }
 
 const REDIRECT_MODES: [&str; 4] = ["off", "pipeline", "direct", "baseline"];
@@ -81,8 +88,24 @@ impl Knobs {
             rate: positive("RATE", 90_000)?,
             totals_secs: positive("TOTALS_SECS", 120)?,
             out: PathBuf::from(text("OUT").unwrap_or_else(|| "bench-out".to_owned())),
+            link_counts: link_counts()?,
+            change_rate: positive("CHANGE_RATE", 100)?,
+            soak: positive("SOAK", 600)?,
+            soak_rate: positive("SOAK_RATE", 1000)?,
         })
     }
+}
+
+/// LINK_COUNTS: table sizes, whole numbers above 0 separated by spaces.
+fn link_counts() -> Res<Vec<u64>> {
+    let value = text("LINK_COUNTS").unwrap_or_else(|| "1000000 10000000".to_owned());
+    value
+        .split_whitespace()
+        .map(|n| match n.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("LINK_COUNTS must be whole numbers above 0, not {value:?}").into()),
+        })
+        .collect()
 }
 
 /// A variable's value; unset and empty alike are none.

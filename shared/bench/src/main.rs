@@ -1,10 +1,12 @@
 //! `scripts/bench`: the load tests that produce BENCHMARKS.md. Loopback only, bounded in count
 //! and time. See [`HELP`].
 
+mod charts;
 mod cluster;
+mod hosts;
 mod ingest;
 mod knobs;
-mod legacy;
+mod links;
 mod maintenance;
 mod procfs;
 mod redirect;
@@ -206,11 +208,8 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     }
     let knobs = Knobs::from_env(quick)?;
     if what == "charts" {
-        legacy::charts(&knobs)?;
+        charts::draw(&knobs)?;
         return Ok(0);
-    }
-    if legacy::MODES.contains(&what) {
-        return legacy::run_modes(&[what]);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -226,11 +225,7 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     stop_cluster(&knobs);
     let mismatches = mismatches?;
     if what == "all" {
-        let code = legacy::run_modes(&legacy::IN_ALL)?;
-        legacy::charts(&knobs)?;
-        if code != 0 {
-            return Ok(code);
-        }
+        charts::draw(&knobs)?;
     }
     if mismatches > 0 {
         log(&format!(
@@ -248,7 +243,7 @@ fn stop_cluster(knobs: &Knobs) {
     }
 }
 
-/// The modes ported to Rust; the number of runs whose clicks did not add up.
+/// Every mode but charts; the number of runs whose clicks did not add up.
 async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     let mut bench = setup(knobs).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -258,7 +253,14 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     if all || what == "redirect" || what == "quick" {
         redirect::bench(&mut bench).await?;
     }
-    let inputs = ["collector", "compaction", "totals", "partitions", "quick"];
+    let inputs = [
+        "collector",
+        "compaction",
+        "totals",
+        "hosts",
+        "partitions",
+        "quick",
+    ];
     if all || inputs.contains(&what) {
         ingest::make_inputs(&bench)?;
     }
@@ -271,8 +273,20 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     if all || what == "totals" {
         ingest::bench_totals(&mut bench).await?;
     }
+    if all || what == "hosts" {
+        hosts::bench_hosts(&mut bench).await?;
+    }
     if all || what == "partitions" {
         maintenance::bench_partitions(&mut bench).await?;
+    }
+    if all || what == "links" {
+        links::bench_links(&mut bench).await?;
+    }
+    if what == "links-follow" {
+        links::bench_links_follow(&mut bench).await?;
+    }
+    if what == "links-soak" {
+        links::bench_links_soak(&mut bench).await?;
     }
     Ok(bench.mismatches)
 }

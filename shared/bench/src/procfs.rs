@@ -91,6 +91,38 @@ fn status_kib(pid: i32, key: &str) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// Resident memory now (VmRSS) or at its peak (VmHWM), in KiB; 0 if the process is gone.
+pub(crate) fn memory_kib(pid: i32, key: &str) -> u64 {
+    status_kib(pid, key).unwrap_or(0)
+}
+
+/// Context switches (voluntary and not) of a process, its threads summed; 0 if it is gone.
+pub(crate) fn switches(pid: i32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            let counts: Vec<u64> = status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split(':').nth(1)?.trim().parse().ok())
+                .collect();
+            counts
+        })
+        .sum()
+}
+
+/// Context switches of the postmaster and its live children.
+pub(crate) fn pg_switches(postmaster: i32) -> u64 {
+    std::iter::once(postmaster)
+        .chain(children(postmaster))
+        .map(switches)
+        .sum()
+}
+
 /// Peak resident memory in MiB as the tables print it: one decimal, `0` if the process is gone.
 pub(crate) fn hwm_mib(pid: i32) -> String {
     status_kib(pid, "VmHWM").map_or("0".to_owned(), |k| format!("{:.1}", k as f64 / 1024.0))

@@ -33,7 +33,7 @@ fn paths(mix: &str) -> testkit::redirector::load::Paths {
 }
 
 /// req/s, p50 and p99 in ms of a load run, as the tables print them.
-fn stats(report: &Report, elapsed: Duration) -> (String, String, String) {
+pub(crate) fn stats(report: &Report, elapsed: Duration) -> (String, String, String) {
     let ms = |q| {
         report
             .latencies
