@@ -1,0 +1,125 @@
+//! The knobs: environment variables, read once, each refused with its name and the reason
+//! when it cannot be used (never a panic deep in a run).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::Res;
+
+/// The links every redirect and ingest run draws its codes from (`seed0` ...).
+pub(crate) const CODES: u64 = 250_000;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Knobs {
+    pub(crate) rounds: u32,
+    /// Seconds per load run.
+    pub(crate) duration: u64,
+    pub(crate) connections: usize,
+    /// Rows per ingest run.
+    pub(crate) clicks: u64,
+    /// Clicks per compaction run.
+    pub(crate) sustain: u64,
+    pub(crate) collector_flags: Vec<String>,
+    pub(crate) baseline: Option<String>,
+    pub(crate) flat: bool,
+    pub(crate) current_rev: Option<String>,
+    /// Redirect modes, `baseline` added when BASELINE is set.
+    pub(crate) modes: Vec<String>,
+    /// Clicks a second of a totals run, and its length in seconds.
+    pub(crate) rate: u64,
+    pub(crate) totals_secs: u64,
+    pub(crate) out: PathBuf,
+    /// Link table sizes of the links modes.
+    pub(crate) link_counts: Vec<u64>,
+    /// Link changes a second of `links` and `links-follow`.
+    pub(crate) change_rate: u64,
+    /// Seconds of `links-soak`, and its changes a second.
+    pub(crate) soak: u64,
+    pub(crate) soak_rate: u64,
+}
+
+const REDIRECT_MODES: [&str; 4] = ["off", "pipeline", "direct", "baseline"];
+
+impl Knobs {
+    pub(crate) fn from_env(quick: bool) -> Res<Knobs> {
+        // --quick's defaults: a few seconds per mode, and counts folded each second rather
+        // than at the default minute, since each ingest run waits for them.
+        let (rounds, duration, clicks) = if quick {
+            (1, 2, 200_000)
+        } else {
+            (3, 10, 2_000_000)
+        };
+        let collector_flags = match std::env::var("COLLECTOR_FLAGS") {
+            Ok(flags) => flags,
+            Err(_) if quick => "--compact-interval 1s".to_owned(),
+            Err(_) => String::new(),
+        };
+        let baseline = text("BASELINE");
+        let mut modes: Vec<String> = text("MODES")
+            .unwrap_or_else(|| "off pipeline direct".to_owned())
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        if let Some(bad) = modes.iter().find(|m| !REDIRECT_MODES.contains(&m.as_str())) {
+            return Err(
+                format!("MODES: unknown mode {bad:?} (off, pipeline, direct, baseline)").into(),
+            );
+        }
+        if baseline.is_some() && !modes.iter().any(|m| m == "baseline") {
+            modes.push("baseline".to_owned());
+        }
+        if baseline.is_none() && modes.iter().any(|m| m == "baseline") {
+            return Err("MODES has baseline but BASELINE (a git revision) is not set".into());
+        }
+        Ok(Knobs {
+            rounds: positive("ROUNDS", rounds)?,
+            duration: positive("DURATION", duration)?,
+            connections: positive("CONNECTIONS", 50)?,
+            clicks: positive("CLICKS", clicks)?,
+            sustain: positive("SUSTAIN", 15_000_000)?,
+            collector_flags: collector_flags
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+            baseline,
+            flat: text("FLAT").is_some(),
+            current_rev: text("CURRENT_REV"),
+            modes,
+            rate: positive("RATE", 90_000)?,
+            totals_secs: positive("TOTALS_SECS", 120)?,
+            out: PathBuf::from(text("OUT").unwrap_or_else(|| "bench-out".to_owned())),
+            link_counts: link_counts()?,
+            change_rate: positive("CHANGE_RATE", 100)?,
+            soak: positive("SOAK", 600)?,
+            soak_rate: positive("SOAK_RATE", 1000)?,
+        })
+    }
+}
+
+/// LINK_COUNTS: table sizes, whole numbers above 0 separated by spaces.
+fn link_counts() -> Res<Vec<u64>> {
+    let value = text("LINK_COUNTS").unwrap_or_else(|| "1000000 10000000".to_owned());
+    value
+        .split_whitespace()
+        .map(|n| match n.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("LINK_COUNTS must be whole numbers above 0, not {value:?}").into()),
+        })
+        .collect()
+}
+
+/// A variable's value; unset and empty alike are none.
+fn text(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A whole number above zero, or `default` when unset.
+fn positive<T: FromStr + PartialOrd + Default + Copy>(name: &str, default: T) -> Res<T> {
+    let Some(value) = text(name) else {
+        return Ok(default);
+    };
+    match value.trim().parse::<T>() {
+        Ok(n) if n > T::default() => Ok(n),
+        _ => Err(format!("{name} must be a whole number above 0, not {value:?}").into()),
+    }
+}

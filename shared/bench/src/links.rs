@@ -1,0 +1,458 @@
+//! The link table: `links` (time to ready, memory, and req/s and p99 with no link changes vs
+//! CHANGE_RATE changes a second), `links-follow` (what following the changes costs, without
+//! requests) and `links-soak` (memory through a long run of changes). The changes come from
+//! pgbench, at a fixed rate, to `links` or to `links_control`, a copy nobody follows.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use testkit::redirector::load::{Client, Load, Paths};
+
+use crate::cluster::execute;
+use crate::procfs::{clk_tck, memory_kib, pg_switches, pg_ticks, switches, ticks, Cpu};
+use crate::redirect::stats;
+use crate::services::{metric, Proc};
+use crate::table::{append, column, g10, median, num, ratio, rotated, rows};
+use crate::{addr, log, Bench, Res, Variant, HTTP, REDIRECTOR_ADMIN};
+
+/// Links l0 ... l(N-1) to 45-byte URLs, loaded with one statement (the change log's triggers
+/// on, as in production), then the log pruned so that runs start from an empty log; and
+/// links_control, the same rows without triggers or followers: the control mode changes it
+/// instead, to show what the changes themselves cost. A checkpoint last, so that writing the
+/// load out does not land in a timed run.
+async fn load_links(bench: &Bench, n: u64) -> Res<()> {
+    let db = bench.client(Variant::Current).await?;
+    let t0 = Instant::now();
+    execute(&db, "TRUNCATE links").await?;
+    let insert = format!(
+        "INSERT INTO links (code, url) SELECT 'l' || n, \
+         'https://example.com/articles/2026/' || lpad(n::text, 11, '0') \
+         FROM generate_series(0, {n} - 1) AS n"
+    );
+    execute(&db, &insert).await?;
+    execute(&db, "SELECT prune_link_changes('0 s')").await?;
+    log(&format!(
+        "loaded {n} links in {:.2} s",
+        t0.elapsed().as_secs_f64()
+    ));
+    execute(&db, "DROP TABLE IF EXISTS links_control").await?;
+    execute(
+        &db,
+        "CREATE TABLE links_control AS SELECT code, url FROM links",
+    )
+    .await?;
+    execute(&db, "ALTER TABLE links_control ADD PRIMARY KEY (code)").await?;
+    execute(&db, "VACUUM ANALYZE links, link_changes, links_control").await?;
+    execute(&db, "CHECKPOINT").await
+}
+
+/// pgbench's script of random updates, deletes and inserts, to `table`.
+fn change_script(table: &str) -> String {
+    format!(
+        "\\set n random(0, :links - 1)\n\\set op random(0, 2)\n\\if :op = 0\n\
+         UPDATE {table} SET url = 'https://example.com/updated/2026/' || lpad(:n::text, 11, '0') WHERE code = 'l' || :n;\n\
+         \\elif :op = 1\nDELETE FROM {table} WHERE code = 'l' || :n;\n\\else\n\
+         INSERT INTO {table} (code, url) VALUES ('l' || :n, 'https://example.com/articles/2026/' || lpad(:n::text, 11, '0'))\n\
+         ON CONFLICT (code) DO UPDATE SET url = EXCLUDED.url;\n\\endif\n"
+    )
+}
+
+/// pgbench: on PATH, or beside initdb (where Debian's postgresql package puts it).
+fn pgbench_bin() -> Res<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("pgbench"));
+    let beside = testkit::pgtest::find_bindir().map(|d| d.join("pgbench"));
+    on_path
+        .chain(beside)
+        .find(|p| p.is_file())
+        .ok_or_else(|| "pgbench not found (Debian: apt-get install postgresql)".into())
+}
+
+/// pgbench making `rate` changes a second for `secs` seconds, to links or (control) to
+/// links_control, over `n` links.
+fn pgbench(bench: &Bench, rate: u64, secs: u64, control: bool, n: u64, log: &str) -> Res<Proc> {
+    let (table, file) = match control {
+        true => ("links_control", "link-changes-control.sql"),
+        false => ("links", "link-changes.sql"),
+    };
+    let script = bench.path(file);
+    std::fs::write(&script, change_script(table))?;
+    let mut cmd = Command::new(pgbench_bin()?);
+    cmd.args([
+        "-n",
+        "-R",
+        &rate.to_string(),
+        "-T",
+        &secs.to_string(),
+        "-c",
+        "1",
+        "-f",
+    ])
+    .arg(&script)
+    .args(["-D", &format!("links={n}")])
+    .arg(bench.url(Variant::Current));
+    let log = bench.path(log);
+    let _ = std::fs::remove_file(&log);
+    Proc::spawn("pgbench", cmd, &log)
+}
+
+/// The changes a second pgbench reached, from its log ("tps = ...").
+fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
+    let text = std::fs::read_to_string(bench.path(log)).unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("tps = ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Waits for pgbench; an error with the tail of its log if it failed.
+async fn finish_pgbench(bench: &Bench, changer: Proc, log: &str) -> Res<()> {
+    changer
+        .finish()
+        .await
+        .map_err(|e| format!("{e}: {}", crate::services::tail(&bench.path(log), 3)).into())
+}
+
+/// The redirector of `variant` serving the current database's links, clicks off (only the
+/// link table is measured); ready once /healthz answers. It and the seconds it took.
+async fn start(bench: &Bench, variant: Variant) -> Res<(Proc, f64)> {
+    let mut cmd = Command::new(bench.bin(variant, "redirector"));
+    cmd.args([
+        "--clicks",
+        "off",
+        "--database-url",
+        &bench.url(Variant::Current),
+    ])
+    .arg("--socket")
+    .arg(bench.path("collector.sock"))
+    .args(["--listen", HTTP, "--admin-listen", REDIRECTOR_ADMIN]);
+    let log = bench.path("redirector-links.log");
+    let _ = std::fs::remove_file(&log);
+    let t0 = Instant::now();
+    let proc = Proc::spawn("redirector", cmd, &log)?;
+    let admin = addr(REDIRECTOR_ADMIN);
+    // A table of millions of links takes a while to load: longer than other waits.
+    crate::services::until(
+        Duration::from_secs(300),
+        "a ready redirector",
+        &log,
+        || async { matches!(testkit::http::get(admin, "/healthz").await, Ok((200, _))) },
+    )
+    .await?;
+    Ok((proc, t0.elapsed().as_secs_f64()))
+}
+
+/// Uniformly random codes of `n` links.
+fn paths(n: u64) -> Paths {
+    Arc::new(move |random, path| {
+        let _ = write!(path, "/l{}", random.next_u64() % n);
+    })
+}
+
+/// One load run over random codes, with CHANGE_RATE changes a second meanwhile to links
+/// (mode changes) or to links_control (mode control), or none. Appends to links.tsv: links,
+/// mode, round, req/s, p50, p99, RSS KiB after, changes/s, lag s, and the redirector's and
+/// PostgreSQL's CPU ticks over the load run alone.
+async fn once(bench: &Bench, n: u64, mode: &str, round: u32, redirector: i32) -> Res<()> {
+    let k = &bench.knobs;
+    let log = format!("pgbench-{n}-{round}.log");
+    let changer = match mode {
+        "none" => None,
+        _ => Some(pgbench(
+            bench,
+            k.change_rate,
+            k.duration + 1,
+            mode == "control",
+            n,
+            &log,
+        )?),
+    };
+    if changer.is_some() {
+        // The changes are under way before the load starts.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = Cpu::now(Some(redirector), None, bench.postmaster);
+    let load = Load {
+        connections: k.connections,
+        paths: Some(paths(n)),
+        client: Client::Plain,
+        ..Load::get(addr(HTTP), "/")
+    };
+    let (report, elapsed) = load.run_for(Duration::from_secs(k.duration)).await;
+    let after = Cpu::now(Some(redirector), None, bench.postmaster);
+    let mut rate = 0.0;
+    if let Some(changer) = changer {
+        finish_pgbench(bench, changer, &log).await?;
+        rate = pgbench_rate(bench, &log);
+    }
+    let (rps, p50, p99) = stats(&report, elapsed);
+    let lag = metric(addr(REDIRECTOR_ADMIN), "redirector_links_lag_seconds").await?;
+    let row = [
+        n.to_string(),
+        mode.to_owned(),
+        round.to_string(),
+        rps,
+        p50,
+        p99,
+        memory_kib(redirector, "VmRSS").to_string(),
+        format!("{rate:.1}"),
+        g10(lag),
+        (after.redirector - before.redirector).to_string(),
+        (after.postgres.saturating_sub(before.postgres)).to_string(),
+    ];
+    append(&bench.path("links.tsv"), &row)
+}
+
+const MODES: [&str; 3] = ["none", "changes", "control"];
+
+pub(crate) async fn bench_links(bench: &mut Bench) -> Res<()> {
+    std::fs::write(bench.path("links.tsv"), "")?;
+    std::fs::write(bench.path("links-ready.tsv"), "")?;
+    for &n in &bench.knobs.link_counts.clone() {
+        load_links(bench, n).await?;
+        let (redirector, ready) = start(bench, Variant::Current).await?;
+        let pid = redirector.pid();
+        let ready_row = [
+            n.to_string(),
+            format!("{ready:.2}"),
+            memory_kib(pid, "VmRSS").to_string(),
+            memory_kib(pid, "VmHWM").to_string(),
+        ];
+        append(&bench.path("links-ready.tsv"), &ready_row)?;
+        log(&format!("{n} links: ready in {ready:.2} s"));
+        for round in 1..=bench.knobs.rounds {
+            for mode in rotated(round as usize, &MODES) {
+                log(&format!("links round {round}, {n} links: {mode}"));
+                once(bench, n, mode, round, pid).await?;
+            }
+        }
+        redirector.stop().await;
+    }
+    print_links(bench);
+    Ok(())
+}
+
+fn print_links(bench: &Bench) {
+    let k = &bench.knobs;
+    println!("load: 2 threads, {} keep-alive connections, {}s over random codes, redirector --clicks off; with {}", k.connections, k.duration, k.change_rate);
+    println!(
+        "changes a second (pgbench -R: random UPDATE, DELETE or INSERT) to links, or the same to"
+    );
+    println!("links_control (a copy no redirector follows: what the changes cost by themselves), or none;");
+    println!("medians of {} interleaved rounds.", k.rounds);
+    println!();
+    println!("| links | ready s | RSS after ready MiB | bytes/link | peak RSS (VmHWM) MiB | changes | req/s | vs none | p99 ms | vs none | RSS after the runs MiB | lag s | redirector CPU us/request | PostgreSQL CPU s/run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let runs = rows(&bench.path("links.tsv"));
+    let ready = rows(&bench.path("links-ready.tsv"));
+    let hz = clk_tck();
+    for n in &k.link_counts {
+        let n_text = n.to_string();
+        let Some(r) = ready.iter().find(|r| r.len() >= 4 && r[0] == n_text) else {
+            continue;
+        };
+        let (rss, hwm) = (num(&r[2]), num(&r[3]));
+        let col = |mode: &str, f| median(&column(&runs, &[&n_text, mode], f));
+        let (base, base99) = (num(&col("none", 4)), num(&col("none", 6)));
+        for mode in MODES {
+            let (rps, p99) = (num(&col(mode, 4)), col(mode, 6));
+            let mine: Vec<&Vec<String>> = runs
+                .iter()
+                .filter(|r| r.len() >= 11 && r[0] == n_text && r[1] == mode)
+                .collect();
+            let us: Vec<String> = mine
+                .iter()
+                .map(|r| g10(num(&r[9]) * 1e6 / hz / (num(&r[3]) * k.duration as f64)))
+                .collect();
+            let pg_s: Vec<String> = mine.iter().map(|r| g10(num(&r[10]) / hz)).collect();
+            let last_rss = mine.last().map_or(0.0, |r| num(&r[6]));
+            let changes = if mode == "none" {
+                "0".to_owned()
+            } else {
+                col(mode, 8)
+            };
+            println!(
+                "| {n} | {} | {:.0} | {:.0} | {:.0} | {changes}/s | {rps:.0} | {} | {p99} | {} | {:.0} | {} | {:.2} | {:.2} |",
+                r[1],
+                rss / 1024.0,
+                rss * 1024.0 / *n as f64,
+                hwm / 1024.0,
+                ratio(rps, base, 3),
+                ratio(num(&p99), base99, 2),
+                last_rss / 1024.0,
+                col(mode, 9),
+                num(&median(&us)),
+                num(&median(&pg_s)),
+            );
+        }
+    }
+    println!();
+    println!("Every run: {} (links, mode, round, req/s, p50 ms, p99 ms, RSS KiB after the run, changes/s, lag s,", bench.path("links.tsv").display());
+    println!("redirector and PostgreSQL CPU ticks over the run);");
+    println!(
+        "ready times and RSS: {}. 'RSS after the runs' is the last run's.",
+        bench.path("links-ready.tsv").display()
+    );
+}
+
+/// CPU ticks and context switches of the redirector and of the cluster's live processes.
+fn follow_now(bench: &Bench, redirector: i32) -> [u64; 4] {
+    let pm = bench.postmaster;
+    [
+        ticks(redirector),
+        switches(redirector),
+        pg_ticks(pm),
+        pg_switches(pm),
+    ]
+}
+
+/// At the last of LINK_COUNTS, no HTTP load: DURATION seconds of CHANGE_RATE changes a second
+/// to links (changes) or to links_control (control), for the current redirector and, with
+/// BASELINE, the baseline's on the same database, interleaved; what following costs is the
+/// changes' figures minus the control's.
+pub(crate) async fn bench_links_follow(bench: &mut Bench) -> Res<()> {
+    let k = bench.knobs.clone();
+    let n = *k.link_counts.last().ok_or("LINK_COUNTS is empty")?;
+    let variants = match k.baseline {
+        Some(_) => vec![Variant::Baseline, Variant::Current],
+        None => vec![Variant::Current],
+    };
+    load_links(bench, n).await?;
+    std::fs::write(bench.path("links-follow.tsv"), "")?;
+    for round in 1..=k.rounds {
+        for variant in rotated(round as usize, &variants) {
+            let (redirector, _) = start(bench, variant).await?;
+            for mode in rotated(round as usize, &["control", "changes"]) {
+                log(&format!("follow round {round}, {}: {mode}", variant.name()));
+                let changer = pgbench(
+                    bench,
+                    k.change_rate,
+                    k.duration + 2,
+                    mode == "control",
+                    n,
+                    "pgbench-follow.log",
+                )?;
+                // pgbench's session is up.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let before = follow_now(bench, redirector.pid());
+                tokio::time::sleep(Duration::from_secs(k.duration)).await;
+                let after = follow_now(bench, redirector.pid());
+                let mut row = vec![
+                    variant.name().to_owned(),
+                    mode.to_owned(),
+                    round.to_string(),
+                ];
+                row.extend((0..4).map(|i| after[i].saturating_sub(before[i]).to_string()));
+                append(&bench.path("links-follow.tsv"), &row)?;
+                finish_pgbench(bench, changer, "pgbench-follow.log").await?;
+            }
+            redirector.stop().await;
+        }
+    }
+    println!(
+        "{n} links, no HTTP load: {} s of {} changes a second to links (changes) or to",
+        k.duration, k.change_rate
+    );
+    println!(
+        "links_control (control, which no redirector follows); CPU seconds and context switches"
+    );
+    println!("per run, medians of {} interleaved rounds.", k.rounds);
+    println!();
+    println!("| redirector | changes | redirector CPU s | redirector switches | PostgreSQL CPU s | PostgreSQL switches |");
+    println!("|---|---|---|---|---|---|");
+    let runs = rows(&bench.path("links-follow.tsv"));
+    let hz = clk_tck();
+    for variant in &variants {
+        for mode in ["control", "changes"] {
+            let cells: Vec<String> = (4..=7)
+                .map(|f| {
+                    let values = column(&runs, &[variant.name(), mode], f);
+                    let scaled: Vec<String> = match f {
+                        4 | 6 => values.iter().map(|v| g10(num(v) / hz)).collect(),
+                        _ => values,
+                    };
+                    median(&scaled)
+                })
+                .collect();
+            println!("| {} | {mode} | {} |", variant.name(), cells.join(" | "));
+        }
+    }
+    println!();
+    println!("Every run: {} (variant, mode, round, redirector ticks, switches, PostgreSQL ticks, switches).", bench.path("links-follow.tsv").display());
+    Ok(())
+}
+
+/// SOAK seconds of SOAK_RATE changes a second at the first of LINK_COUNTS, the redirector's
+/// RSS sampled every 10 s into links-soak.tsv.
+pub(crate) async fn bench_links_soak(bench: &mut Bench) -> Res<()> {
+    let k = bench.knobs.clone();
+    let n = *k.link_counts.first().ok_or("LINK_COUNTS is empty")?;
+    load_links(bench, n).await?;
+    let (redirector, _) = start(bench, Variant::Current).await?;
+    let tsv = bench.path("links-soak.tsv");
+    std::fs::write(&tsv, "")?;
+    let t0 = Instant::now();
+    let mut changer = pgbench(bench, k.soak_rate, k.soak, false, n, "pgbench-soak.log")?;
+    let admin = addr(REDIRECTOR_ADMIN);
+    let mut samples: Vec<[f64; 4]> = Vec::new();
+    while !changer.exited() {
+        let sample = [
+            t0.elapsed().as_secs() as f64,
+            memory_kib(redirector.pid(), "VmRSS") as f64,
+            metric(admin, "redirector_link_changes_applied_total").await?,
+            metric(admin, "redirector_links").await?,
+        ];
+        append(&tsv, &sample.map(g10))?;
+        if samples.len() % 6 == 0 {
+            log(&format!("soak: {}", sample.map(g10).join(" ")));
+        }
+        samples.push(sample);
+        for _ in 0..100 {
+            if changer.exited() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    finish_pgbench(bench, changer, "pgbench-soak.log").await?;
+    redirector.stop().await;
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return Err("links-soak: no sample taken".into());
+    };
+    let rss = samples.iter().map(|s| s[1]);
+    let (min, max) = (
+        rss.clone().fold(f64::INFINITY, f64::min),
+        rss.fold(0.0, f64::max),
+    );
+    let line = format!(
+        "| {n} | {:.0}/s | {:.0} s | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+        pgbench_rate(bench, "pgbench-soak.log"),
+        last[0],
+        last[2],
+        first[1] / 1024.0,
+        min / 1024.0,
+        max / 1024.0,
+        last[1] / 1024.0,
+        ratio(max, first[1], 2)
+    );
+    std::fs::write(bench.path("links-soak.md"), format!("{line}\n"))?;
+    println!("| links | changes | run | changes applied | RSS first MiB | min | max | last | max / first |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("{line}");
+    println!();
+    println!(
+        "Every sample (seconds, RSS KiB, changes applied, links): {}.",
+        tsv.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,330 @@
+//! `scripts/bench`: the load tests that produce BENCHMARKS.md. Loopback only, bounded in count
+//! and time. See [`HELP`].
+
+mod charts;
+mod cluster;
+mod hosts;
+mod ingest;
+mod knobs;
+mod links;
+mod maintenance;
+mod procfs;
+mod redirect;
+mod services;
+mod table;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use knobs::Knobs;
+
+pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Res<T> = Result<T, Error>;
+
+const HELP: &str = "\
+Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
+
+  scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct
+  scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
+  scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
+  scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
+                            TOTALS_SECS, the collector folding at its default interval
+                            (with BASELINE: beside BASELINE's collector, interleaved)
+  scripts/bench hosts       aggregate ingest into one database from 1, 2 and 4 collectors
+                            (CLICKS per run split over them)
+  scripts/bench links       the link table at 1 M and 10 M links: time to ready, RSS, and
+                            req/s and p99 with no link changes vs 100 changes a second
+  scripts/bench links-follow  CPU and context switches of following CHANGE_RATE link changes
+                            a second at the last of LINK_COUNTS, no HTTP load, against the
+                            same changes to a table nobody follows (with BASELINE: beside
+                            BASELINE's redirector, interleaved; not part of all)
+  scripts/bench links-soak  the redirector's RSS through SOAK seconds of SOAK_RATE link changes
+                            a second at the first of LINK_COUNTS (not part of all)
+  scripts/bench partitions  bytes per click in a day's partition, and the time to drop a day
+  scripts/bench charts      the SVG charts of BENCHMARKS.md, from the last runs' $OUT/*.tsv
+  scripts/bench all         all of them but links-soak (default)
+  scripts/bench --quick     redirect and collector, a few seconds per mode: a smoke test that
+                            fails when a run's recorded plus dropped clicks differ from the
+                            redirects served (.ci/run runs it)
+
+Modes are compared in the same run, interleaved round by round (2 cores run the load
+generator, the pipeline and PostgreSQL together), and reported as medians and ratios. Every
+run also records CPU time per click of the redirector, the collector and PostgreSQL (all its
+processes, exited backends included), read from /proc, and each one's peak memory. The load
+is the tests' generator (testkit): 2 threads, CONNECTIONS keep-alive connections.
+Knobs (environment): ROUNDS (3), DURATION (10, seconds per load run), CONNECTIONS (50),
+CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
+BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
+database of their own), FLAT (collector: also the current collector into an unpartitioned
+`clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
+instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", plus
+baseline with BASELINE), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
+10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
+a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), OUT (bench-out).";
+
+const USAGE: &str = "usage: scripts/bench [--quick] \
+    [redirect|collector|compaction|totals|hosts|partitions|links|links-follow|links-soak|charts|all]";
+
+/// Where the redirector serves and where each service's admin listener is.
+pub(crate) const HTTP: &str = "127.0.0.1:18080";
+pub(crate) const REDIRECTOR_ADMIN: &str = "127.0.0.1:19180";
+pub(crate) const COLLECTOR_ADMIN: &str = "127.0.0.1:19181";
+
+pub(crate) fn addr(a: &str) -> SocketAddr {
+    a.parse()
+        .unwrap_or_else(|_| unreachable!("{a} is a literal address"))
+}
+
+/// One of the binaries-and-database pairs a run compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Variant {
+    Current,
+    /// BASELINE's binaries, on a database of their own.
+    Baseline,
+    /// The current collector into an unpartitioned `clicks`.
+    Flat,
+}
+
+impl Variant {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Variant::Current => "current",
+            Variant::Baseline => "baseline",
+            Variant::Flat => "flat",
+        }
+    }
+
+    pub(crate) fn db(self) -> &'static str {
+        match self {
+            Variant::Current => "bench",
+            Variant::Baseline => "bench_base",
+            Variant::Flat => "bench_flat",
+        }
+    }
+}
+
+/// What every mode works with: the knobs, the binaries, the cluster, and the tally of runs
+/// whose clicks did not add up.
+pub(crate) struct Bench {
+    pub(crate) knobs: Knobs,
+    pub(crate) out: PathBuf,
+    pub(crate) bin: PathBuf,
+    pub(crate) base_bin: Option<PathBuf>,
+    pub(crate) cluster: cluster::Cluster,
+    pub(crate) postmaster: i32,
+    pub(crate) mismatches: u32,
+}
+
+impl Bench {
+    pub(crate) fn bin(&self, variant: Variant, name: &str) -> PathBuf {
+        match (variant, &self.base_bin) {
+            (Variant::Baseline, Some(dir)) => dir.join(name),
+            _ => self.bin.join(name),
+        }
+    }
+
+    pub(crate) fn url(&self, variant: Variant) -> String {
+        self.cluster.url(variant.db())
+    }
+
+    pub(crate) async fn client(&self, variant: Variant) -> Res<tokio_postgres::Client> {
+        self.cluster.connect(variant.db()).await
+    }
+
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.out.join(name)
+    }
+}
+
+/// A line on stderr, timed, as the tables go to stdout.
+pub(crate) fn log(msg: &str) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (h, m, s) = (secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    eprintln!("{h:02}:{m:02}:{s:02} bench: {msg}");
+}
+
+/// Today (UTC) as YYYY-MM-DD, from the days since 1970 (the civil-from-days algorithm).
+pub(crate) fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+const MODES: [&str; 11] = [
+    "redirect",
+    "collector",
+    "compaction",
+    "totals",
+    "hosts",
+    "partitions",
+    "links",
+    "links-follow",
+    "links-soak",
+    "charts",
+    "all",
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.first().is_some_and(|a| a == "--quick");
+    let what = match (quick, args.first().map(String::as_str)) {
+        (true, _) => "quick".to_owned(),
+        (false, Some("-h" | "--help")) => {
+            println!("{HELP}");
+            return;
+        }
+        (false, Some(mode)) if MODES.contains(&mode) => mode.to_owned(),
+        (false, None) => "all".to_owned(),
+        (false, Some(_)) => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let code = match run(&what, quick) {
+        Ok(code) => code,
+        Err(e) => {
+            log(&format!("error: {e}"));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(what: &str, quick: bool) -> Res<i32> {
+    if !Path::new("scripts/lib/pg.sh").is_file() {
+        return Err("run from the repository's root, as scripts/bench does".into());
+    }
+    let knobs = Knobs::from_env(quick)?;
+    if what == "charts" {
+        charts::draw(&knobs)?;
+        return Ok(0);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mismatches = runtime.block_on(async {
+        tokio::select! {
+            r = run_ported(what, knobs.clone()) => r,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+        }
+    });
+    // The run's processes were killed as its future was dropped; the cluster stops here.
+    stop_cluster(&knobs);
+    let mismatches = mismatches?;
+    if what == "all" {
+        charts::draw(&knobs)?;
+    }
+    if mismatches > 0 {
+        log(&format!(
+            "{mismatches} runs recorded plus dropped clicks that differ from the redirects served"
+        ));
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn stop_cluster(knobs: &Knobs) {
+    let out = std::fs::canonicalize(&knobs.out).unwrap_or_else(|_| knobs.out.clone());
+    if let Err(e) = cluster::stop_at(&out) {
+        log(&format!("stopping PostgreSQL: {e}"));
+    }
+}
+
+/// Every mode but charts; the number of runs whose clicks did not add up.
+async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
+    let mut bench = setup(knobs).await?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("# scripts/bench {what}, {}, {cores} cores", today());
+    println!();
+    let all = what == "all";
+    if all || what == "redirect" || what == "quick" {
+        redirect::bench(&mut bench).await?;
+    }
+    let inputs = [
+        "collector",
+        "compaction",
+        "totals",
+        "hosts",
+        "partitions",
+        "quick",
+    ];
+    if all || inputs.contains(&what) {
+        ingest::make_inputs(&bench)?;
+    }
+    if all || what == "collector" || what == "quick" {
+        ingest::bench_collector(&mut bench).await?;
+    }
+    if all || what == "compaction" {
+        maintenance::bench_compaction(&mut bench).await?;
+    }
+    if all || what == "totals" {
+        ingest::bench_totals(&mut bench).await?;
+    }
+    if all || what == "hosts" {
+        hosts::bench_hosts(&mut bench).await?;
+    }
+    if all || what == "partitions" {
+        maintenance::bench_partitions(&mut bench).await?;
+    }
+    if all || what == "links" {
+        links::bench_links(&mut bench).await?;
+    }
+    if what == "links-follow" {
+        links::bench_links_follow(&mut bench).await?;
+    }
+    if what == "links-soak" {
+        links::bench_links_soak(&mut bench).await?;
+    }
+    Ok(bench.mismatches)
+}
+
+/// The binaries, the cluster, and a fresh database for each variant.
+async fn setup(knobs: Knobs) -> Res<Bench> {
+    std::fs::create_dir_all(&knobs.out).map_err(|e| format!("OUT {}: {e}", knobs.out.display()))?;
+    let out = std::fs::canonicalize(&knobs.out)?;
+    let bin = match &knobs.current_rev {
+        Some(rev) => services::build_rev(rev, &out)?,
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or("the bench binary has no directory")?
+            .to_owned(),
+    };
+    let base_bin = knobs
+        .baseline
+        .as_deref()
+        .map(|rev| services::build_rev(rev, &out))
+        .transpose()?;
+    let repo = std::env::current_dir()?;
+    let cluster = cluster::Cluster::start(&repo, &out).await?;
+    let postmaster = cluster.postmaster()?;
+    let bench = Bench {
+        knobs,
+        out,
+        bin,
+        base_bin,
+        cluster,
+        postmaster,
+        mismatches: 0,
+    };
+    ingest::fresh_db(&bench, Variant::Current).await?;
+    if bench.knobs.baseline.is_some() {
+        ingest::fresh_db(&bench, Variant::Baseline).await?;
+    }
+    if bench.knobs.flat {
+        ingest::fresh_db(&bench, Variant::Flat).await?;
+    }
+    Ok(bench)
+}

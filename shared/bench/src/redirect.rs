@@ -1,0 +1,365 @@
+//! `redirect`: the redirector's throughput and latency with clicks off, through the pipeline,
+//! one INSERT per request (direct), and BASELINE's pipeline; what each process spends per
+//! redirect, and each one's peak memory.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use testkit::redirector::load::{Client, Load, Report};
+
+use crate::knobs::CODES;
+use crate::procfs::{hwm_mib, Cpu, PgMemory};
+use crate::services::{await_healthy, has_flag, metric, until, Proc};
+use crate::table::{column, median, num, ratio, rotated, rows};
+use crate::{addr, log, Bench, Res, Variant, COLLECTOR_ADMIN, HTTP, REDIRECTOR_ADMIN};
+
+/// Which codes the requests ask for.
+pub(crate) const MIXES: [&str; 2] = ["zipf", "uniform"];
+
+/// The load's paths for `mix`: uniform over all codes, or Zipf-like (s = 1):
+/// floor((N+1)^u) - 1 for uniform u has P(k) ~ 1/(k+1.5), the continuous Zipf.
+fn paths(mix: &str) -> testkit::redirector::load::Paths {
+    let zipf = mix == "zipf";
+    Arc::new(move |random, path| {
+        let u = (random.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let code = if zipf {
+            ((CODES as f64 + 1.0).powf(u).floor() as u64).saturating_sub(1)
+        } else {
+            (u * CODES as f64) as u64
+        };
+        let _ = write!(path, "/seed{}", code.min(CODES - 1));
+    })
+}
+
+/// req/s, p50 and p99 in ms of a load run, as the tables print them.
+pub(crate) fn stats(report: &Report, elapsed: Duration) -> (String, String, String) {
+    let ms = |q| {
+        report
+            .latencies
+            .quantile(q)
+            .map_or("-".to_owned(), |d| format!("{:.3}", d.as_secs_f64() * 1e3))
+    };
+    let rps = report.total() as f64 / elapsed.as_secs_f64();
+    (format!("{rps:.0}"), ms(0.5), ms(0.99))
+}
+
+/// The load run's summary kept in $OUT, as wrk's report was.
+fn summary(report: &Report, elapsed: Duration, connections: usize) -> String {
+    let (rps, p50, p99) = stats(report, elapsed);
+    let mut text = format!(
+        "{connections} connections, {:.2} s: {} responses {:?}, {} errors\n",
+        elapsed.as_secs_f64(),
+        report.total(),
+        report.statuses,
+        report.errors
+    );
+    for q in [0.5, 0.75, 0.9, 0.99, 0.999] {
+        let at = report.latencies.quantile(q).unwrap_or_default();
+        let _ = writeln!(text, "{:>6.2}% {:.3} ms", q * 100.0, at.as_secs_f64() * 1e3);
+    }
+    let _ = writeln!(
+        text,
+        "max {:.3} ms\nRequests/sec: {rps} (p50 {p50} ms, p99 {p99} ms)",
+        report.max_latency.as_secs_f64() * 1e3
+    );
+    text
+}
+
+/// The redirector's last words: "redirector: N clicks sent, M dropped (R redirects served)".
+fn final_counts(log: &str) -> Option<(u64, u64, u64)> {
+    let line = log.lines().rev().find(|l| l.contains("redirects served"))?;
+    let rest = &line[line.rfind("redirector: ")? + "redirector: ".len()..];
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| words.get(i)?.trim_start_matches('(').parse().ok();
+    Some((n(5)?, n(0)?, n(3)?))
+}
+
+/// The redirector's command line for a mode.
+fn redirector(bench: &Bench, variant: Variant, clicks: &str) -> std::process::Command {
+    let bin = bench.bin(variant, "redirector");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["--clicks", clicks, "--database-url", &bench.url(variant)])
+        .arg("--socket")
+        .arg(bench.path("collector.sock"))
+        .args(["--listen", HTTP, "--admin-listen", REDIRECTOR_ADMIN]);
+    if has_flag(&bin, "--ack-socket") {
+        cmd.arg("--ack-socket")
+            .arg(bench.path("redirector-ack.sock"));
+    }
+    cmd
+}
+
+/// Starts the variant's collector on $OUT/collector.sock with COLLECTOR_FLAGS (and `extra`),
+/// and waits until it is healthy.
+pub(crate) async fn start_collector(bench: &Bench, variant: Variant, extra: &[&str]) -> Res<Proc> {
+    let bin = bench.bin(variant, "collector");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["--database-url", &bench.url(variant)])
+        .arg("--socket")
+        .arg(bench.path("collector.sock"))
+        .args(["--admin-listen", COLLECTOR_ADMIN]);
+    if has_flag(&bin, "--instance") {
+        cmd.args(["--instance", "bench"]);
+    }
+    cmd.args(&bench.knobs.collector_flags).args(extra);
+    cmd.env(
+        "RUST_LOG",
+        "info,collector::maintenance=debug,collector::compact=debug",
+    );
+    let log = bench.path("collector.log");
+    let proc = Proc::spawn("collector", cmd, &log)?;
+    await_healthy(addr(COLLECTOR_ADMIN), "collector", &log).await?;
+    Ok(proc)
+}
+
+/// The collector's counters a run starts from: clicks written, compactions, their seconds.
+#[derive(Default)]
+pub(crate) struct Written {
+    pub(crate) clicks: f64,
+    pub(crate) compactions: f64,
+    pub(crate) compaction_s: f64,
+}
+
+impl Written {
+    pub(crate) async fn now() -> Res<Written> {
+        let admin = addr(COLLECTOR_ADMIN);
+        Ok(Written {
+            clicks: metric(admin, "collector_clicks_written_total").await?,
+            compactions: metric(admin, "collector_compactions_total").await?,
+            compaction_s: metric(admin, "collector_compaction_seconds_sum").await?,
+        })
+    }
+
+    /// Waits until the collector has written `n` clicks since, and folded them: a compaction
+    /// has run since, with no count left pending. The compaction seconds since.
+    pub(crate) async fn await_folded(&self, bench: &Bench, n: f64, limit: Duration) -> Res<f64> {
+        let admin = addr(COLLECTOR_ADMIN);
+        let log = bench.path("collector.log");
+        let what = format!("{n} clicks written");
+        until(limit, &what, &log, || async {
+            metric(admin, "collector_clicks_written_total")
+                .await
+                .is_ok_and(|w| w - self.clicks >= n)
+        })
+        .await?;
+        until(
+            Duration::from_secs(300),
+            "the run's counts folded",
+            &log,
+            || self.folded(),
+        )
+        .await?;
+        Ok(metric(admin, "collector_compaction_seconds_sum").await? - self.compaction_s)
+    }
+
+    async fn folded(&self) -> bool {
+        let admin = addr(COLLECTOR_ADMIN);
+        let compacted = metric(admin, "collector_compactions_total")
+            .await
+            .is_ok_and(|c| c > self.compactions);
+        compacted
+            && metric(admin, "collector_deltas_pending")
+                .await
+                .is_ok_and(|p| p == 0.0)
+    }
+}
+
+pub(crate) async fn rows_now(bench: &Bench, variant: Variant) -> Res<i64> {
+    let client = bench.client(variant).await?;
+    crate::cluster::number(&client, "SELECT count(*) FROM clicks").await
+}
+
+/// One load run against `mode` (off, pipeline, direct, or baseline: the pipeline of
+/// BASELINE's binaries). The measured window runs from the load's start until the collector
+/// has written and folded the run's clicks, so compaction is included. Appends a row to
+/// $OUT/redirect.tsv.
+async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
+    let (variant, clicks) = match mode {
+        "baseline" => (Variant::Baseline, "pipeline"),
+        _ => (Variant::Current, mode),
+    };
+    let rows0 = rows_now(bench, variant).await?;
+    let collector = match clicks {
+        "pipeline" => Some(start_collector(bench, variant, &[]).await?),
+        _ => None,
+    };
+    let log_path = bench.path("redirector.log");
+    let _ = std::fs::remove_file(&log_path);
+    let redirector = Proc::spawn("redirector", redirector(bench, variant, clicks), &log_path)?;
+    await_healthy(addr(REDIRECTOR_ADMIN), "redirector", &log_path).await?;
+    let written = match collector {
+        Some(_) => Written::now().await?,
+        None => Written::default(),
+    };
+    let memory = PgMemory::start(bench.postmaster);
+    let collector_pid = collector.as_ref().map(Proc::pid);
+    let cpu0 = Cpu::now(Some(redirector.pid()), collector_pid, bench.postmaster);
+    let load = Load {
+        connections: bench.knobs.connections,
+        paths: Some(paths(mix)),
+        client: Client::Plain,
+        ..Load::get(addr(HTTP), "/")
+    };
+    let (report, elapsed) = load
+        .run_for(Duration::from_secs(bench.knobs.duration))
+        .await;
+    let summary_file = bench.path(&format!("load-{mix}-{mode}-{round}.txt"));
+    std::fs::write(
+        &summary_file,
+        summary(&report, elapsed, bench.knobs.connections),
+    )?;
+    let red_ticks = crate::procfs::ticks(redirector.pid());
+    let red_mib = hwm_mib(redirector.pid());
+    redirector.stop().await;
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let (redirects, sent, dropped) = final_counts(&log_text)
+        .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
+    let (mut compact, mut col_mib) = (0.0, "0".to_owned());
+    if let Some(c) = &collector {
+        compact = written
+            .await_folded(bench, sent as f64, Duration::from_secs(300))
+            .await?;
+        col_mib = hwm_mib(c.pid());
+    }
+    let mut cpu1 = Cpu::now(None, collector_pid, bench.postmaster);
+    cpu1.redirector = red_ticks;
+    let pg_mib = memory.peak();
+    let per = cpu1.per_click(&cpu0, redirects);
+    if let Some(c) = collector {
+        c.stop().await;
+    }
+    if clicks != "off" {
+        check_recorded(bench, variant, mode, redirects, dropped, rows0).await?;
+    }
+    let (rps, p50, p99) = stats(&report, elapsed);
+    let mut row = vec![
+        mix.to_owned(),
+        mode.to_owned(),
+        round.to_string(),
+        rps,
+        p50,
+        p99,
+    ];
+    row.extend([redirects, sent, dropped].map(|n| n.to_string()));
+    row.push(format!("{compact:.2}"));
+    row.extend(per);
+    row.extend([red_mib, col_mib, pg_mib]);
+    crate::table::append(&bench.path("redirect.tsv"), &row)
+}
+
+/// Every redirect served is a row or a counted drop: rows the run added plus its drops must
+/// be its redirects. A mismatch is reported and fails the run at the end.
+async fn check_recorded(
+    bench: &mut Bench,
+    variant: Variant,
+    mode: &str,
+    redirects: u64,
+    dropped: u64,
+    rows0: i64,
+) -> Res<()> {
+    let recorded = rows_now(bench, variant).await? - rows0;
+    if !adds_up(recorded, dropped, redirects) {
+        log(&format!(
+            "MISMATCH in mode {mode}: {redirects} redirects served, {recorded} clicks recorded, {dropped} dropped"
+        ));
+        bench.mismatches += 1;
+    }
+    Ok(())
+}
+
+/// The pipeline's invariant: every redirect served is a recorded click or a counted drop.
+fn adds_up(recorded: i64, dropped: u64, redirects: u64) -> bool {
+    i128::from(recorded) + i128::from(dropped) == i128::from(redirects)
+}
+
+pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
+    let tsv = bench.path("redirect.tsv");
+    std::fs::write(&tsv, "")?;
+    let modes = bench.knobs.modes.clone();
+    for round in 1..=bench.knobs.rounds {
+        for mix in MIXES {
+            for mode in rotated(round as usize, &modes) {
+                log(&format!("redirect round {round}, {mix} codes: {mode}"));
+                once(bench, mix, &mode, round).await?;
+            }
+        }
+    }
+    print_table(bench, &modes);
+    Ok(())
+}
+
+fn print_table(bench: &Bench, modes: &[String]) {
+    let k = &bench.knobs;
+    println!(
+        "load: 2 threads, {} keep-alive connections, {}s, {CODES} links, medians of {} interleaved rounds.",
+        k.connections, k.duration, k.rounds
+    );
+    if let Some(base) = &k.baseline {
+        println!(
+            "`baseline`: the pipeline of {base} ({}), on a database of its own.",
+            crate::services::short(base)
+        );
+    }
+    println!();
+    println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector / PostgreSQL | peak MiB: redirector / collector / PostgreSQL |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let rows = rows(&bench.path("redirect.tsv"));
+    for mix in MIXES {
+        let col = |mode: &str, field| median(&column(&rows, &[mix, mode], field));
+        let base = num(&col("off", 4));
+        for mode in modes {
+            let rps = num(&col(mode, 4));
+            let c = |f| col(mode, f);
+            println!(
+                "| {mix} | {mode} | {rps:.0} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} |",
+                ratio(rps, base, 3),
+                c(5), c(6), c(9), c(10), c(11), c(12), c(13), c(14), c(15), c(16)
+            );
+        }
+    }
+    println!();
+    println!(
+        "Every run: {} (mix, mode, round, req/s, p50 ms, p99 ms, redirects, sent, dropped,",
+        bench.path("redirect.tsv").display()
+    );
+    println!("compaction s, CPU us per redirect of redirector, collector and PostgreSQL, peak MiB of each);");
+    println!(
+        "each load run's latency percentiles: {}/load-MIX-MODE-ROUND.txt.",
+        bench.out.display()
+    );
+    println!("CPU counts from the load's start until the collector has written and folded the run's clicks.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_counts_from_the_log_line() {
+        let line = "2026-12-01T10:00:00Z  INFO redirector: redirector: 10 clicks sent, 2 dropped (12 redirects served); 10 acknowledged, 0 not acknowledged";
+        assert_eq!(final_counts(line), Some((12, 10, 2)));
+    }
+
+    #[test]
+    fn clicks_add_up_only_exactly() {
+        assert!(adds_up(10, 2, 12));
+        assert!(!adds_up(9, 2, 12));
+        assert!(!adds_up(11, 2, 12));
+    }
+
+    #[test]
+    fn zipf_paths_favour_the_first_codes() {
+        let draw = paths("zipf");
+        let mut random = testkit::XorShift(7);
+        let mut path = String::new();
+        let mut first = 0;
+        for _ in 0..10_000 {
+            path.clear();
+            draw(&mut random, &mut path);
+            first += u32::from(path == "/seed0");
+        }
+        // P(0) = log(2)/log(N+1) ~ 5.6 % for the continuous Zipf.
+        assert!((400..700).contains(&first), "{first}");
+    }
+}

@@ -1,0 +1,115 @@
+//! The runs' TSV files and the medians the tables print.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::Res;
+
+/// Appends one tab-separated row to `file`.
+pub(crate) fn append(file: &Path, fields: &[String]) -> Res<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    writeln!(f, "{}", fields.join("\t"))?;
+    Ok(())
+}
+
+/// The rows of a TSV file, split into fields.
+pub(crate) fn rows(file: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('\t').map(str::to_owned).collect())
+        .collect()
+}
+
+/// Field `field` (1-based, as awk counts) of the rows whose first fields are `key`.
+pub(crate) fn column(rows: &[Vec<String>], key: &[&str], field: usize) -> Vec<String> {
+    rows.iter()
+        .filter(|r| {
+            key.iter()
+                .enumerate()
+                .all(|(i, k)| r.get(i).map(String::as_str) == Some(*k))
+        })
+        .filter_map(|r| r.get(field - 1).cloned())
+        .collect()
+}
+
+/// The median of numbers, in full with up to 10 significant digits; values that are not
+/// numbers ("-") as they are.
+pub(crate) fn median(values: &[String]) -> String {
+    let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.parse().ok()).collect();
+    if numbers.len() < values.len() || numbers.is_empty() {
+        return values.first().cloned().unwrap_or_default();
+    }
+    numbers.sort_by(f64::total_cmp);
+    let n = numbers.len();
+    let m = if n % 2 == 1 {
+        numbers[n / 2]
+    } else {
+        (numbers[n / 2 - 1] + numbers[n / 2]) / 2.0
+    };
+    g10(m)
+}
+
+/// A number as printf's `%.10g` writes it.
+pub(crate) fn g10(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let exp = x.abs().log10().floor() as i32;
+    if !(-5..10).contains(&exp) {
+        return format!("{x:.9e}");
+    }
+    let decimals = (9 - exp).max(0) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
+}
+
+/// A median as a number, for ratios and `%.0f` cells (0 if none).
+pub(crate) fn num(s: &str) -> f64 {
+    s.parse().unwrap_or(0.0)
+}
+
+/// `a / b` with `decimals`, or `-` when b is 0.
+pub(crate) fn ratio(a: f64, b: f64, decimals: usize) -> String {
+    if b == 0.0 {
+        return "-".to_owned();
+    }
+    format!("{:.decimals$}", a / b)
+}
+
+/// The items in turn from the one at index `by` (modulo their count): the order in which the
+/// modes or variants of a round run, so that none always runs first (a run pays for what the
+/// run before it left: a checkpoint, an autovacuum).
+pub(crate) fn rotated<T: Clone>(by: usize, items: &[T]) -> Vec<T> {
+    (0..items.len())
+        .map(|i| items[(i + by) % items.len()].clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_as_awk_printed_them() {
+        let v = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(median(&v(&["3", "1", "2"])), "2");
+        assert_eq!(median(&v(&["1216150", "1216160"])), "1216155");
+        assert_eq!(median(&v(&["0.123", "0.125"])), "0.124");
+        assert_eq!(median(&v(&["-", "-"])), "-");
+    }
+
+    #[test]
+    fn rotation_starts_at_the_round() {
+        assert_eq!(rotated(1, &["a", "b", "c"]), ["b", "c", "a"]);
+        assert_eq!(rotated(3, &["a", "b", "c"]), ["a", "b", "c"]);
+    }
+}
