@@ -231,6 +231,14 @@ impl Ring {
         torn
     }
 
+    /// The positions between `head` and `tail` marked torn (by this adoption or an earlier
+    /// one): not clicks. Only for a ring no push can reach yet (at adoption).
+    pub(crate) fn torn(&self) -> u64 {
+        (self.head()..self.tail())
+            .filter(|&pos| matches!(self.read(pos), Read::Torn))
+            .count() as u64
+    }
+
     /// The oldest position not released.
     pub fn head(&self) -> u64 {
         self.head.0.load(Ordering::Acquire)

@@ -312,16 +312,21 @@ fn open_state(
     let region = match (&cfg.state_file, stored) {
         (Some(path), stored) => {
             if stored.is_some() {
-                tracing::warn!("--state-file is set: the state systemd kept is not used");
+                tracing::warn!(
+                    "--state-file is set: the state region systemd kept is not used, and what \
+                     it holds is not sent (`systemctl clean --what=fdstore` lets it go)"
+                );
             }
             Region::file(path, want)
         }
         (None, Some(fd)) => Region::stored(fd, want),
         (None, None) => Region::memfd(want, shared::systemd::fd_store_enabled()),
     }?;
-    if let Some(fd) = &region.upload {
-        if let Err(e) = shared::systemd::store_fd(state::FDNAME, fd) {
+    let mut region = region;
+    if let Some(fd) = region.upload.take() {
+        if let Err(e) = shared::systemd::store_fd(state::FDNAME, &fd) {
             tracing::warn!("handing the state region to systemd's file descriptor store: {e}");
+            region.kept = Kept::No;
         }
     }
     log_state(&region, want);

@@ -54,6 +54,14 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Sizes a redirector could have been configured with (see `config`).
+    fn is_valid(&self) -> bool {
+        let datagram = protocol::wire::MIN_DATAGRAM as u64..=protocol::wire::MAX_DATAGRAM as u64;
+        (1..=1 << 28).contains(&self.ring)
+            && (1..=65_536).contains(&self.window)
+            && datagram.contains(&self.slot_size)
+    }
+
     fn offsets(&self) -> Option<Offsets> {
         let cells = HEADER_SIZE;
         let meta = cells.checked_add(
@@ -62,7 +70,8 @@ impl Geometry {
                 .checked_mul(Ring::CELL_SIZE)?,
         )?;
         let window = usize::try_from(self.window).ok()?;
-        let bytes = meta.checked_add(window.checked_mul(std::mem::size_of::<Meta>())?)?;
+        let records = window.checked_add(1)?;
+        let bytes = meta.checked_add(records.checked_mul(std::mem::size_of::<Meta>())?)?;
         let end = bytes.checked_add(window.checked_mul(usize::try_from(self.slot_size).ok()?)?)?;
         let len = end.checked_next_multiple_of(page_size())?;
         Some(Offsets { meta, bytes, len })
@@ -274,22 +283,14 @@ impl Region {
             .mode(0o600)
             .open(path)
             .map_err(|e| Error::Io(what.clone(), e))?;
-        let fd = Flock::lock(OwnedFd::from(file), FlockArg::LockExclusiveNonblock).map_err(
-            |(_, e)| match e {
-                nix::errno::Errno::EWOULDBLOCK => Error::Locked(what.clone()),
-                e => Error::Io(format!("locking {what}"), e.into()),
-            },
-        )?;
+        let fd = lock(OwnedFd::from(file), &what)?;
         Region::open(fd, want, Kept::File(path.to_owned()), &what)
     }
 
     /// The region systemd kept in the file descriptor store.
     pub fn stored(fd: OwnedFd, want: Geometry) -> Result<Region, Error> {
         let what = format!("the state systemd kept ({FDNAME:?})");
-        let fd = Flock::lock(fd, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| match e {
-            nix::errno::Errno::EWOULDBLOCK => Error::Locked(what.clone()),
-            e => Error::Io(format!("locking {what}"), e.into()),
-        })?;
+        let fd = lock(reopen(&fd, &what)?, &what)?;
         Region::open(fd, want, Kept::FdStore, &what)
     }
 
@@ -305,10 +306,10 @@ impl Region {
             .then(|| memfd.try_clone())
             .transpose()
             .map_err(|e| Error::Io("memfd".into(), e))?;
-        let fd = Flock::lock(memfd, FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| Error::Io("locking a memfd".into(), e.into()))?;
+        let what = "a new memfd";
+        let fd = lock(reopen(&memfd, what)?, what)?;
         let kept = if store { Kept::FdStore } else { Kept::No };
-        let mut region = Region::open(fd, want, kept, "a new memfd")?;
+        let mut region = Region::open(fd, want, kept, what)?;
         region.upload = upload;
         Ok(region)
     }
@@ -343,8 +344,10 @@ impl Region {
             _ => false,
         };
         if !adopt {
+            // Allocated, not sparse: a full tmpfs fails here, at start, instead of raising
+            // SIGBUS at the first touch of a page (and again in every restart that adopts it).
             nix::unistd::ftruncate(fd.as_fd(), 0)
-                .and_then(|()| nix::unistd::ftruncate(fd.as_fd(), offsets.len as i64))
+                .and_then(|()| nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, offsets.len as i64))
                 .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         }
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
@@ -362,7 +365,7 @@ impl Region {
         let (cells, meta, bytes) = unsafe {
             (
                 map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize),
-                map.slice::<Meta>(at.meta, geometry.window as usize),
+                map.slice::<Meta>(at.meta, geometry.window as usize + 1),
                 map.slice::<u8>(at.bytes, (geometry.window * geometry.slot_size) as usize),
             )
         };
@@ -378,7 +381,10 @@ impl Region {
             header,
             _region: map.clone(),
         };
-        if header.renewing.load(Ordering::Acquire) != 0 || sender.id() == 0 {
+        // With nothing in the window, go on under a new id: nothing of the old one is left to
+        // send, and a collector that knew the old id at another address or user (a changed
+        // --ack-socket or User=) would refuse it.
+        if header.renewing.load(Ordering::Acquire) != 0 || sender.id() == 0 || window.is_empty() {
             sender.renew(&mut window);
         }
         // The window published a datagram whose ring positions were not released yet.
@@ -389,7 +395,7 @@ impl Region {
         }
         ring.repair();
         let torn = ring.mark_torn();
-        let recovered = window.clicks() + ring.len() as u64 - torn;
+        let recovered = window.clicks() + ring.len() as u64 - ring.torn();
         Region {
             ring: Arc::new(ring),
             window,
@@ -401,6 +407,27 @@ impl Region {
             upload: None,
         }
     }
+}
+
+/// Locks `fd` for this process alone (`flock` on its open file description).
+fn lock(fd: OwnedFd, what: &str) -> Result<Flock<OwnedFd>, Error> {
+    Flock::lock(fd, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| match e {
+        nix::errno::Errno::EWOULDBLOCK => Error::Locked(what.into()),
+        e => Error::Io(format!("locking {what}"), e.into()),
+    })
+}
+
+/// The same file under an open file description of this process's own. A lock belongs to the
+/// open file description, and systemd's stored copy of a descriptor shares the one it was
+/// given: locked there, the lock would pass to whoever got the copy, and outlive a kill.
+fn reopen(fd: &OwnedFd, what: &str) -> Result<OwnedFd, Error> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map(OwnedFd::from)
+        .map_err(|e| Error::Io(format!("reopening {what}"), e))
 }
 
 /// What a region's header says.
@@ -425,6 +452,10 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
     if len < HEADER_SIZE || nix::sys::uio::pread(fd.as_fd(), &mut h, 0).map_err(io)? < HEADER_SIZE {
         return Err(Error::NotState(what.into(), "shorter than a header"));
     }
+    if h[..8] == [0; 8] && h.iter().all(|&b| b == 0) {
+        // Sized and never laid out (a process killed in `format`): a new region.
+        return Ok(None);
+    }
     if h[..8] != MAGIC {
         return Err(Error::NotState(what.into(), "no magic number"));
     }
@@ -438,6 +469,12 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         window: u64_at(std::mem::offset_of!(Header, window)),
         slot_size: u64_at(std::mem::offset_of!(Header, slot_size)),
     };
+    if !geometry.is_valid() {
+        return Err(Error::NotState(
+            what.into(),
+            "its header's sizes are out of range",
+        ));
+    }
     // `Marks` is `first` then `end`.
     let marks = std::mem::offset_of!(Header, marks);
     let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
@@ -455,13 +492,16 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
 fn format(map: &Mapping, geometry: Geometry) {
     // SAFETY: a freshly sized, zeroed mapping nothing else refers to yet.
     let header = unsafe { &mut *map.base.cast::<Header>() };
-    header.magic = MAGIC;
     header.version = LAYOUT_VERSION;
     header.ring = geometry.ring;
     header.window = geometry.window;
     header.slot_size = geometry.slot_size;
     // SAFETY: as in `Region::adopt`.
     Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
+    // The magic last, after everything it vouches for: a process killed before it leaves a
+    // header of zeros, which the next one lays out again.
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    header.magic = MAGIC;
 }
 
 fn page_size() -> usize {
@@ -596,6 +636,37 @@ mod tests {
             b"not a state region",
             "untouched"
         );
+    }
+
+    #[test]
+    fn a_region_killed_while_laid_out_is_laid_out_again_and_bad_sizes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.geometry, GEOMETRY, "zeros: a new region");
+        region.ring.push("a", 1).unwrap();
+        drop(region);
+        let window = std::mem::offset_of!(Header, window) as i64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        nix::sys::uio::pwrite(&file, &0u64.to_ne_bytes(), window).unwrap();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(err.to_string().contains("sizes are out of range"), "{err}");
+    }
+
+    #[test]
+    fn a_region_passed_on_by_descriptor_is_locked_for_one_process_only() {
+        let first = Region::memfd(GEOMETRY, true).unwrap();
+        let upload = first.upload.as_ref().unwrap();
+        // What systemd passes back is a copy of the uploaded descriptor.
+        let err = Region::stored(upload.try_clone().unwrap(), GEOMETRY)
+            .err()
+            .unwrap();
+        assert!(matches!(err, Error::Locked(_)), "{err}");
+        let upload = upload.try_clone().unwrap();
+        drop(first);
+        let again = Region::stored(upload, GEOMETRY).unwrap();
+        assert_eq!(again.kept, Kept::FdStore);
     }
 
     #[test]

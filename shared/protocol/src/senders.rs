@@ -153,6 +153,9 @@ struct Sender<A> {
     told: Option<(Ack, Instant)>,
     /// Whose it is: set by the first datagram of it accepted in this collector's life.
     owner: Option<Owner>,
+    /// Whose it was before a later process took it over: never again (a datagram of the dead
+    /// one still in flight must not hand it back).
+    replaced: Option<Owner>,
     seen: Instant,
 }
 
@@ -165,6 +168,7 @@ impl<A: Copy> Sender<A> {
             reply: None,
             told: None,
             owner: None,
+            replaced: None,
             seen: now,
         }
     }
@@ -369,7 +373,10 @@ impl<A: Copy + PartialEq> Senders<A> {
             (None, _) => true,
             (known, claimed) if known == claimed => true,
             (Some(known), Some(claimed)) => {
-                from.is_some() && s.reply == from && known.uid == claimed.uid
+                from.is_some()
+                    && s.reply == from
+                    && known.uid == claimed.uid
+                    && s.replaced != Some(claimed)
             }
             (Some(_), None) => false,
         }
@@ -381,6 +388,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             return;
         };
         let before = std::mem::replace(&mut s.owner, owner);
+        s.replaced = before;
         if let Some(ids) = before.and_then(|o| self.by_process.get_mut(&o)) {
             ids.retain(|&id| id != sender);
         }
@@ -733,6 +741,11 @@ mod tests {
             s.judge(7, (1, 1), addr(), creds(11), now).0,
             Verdict::Accept { lost: 0 },
             "the successor goes on"
+        );
+        assert_eq!(
+            s.judge(7, (2, 1), addr(), creds(10), now).0,
+            mismatch,
+            "the process it replaced does not take it back"
         );
         let successor = Owner::of(creds(11)).unwrap();
         assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);

@@ -54,7 +54,9 @@ pub struct Marks {
 }
 
 /// Where the window keeps its datagrams: the heap ([`Heap`]), or memory that outlives the
-/// process (the redirector's state region). `bytes` is `meta.len()` slots of `slot_size`.
+/// process (the redirector's state region). `bytes` is `meta.len() - 1` slots of `slot_size`:
+/// there is one record more than slots, so that the record of the last datagram pushed (its
+/// tag, what a later process reads) is never the one the next push writes before it publishes.
 pub trait Store {
     fn parts(&self) -> (&[u8], &[Meta], &Marks);
     fn parts_mut(&mut self) -> (&mut [u8], &mut [Meta], &Marks);
@@ -73,7 +75,7 @@ impl Heap {
         let slots = slots.max(1);
         Heap {
             bytes: vec![0; slots * slot_size].into_boxed_slice(),
-            meta: vec![Meta::default(); slots].into_boxed_slice(),
+            meta: vec![Meta::default(); slots + 1].into_boxed_slice(),
             marks: Marks::default(),
         }
     }
@@ -144,14 +146,15 @@ impl<S: Store> Window<S> {
     /// committed already); what was acknowledged before is taken from the slots.
     pub fn adopt(store: S, slot_size: usize) -> Window<S> {
         let (_, meta, marks) = store.parts();
-        let slots = meta.len();
+        let records = meta.len() as u64;
+        let slots = meta.len() - 1;
         let end = marks.end.load(Ordering::Acquire);
         // A push into an empty window that moved `first` and was killed before moving `end`:
         // that datagram was never published (its clicks are still where they came from).
         let first = marks.first.load(Ordering::Acquire).min(end);
         let held = ((end - first) as usize).min(slots);
         let first = end - held as u64;
-        let slot = |seq: u64| meta[(seq % slots as u64) as usize];
+        let slot = |seq: u64| meta[(seq % records) as usize];
         let in_window = first..end;
         let clicks = in_window
             .clone()
@@ -238,8 +241,14 @@ impl<S: Store> Window<S> {
         self.first + self.held as u64
     }
 
+    /// Where datagram `seq`'s bytes are.
     fn slot(&self, seq: u64) -> usize {
         (seq % self.slots as u64) as usize
+    }
+
+    /// Where datagram `seq`'s record is (one more record than slots: see [`Store`]).
+    fn record(&self, seq: u64) -> usize {
+        (seq % (self.slots as u64 + 1)) as usize
     }
 
     /// Adds datagram `seq` (the one after the last held; any seq into an empty window), of
@@ -257,11 +266,11 @@ impl<S: Store> Window<S> {
             self.cursor = seq;
         }
         assert_eq!(seq, self.end(), "datagrams enter the window in seq order");
-        let i = self.slot(seq);
+        let (i, r) = (self.slot(seq), self.record(seq));
         let clicks_before = self.acked_clicks + self.clicks;
         let (bytes, meta, marks) = self.store.parts_mut();
         bytes[i * self.slot_size..][..datagram.len()].copy_from_slice(datagram);
-        meta[i] = Meta {
+        meta[r] = Meta {
             len: datagram.len() as u32,
             clicks,
             sent: 0,
@@ -283,21 +292,21 @@ impl<S: Store> Window<S> {
         if !self.has_unsent() {
             return None;
         }
-        let i = self.slot(self.cursor);
+        let (i, r) = (self.slot(self.cursor), self.record(self.cursor));
         let (bytes, meta, _) = self.store.parts();
-        Some(&bytes[i * self.slot_size..][..meta[i].len as usize])
+        Some(&bytes[i * self.slot_size..][..meta[r].len as usize])
     }
 
     /// The datagram at the cursor was sent: moves on. Returns its clicks if this was its first
     /// send (they count as sent once), `None` for a resend.
     pub fn mark_sent(&mut self) -> Option<u32> {
-        let i = self.slot(self.cursor);
+        let r = self.record(self.cursor);
         self.sent_through = Some(
             self.sent_through
                 .map_or(self.cursor, |s| s.max(self.cursor)),
         );
         self.cursor += 1;
-        let meta = &mut self.store.parts_mut().1[i];
+        let meta = &mut self.store.parts_mut().1[r];
         (std::mem::replace(&mut meta.sent, 1) == 0).then_some(meta.clicks)
     }
 
@@ -308,9 +317,9 @@ impl<S: Store> Window<S> {
         }
         let mut released = Released::default();
         while self.held > 0 && self.first <= seq {
-            let i = self.slot(self.first);
+            let r = self.record(self.first);
             released.datagrams += 1;
-            released.clicks += u64::from(self.store.parts().1[i].clicks);
+            released.clicks += u64::from(self.store.parts().1[r].clicks);
             self.first += 1;
             self.held -= 1;
         }
@@ -367,7 +376,7 @@ impl<S: Store> Window<S> {
     pub fn unsent_and_unacked(&self) -> (u64, u64) {
         let meta = self.store.parts().1;
         (self.first..self.end())
-            .map(|seq| meta[self.slot(seq)])
+            .map(|seq| meta[self.record(seq)])
             .fold((0, 0), |(unsent, unacked), m| match m.sent {
                 0 => (unsent + u64::from(m.clicks), unacked),
                 _ => (unsent, unacked + u64::from(m.clicks)),
@@ -378,7 +387,7 @@ impl<S: Store> Window<S> {
     /// the first push of this sender: how far a later process knows its source was consumed.
     pub fn last_tag(&self) -> Option<u64> {
         let end = self.end();
-        (end > 0).then(|| self.store.parts().1[self.slot(end - 1)].tag)
+        (end > 0).then(|| self.store.parts().1[self.record(end - 1)].tag)
     }
 
     /// The seq the next datagram takes.
@@ -522,6 +531,20 @@ mod tests {
             }),
             "acknowledged clicks carry over an empty window"
         );
+    }
+
+    #[test]
+    fn a_push_killed_before_it_published_leaves_the_last_tag_of_a_one_slot_window() {
+        let mut w = window(1, 0..1);
+        send_all(&mut w);
+        w.acknowledge(0).unwrap();
+        let mut store = w.into_store();
+        // The record of seq 1, written by a push killed before it moved `end`.
+        let record = 1 % store.parts().1.len();
+        store.parts_mut().1[record].tag = 99;
+        let w = Window::adopt(store, 8);
+        assert_eq!(w.last_tag(), Some(0), "the last published datagram's tag");
+        assert_eq!(w.next_seq(), 1);
     }
 
     #[test]
