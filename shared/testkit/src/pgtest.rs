@@ -504,13 +504,15 @@ impl Cluster {
     /// for a standby; an empty one lets commits go on (and releases those waiting).
     pub async fn set_synchronous_standby_names(&self, value: &str) {
         let admin = self.connect("postgres").await;
-        let sql = format!(
-            "ALTER SYSTEM SET synchronous_standby_names = '{value}'; SELECT pg_reload_conf()"
-        );
-        admin
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
+        // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of one
+        // query string holding both.
+        let set = format!("ALTER SYSTEM SET synchronous_standby_names = '{value}'");
+        for sql in [set.as_str(), "SELECT pg_reload_conf()"] {
+            admin
+                .batch_execute(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
+        }
     }
 
     /// The pid of a standby's WAL receiver.
