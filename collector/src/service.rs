@@ -233,15 +233,6 @@ fn start_writer(
     health: &Arc<Health>,
 ) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
-    // Looks at the writer's sessions from one of its own while a write takes long, for as
-    // long as the process runs: a commit that waits for a standby is named as such.
-    let watch = crate::replication::Watch::new(metrics.clone());
-    tokio::spawn(
-        watch
-            .clone()
-            .run(db.clone(), config.write_timeout)
-            .instrument(tracing::info_span!("replication")),
-    );
     let writer = Writer::new(
         db.clone(),
         &config.instance,
@@ -250,7 +241,14 @@ fn start_writer(
         metrics.clone(),
         health.clone(),
         Some(conn),
-        watch,
+    );
+    // Looks at the writer's sessions from one of its own while a write takes long, for as
+    // long as the process runs: a commit that waits for a standby is named as such.
+    tokio::spawn(
+        writer
+            .watch()
+            .run(db.clone(), config.write_timeout)
+            .instrument(tracing::info_span!("replication")),
     );
     let span = tracing::info_span!("writer");
     (

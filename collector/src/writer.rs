@@ -44,8 +44,8 @@ impl Writer {
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         conn: Option<Conn>,
-        watch: Arc<Watch>,
     ) -> Writer {
+        let watch = Watch::new(metrics.clone());
         Writer {
             db,
             last: BatchNumber {
@@ -61,6 +61,11 @@ impl Writer {
             watch,
             committed: Committed::default(),
         }
+    }
+
+    /// What watches its sessions' replication, for [`Watch::run`].
+    pub fn watch(&self) -> Arc<Watch> {
+        self.watch.clone()
     }
 
     /// Writes the batches that come full and hands each back committed (the receiver

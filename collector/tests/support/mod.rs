@@ -78,7 +78,6 @@ async fn start_writer(
     let (mut handoff, ends) = batch::handoff();
     let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
     let db = Db::parse(url).unwrap();
-    let watch = collector::replication::Watch::new(metrics.clone());
     let writer = Writer::new(
         db,
         instance,
@@ -87,7 +86,6 @@ async fn start_writer(
         metrics,
         health,
         None,
-        watch,
     );
     tokio::spawn(writer.run(ends));
     handoff.empty.recv().await.unwrap();
