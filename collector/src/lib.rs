@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod partitions;
 pub mod receive;
+pub mod replication;
 pub(crate) mod replies;
 pub mod senders;
 pub mod service;

@@ -82,6 +82,14 @@ shared::metrics! {
             "How long the oldest count not folded yet has waited.";
         mirror_sent: Counter = "mirror_sent", "Datagrams forwarded to the mirror socket.";
         mirror_failed: Counter = "mirror_failed", "Datagrams the mirror socket did not take.";
+        database_synchronous: Gauge = "database_synchronous",
+            "1 when the writer's commits wait for a synchronous standby \
+             (synchronous_standby_names set), 0 when a failover can lose acknowledged ones.";
+        replication_waiting: Gauge = "replication_waiting",
+            "1 while a commit of this collector has waited over 2 s for synchronous replication \
+             (wait_event SyncRep): no synchronous standby confirms it.";
+        replication_waits: Counter = "replication_waits",
+            "Commits named as waiting for synchronous replication (SyncRep) over 2 s.";
         admin_connections_closed: LabeledCounter<shared::admin::Closed> =
             "admin_connections_closed",
             "Admin listener connections it closed itself to stay within its bound, by reason.";

@@ -242,6 +242,14 @@ fn start_writer(
         health.clone(),
         Some(conn),
     );
+    // Looks at the writer's sessions from one of its own while a write takes long, for as
+    // long as the process runs: a commit that waits for a standby is named as such.
+    tokio::spawn(
+        writer
+            .watch()
+            .run(db.clone(), config.write_timeout)
+            .instrument(tracing::info_span!("replication")),
+    );
     let span = tracing::info_span!("writer");
     (
         handoff,

@@ -141,6 +141,11 @@ impl Conn {
         })
     }
 
+    /// The session, for what watches it (`replication`).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// One transaction: the claim of batch `number`, senders, clicks, counts, commit; unless
     /// the claim shows that this batch is in already. Dropping it midway rolls it back. With
     /// `sift`, the clicks go in halves until the rows PostgreSQL refuses for good are found

@@ -12,6 +12,7 @@ use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
 use crate::lock;
 use crate::metrics::{Health, Metrics};
+use crate::replication::{Committed, Watch};
 use crate::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
 use crate::unfolded::Unfolded;
 
@@ -26,6 +27,10 @@ pub struct Writer {
     unfolded: Arc<Unfolded>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Its sessions' replication: settings, a commit stuck waiting for a standby.
+    watch: Arc<Watch>,
+    /// What it committed, to find what a failover lost.
+    committed: Committed,
 }
 
 impl Writer {
@@ -40,6 +45,7 @@ impl Writer {
         health: Arc<Health>,
         conn: Option<Conn>,
     ) -> Writer {
+        let watch = Watch::new(metrics.clone());
         Writer {
             db,
             last: BatchNumber {
@@ -52,7 +58,14 @@ impl Writer {
             unfolded,
             metrics,
             health,
+            watch,
+            committed: Committed::default(),
         }
+    }
+
+    /// What watches its sessions' replication, for [`Watch::run`].
+    pub fn watch(&self) -> Arc<Watch> {
+        self.watch.clone()
     }
 
     /// Writes the batches that come full and hands each back committed (the receiver
@@ -63,6 +76,12 @@ impl Writer {
             self.last.writer,
             self.last.instance
         );
+        if let Some(conn) = &self.conn {
+            if let Err(e) = self.watch.connected(conn.client()).await {
+                tracing::warn!("reading the replication settings: {}", describe(&e));
+                self.conn = None;
+            }
+        }
         while let Some(mut batch) = ends.full.recv().await {
             let started = Instant::now();
             let rows = Rows {
@@ -73,7 +92,10 @@ impl Writer {
             let number = self.last.clone();
             // Its lines carry the batch's number, the one click_writers records.
             let span = tracing::info_span!("batch", number = number.batch);
+            self.watch.writing();
             let written = self.write(&batch, &rows, &number).instrument(span).await;
+            self.watch.written();
+            self.committed.add(&batch);
             drop(rows);
             match written {
                 Stored::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
@@ -150,8 +172,21 @@ impl Writer {
                     sift = true;
                     continue;
                 }
-                Err(waiting @ Failure::LockHeld(_)) => {
-                    tracing::info!("{waiting}; asking again on a new connection");
+                Err(waiting @ Failure::LockHeld(_)) => match self.watch.cause() {
+                    // The session holding the lock is this collector's own, its commit
+                    // stuck: not another writer.
+                    Some(cause) => tracing::warn!("{waiting}: {cause}; asking again"),
+                    None => tracing::info!("{waiting}; asking again on a new connection"),
+                },
+                Err(failure) if self.watch.cause().is_some() => {
+                    let cause = self.watch.cause().unwrap_or_default();
+                    tracing::warn!(
+                        "writing a batch of {} clicks: {failure}: {cause}; retrying on a new \
+                         connection",
+                        batch.len()
+                    );
+                    self.metrics.db_errors.inc();
+                    self.health.db_reachable.store(false, Relaxed);
                 }
                 Err(failure) => {
                     tracing::warn!(
@@ -181,13 +216,22 @@ impl Writer {
         // session from a database that does not answer.
         let mut wait = Throttle::per_outage();
         let (db, slot) = (&self.db, &mut self.conn);
+        let (watch, committed, metrics) = (&self.watch, &mut self.committed, &self.metrics);
         let attempt = async {
             let conn = match slot {
                 Some(conn) => conn,
                 slot => {
                     let client = db.connect().await?;
                     lock::take(&client, &number.instance, &mut wait).await?;
-                    slot.insert(Conn::prepare(client).await?)
+                    let conn = Conn::prepare(client).await?;
+                    watch.connected(conn.client()).await?;
+                    // Perhaps another server now (a failover): does it have what was
+                    // committed before?
+                    committed.reconnected();
+                    committed
+                        .check(conn.client(), &number.instance, metrics)
+                        .await?;
+                    slot.insert(conn)
                 }
             };
             conn.write(batch, rows, number, sift).await

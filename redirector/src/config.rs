@@ -33,6 +33,19 @@ pub struct Config {
     #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
+    /// Where the link loader reads `links` and its change log, if not from --database-url:
+    /// a hot standby (a replica) takes those reads off the primary. A standby cannot LISTEN,
+    /// so on one (`pg_is_in_recovery()` at connect) the loader reads the change log every
+    /// --reload-interval instead: a change is served within that plus the replication lag.
+    /// `--clicks direct` still inserts through --database-url.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "REDIRECTOR_LINKS_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub links_database_url: Option<String>,
+
     /// The collector's datagram socket.
     #[arg(
         long,
@@ -181,6 +194,21 @@ mod tests {
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.idle_timeout, Duration::from_secs(5));
         assert_eq!(c.write_timeout, Duration::from_secs(10));
+        assert_eq!(c.links_database_url, None);
+    }
+
+    #[test]
+    fn links_may_come_from_another_database() {
+        let c = Config::try_parse_from([
+            "redirector",
+            "--database-url",
+            "host=primary",
+            "--links-database-url",
+            "host=replica",
+        ])
+        .unwrap();
+        assert_eq!(c.database_url, "host=primary");
+        assert_eq!(c.links_database_url.as_deref(), Some("host=replica"));
     }
 
     #[test]

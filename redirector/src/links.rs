@@ -15,6 +15,7 @@
 //! serving.
 
 mod apply;
+mod standby;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -355,16 +356,30 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
-        // The search path pinned first, as in every session of the services. LISTEN before
-        // the first read, so that no change between the two goes unseen. Each read is planned
-        // for its own position: a generic plan would guess at `id > $1`.
+        // The search path pinned first, as in every session of the services. Each read is
+        // planned for its own position: a generic plan would guess at `id > $1`.
         let setup = format!(
-            "{}; SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan; \
-             LISTEN links_changed",
+            "{}; SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan",
             shared::db::SET_SEARCH_PATH,
             self.options.timeout.as_millis()
         );
         if let Err(e) = self.timed(client.batch_execute(&setup)).await {
+            return e;
+        }
+        // A hot standby refuses LISTEN (and NOTIFY never reaches it): there the change log
+        // is read every --reload-interval, and never every DEBOUNCE, which would only poll
+        // faster than the changes can replicate.
+        let standby = match self.timed(standby::in_recovery(&client)).await {
+            Ok(standby) => standby,
+            Err(e) => return e,
+        };
+        if standby {
+            standby::following(&self.options);
+        } else if let Err(e) = self
+            .timed(client.batch_execute("LISTEN links_changed"))
+            .await
+        {
+            // LISTEN before the first read, so that no change between the two goes unseen.
             return e;
         }
         let read = match self.timed(client.prepare(READ)).await {
@@ -373,13 +388,20 @@ impl Loader {
         };
         let mut tick = tokio::time::interval(self.options.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut listening = true;
+        let mut listening = !standby;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = changed.notified(), if listening => tokio::time::sleep(DEBOUNCE).await,
-                _ = tokio::time::sleep(DEBOUNCE), if !listening => {}
+                _ = tokio::time::sleep(DEBOUNCE), if !listening && !standby => {}
                 _ = &mut driver.0 => return SessionError::Closed,
+            }
+            if standby {
+                match self.sync(&mut client, &read).await {
+                    Ok(_) => backoff.reset(),
+                    Err(e) => return e,
+                }
+                continue;
             }
             listening = match self.follow(&mut client, &read, listening, &changed).await {
                 Ok(listening) => listening,

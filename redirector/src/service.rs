@@ -39,6 +39,8 @@ pub enum Error {
     Drain(#[from] drain::Error),
     #[error("--database-url: {0}")]
     DatabaseUrl(shared::db::ConfigError),
+    #[error("--links-database-url: {0}")]
+    LinksDatabaseUrl(shared::db::ConfigError),
     #[error("starting the link loader thread: {0}")]
     Loader(std::io::Error),
     #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
@@ -115,7 +117,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         poll: cfg.reload_interval,
         timeout: cfg.link_timeout,
     };
-    links::spawn(db.clone(), table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
+    // The links may come from a replica; clicks (`--clicks direct`) always go to the primary.
+    let links_db = match &cfg.links_database_url {
+        Some(url) => url.parse().map_err(Error::LinksDatabaseUrl)?,
+        None => db.clone(),
+    };
+    links::spawn(links_db, table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());

@@ -18,7 +18,8 @@ PG_USER=${PG_USER:-postgres}
 pg_bindir() {
     local dir
     if command -v initdb >/dev/null && command -v pg_ctl >/dev/null; then
-        dirname "$(command -v initdb)"
+        # Where a link on PATH leads: the directory that also has pg_basebackup and psql.
+        dirname "$(readlink -f "$(command -v initdb)")"
         return
     fi
     dir=$(pg_config --bindir 2>/dev/null || true)
@@ -103,12 +104,22 @@ pg_access() {
         echo "# Written by scripts/lib/pg.sh at every start: the Unix socket only (the server"
         echo "# listens on no TCP address), and only the OS users of pg_ident.conf's map dev."
         echo "local all all peer map=dev"
+        # A standby copies the cluster (pg_basebackup) and streams from it over a replication
+        # connection, which "all" does not cover.
+        echo "local replication all peer map=dev"
     } | as_pg tee "$PGDIR/data/pg_hba.conf" >/dev/null || return 1
     {
         echo "# Written by scripts/lib/pg.sh at every start: who runs the scripts, and the server's user."
         printf 'dev "%s" postgres\n' "$me"
         if ((EUID == 0)); then printf 'dev "%s" postgres\n' "$PG_USER"; fi
     } | as_pg tee "$PGDIR/data/pg_ident.conf" >/dev/null
+}
+
+# Copies the running cluster whose socket is in $1 into $PGDIR/data as a streaming standby
+# of it (`-R`: the standby settings, primary_conninfo naming that socket). LOG is $2.
+pg_basebackup_from() { # PRIMARY_DIR LOG
+    as_pg "$PGBIN/pg_basebackup" -h "$1" -U postgres -D "$PGDIR/data" -R -X stream -c fast \
+        >"$2" 2>&1
 }
 
 pg_running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }

@@ -16,13 +16,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// The server binaries a cluster needs.
-const NEEDED: [&str; 2] = ["initdb", "pg_ctl"];
+/// The server binaries a cluster needs (`pg_basebackup` for a standby: a directory that has
+/// only links to the first two, as some images put on PATH, is passed over).
+const NEEDED: [&str; 3] = ["initdb", "pg_ctl", "pg_basebackup"];
 
 const SUPERVISOR: &str = r#"
 set -e
-"$BIN/initdb" -D "$DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
-  || { cat "$DIR/initdb.log"; exit 1; }
+if [ -n "$PRIMARY" ]; then
+  "$BIN/pg_basebackup" -h "$PRIMARY" -U postgres -D "$DIR/data" -R -X stream -c fast \
+    >"$DIR/initdb.log" 2>&1 || { cat "$DIR/initdb.log"; exit 1; }
+else
+  "$BIN/initdb" -D "$DIR/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 \
+    || { cat "$DIR/initdb.log"; exit 1; }
+fi
 "$BIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 -o "-k $DIR $SERVER_OPTIONS $EXTRA_OPTIONS" \
   start >/dev/null || { cat "$DIR/server.log"; exit 1; }
 echo ready
@@ -99,6 +105,12 @@ fn free_port() -> Result<u16, String> {
 
 impl Cluster {
     fn start(kind: Kind) -> Result<Cluster, String> {
+        Cluster::start_from(kind, None)
+    }
+
+    /// Starts a cluster: a new one from `initdb`, or with `primary` (a Unix cluster's socket
+    /// directory) a streaming standby of it, copied by `pg_basebackup -R`.
+    fn start_from(kind: Kind, primary: Option<&Path>) -> Result<Cluster, String> {
         let bin = find_bindir().ok_or_else(|| {
             format!(
                 "PostgreSQL server binaries ({}) were not found on PATH, in `pg_config --bindir`, \
@@ -138,6 +150,7 @@ impl Cluster {
             .env("DIR", &dir)
             .env("SERVER_OPTIONS", SERVER_OPTIONS)
             .env("EXTRA_OPTIONS", &extra)
+            .env("PRIMARY", primary.map(Path::as_os_str).unwrap_or_default())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -357,4 +370,193 @@ pub async fn test_db_on(cluster: &Cluster) -> TestDb {
         .await
         .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name));
     db
+}
+
+/// How a [`Pair`]'s primary waits for its standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// `synchronous_standby_names = '*'`: a commit returns once the standby has flushed it.
+    Synchronous,
+    /// A commit returns at once; the standby follows when it can.
+    Asynchronous,
+}
+
+/// A primary and a streaming hot standby of it (`pg_basebackup -R`), each a private cluster
+/// on a Unix socket of its own, for the failover tests. Unlike [`cluster`], each test makes
+/// its own: they kill and promote.
+pub struct Pair {
+    pub primary: Cluster,
+    pub standby: Cluster,
+}
+
+impl Pair {
+    /// Starts the primary, sets its replication mode, copies it into the standby and waits
+    /// until the standby streams (and, synchronous, is the synchronous one). The setting is
+    /// made before the copy, so the standby inherits `synchronous_standby_names` as a real
+    /// one does (`postgresql.auto.conf` is copied): promoted, it waits for a standby of its
+    /// own until the setting is cleared.
+    pub async fn start(mode: Replication) -> Pair {
+        let primary = Cluster::start(Kind::Unix).unwrap_or_else(|msg| panic!("{msg}"));
+        if mode == Replication::Synchronous {
+            primary.set_synchronous_standby_names("*").await;
+        }
+        let from = primary.dir.clone();
+        let standby = tokio::task::spawn_blocking(move || {
+            Cluster::start_from(Kind::Unix, Some(&from)).unwrap_or_else(|msg| panic!("{msg}"))
+        })
+        .await
+        .expect("starting the standby");
+        let pair = Pair { primary, standby };
+        let state = match mode {
+            Replication::Synchronous => "sync",
+            Replication::Asynchronous => "async",
+        };
+        let admin = pair.primary.connect("postgres").await;
+        crate::eventually(
+            &format!("the standby to stream as {state}"),
+            crate::LIMIT,
+            || async {
+                let states = strings(&admin, "SELECT sync_state FROM pg_stat_replication").await;
+                (states == [state]).then_some(())
+            },
+        )
+        .await;
+        pair
+    }
+
+    /// A connection string naming both servers, primary first, that connects to whichever
+    /// accepts writes (libpq's multi-host form with `target_session_attrs=read-write`): what
+    /// the services are given so that they follow a failover.
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "host={},{} user=postgres dbname={db} target_session_attrs=read-write",
+            self.primary.dir.display(),
+            self.standby.dir.display()
+        )
+    }
+
+    /// Waits until the standby has replayed everything the primary has written so far.
+    pub async fn await_replayed(&self) {
+        let primary = self.primary.connect("postgres").await;
+        let standby = self.standby.connect("postgres").await;
+        let lsn = strings(&primary, "SELECT pg_current_wal_lsn()::text").await;
+        let sql = format!(
+            "SELECT (pg_last_wal_replay_lsn() >= '{}'::pg_lsn)::text",
+            lsn[0]
+        );
+        crate::eventually(
+            "the standby to replay the primary's WAL",
+            crate::LIMIT,
+            || async { (strings(&standby, &sql).await == ["true"]).then_some(()) },
+        )
+        .await;
+    }
+}
+
+impl Cluster {
+    /// The postmaster's pid, from `postmaster.pid`.
+    pub fn postmaster_pid(&self) -> i32 {
+        let file = self.dir.join("data/postmaster.pid");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        text.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {}: {text:?}", file.display()))
+    }
+
+    /// Kills the server as a machine that dies would: SIGKILL to the postmaster and every
+    /// process of it at once, no shutdown, no checkpoint, nothing more sent to a standby.
+    /// Returns once they are all gone. The cluster is not usable afterwards.
+    pub fn kill_hard(&self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let postmaster = self.postmaster_pid();
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        for &pid in &pids {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let deadline = std::time::Instant::now() + crate::LIMIT;
+        // A killed child stays a zombie until the supervisor shell (the postmaster's
+        // parent's parent, by then) reaps it: gone from the server's point of view.
+        let alive = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                !s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        };
+        while pids.iter().any(|&p| alive(p)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed server's processes {pids:?} did not go"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// `pg_ctl promote`: a standby becomes a primary. Blocks until it accepts writes.
+    pub fn promote(&self) {
+        self.pg_ctl(r#""$BIN/pg_ctl" -D "$DIR/data" -w -t 60 promote"#);
+    }
+
+    /// `ALTER SYSTEM SET synchronous_standby_names` and a reload: `*` makes every commit wait
+    /// for a standby; an empty one lets commits go on (and releases those waiting).
+    pub async fn set_synchronous_standby_names(&self, value: &str) {
+        let admin = self.connect("postgres").await;
+        // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of one
+        // query string holding both.
+        let set = format!("ALTER SYSTEM SET synchronous_standby_names = '{value}'");
+        for sql in [set.as_str(), "SELECT pg_reload_conf()"] {
+            admin
+                .batch_execute(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
+        }
+    }
+
+    /// The pid of a standby's WAL receiver.
+    pub async fn wal_receiver_pid(&self) -> i32 {
+        let admin = self.connect("postgres").await;
+        crate::eventually("the standby's WAL receiver", crate::LIMIT, || async {
+            let rows = admin
+                .query("SELECT pid FROM pg_stat_wal_receiver", &[])
+                .await
+                .ok()?;
+            rows.first().map(|r| r.get::<_, i32>(0))
+        })
+        .await
+    }
+
+    /// Stops (SIGSTOP) or continues (SIGCONT) a standby's WAL receiver: stopped, it takes
+    /// nothing more from the primary, which (replicating asynchronously) commits on.
+    pub fn signal_wal_receiver(&self, pid: i32, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .unwrap_or_else(|e| panic!("{signal} to the WAL receiver {pid}: {e}"));
+    }
+}
+
+/// The pids of the processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if ppid == Some(parent) {
+            pids.push(pid);
+        }
+    }
+    pids
 }

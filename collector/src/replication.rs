@@ -1,0 +1,414 @@
+//! What replication does to the writer's commits: whether they wait for a standby, a commit
+//! stuck waiting for one, and commits a failover lost.
+//!
+//! - At each connect the writer reads `synchronous_standby_names` (its own session sets
+//!   `synchronous_commit = on`, `store::Conn::prepare`): with a name there, a commit returns
+//!   only once a synchronous standby has it, so a failover to that standby loses nothing
+//!   acknowledged. Logged, and the gauge `collector_database_synchronous`.
+//! - A commit waits for a synchronous standby forever when none confirms it (none connected,
+//!   or a promoted standby that kept its primary's `synchronous_standby_names`). Its backend
+//!   then holds the instance lock, so without a look from outside it reads as a timeout and
+//!   then as a lock held by another session. [`Watch::run`], on a second session, looks at
+//!   the writer's backends in `pg_stat_activity` while a write takes long, and names a
+//!   `SyncRep` wait: logged with the setting to look at, `collector_replication_waiting`,
+//!   `collector_replication_waits_total`.
+//! - With asynchronous replication, a standby promoted after its primary died may lack
+//!   commits this collector made and acknowledged: the senders have forgotten those clicks.
+//!   On every new connection the writer compares `click_senders` there with what it
+//!   committed itself ([`Committed`]); what is missing is counted in
+//!   `collector_clicks_unaccounted_total` (as a resync counts it after a restart) and the
+//!   record put back, so that nothing is counted twice and no sender is asked for what it no
+//!   longer holds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use crate::batch::Batch;
+use crate::db::{describe, Db};
+use crate::metrics::Metrics;
+
+/// How often the watch looks while a write is in flight.
+const POLL: Duration = Duration::from_millis(500);
+/// A write slower than this is looked at: a commit that waits on a standby that answers takes
+/// milliseconds, so by then a `SyncRep` wait is a standby that does not.
+const LOOK_AFTER: Duration = Duration::from_secs(1);
+/// A `SyncRep` wait this long is named. Short enough to be named well within the write
+/// timeout (30 s by default), long enough that a standby catching up is not.
+pub const NAMED_AFTER: Duration = Duration::from_secs(2);
+
+/// The replication settings a session sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub standby_names: String,
+    pub commit: String,
+}
+
+impl Settings {
+    /// Whether a commit waits for a standby.
+    pub fn synchronous(&self) -> bool {
+        !self.standby_names.trim().is_empty()
+            && matches!(self.commit.as_str(), "on" | "remote_write" | "remote_apply")
+    }
+}
+
+/// Reads the settings of `client`'s session (after `Conn::prepare` set `synchronous_commit`).
+pub async fn settings(client: &Client) -> Result<Settings, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronous_standby_names'), \
+                    current_setting('synchronous_commit')",
+            &[],
+        )
+        .await?;
+    Ok(Settings {
+        standby_names: row.get(0),
+        commit: row.get(1),
+    })
+}
+
+/// What the writer and the watch share.
+pub struct Watch {
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Since when the writer has been writing the current batch (retries included).
+    writing_since: Option<Instant>,
+    /// The backends of the writer's sessions: the current one, and abandoned ones until they
+    /// are gone (an abandoned commit stuck in `SyncRep` keeps its backend, and the lock).
+    pids: Vec<i32>,
+    /// The settings last read, and whether they were logged.
+    settings: Option<Settings>,
+    /// Since when a backend of the writer is seen waiting in `SyncRep`.
+    sync_wait: Option<Instant>,
+    named: bool,
+}
+
+impl Watch {
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Watch> {
+        Arc::new(Watch {
+            metrics,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new writer session: its backend is watched, its settings logged when they change
+    /// and shown in `collector_database_synchronous`.
+    pub async fn connected(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let settings = settings(client).await?;
+        self.metrics
+            .database_synchronous
+            .set(i64::from(settings.synchronous()));
+        let mut state = self.state();
+        state.pids.push(pid);
+        if state.settings.as_ref() != Some(&settings) {
+            if settings.synchronous() {
+                tracing::info!(
+                    "commits are replicated synchronously (synchronous_standby_names = {:?}, \
+                     synchronous_commit = {}): a failover to a synchronous standby loses \
+                     nothing acknowledged",
+                    settings.standby_names,
+                    settings.commit
+                );
+            } else {
+                tracing::info!(
+                    "commits are not replicated synchronously (synchronous_standby_names = \
+                     {:?}): a failover to a standby can lose commits already acknowledged; \
+                     they would be counted in collector_clicks_unaccounted_total",
+                    settings.standby_names
+                );
+            }
+            state.settings = Some(settings);
+        }
+        Ok(())
+    }
+
+    /// The writer starts writing a batch.
+    pub fn writing(&self) {
+        self.state().writing_since = Some(Instant::now());
+    }
+
+    /// The writer's batch is in.
+    pub fn written(&self) {
+        let mut state = self.state();
+        state.writing_since = None;
+        // Only the current session's backend stays watched: the others' are gone or ending.
+        let keep = state.pids.len().saturating_sub(1);
+        state.pids.drain(..keep);
+        drop(state);
+        self.waited_out();
+    }
+
+    /// What holds the writer up, if the watch has named it: for the writer's own lines about
+    /// a timeout or a lock held, which would otherwise blame the database or a lock.
+    pub fn cause(&self) -> Option<String> {
+        let state = self.state();
+        let names = state.settings.as_ref().map(|s| s.standby_names.as_str());
+        state.named.then(|| {
+            format!(
+                "a commit of this collector waits for synchronous replication (SyncRep): no \
+                 synchronous standby confirms it; see synchronous_standby_names ({:?}) and \
+                 pg_stat_replication",
+                names.unwrap_or("?")
+            )
+        })
+    }
+
+    /// The wait is over (or never was).
+    fn waited_out(&self) {
+        let mut state = self.state();
+        let since = state.sync_wait.take();
+        let named = std::mem::take(&mut state.named);
+        drop(state);
+        if named {
+            self.metrics.replication_waiting.set(0);
+            let lasted = since.map(|s| s.elapsed()).unwrap_or_default();
+            tracing::info!(
+                "the commit waiting for synchronous replication went on after {lasted:?}"
+            );
+        }
+    }
+
+    /// Watches the writer's backends from a session of its own, for as long as the process
+    /// runs: while a write takes longer than [`LOOK_AFTER`], every [`POLL`].
+    pub async fn run(self: Arc<Watch>, db: Db, timeout: Duration) {
+        let mut session: Option<Client> = None;
+        loop {
+            tokio::time::sleep(POLL).await;
+            let (slow, pids) = {
+                let state = self.state();
+                let slow = state
+                    .writing_since
+                    .is_some_and(|s| s.elapsed() >= LOOK_AFTER);
+                (slow, state.pids.clone())
+            };
+            if !slow || pids.is_empty() {
+                self.waited_out();
+                continue;
+            }
+            let look = async {
+                let client = match session.take() {
+                    Some(client) => client,
+                    None => db.connect().await?,
+                };
+                let rows = client
+                    .query(
+                        "SELECT pid, coalesce(wait_event, '') = 'SyncRep' \
+                           FROM pg_stat_activity WHERE pid = ANY($1)",
+                        &[&pids],
+                    )
+                    .await?;
+                session = Some(client);
+                Ok::<_, tokio_postgres::Error>(rows)
+            };
+            let rows = match tokio::time::timeout(timeout, look).await {
+                Ok(Ok(rows)) => rows,
+                Ok(Err(e)) => {
+                    tracing::debug!("looking at the writer's sessions: {}", describe(&e));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let live: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+            let waiting = rows
+                .iter()
+                .find(|r| r.get::<_, bool>(1))
+                .map(|r| r.get::<_, i32>(0));
+            self.seen(&live, waiting);
+        }
+    }
+
+    /// What one look found: the writer's backends still there, and one waiting in `SyncRep`.
+    fn seen(&self, live: &[i32], waiting: Option<i32>) {
+        let mut state = self.state();
+        // Abandoned backends that ended are no longer watched; the newest (current) always is.
+        let current = state.pids.last().copied();
+        state
+            .pids
+            .retain(|p| live.contains(p) || Some(*p) == current);
+        let Some(pid) = waiting else {
+            drop(state);
+            self.waited_out();
+            return;
+        };
+        let since = *state.sync_wait.get_or_insert_with(Instant::now);
+        if state.named || since.elapsed() < NAMED_AFTER {
+            return;
+        }
+        state.named = true;
+        let names = state
+            .settings
+            .as_ref()
+            .map(|s| s.standby_names.clone())
+            .unwrap_or_default();
+        drop(state);
+        self.metrics.replication_waiting.set(1);
+        self.metrics.replication_waits.inc();
+        tracing::warn!(
+            "a commit of this collector (backend {pid}) has waited over {NAMED_AFTER:?} for \
+             synchronous replication (wait_event SyncRep): no synchronous standby confirms it. \
+             The batch is kept, and its backend holds the instance lock until the commit is \
+             confirmed. Look at synchronous_standby_names (now {names:?}) on the server and \
+             at pg_stat_replication: a standby down, or a promoted standby that kept its \
+             primary's setting (clear it: ALTER SYSTEM SET synchronous_standby_names = ''; \
+             SELECT pg_reload_conf())"
+        );
+    }
+}
+
+/// Each sender's seq and clicks as this process committed them, to check a new connection's
+/// database against: one that lacks them lost acknowledged commits in a failover.
+#[derive(Debug, Default)]
+pub struct Committed {
+    senders: HashMap<u64, (u64, u64)>,
+    /// Set by a new connection: check before the next write.
+    check: bool,
+}
+
+/// Puts a sender's record back where this collector committed and acknowledged it: the same
+/// upsert as a batch's (`GREATEST`: never back).
+const PUT_BACK: &str = "
+    INSERT INTO click_senders (sender, last_seq, clicks, instance, updated_at)
+    SELECT sender, last_seq, clicks, $4, now()
+      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS s(sender, last_seq, clicks)
+    ORDER BY sender
+    ON CONFLICT (sender) DO UPDATE
+       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
+           clicks = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
+                         THEN EXCLUDED.clicks ELSE click_senders.clicks END,
+           updated_at = now()";
+
+impl Committed {
+    /// `batch` committed.
+    pub fn add(&mut self, batch: &Batch) {
+        let [senders, seqs, clicks] = batch.sender_columns();
+        for ((sender, seq), clicks) in senders.into_iter().zip(seqs).zip(clicks) {
+            let entry = self.senders.entry(sender as u64).or_insert((0, 0));
+            if seq as u64 >= entry.0 {
+                *entry = (seq as u64, clicks as u64);
+            }
+        }
+        for sender in batch.forgotten_column() {
+            self.senders.remove(&(sender as u64));
+        }
+    }
+
+    /// The writer opened a new session (not its first): check it before writing.
+    pub fn reconnected(&mut self) {
+        self.check = !self.senders.is_empty();
+    }
+
+    /// On a new session: compares `click_senders` with what this process committed, counts
+    /// what is missing as unaccounted, and puts the records back. Returns the clicks counted.
+    pub async fn check(
+        &mut self,
+        client: &Client,
+        instance: &str,
+        metrics: &Metrics,
+    ) -> Result<u64, tokio_postgres::Error> {
+        if !self.check {
+            return Ok(0);
+        }
+        let ids: Vec<i64> = self.senders.keys().map(|&s| s as i64).collect();
+        let rows = client
+            .query(
+                "SELECT sender, last_seq, clicks FROM click_senders WHERE sender = ANY($1)",
+                &[&ids],
+            )
+            .await?;
+        let there: HashMap<u64, (u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                let column = |i| r.get::<_, i64>(i) as u64;
+                (column(0), (column(1), column(2)))
+            })
+            .collect();
+        let mut behind = Vec::new();
+        let (mut datagrams, mut clicks) = (0u64, 0u64);
+        for (&sender, &(seq, sent)) in &self.senders {
+            let (db_seq, db_clicks) = there.get(&sender).copied().unwrap_or((0, 0));
+            let missing = !there.contains_key(&sender) || db_seq < seq;
+            if missing {
+                datagrams += seq.saturating_sub(db_seq) + u64::from(!there.contains_key(&sender));
+                clicks += sent.saturating_sub(db_clicks);
+                behind.push((sender, seq, sent));
+            }
+        }
+        if !behind.is_empty() {
+            let column = |f: fn(&(u64, u64, u64)) -> u64| -> Vec<i64> {
+                behind.iter().map(|b| f(b) as i64).collect()
+            };
+            let params = (column(|b| b.0), column(|b| b.1), column(|b| b.2));
+            client
+                .execute(PUT_BACK, &[&params.0, &params.1, &params.2, &instance])
+                .await?;
+            metrics.clicks_unaccounted.inc_by(clicks);
+            tracing::warn!(
+                "the database lacks commits this collector made and acknowledged: {} senders \
+                 behind by {datagrams} datagrams, {clicks} clicks. It failed over to a standby \
+                 that had not received them (asynchronous replication); the senders no longer \
+                 hold them. Counted in collector_clicks_unaccounted_total; their records are \
+                 put back, and writing goes on",
+                behind.len()
+            );
+        }
+        self.check = false;
+        Ok(clicks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronous_only_with_a_standby_name_and_a_waiting_commit() {
+        let s = |names: &str, commit: &str| Settings {
+            standby_names: names.into(),
+            commit: commit.into(),
+        };
+        assert!(s("*", "on").synchronous());
+        assert!(s("FIRST 1 (a, b)", "remote_apply").synchronous());
+        assert!(s("standby1", "remote_write").synchronous());
+        assert!(!s("", "on").synchronous());
+        assert!(!s(" ", "remote_apply").synchronous());
+        assert!(!s("*", "local").synchronous());
+        assert!(!s("*", "off").synchronous());
+    }
+
+    #[test]
+    fn a_wait_is_named_once_after_a_while_and_cleared_when_it_ends() {
+        let metrics = Arc::new(Metrics::default());
+        let watch = Watch::new(metrics.clone());
+        watch.state().pids = vec![7, 8];
+        watch.seen(&[8], Some(8));
+        assert_eq!(
+            watch.state().pids,
+            [8],
+            "the ended backend is no longer watched"
+        );
+        assert!(watch.cause().is_none(), "not named at once");
+        watch.state().sync_wait = Some(Instant::now() - NAMED_AFTER);
+        watch.seen(&[8], Some(8));
+        watch.seen(&[8], Some(8));
+        assert_eq!(metrics.replication_waits.get(), 1);
+        assert_eq!(metrics.replication_waiting.get(), 1);
+        assert!(watch.cause().unwrap().contains("synchronous_standby_names"));
+        watch.seen(&[8], None);
+        assert_eq!(metrics.replication_waiting.get(), 0);
+        assert!(watch.cause().is_none());
+    }
+}

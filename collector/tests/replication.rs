@@ -1,0 +1,84 @@
+//! The collector on a replicated database: it says whether its commits wait for a standby,
+//! and names a commit stuck waiting for one (SyncRep) instead of blaming a lock. A primary
+//! and a streaming standby of its own (`testkit::pgtest::Pair`), killed and promoted.
+
+use std::time::{Duration, Instant};
+
+use testkit::collector::*;
+use testkit::pgtest::{self, Pair, Replication, TestDb};
+
+/// The metric `series` of `c` once it reads `value`.
+async fn await_value(c: &Collector, series: &str, value: f64, limit: Duration) {
+    let what = format!("{series} to read {value}");
+    testkit::eventually(&what, limit, || async {
+        (c.metric(series).await == value).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_that_kept_synchronous_standby_names_is_named_and_then_written() {
+    let pair = Pair::start(Replication::Synchronous).await;
+    let p = place_on(&pair.primary).await;
+    // Both servers, whichever takes writes: how the collector follows a failover.
+    let db = TestDb {
+        name: p.db.name.clone(),
+        url: pair.url(&p.db.name),
+    };
+    let c = start_collector(&db, &p.path, &["--flush-interval", "20ms"]).await;
+    await_value(&c, "collector_database_synchronous", 1.0, LIMIT).await;
+    c.service
+        .wait_for_log("commits are replicated synchronously", LIMIT)
+        .await;
+    assert_eq!(c.metric("collector_replication_waiting").await, 0.0);
+
+    let sent = clicks(3_000, 30, start_us(), 1_001);
+    let grams = datagrams(21, &sent);
+    let (before, after) = grams.split_at(grams.len() / 2);
+    send_all(&p.path, before.to_vec()).await;
+    await_rows(&p.client, None, clicks_in(before)).await;
+
+    // The primary dies; its standby is promoted, and nobody clears the setting it copied.
+    pair.primary.kill_hard();
+    let standby = &pair.standby;
+    tokio::task::block_in_place(|| standby.promote());
+    let stuck = Instant::now();
+    send_all(&p.path, after.to_vec()).await;
+    c.service.wait_for_log("wait_event SyncRep", LIMIT).await;
+    await_value(&c, "collector_replication_waiting", 1.0, LIMIT).await;
+    let named = stuck.elapsed();
+    assert!(
+        named < Duration::from_secs(15),
+        "the SyncRep wait named only after {named:?}"
+    );
+    assert_eq!(c.metric("collector_replication_waits_total").await, 1.0);
+    let line = c.service.wait_for_log("wait_event SyncRep", LIMIT).await;
+    assert!(line.contains("synchronous_standby_names"), "{line}");
+    assert!(
+        !c.service
+            .log()
+            .iter()
+            .any(|l| l.contains("waiting for the lock of instance")),
+        "the wait was blamed on a lock"
+    );
+
+    // What a failover manager does on promotion: then every click lands.
+    standby.set_synchronous_standby_names("").await;
+    let client = pgtest::connect(&standby.url(&p.db.name)).await;
+    await_rows(&client, None, sent.len() as u64).await;
+    await_value(&c, "collector_replication_waiting", 0.0, LIMIT).await;
+    eprintln!("a commit stuck in SyncRep named after {named:?}");
+}
+
+/// The clicks `grams` hold.
+fn clicks_in(grams: &[Vec<u8>]) -> u64 {
+    grams
+        .iter()
+        .map(|g| {
+            protocol::wire::decode(g)
+                .expect("a valid datagram")
+                .clicks
+                .len() as u64
+        })
+        .sum()
+}

@@ -1,0 +1,25 @@
+//! Reading the links from a hot standby (`--links-database-url` naming a replica): it refuses
+//! LISTEN, so the loader finds out at connect and follows the change log by polling instead.
+//! Everything else a read does (one snapshot per statement, `pg_current_snapshot()`, a
+//! REPEATABLE READ full load) works on a standby as on the primary.
+
+use tokio_postgres::Client;
+
+use super::Options;
+
+/// Whether the session is on a server in recovery (a hot standby).
+pub(super) async fn in_recovery(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await?
+        .get(0))
+}
+
+/// Says, once per session, how a standby is followed.
+pub(super) fn following(options: &Options) {
+    tracing::info!(
+        "the links database is a hot standby, which cannot LISTEN: reading the change log every \
+         {:?} (--reload-interval); a change is served within that plus the replication lag",
+        options.poll
+    );
+}

@@ -1,0 +1,261 @@
+//! The database fails over: a primary and a streaming standby (`testkit::pgtest::Pair`), the
+//! real binaries, and what each replication mode keeps of the clicks and the links. Also a
+//! redirector that reads its links from the standby.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use nix::sys::signal::Signal;
+use testkit::db::await_rows_settled;
+use testkit::eventually;
+use testkit::pgtest::{test_db_on, Pair, Replication};
+use testkit::redirector::load::Load;
+use testkit::redirector::{add_link, await_first_rows, redirector, rows, Redirector, LIMIT};
+use testkit::services::Collector;
+
+/// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
+async fn served(http: SocketAddr, code: &str) -> Option<String> {
+    let response = testkit::http::request(http, Method::GET, &format!("/{code}"))
+        .await
+        .expect("an answer");
+    match response.status().as_u16() {
+        302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
+        404 => None,
+        other => panic!("GET /{code} answered {other}"),
+    }
+}
+
+/// Waits until `code` answers `want`; returns how long that took.
+async fn await_served(http: SocketAddr, code: &str, want: Option<&str>) -> Duration {
+    let start = Instant::now();
+    let what = format!("/{code} to answer {want:?}");
+    eventually(&what, LIMIT, || async {
+        (served(http, code).await.as_deref() == want).then_some(())
+    })
+    .await;
+    start.elapsed()
+}
+
+async fn execute(db: &tokio_postgres::Client, sql: &str) {
+    db.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
+}
+
+#[tokio::test]
+async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_the_primary() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "before", "https://example.com/before").await;
+    pair.await_replayed().await;
+    let dir = tempfile::tempdir().unwrap();
+    let on_standby = pair.standby.url(&db.name);
+    let r = redirector(
+        &db.url,
+        &dir.path().join("collector.sock"),
+        &["--clicks", "off", "--links-database-url", &on_standby],
+    )
+    .await;
+    r.ready().await;
+    r.service
+        .wait_for_log("the links database is a hot standby", LIMIT)
+        .await;
+    assert_eq!(
+        served(r.http, "before").await.as_deref(),
+        Some("https://example.com/before")
+    );
+    let standby = testkit::pgtest::connect(&on_standby).await;
+    let sessions = testkit::pgtest::strings(
+        &standby,
+        "SELECT application_name FROM pg_stat_activity WHERE application_name = 'redirector-links'",
+    )
+    .await;
+    assert_eq!(sessions.len(), 1, "the loader reads from the standby");
+
+    add_link(&primary, "added", "https://example.com/added").await;
+    let insert = await_served(r.http, "added", Some("https://example.com/added")).await;
+    execute(
+        &primary,
+        "UPDATE links SET url = 'https://example.com/moved' WHERE code = 'before'",
+    )
+    .await;
+    let update = await_served(r.http, "before", Some("https://example.com/moved")).await;
+    execute(&primary, "DELETE FROM links WHERE code = 'added'").await;
+    let delete = await_served(r.http, "added", None).await;
+    // The standby is polled every --reload-interval (1 s) and replicates within milliseconds
+    // here: far less than this.
+    for (what, took) in [("insert", insert), ("update", update), ("delete", delete)] {
+        assert!(
+            took < Duration::from_secs(5),
+            "the {what} took {took:?} to be served"
+        );
+    }
+    eprintln!("links from a hot standby: insert {insert:?}, update {update:?}, delete {delete:?}");
+}
+
+/// The redirector and the collector on `url` (both servers of a pair), the collector's socket
+/// in `dir`; the redirector ready.
+async fn pipeline(url: &str, dir: &std::path::Path) -> (Collector, Redirector) {
+    let socket = dir.join("collector.sock");
+    let c = Collector::start(url, &socket, &["--flush-interval", "20ms"]).await;
+    let r = redirector(url, &socket, &[]).await;
+    r.ready().await;
+    (c, r)
+}
+
+/// Runs `f` (a blocking harness step: kill, promote) on this worker without stalling the
+/// others.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_synchronous_standby_under_load_loses_no_click() {
+    let pair = Pair::start(Replication::Synchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "steady", "https://example.com/steady").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (c, r) = pipeline(&pair.url(&db.name), dir.path()).await;
+    let synchronous = c.metric("collector_database_synchronous").await;
+    assert_eq!(
+        synchronous, 1.0,
+        "the collector sees its commits replicated"
+    );
+
+    let load = Load::get(r.http, "/steady");
+    let running = load.start();
+    await_first_rows(&primary, "steady").await;
+    // Under way: some batches in, others in flight when the primary dies.
+    let batches = c.metric("collector_batches_total").await;
+    eventually("ten batches under load", LIMIT, || async {
+        (c.metric("collector_batches_total").await >= batches + 10.0).then_some(())
+    })
+    .await;
+
+    let killed = Instant::now();
+    blocking(|| pair.primary.kill_hard());
+    let batches = c.metric("collector_batches_total").await;
+    // What a failover manager does: promote, and clear the setting the standby copied from
+    // its primary (it has no standby of its own to wait for).
+    blocking(|| pair.standby.promote());
+    pair.standby.set_synchronous_standby_names("").await;
+    let promoted = killed.elapsed();
+    let new_primary = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+    add_link(&new_primary, "after", "https://example.com/after").await;
+    let committed = eventually("a commit on the new primary", LIMIT, || async {
+        (c.metric("collector_batches_total").await > batches).then(|| killed.elapsed())
+    })
+    .await;
+    await_served(r.http, "after", Some("https://example.com/after")).await;
+    let link_served = killed.elapsed();
+    // And clicks keep landing there.
+    let rows_now = rows(&new_primary, Some("steady")).await;
+    eventually("clicks landing on the new primary", LIMIT, || async {
+        (rows(&new_primary, Some("steady")).await > rows_now + 1_000).then_some(())
+    })
+    .await;
+    load.stop();
+    let report = running.await.unwrap();
+
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(
+        report.count(302),
+        report.total(),
+        "every request redirected throughout: {report:?}"
+    );
+    let served = report.count(302);
+    await_rows_settled(&new_primary, Some("steady"), served, &[r.admin, c.admin]).await;
+    assert_eq!(c.metric("collector_clicks_unaccounted_total").await, 0.0);
+    assert_eq!(r.dropped().await, 0.0);
+    eprintln!(
+        "failover: primary killed -> first commit on the new primary: {} ms; -> first link \
+         change served: {} ms (promoted and its synchronous_standby_names cleared at {} ms; \
+         synchronous; {served} redirects, max latency {:?})",
+        committed.as_millis(),
+        link_served.as_millis(),
+        promoted.as_millis(),
+        report.max_latency
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_failover_that_lost_acknowledged_clicks_counts_them_and_stalls_nothing() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "steady", "https://example.com/steady").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (c, r) = pipeline(&pair.url(&db.name), dir.path()).await;
+    assert_eq!(c.metric("collector_database_synchronous").await, 0.0);
+
+    let load = Load::get(r.http, "/steady");
+    let running = load.start();
+    await_first_rows(&primary, "steady").await;
+    // The standby stops taking WAL; the primary commits (and the collector acknowledges) on,
+    // until well more than the socket buffers between them could still hand over.
+    let receiver = pair.standby.wal_receiver_pid().await;
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGSTOP);
+    let admin = pair.primary.connect("postgres").await;
+    let behind =
+        "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::float8 \
+                  FROM pg_stat_replication";
+    eventually("the standby 2 MB behind", LIMIT, || async {
+        (testkit::redirector::scalar::<f64>(&admin, behind).await > 2e6).then_some(())
+    })
+    .await;
+    let acked = r.metric("redirector_clicks_acked_total").await;
+    eventually("clicks acknowledged meanwhile", LIMIT, || async {
+        (r.metric("redirector_clicks_acked_total").await > acked).then_some(())
+    })
+    .await;
+
+    let killed = Instant::now();
+    blocking(|| pair.primary.kill_hard());
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGCONT);
+    blocking(|| pair.standby.promote());
+    let new_primary = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+    let unaccounted = eventually("the loss counted", LIMIT, || async {
+        let n = c.metric("collector_clicks_unaccounted_total").await;
+        (n > 0.0).then_some(n)
+    })
+    .await;
+    let counted = killed.elapsed();
+    c.service
+        .wait_for_log("the database lacks commits this collector made", LIMIT)
+        .await;
+    // Nothing stalls: clicks after the failover land.
+    let rows_now = rows(&new_primary, Some("steady")).await;
+    eventually("clicks landing on the new primary", LIMIT, || async {
+        (rows(&new_primary, Some("steady")).await > rows_now + 1_000).then_some(())
+    })
+    .await;
+    load.stop();
+    let report = running.await.unwrap();
+
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.count(302), report.total(), "{report:?}");
+    let served = report.count(302);
+    let lost = unaccounted as u64;
+    await_rows_settled(
+        &new_primary,
+        Some("steady"),
+        served - lost,
+        &[r.admin, c.admin],
+    )
+    .await;
+    assert_eq!(
+        c.metric("collector_clicks_unaccounted_total").await,
+        unaccounted,
+        "counted once"
+    );
+    assert_eq!(r.dropped().await, 0.0);
+    let recorded = rows(&new_primary, Some("steady")).await;
+    eprintln!(
+        "asynchronous failover: {served} redirects, {recorded} rows on the new primary, {lost} \
+         acknowledged clicks it lacked, counted {} ms after the kill",
+        counted.as_millis()
+    );
+}
