@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
 use compact_str::CompactString;
+use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -43,24 +44,13 @@ impl DateWindow {
     }
 }
 
-/// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SetAside {
-    TooOld,
-    TooNew,
-    /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
-    Refused,
-}
-
-impl SetAside {
-    pub const ALL: [SetAside; 3] = [SetAside::TooOld, SetAside::TooNew, SetAside::Refused];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SetAside::TooOld => "too_old",
-            SetAside::TooNew => "too_new",
-            SetAside::Refused => "refused",
-        }
+shared::label! {
+    /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
+    pub enum SetAside: "reason" {
+        TooOld = "too_old",
+        TooNew = "too_new",
+        /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
+        Refused = "refused",
     }
 }
 
@@ -73,7 +63,7 @@ pub struct Batch {
     clicks: usize,
     /// `clicks_set_aside` COPY rows, and how many per reason (in `SetAside::ALL` order).
     set_aside_rows: BytesMut,
-    set_aside: [u64; SetAside::ALL.len()],
+    set_aside: [u64; <SetAside as Label>::ALL.len()],
     /// Clicks per day, then per code: looked up by `&str`, so a code is copied in only the
     /// first time it appears in a batch (and allocated only if longer than 24 bytes).
     counts: CodeCounts,
@@ -117,7 +107,7 @@ impl Batch {
 
     /// Clicks set aside, per reason.
     pub fn set_aside(&self) -> impl Iterator<Item = (SetAside, u64)> + '_ {
-        SetAside::ALL.into_iter().zip(self.set_aside)
+        SetAside::ALL.iter().copied().zip(self.set_aside)
     }
 
     /// The `clicks_set_aside` COPY rows, leaving the buffer empty (see `take_rows`).

@@ -3,22 +3,10 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use shared::metrics::{Counter, Gauge, Histogram, Label, LabeledCounter};
+use protocol::RejectReason;
+use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter};
 
 use crate::batch::SetAside;
-use crate::intake::Rejected;
-
-/// The `reason` label of set-aside clicks.
-impl Label for SetAside {
-    const NAME: &'static str = "reason";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn index(self) -> usize {
-        self as usize
-    }
-    fn as_str(self) -> &'static str {
-        SetAside::as_str(self)
-    }
-}
 
 shared::label! {
     /// What a sender's resync did.
@@ -36,7 +24,7 @@ shared::label! {
 shared::metrics! {
     pub struct Metrics, prefix "collector" {
         datagrams_received: Counter = "datagrams_received", "Datagrams received, valid or not.";
-        datagrams_rejected: LabeledCounter<Rejected> = "datagrams_rejected",
+        datagrams_rejected: LabeledCounter<RejectReason> = "datagrams_rejected",
             "Datagrams rejected whole, by reason.";
         senders: Gauge = "senders", "Sender ids known (each redirector process has one).";
         senders_evicted: Counter = "senders_evicted",

@@ -13,6 +13,7 @@ use crate::batch::{Batch, SetAside};
 use crate::copy::{self, HEADER, TRAILER};
 use crate::db::describe;
 use crate::partitions;
+use shared::metrics::Label;
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =

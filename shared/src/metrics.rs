@@ -34,6 +34,19 @@ pub trait Label: Copy + Eq + Hash + Debug + Send + Sync + 'static {
     fn as_str(self) -> &'static str;
 }
 
+/// The reasons a datagram is rejected for are the protocol's, defined there once (it has no
+/// metrics dependency); this is their `reason` label.
+impl Label for protocol::RejectReason {
+    const NAME: &'static str = "reason";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn as_str(self) -> &'static str {
+        protocol::RejectReason::as_str(self)
+    }
+}
+
 /// The label set of a [`LabeledCounter`]: the one label `L::NAME="value"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct One<L>(pub L);

@@ -153,9 +153,9 @@ impl Events {
 
     /// A datagram was rejected; `why` is formatted only when the line is logged.
     fn rejected(&mut self, why: &Why) {
-        let reason = why.rejected();
+        let reason = why.reason();
         self.metrics.datagrams_rejected.inc(reason);
-        let reason = shared::metrics::Label::as_str(reason);
+        let reason = reason.as_str();
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(
                 reason,
