@@ -6,7 +6,16 @@ use std::sync::Arc;
 use protocol::RejectReason;
 use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter};
 
-use crate::batch::SetAside;
+shared::label! {
+    /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
+    pub enum SetAside: "reason" {
+        TooOld = "too_old",
+        TooNew = "too_new",
+        /// PostgreSQL refused its row for good (a data or constraint error); `write::store`
+        /// finds it.
+        Refused = "refused",
+    }
+}
 
 shared::label! {
     /// What a sender's resync did.

@@ -9,18 +9,19 @@ use shared::throttle::Throttle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::batch::{self, DateWindow, Handoff};
 use crate::config::Config;
 use crate::db::{self, describe, Db};
+use crate::ingest::mirror::Mirror;
+use crate::ingest::receive::{Receiver, Settings};
+use crate::ingest::senders::{self, Senders};
+use crate::ingest::socket::Inbox;
 use crate::metrics::{AdminView, Health, Metrics};
-use crate::mirror::Mirror;
-use crate::receive::{Receiver, Settings};
-use crate::senders::{self, Senders};
-use crate::socket::Inbox;
-use crate::store::Conn;
-use crate::unfolded::Unfolded;
-use crate::writer::Writer;
-use crate::{compact, copy, lock, maintenance, partitions};
+use crate::upkeep::{compact, maintenance, partitions};
+use crate::write::batch::{self, DateWindow, Handoff};
+use crate::write::store::Conn;
+use crate::write::unfolded::Unfolded;
+use crate::write::writer::Writer;
+use crate::write::{copy, lock};
 use schema as migrations;
 
 /// Why the collector could not start or go on.
@@ -36,15 +37,15 @@ pub enum Fatal {
         source: std::io::Error,
     },
     #[error("socket: {0}")]
-    Socket(#[from] crate::socket::OpenError),
+    Socket(#[from] crate::ingest::socket::OpenError),
     #[error("--mirror: {0}")]
     Mirror(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
-    WriterGone(#[from] crate::receive::WriterGone),
+    WriterGone(#[from] crate::ingest::receive::WriterGone),
     #[error("{0}")]
-    AllowUid(crate::userns::Unmapped),
+    AllowUid(crate::ingest::userns::Unmapped),
 }
 
 /// `collector migrate`: applies what is missing and returns.
@@ -79,7 +80,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // Under systemd: the datagram socket (collector.socket) and the admin listener
     // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
     // own.
-    let mut passed = shared::systemd::Passed::take().map_err(crate::socket::OpenError::Io)?;
+    let mut passed =
+        shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
     let admin = AdminView {
         metrics: metrics.clone(),
         health: health.clone(),
@@ -169,8 +171,8 @@ fn check_allowed_uids(config: &Config) -> Result<(), Fatal> {
     let Some(allowed) = &config.allow_uid else {
         return Ok(());
     };
-    match crate::userns::UidMap::read() {
-        Ok(Some(map)) => crate::userns::check(allowed, &map).map_err(Fatal::AllowUid),
+    match crate::ingest::userns::UidMap::read() {
+        Ok(Some(map)) => crate::ingest::userns::check(allowed, &map).map_err(Fatal::AllowUid),
         Ok(None) => Ok(()),
         Err(e) => {
             tracing::warn!(

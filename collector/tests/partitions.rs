@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::compact;
-use collector::maintenance::{self, Policy};
 use collector::metrics::Metrics;
-use collector::partitions;
+use collector::upkeep::compact;
+use collector::upkeep::maintenance::{self, Policy};
 mod support;
 
 use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
@@ -310,7 +309,7 @@ async fn a_collector_skips_the_partitions_while_another_sees_to_them() {
     let lock = format!("SELECT pg_advisory_lock({})", maintenance::PARTITIONS_LOCK);
     p.client.batch_execute(&lock).await.unwrap();
     let mut cmd = command(&p.db, &p.path, &["--retention", "3"]);
-    cmd.env("RUST_LOG", "info,collector::maintenance=debug");
+    cmd.env("RUST_LOG", "info,collector::upkeep::maintenance=debug");
     let c = Collector::spawn(cmd).await;
     c.ready().await;
     c.service
@@ -372,11 +371,11 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     // The writer COPYs a day's clicks straight into its partition only where that holds the
     // whole day: not on the day partitioning began (its start is in the old table), nor on a
     // day without a partition; those go through clicks, which routes each row.
-    let today = collector::copy::pg_day(now);
+    let today = collector::write::copy::pg_day(now);
     let mut direct = Vec::new();
     for day in [today, today + 1, today + 400] {
         let row = client
-            .query_opt(partitions::WHOLE_DAY, &[&day])
+            .query_opt(collector::write::store::WHOLE_DAY, &[&day])
             .await
             .unwrap();
         direct.push(row.map(|r| r.get::<_, String>(0)));

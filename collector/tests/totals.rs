@@ -5,11 +5,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use collector::compact::{self, Apply};
 use collector::metrics::Metrics;
+use collector::upkeep::compact::{self, Apply};
 mod support;
 
-use collector::unfolded::Unfolded;
+use collector::write::unfolded::Unfolded;
 use support::*;
 use testkit::collector::*;
 use testkit::pgtest;

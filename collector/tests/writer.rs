@@ -4,8 +4,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::batch::Handoff;
 use collector::metrics::{Health, Metrics};
+use collector::write::batch::Handoff;
 mod support;
 
 use support::*;
@@ -223,7 +223,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
-    collector::lock::take(
+    collector::write::lock::take(
         &holder,
         INSTANCE,
         &mut shared::throttle::Throttle::per_outage(),

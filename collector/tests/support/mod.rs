@@ -5,16 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::batch::{self, Batch, Handoff};
 use collector::db::Db;
 use collector::metrics::{Health, Metrics};
-use collector::unfolded::Unfolded;
-use collector::writer::Writer;
+use collector::write::batch::{self, Batch, Handoff};
+use collector::write::unfolded::Unfolded;
+use collector::write::writer::Writer;
 use testkit::collector::start_us;
 use testkit::LIMIT;
 
 /// A window that sets nothing aside.
-const WIDE_OPEN: collector::batch::DateWindow = collector::batch::DateWindow {
+const WIDE_OPEN: collector::write::batch::DateWindow = collector::write::batch::DateWindow {
     max_age_us: i64::MAX,
     max_skew_us: i64::MAX,
 };
@@ -98,11 +98,11 @@ pub async fn fold_all(
     client: &mut tokio_postgres::Client,
     own: &Unfolded,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
-    let policy = collector::compact::Policy {
+    let policy = collector::upkeep::compact::Policy {
         interval: Duration::ZERO,
         backlog: 1,
     };
-    collector::compact::fold(client, &policy, own).await
+    collector::upkeep::compact::fold(client, &policy, own).await
 }
 
 /// Hands `batch` to the writer and waits until it is committed.

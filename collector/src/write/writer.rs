@@ -8,12 +8,13 @@ use tracing::Instrument;
 
 use shared::throttle::Throttle;
 
-use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
-use crate::lock;
+use crate::metrics::SetAside;
 use crate::metrics::{Health, Metrics};
-use crate::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
-use crate::unfolded::Unfolded;
+use crate::write::batch::{Batch, WriterEnds};
+use crate::write::lock;
+use crate::write::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
+use crate::write::unfolded::Unfolded;
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::{Batch, DateWindow, Handoff};
-use crate::intake::Intake;
+use crate::ingest::intake::Intake;
+use crate::ingest::mirror::Mirror;
+use crate::ingest::replies::Replies;
+use crate::ingest::senders::{Reply, Senders};
+use crate::ingest::socket::{Datagram, Inbox};
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
-use crate::replies::Replies;
-use crate::senders::{Reply, Senders};
-use crate::socket::{Datagram, Inbox};
+use crate::write::batch::{Batch, DateWindow, Handoff};
 
 mod events;
 use events::Events;

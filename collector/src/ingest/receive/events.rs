@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use shared::throttle::Throttle;
 
-use crate::intake::{Outcome, Why};
+use crate::ingest::intake::{Outcome, Why};
+use crate::ingest::senders::Reply;
 use crate::metrics::{Metrics, Resync};
-use crate::senders::Reply;
 
 pub struct Events {
     metrics: Arc<Metrics>,

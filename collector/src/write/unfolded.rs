@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use compact_str::CompactString;
 
-use crate::batch::{Batch, CodeCounts};
+use crate::write::batch::{Batch, CodeCounts};
 
 /// This writer's committed, unfolded counts.
 #[derive(Debug)]
@@ -195,7 +195,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::DateWindow;
+    use crate::write::batch::DateWindow;
     use protocol::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {

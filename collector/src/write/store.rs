@@ -9,11 +9,22 @@ use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
-use crate::batch::{Batch, SetAside};
-use crate::copy::{self, HEADER, TRAILER};
 use crate::db::describe;
-use crate::partitions;
+use crate::metrics::SetAside;
+use crate::write::batch::Batch;
+use crate::write::copy::{self, HEADER, TRAILER};
 use shared::metrics::Label;
+
+/// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
+/// clicks, not being detached, and holds the whole day: its name, as a COPY may use it. (The
+/// day partitioning began on holds only the part of the day after that moment: the rest is
+/// in clicks_before_partitioning.)
+pub const WHOLE_DAY: &str = "
+    SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND NOT i.inhdetachpending
+      AND c.relname = 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')
+      AND (SELECT start FROM click_partitions_start)
+          <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =
@@ -229,11 +240,7 @@ impl Conn {
         }
         if !self.copy_day.contains_key(&day) {
             self.copy_day.retain(|&known, _| known >= today);
-            let statement = match self
-                .client
-                .query_opt(partitions::WHOLE_DAY, &[&day])
-                .await?
-            {
+            let statement = match self.client.query_opt(WHOLE_DAY, &[&day]).await? {
                 Some(row) => {
                     let table: String = row.get(0);
                     let copy =

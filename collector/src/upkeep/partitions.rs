@@ -53,17 +53,6 @@ pub struct Done {
     pub settled: Vec<String>,
 }
 
-/// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
-/// clicks, not being detached, and holds the whole day: its name, as a COPY may use it. (The
-/// day partitioning began on holds only the part of the day after that moment: the rest is
-/// in clicks_before_partitioning.)
-pub const WHOLE_DAY: &str = "
-    SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'clicks'::regclass AND NOT i.inhdetachpending
-      AND c.relname = 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')
-      AND (SELECT start FROM click_partitions_start)
-          <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
-
 const ENSURE: &str = "SELECT count(*) FILTER (WHERE ensure_click_partition(date '2000-01-01' + d))
                       FROM generate_series($1::int, $2::int) AS d";
 

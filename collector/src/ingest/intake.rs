@@ -8,10 +8,10 @@ use protocol::RejectReason;
 use shared::socket::Received;
 use std::time::Instant;
 
-use crate::batch::{Batch, DateWindow};
+use crate::write::batch::{Batch, DateWindow};
 use protocol::senders::{Refusal, Resynced, Verdict};
 
-use crate::senders::{Reply, Senders};
+use crate::ingest::senders::{Reply, Senders};
 
 /// Why a datagram was rejected whole; formatted only when logged.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,8 +21,8 @@ use std::os::unix::net::UnixDatagram;
 use nix::sys::socket::{self, MsgFlags, UnixAddr};
 use std::time::Instant;
 
-use crate::senders::Reply;
-use crate::socket::Inbox;
+use crate::ingest::senders::Reply;
+use crate::ingest::socket::Inbox;
 
 /// Reply sockets kept at once: a host's redirectors, with room to spare.
 const MAX_PEERS: usize = 64;

@@ -9,7 +9,8 @@ use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::copy;
+use crate::metrics::SetAside;
+use crate::write::copy;
 
 /// Clicks per UTC day (PostgreSQL's day number), then per code. Hashed with foldhash, seeded
 /// at random per process as the redirector's link table is: SipHash was a third of the
@@ -41,16 +42,6 @@ impl DateWindow {
         } else {
             None
         }
-    }
-}
-
-shared::label! {
-    /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
-    pub enum SetAside: "reason" {
-        TooOld = "too_old",
-        TooNew = "too_new",
-        /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
-        Refused = "refused",
     }
 }
 

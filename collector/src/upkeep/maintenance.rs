@@ -12,11 +12,11 @@ use shared::throttle::Throttle;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::compact::{self, Backlog};
 use crate::db::{timed, Db};
 use crate::metrics::{Health, Metrics};
-use crate::partitions::{self, Plan};
-use crate::unfolded::Unfolded;
+use crate::upkeep::compact::{self, Backlog};
+use crate::upkeep::partitions::{self, Plan};
+use crate::write::unfolded::Unfolded;
 
 /// How often the backlog is looked at (at most; more often with a shorter interval).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -227,7 +227,7 @@ pub async fn keep_partitions(
     metrics: &Metrics,
     now_us: i64,
 ) -> Result<(), tokio_postgres::Error> {
-    let today = crate::copy::pg_day(now_us);
+    let today = crate::write::copy::pg_day(now_us);
     let done = partitions::maintain(client, &policy.partitions(today), today).await?;
     metrics.partitions_created.inc_by(done.created);
     metrics.partitions_dropped.inc_by(done.dropped.len() as u64);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::unfolded::{Taken, Unfolded};
+use crate::write::unfolded::{Taken, Unfolded};
 
 /// One statement: moves the committed counts the collector does not hold in memory (the rows
 /// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
