@@ -3,9 +3,9 @@
 //! (`replies`), the `--mirror`, and the start-up check of `--allow-uid` (`userns`).
 
 pub mod intake;
-pub mod mirror;
-pub mod receive;
+pub(crate) mod mirror;
+pub(crate) mod receive;
 pub(crate) mod replies;
 pub mod senders;
-pub mod socket;
-pub mod userns;
+pub(crate) mod socket;
+pub(crate) mod userns;

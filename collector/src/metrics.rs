@@ -8,7 +8,7 @@ use shared::metrics::{Counter, Gauge, Histogram, LabeledCounter};
 
 shared::label! {
     /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
-    pub enum SetAside: "reason" {
+    pub(crate) enum SetAside: "reason" {
         TooOld = "too_old",
         TooNew = "too_new",
         /// PostgreSQL refused its row for good (a data or constraint error); `write::store`
@@ -19,7 +19,7 @@ shared::label! {
 
 shared::label! {
     /// What a sender's resync did.
-    pub enum Resync: "outcome" {
+    pub(crate) enum Resync: "outcome" {
         /// The record of the sender was behind: the gap was skipped and counted.
         Skipped = "skipped",
         /// The record was not behind (a repeated resync): nothing changed.
@@ -89,13 +89,13 @@ shared::metrics! {
 #[derive(Debug, Default)]
 pub struct Health {
     /// The socket is open and the database was reached at start.
-    pub started: AtomicBool,
+    pub(crate) started: AtomicBool,
     /// The writer's or the maintenance task's last attempt reached the database.
     pub db_reachable: AtomicBool,
 }
 
 impl Health {
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if !self.started.load(Relaxed) {
             return Err("starting: socket or database not ready".into());
         }
@@ -107,9 +107,9 @@ impl Health {
 }
 
 /// What `/metrics` and `/healthz` read.
-pub struct AdminView {
-    pub metrics: Arc<Metrics>,
-    pub health: Arc<Health>,
+pub(crate) struct AdminView {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) health: Arc<Health>,
 }
 
 impl shared::admin::Admin for AdminView {

@@ -4,4 +4,4 @@
 
 pub mod compact;
 pub mod maintenance;
-pub mod partitions;
+pub(crate) mod partitions;

@@ -222,14 +222,14 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 macro_rules! metrics {
     (
         $(#[$meta:meta])*
-        pub struct $name:ident, prefix $prefix:literal {
+        $vis:vis struct $name:ident, prefix $prefix:literal {
             $( $(#[$fmeta:meta])* $field:ident: $ty:ty = $metric:literal, $help:literal; )*
         }
     ) => {
         $(#[$meta])*
         #[derive(Debug)]
-        pub struct $name {
-            $( $(#[$fmeta])* pub $field: $ty, )*
+        $vis struct $name {
+            $( $(#[$fmeta])* $vis $field: $ty, )*
             registry: $crate::metrics::Registry,
         }
 
@@ -246,7 +246,7 @@ macro_rules! metrics {
 
         impl $name {
             /// The OpenMetrics exposition of every metric.
-            pub fn encode(&self) -> String {
+            $vis fn encode(&self) -> String {
                 $crate::metrics::encode(&self.registry)
             }
         }
@@ -259,13 +259,13 @@ macro_rules! metrics {
 macro_rules! label {
     (
         $(#[$meta:meta])*
-        pub enum $name:ident: $label:literal {
+        $vis:vis enum $name:ident: $label:literal {
             $( $(#[$vmeta:meta])* $variant:ident = $value:literal, )*
         }
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum $name {
+        $vis enum $name {
             $( $(#[$vmeta])* $variant, )*
         }
 

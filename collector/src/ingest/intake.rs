@@ -30,7 +30,7 @@ pub enum Why {
 
 impl Why {
     /// Its reason: the metrics label and log field.
-    pub fn reason(&self) -> RejectReason {
+    pub(crate) fn reason(&self) -> RejectReason {
         match self {
             Why::Truncated(_) => RejectReason::Undecodable,
             Why::Wire(reject) => reject.reason(),
@@ -215,7 +215,7 @@ impl Intake {
     }
 
     /// The senders, to record what a committed batch committed.
-    pub fn senders(&mut self) -> &mut Senders {
+    pub(crate) fn senders(&mut self) -> &mut Senders {
         &mut self.senders
     }
 }

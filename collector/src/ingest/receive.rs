@@ -34,7 +34,7 @@ const BUF_SIZE: usize = 64 * 1024;
 #[error("the database writer stopped; cannot write further batches")]
 pub struct WriterGone;
 
-pub struct Receiver {
+pub(crate) struct Receiver {
     inbox: Inbox,
     /// Acknowledgements and resend requests leave from a socket per peer.
     replies: Replies,
@@ -61,17 +61,17 @@ enum Event {
 
 /// When a batch is handed to the writer: at `batch_rows` clicks, or `flush_interval` after
 /// its first datagram, whichever comes first.
-pub struct Settings {
-    pub batch_rows: usize,
-    pub flush_interval: Duration,
+pub(crate) struct Settings {
+    pub(crate) batch_rows: usize,
+    pub(crate) flush_interval: Duration,
     /// Clicks dated outside it are set aside, not written into `clicks`.
-    pub window: DateWindow,
+    pub(crate) window: DateWindow,
     /// `--allow-uid`: datagrams of any other uid are rejected.
-    pub allowed_uids: Option<Vec<u32>>,
+    pub(crate) allowed_uids: Option<Vec<u32>>,
 }
 
 impl Receiver {
-    pub fn new(
+    pub(crate) fn new(
         inbox: Inbox,
         senders: Senders,
         mirror: Option<Mirror>,
@@ -97,7 +97,7 @@ impl Receiver {
     /// Receives until `stop` completes, then fences the socket, drains what is queued (if
     /// the socket is ours to drain), hands over the last batch and acknowledges every batch
     /// the writer commits until it is done.
-    pub async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
+    pub(crate) async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
         let mut stop = pin!(stop);
         loop {
             match self.next_event(stop.as_mut()).await {

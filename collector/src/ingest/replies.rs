@@ -33,7 +33,7 @@ struct Peer {
 }
 
 #[derive(Default)]
-pub struct Replies {
+pub(crate) struct Replies {
     peers: HashMap<UnixAddr, Peer>,
 }
 
@@ -41,7 +41,7 @@ impl Replies {
     /// Sends `reply` without waiting, from its peer's socket. An error means it was not sent
     /// (the peer is gone, or its queue is full); acknowledgements are cumulative, so the next
     /// one covers it.
-    pub fn send(&mut self, inbox: &Inbox, reply: &Reply, now: Instant) -> io::Result<()> {
+    pub(crate) fn send(&mut self, inbox: &Inbox, reply: &Reply, now: Instant) -> io::Result<()> {
         let bytes = reply.ack.encode();
         let socket = self.socket_for(reply.to, now)?;
         match socket::sendto(

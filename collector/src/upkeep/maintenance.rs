@@ -51,7 +51,7 @@ pub struct Policy {
 
 impl Policy {
     /// The partitions to keep for `today` (a PostgreSQL day number).
-    pub fn partitions(&self, today: i32) -> Plan {
+    pub(crate) fn partitions(&self, today: i32) -> Plan {
         Plan::for_today(
             today,
             self.window_back_days,
@@ -63,7 +63,7 @@ impl Policy {
 
 /// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
 /// next look on a new connection.
-pub async fn run(
+pub(crate) async fn run(
     db: Db,
     policy: Policy,
     own: Arc<Unfolded>,
@@ -132,7 +132,7 @@ async fn round(
 /// One collector of the database does it at a time (`PARTITIONS_LOCK`; the others skip
 /// their turn). A failure is counted, logged (once per outage) and tried again after a
 /// capped backoff, on a new connection.
-pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+pub(crate) async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
     let mut every = tokio::time::interval(PARTITIONS_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;

@@ -73,15 +73,15 @@ const FORGET_SENDERS: &str = "
 /// its instance name, and numbers its batches 1, 2, 3, ... in the order it writes them; a
 /// retry keeps the number.
 #[derive(Debug, Clone)]
-pub struct BatchNumber {
-    pub writer: i64,
-    pub instance: String,
-    pub batch: i64,
+pub(crate) struct BatchNumber {
+    pub(crate) writer: i64,
+    pub(crate) instance: String,
+    pub(crate) batch: i64,
 }
 
 impl BatchNumber {
     /// The columns that tie the batch's `click_count_lists` rows to it.
-    pub fn tag(&self) -> copy::BatchTag {
+    pub(crate) fn tag(&self) -> copy::BatchTag {
         copy::BatchTag {
             writer: self.writer,
             batch: self.batch,
@@ -91,15 +91,15 @@ impl BatchNumber {
 
 /// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
 #[derive(Debug)]
-pub struct Rows {
+pub(crate) struct Rows {
     /// Per UTC day (PostgreSQL's day number).
-    pub clicks: Vec<(i32, Bytes)>,
-    pub set_aside: Bytes,
+    pub(crate) clicks: Vec<(i32, Bytes)>,
+    pub(crate) set_aside: Bytes,
 }
 
 /// What an attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stored {
+pub(crate) enum Stored {
     /// Committed; `refused` clicks PostgreSQL refused for good were set aside instead.
     Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
@@ -114,7 +114,7 @@ pub enum Stored {
 /// a schema that does not match (42: a missing table or column, a privilege): those refuse
 /// every row, and setting every click aside would only move the stream elsewhere, so they are
 /// retried like an outage until an operator fixes the schema.
-pub fn refuses_rows(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn refuses_rows(e: &tokio_postgres::Error) -> bool {
     e.code()
         .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
 }
@@ -137,7 +137,7 @@ pub struct Conn {
 
 impl Conn {
     /// Prepares the statements on `client`.
-    pub async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
+    pub(crate) async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
         // A commit is acknowledged to the senders, who then forget those clicks: it must be
         // durable when it returns, whatever the server's default.
         client.batch_execute("SET synchronous_commit = on").await?;
@@ -157,7 +157,7 @@ impl Conn {
     /// the claim shows that this batch is in already. Dropping it midway rolls it back. With
     /// `sift`, the clicks go in halves until the rows PostgreSQL refuses for good are found
     /// (`refuses_rows`), which are set aside with their error, their counts left out.
-    pub async fn write(
+    pub(crate) async fn write(
         &mut self,
         batch: &Batch,
         rows: &Rows,

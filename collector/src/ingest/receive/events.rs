@@ -11,7 +11,7 @@ use crate::ingest::intake::{Outcome, Why};
 use crate::ingest::senders::Reply;
 use crate::metrics::{Metrics, Resync};
 
-pub struct Events {
+pub(crate) struct Events {
     metrics: Arc<Metrics>,
     reject_log: Throttle,
     lost_log: Throttle,
@@ -21,7 +21,7 @@ pub struct Events {
 }
 
 impl Events {
-    pub fn new(metrics: Arc<Metrics>) -> Events {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Events {
         Events {
             metrics,
             reject_log: Throttle::default(),
@@ -33,19 +33,19 @@ impl Events {
     }
 
     /// A datagram was read from the socket.
-    pub fn received(&self) {
+    pub(crate) fn received(&self) {
         self.metrics.datagrams_received.inc();
     }
 
     /// Reading the socket failed: not a reason to stop.
-    pub fn receive_failed(&mut self, e: &io::Error) {
+    pub(crate) fn receive_failed(&mut self, e: &io::Error) {
         if let Some(held) = self.recv_log.allow() {
             tracing::warn!("receiving: {e} ({held} more errors not logged)");
         }
     }
 
     /// A datagram went to `--mirror`, or did not.
-    pub fn mirrored(&mut self, result: io::Result<()>) {
+    pub(crate) fn mirrored(&mut self, result: io::Result<()>) {
         match result {
             Ok(()) => {
                 self.metrics.mirror_sent.inc();
@@ -60,7 +60,7 @@ impl Events {
     }
 
     /// An acknowledgement or resend request was sent, or not.
-    pub fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
+    pub(crate) fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
         let m = &self.metrics;
         match result {
             Ok(()) if reply.ack.resend_from.is_some() => {
@@ -83,7 +83,7 @@ impl Events {
     }
 
     /// What became of one datagram; `senders` is how many senders are known after it.
-    pub fn outcome(&mut self, outcome: Outcome, senders: usize) {
+    pub(crate) fn outcome(&mut self, outcome: Outcome, senders: usize) {
         let m = &self.metrics;
         match outcome {
             Outcome::Rejected(why) => self.rejected(&why),
