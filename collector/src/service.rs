@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tracing::Instrument;
 
+use shared::metrics::{sub_registry, Registry};
 use shared::throttle::Throttle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -15,13 +16,14 @@ use crate::ingest::mirror::Mirror;
 use crate::ingest::receive::{Receiver, Settings};
 use crate::ingest::senders::{self, Senders};
 use crate::ingest::socket::Inbox;
-use crate::metrics::{AdminView, Health, Metrics};
+use crate::metrics::{AdminView, Shared};
 use crate::upkeep::{compact, maintenance, partitions};
 use crate::write::batch::{self, DateWindow, Handoff};
 use crate::write::store::Conn;
 use crate::write::unfolded::Unfolded;
 use crate::write::writer::Writer;
 use crate::write::{copy, lock};
+use crate::{ingest, upkeep, write};
 use schema as migrations;
 
 /// Why the collector could not start or go on.
@@ -61,6 +63,23 @@ pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
     Ok(())
 }
 
+/// Each component's metrics, registered into a sub-registry of its own.
+struct Metrics {
+    ingest: Arc<ingest::Metrics>,
+    write: Arc<write::Metrics>,
+    upkeep: Arc<upkeep::Metrics>,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Metrics {
+        Metrics {
+            ingest: Arc::new(ingest::Metrics::register(sub_registry(registry))),
+            write: Arc::new(write::Metrics::register(sub_registry(registry))),
+            upkeep: Arc::new(upkeep::Metrics::register(sub_registry(registry))),
+        }
+    }
+}
+
 /// What start-up reads from the database before the first datagram is taken, and the
 /// writer's connection, which holds the instance lock.
 struct Start {
@@ -75,17 +94,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let db = Db::parse(database_url)
         .map_err(Fatal::Url)?
         .for_instance(&config.instance);
-    let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::default());
+    let mut registry = Registry::with_prefix("collector");
+    let shared = Arc::new(Shared::register(&mut registry));
+    let metrics = Metrics::register(&mut registry);
     // Under systemd: the datagram socket (collector.socket) and the admin listener
     // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
     // own.
     let mut passed =
         shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
-    let admin = AdminView {
-        metrics: metrics.clone(),
-        health: health.clone(),
-    };
+    let admin = AdminView::new(registry, shared.clone());
     listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
         .await
         .map_err(|source| Fatal::Admin {
@@ -97,7 +114,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
     let upkeep = maintenance_policy(&config);
     let start = tokio::select! {
-        start = prepare(&db, &config.instance, &upkeep, &metrics) => start,
+        start = prepare(&db, &config.instance, &upkeep, &metrics.upkeep, &shared) => start,
         name = &mut stop => {
             tracing::info!("{name} before the database was reached; nothing received");
             return Ok(());
@@ -107,9 +124,9 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
-    metrics.deltas_pending.set(start.deltas_pending);
-    health.db_reachable.store(true, Relaxed);
-    health.started.store(true, Relaxed);
+    metrics.upkeep.deltas_pending.set(start.deltas_pending);
+    shared.health.db_reachable.store(true, Relaxed);
+    shared.health.started.store(true, Relaxed);
     tracing::info!(
         "ready: instance {:?}, {} known senders",
         config.instance,
@@ -119,12 +136,13 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
 
     // Below 2^63: a positive bigint.
     let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
-    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &health);
+    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &shared);
     let receiver = Receiver::new(
         inbox,
         start.senders,
         mirror,
-        metrics.clone(),
+        metrics.ingest.clone(),
+        shared.clone(),
         Settings {
             batch_rows: config.batch_rows as usize,
             flush_interval: config.flush_interval,
@@ -138,11 +156,11 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     );
     // A span per task, so that its lines can be told apart (and filtered, `RUST_LOG`).
     let partitions = tokio::spawn(
-        maintenance::run_partitions(db.clone(), upkeep, metrics.clone())
+        maintenance::run_partitions(db.clone(), upkeep, metrics.upkeep.clone(), shared.clone())
             .instrument(tracing::info_span!("partitions")),
     );
     let maintenance = tokio::spawn(
-        maintenance::run(db, upkeep, unfolded, metrics.clone(), health.clone())
+        maintenance::run(db, upkeep, unfolded, metrics.upkeep, shared)
             .instrument(tracing::info_span!("fold")),
     );
     let stopping = async {
@@ -160,7 +178,10 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     }
     maintenance.abort();
     partitions.abort();
-    tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
+    tracing::info!(
+        "collector: {} clicks written",
+        metrics.write.clicks_written.get()
+    );
     received.map_err(Fatal::from)
 }
 
@@ -231,8 +252,8 @@ fn start_writer(
     conn: Conn,
     config: &Config,
     unfolded: &Arc<Unfolded>,
-    metrics: &Arc<Metrics>,
-    health: &Arc<Health>,
+    metrics: &Metrics,
+    shared: &Arc<Shared>,
 ) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
     let writer = Writer::new(
@@ -240,8 +261,8 @@ fn start_writer(
         &config.instance,
         config.write_timeout,
         unfolded.clone(),
-        metrics.clone(),
-        health.clone(),
+        metrics.write.clone(),
+        shared.clone(),
         Some(conn),
     );
     let span = tracing::info_span!("writer");
@@ -260,14 +281,15 @@ async fn prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    metrics: &upkeep::Metrics,
+    shared: &Shared,
 ) -> Start {
     let mut backoff = db::backoff();
     loop {
         match try_prepare(db, instance, upkeep, metrics).await {
             Ok(start) => return start,
             Err(e) => {
-                metrics.db_errors.inc();
+                shared.counts.db_errors.inc();
                 tracing::warn!("database not ready: {}; retrying", describe(&e));
                 backoff.wait().await;
             }
@@ -279,7 +301,7 @@ async fn try_prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    metrics: &upkeep::Metrics,
 ) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::metrics::Metrics;
 use collector::upkeep::compact;
 use collector::upkeep::maintenance::{self, Policy};
+use collector::upkeep::Metrics;
 mod support;
 
 use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
@@ -83,7 +83,7 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
     assert!(partitions(&client).await.contains(&after));
 
     // A batch of clicks on both sides of that midnight lands: no day is missing.
-    let mut handoff = writer(&db.url, "ahead", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "ahead", LIMIT, Arc::new(Counted::default())).await;
     let sent = clicks(2_000, 20, eve - 1_000_000, 1_000);
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     let stored = stored_clicks(&client).await;
@@ -139,7 +139,7 @@ async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before()
     maintenance::keep_partitions(&client, &policy(None), &metrics, noon)
         .await
         .unwrap();
-    let mut handoff = writer(&db.url, "settle", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "settle", LIMIT, Arc::new(Counted::default())).await;
     let sent = clicks(3_000, 30, noon, 1_000);
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     let day = name_of(&client, noon).await;
@@ -243,7 +243,7 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     maintenance::keep_partitions(&client, &policy(None), &metrics, then)
         .await
         .unwrap();
-    let metrics_w = Arc::new(Metrics::default());
+    let metrics_w = Arc::new(Counted::default());
     let (mut handoff, own) = writer_with_sums(&db.url, "retention", LIMIT, metrics_w).await;
     let old = clicks(3_000, 30, then, 1_000);
     write(&mut handoff, batch_of(&datagrams(6, &old))).await;
@@ -359,7 +359,7 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     // The migrations after it, which today's collector writes with.
     schema::apply(&mut client).await.unwrap();
     // New clicks go to day partitions; a late one dated before the migration to the old table.
-    let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Counted::default())).await;
     let now = protocol::now_us();
     let fresh = clicks(10, 2, now, 1);
     write(&mut handoff, batch_of(&datagrams(9, &fresh))).await;

@@ -20,7 +20,8 @@ use crate::ingest::mirror::Mirror;
 use crate::ingest::replies::Replies;
 use crate::ingest::senders::{Reply, Senders};
 use crate::ingest::socket::{Datagram, Inbox};
-use crate::metrics::Metrics;
+use crate::ingest::Metrics;
+use crate::metrics::Shared;
 use crate::write::batch::{Batch, DateWindow, Handoff};
 
 mod events;
@@ -76,6 +77,7 @@ impl Receiver {
         senders: Senders,
         mirror: Option<Mirror>,
         metrics: Arc<Metrics>,
+        shared: Arc<Shared>,
         settings: Settings,
         handoff: Handoff,
     ) -> Receiver {
@@ -85,7 +87,7 @@ impl Receiver {
             buf: vec![0; BUF_SIZE].into_boxed_slice(),
             intake: Intake::new(senders, settings.window, settings.allowed_uids, BUF_SIZE),
             mirror,
-            events: Events::new(metrics),
+            events: Events::new(metrics, shared),
             batch_rows: settings.batch_rows,
             flush_interval: settings.flush_interval,
             handoff,

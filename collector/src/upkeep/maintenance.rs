@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::db::{timed, Db};
-use crate::metrics::{Health, Metrics};
+use crate::metrics::Shared;
 use crate::upkeep::compact::{self, Backlog};
 use crate::upkeep::partitions::{self, Plan};
+use crate::upkeep::Metrics;
 use crate::write::unfolded::Unfolded;
 
 /// How often the backlog is looked at (at most; more often with a shorter interval).
@@ -68,7 +69,7 @@ pub(crate) async fn run(
     policy: Policy,
     own: Arc<Unfolded>,
     metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    shared: Arc<Shared>,
 ) {
     let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -82,15 +83,15 @@ pub(crate) async fn run(
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
-                health.db_reachable.store(true, Relaxed);
+                shared.health.db_reachable.store(true, Relaxed);
                 if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
                 }
             }
             Err(failure) => {
                 conn = None;
-                metrics.db_errors.inc();
-                health.db_reachable.store(false, Relaxed);
+                shared.counts.db_errors.inc();
+                shared.health.db_reachable.store(false, Relaxed);
                 if outage.hit().is_some() {
                     tracing::warn!("folding or pruning: {failure}; retrying");
                 } else {
@@ -132,7 +133,12 @@ async fn round(
 /// One collector of the database does it at a time (`PARTITIONS_LOCK`; the others skip
 /// their turn). A failure is counted, logged (once per outage) and tried again after a
 /// capped backoff, on a new connection.
-pub(crate) async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+pub(crate) async fn run_partitions(
+    db: Db,
+    policy: Policy,
+    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
+) {
     let mut every = tokio::time::interval(PARTITIONS_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
@@ -153,7 +159,7 @@ pub(crate) async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>
             }
             Err(failure) => {
                 conn = None;
-                metrics.db_errors.inc();
+                shared.counts.db_errors.inc();
                 if outage.hit().is_some() {
                     tracing::warn!("seeing to the partitions: {failure}; retrying");
                 } else {

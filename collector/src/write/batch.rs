@@ -9,7 +9,6 @@ use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::metrics::SetAside;
 use crate::write::copy;
 
 /// Clicks per UTC day (PostgreSQL's day number), then per code. Hashed with foldhash, seeded
@@ -42,6 +41,16 @@ impl DateWindow {
         } else {
             None
         }
+    }
+}
+
+shared::label! {
+    /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
+    pub(crate) enum SetAside: "reason" {
+        TooOld = "too_old",
+        TooNew = "too_new",
+        /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
+        Refused = "refused",
     }
 }
 

@@ -10,8 +10,8 @@ use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
 use crate::db::describe;
-use crate::metrics::SetAside;
 use crate::write::batch::Batch;
+use crate::write::batch::SetAside;
 use crate::write::copy::{self, HEADER, TRAILER};
 use shared::metrics::Label;
 

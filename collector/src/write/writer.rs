@@ -9,12 +9,13 @@ use tracing::Instrument;
 use shared::throttle::Throttle;
 
 use crate::db::{self, describe, timed, Db, Failure};
-use crate::metrics::SetAside;
-use crate::metrics::{Health, Metrics};
+use crate::metrics::Shared;
+use crate::write::batch::SetAside;
 use crate::write::batch::{Batch, WriterEnds};
 use crate::write::lock;
 use crate::write::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
 use crate::write::unfolded::Unfolded;
+use crate::write::Metrics;
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
@@ -26,7 +27,7 @@ pub struct Writer {
     /// The sums of the batches committed and not folded yet, for the maintenance task.
     unfolded: Arc<Unfolded>,
     metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    shared: Arc<Shared>,
 }
 
 impl Writer {
@@ -38,7 +39,7 @@ impl Writer {
         timeout: Duration,
         unfolded: Arc<Unfolded>,
         metrics: Arc<Metrics>,
-        health: Arc<Health>,
+        shared: Arc<Shared>,
         conn: Option<Conn>,
     ) -> Writer {
         Writer {
@@ -52,7 +53,7 @@ impl Writer {
             conn,
             unfolded,
             metrics,
-            health,
+            shared,
         }
     }
 
@@ -96,7 +97,10 @@ impl Writer {
                 m.clicks_set_aside.add(why, n);
             }
             m.clicks_set_aside.add(SetAside::Refused, refused);
-            m.pending_clicks.dec_by(batch.received() as i64);
+            self.shared
+                .counts
+                .pending_clicks
+                .dec_by(batch.received() as i64);
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
         }
@@ -120,7 +124,7 @@ impl Writer {
                             batch.len()
                         );
                     }
-                    self.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.db_reachable.store(true, Relaxed);
                     return Stored::Written { refused };
                 }
                 Ok(Stored::AlreadyCommitted) => {
@@ -129,7 +133,7 @@ impl Writer {
                          not writing it again",
                         batch.len()
                     );
-                    self.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.db_reachable.store(true, Relaxed);
                     return Stored::AlreadyCommitted;
                 }
                 Ok(Stored::AllRefused(error)) => {
@@ -138,8 +142,8 @@ impl Writer {
                          table that takes no row needs an operator; retrying",
                         batch.len()
                     );
-                    self.metrics.db_errors.inc();
-                    self.health.db_reachable.store(false, Relaxed);
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.db_reachable.store(false, Relaxed);
                 }
                 Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
                     tracing::warn!(
@@ -147,7 +151,7 @@ impl Writer {
                         batch.len(),
                         describe(&e)
                     );
-                    self.metrics.db_errors.inc();
+                    self.shared.counts.db_errors.inc();
                     sift = true;
                     continue;
                 }
@@ -159,8 +163,8 @@ impl Writer {
                         "writing a batch of {} clicks: {failure}; retrying on a new connection",
                         batch.len(),
                     );
-                    self.metrics.db_errors.inc();
-                    self.health.db_reachable.store(false, Relaxed);
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.db_reachable.store(false, Relaxed);
                 }
             }
             self.conn = None;

@@ -9,10 +9,12 @@ use shared::throttle::Throttle;
 
 use crate::ingest::intake::{Outcome, Why};
 use crate::ingest::senders::Reply;
-use crate::metrics::{Metrics, Resync};
+use crate::ingest::{Metrics, Resync};
+use crate::metrics::Shared;
 
 pub(crate) struct Events {
     metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
     reject_log: Throttle,
     lost_log: Throttle,
     mirror_log: Throttle,
@@ -21,9 +23,10 @@ pub(crate) struct Events {
 }
 
 impl Events {
-    pub(crate) fn new(metrics: Arc<Metrics>) -> Events {
+    pub(crate) fn new(metrics: Arc<Metrics>, shared: Arc<Shared>) -> Events {
         Events {
             metrics,
+            shared,
             reject_log: Throttle::default(),
             lost_log: Throttle::default(),
             mirror_log: Throttle::default(),
@@ -127,7 +130,7 @@ impl Events {
                 evicted,
             } => {
                 m.clicks_received.inc_by(clicks as u64);
-                m.pending_clicks.inc_by(clicks as i64);
+                self.shared.counts.pending_clicks.inc_by(clicks as i64);
                 m.senders_evicted.inc_by(evicted as u64);
                 m.senders.set(senders as i64);
                 if lost > 0 {
