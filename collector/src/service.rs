@@ -56,6 +56,8 @@ pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
     let mut client = db.connect().await?;
     let applied = migrations::apply(&mut client).await?;
     tracing::info!(
+        version = migrations::LATEST,
+        applied = applied.len(),
         "schema at version {} ({} applied now)",
         migrations::LATEST,
         applied.len()
@@ -116,7 +118,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, &metrics.upkeep, &shared) => start,
         name = &mut stop => {
-            tracing::info!("{name} before the database was reached; nothing received");
+            tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
         }
     };
@@ -128,6 +130,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     shared.health.db_reachable.store(true, Relaxed);
     shared.health.started.store(true, Relaxed);
     tracing::info!(
+        instance = %config.instance,
+        senders = start.senders.len(),
         "ready: instance {:?}, {} known senders",
         config.instance,
         start.senders.len()
@@ -165,7 +169,10 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     );
     let stopping = async {
         let name = stop.await;
-        tracing::info!("{name}: draining the socket, writing what is pending");
+        tracing::info!(
+            signal = name,
+            "{name}: draining the socket, writing what is pending"
+        );
         shared::systemd::notify_or_log("STOPPING=1");
     };
     let received = receiver
@@ -174,14 +181,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         .await;
     // The receiver and its channel ends are gone: the writer ends after the last batch.
     if let Err(e) = writer.await {
-        tracing::error!("the database writer failed: {e}");
+        tracing::error!(error = %e, "the database writer failed: {e}");
     }
     maintenance.abort();
     partitions.abort();
-    tracing::info!(
-        "collector: {} clicks written",
-        metrics.write.clicks_written.get()
-    );
+    let written = metrics.write.clicks_written.get();
+    tracing::info!(written, "collector: {written} clicks written");
     received.map_err(Fatal::from)
 }
 
@@ -197,6 +202,7 @@ fn check_allowed_uids(config: &Config) -> Result<(), Fatal> {
         Ok(None) => Ok(()),
         Err(e) => {
             tracing::warn!(
+                error = %e,
                 "reading /proc/self/uid_map: {e}; --allow-uid not checked against the user \
                  namespace"
             );
@@ -240,7 +246,8 @@ async fn listen_admin(
         }
         None => (TcpListener::bind(addr).await?, ""),
     };
-    tracing::info!("admin listening on {}{from}", listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "admin listening on {addr}{from}");
     shared::admin::spawn(listener, admin);
     Ok(())
 }
@@ -290,7 +297,8 @@ async fn prepare(
             Ok(start) => return start,
             Err(e) => {
                 shared.counts.db_errors.inc();
-                tracing::warn!("database not ready: {}; retrying", describe(&e));
+                let error = describe(&e);
+                tracing::warn!(%error, "database not ready: {error}; retrying");
                 backoff.wait().await;
             }
         }

@@ -158,12 +158,15 @@ impl Receiver {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!("draining the socket: {e}; what is still queued stays unread");
+                    tracing::warn!(
+                        error = %e,
+                        "draining the socket: {e}; what is still queued stays unread"
+                    );
                     break;
                 }
             }
         }
-        tracing::info!("read {drained} datagrams still queued at stop");
+        tracing::info!(drained, "read {drained} datagrams still queued at stop");
         Ok(())
     }
 

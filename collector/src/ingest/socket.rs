@@ -50,7 +50,12 @@ impl Inbox {
         match fds.len() {
             0 => {
                 let sock = shared::socket::bind_datagram(path, mode)?;
-                tracing::info!("bound {} (mode {mode:o})", path.display());
+                tracing::info!(
+                    path = %path.display(),
+                    mode = %format_args!("{mode:o}"),
+                    "bound {} (mode {mode:o})",
+                    path.display()
+                );
                 Self::new(sock.into(), Origin::Bound(path.to_owned()))
             }
             1 => {
@@ -114,10 +119,10 @@ impl Inbox {
             return;
         };
         if let Err(e) = std::fs::remove_file(path) {
-            tracing::warn!("unlinking {}: {e}", path.display());
+            tracing::warn!(path = %path.display(), error = %e, "unlinking {}: {e}", path.display());
         }
         if let Err(e) = socket::shutdown(self.sock.as_raw_fd(), Shutdown::Read) {
-            tracing::warn!("shutting the socket's reading side: {e}");
+            tracing::warn!(error = %e, "shutting the socket's reading side: {e}");
         }
     }
 }

@@ -288,6 +288,8 @@ async fn fold_taken(
             moved += sums.codes.len() as i64;
         } else {
             tracing::info!(
+                first = sums.first,
+                last = sums.last,
                 "batches {}..={} of this collector were folded in part by another: folding \
                  the rest of them from their rows",
                 sums.first,

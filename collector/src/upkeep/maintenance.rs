@@ -93,9 +93,9 @@ pub(crate) async fn run(
                 shared.counts.db_errors.inc();
                 shared.health.db_reachable.store(false, Relaxed);
                 if outage.hit().is_some() {
-                    tracing::warn!("folding or pruning: {failure}; retrying");
+                    tracing::warn!(error = %failure, "folding or pruning: {failure}; retrying");
                 } else {
-                    tracing::debug!("folding or pruning: {failure}");
+                    tracing::debug!(error = %failure, "folding or pruning: {failure}");
                 }
             }
         }
@@ -161,9 +161,9 @@ pub(crate) async fn run_partitions(
                 conn = None;
                 shared.counts.db_errors.inc();
                 if outage.hit().is_some() {
-                    tracing::warn!("seeing to the partitions: {failure}; retrying");
+                    tracing::warn!(error = %failure, "seeing to the partitions: {failure}; retrying");
                 } else {
-                    tracing::debug!("seeing to the partitions: {failure}");
+                    tracing::debug!(error = %failure, "seeing to the partitions: {failure}");
                 }
                 backoff.wait().await;
             }
@@ -221,7 +221,7 @@ async fn fold(
     let took = started.elapsed();
     metrics.compactions.inc();
     metrics.compaction_seconds.observe(took);
-    tracing::debug!("folded {moved} counts in {took:?}");
+    tracing::debug!(moved, ?took, "folded {moved} counts in {took:?}");
     Ok(true)
 }
 
@@ -238,16 +238,24 @@ pub async fn keep_partitions(
     metrics.partitions_created.inc_by(done.created);
     metrics.partitions_dropped.inc_by(done.dropped.len() as u64);
     if done.created > 0 {
-        tracing::info!("created {} partitions of clicks ahead", done.created);
+        tracing::info!(
+            created = done.created,
+            "created {} partitions of clicks ahead",
+            done.created
+        );
     }
     for (name, took) in &done.dropped {
-        tracing::info!("dropped partition {name} in {took:?}: older than the retention");
+        tracing::info!(
+            partition = %name,
+            ?took,
+            "dropped partition {name} in {took:?}: older than the retention"
+        );
     }
     for name in &done.indexed {
-        tracing::info!("indexed partition {name} by code: its day is over");
+        tracing::info!(partition = %name, "indexed partition {name} by code: its day is over");
     }
     for name in &done.settled {
-        tracing::info!("vacuumed partition {name}: its day is over");
+        tracing::info!(partition = %name, "vacuumed partition {name}: its day is over");
     }
     Ok(())
 }

@@ -238,7 +238,10 @@ async fn settle_closed_days(
             .await?
             .get::<_, bool>(0)
         {
-            tracing::debug!("{name}: not every page all-visible yet; vacuumed again next round");
+            tracing::debug!(
+                partition = %name,
+                "{name}: not every page all-visible yet; vacuumed again next round"
+            );
             continue;
         }
         client.batch_execute(&format!("ANALYZE {table}")).await?;

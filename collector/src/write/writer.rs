@@ -61,6 +61,8 @@ impl Writer {
     /// acknowledges its senders and empties it), until the receiver closes its end.
     pub async fn run(mut self, mut ends: WriterEnds) {
         tracing::info!(
+            writer = self.last.writer,
+            instance = %self.last.instance,
             "writing as writer {} of instance {:?} in click_writers",
             self.last.writer,
             self.last.instance
@@ -119,6 +121,8 @@ impl Writer {
                 Ok(Stored::Written { refused }) => {
                     if refused > 0 {
                         tracing::warn!(
+                            refused,
+                            clicks = batch.len(),
                             "{refused} clicks of a batch of {} refused by the database for \
                              good: set aside in clicks_set_aside with the error",
                             batch.len()
@@ -129,6 +133,7 @@ impl Writer {
                 }
                 Ok(Stored::AlreadyCommitted) => {
                     tracing::info!(
+                        clicks = batch.len(),
                         "a batch of {} clicks was committed by an attempt whose answer was lost; \
                          not writing it again",
                         batch.len()
@@ -138,6 +143,8 @@ impl Writer {
                 }
                 Ok(Stored::AllRefused(error)) => {
                     tracing::warn!(
+                        clicks = batch.len(),
+                        %error,
                         "every click of a batch of {} refused ({error}): not set aside, as a \
                          table that takes no row needs an operator; retrying",
                         batch.len()
@@ -146,20 +153,24 @@ impl Writer {
                     self.shared.health.db_reachable.store(false, Relaxed);
                 }
                 Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
+                    let error = describe(&e);
                     tracing::warn!(
-                        "writing a batch of {} clicks: {}; looking for the rows refused",
+                        clicks = batch.len(),
+                        %error,
+                        "writing a batch of {} clicks: {error}; looking for the rows refused",
                         batch.len(),
-                        describe(&e)
                     );
                     self.shared.counts.db_errors.inc();
                     sift = true;
                     continue;
                 }
                 Err(waiting @ Failure::LockHeld(_)) => {
-                    tracing::info!("{waiting}; asking again on a new connection");
+                    tracing::info!(error = %waiting, "{waiting}; asking again on a new connection");
                 }
                 Err(failure) => {
                     tracing::warn!(
+                        clicks = batch.len(),
+                        error = %failure,
                         "writing a batch of {} clicks: {failure}; retrying on a new connection",
                         batch.len(),
                     );

@@ -43,7 +43,7 @@ impl Events {
     /// Reading the socket failed: not a reason to stop.
     pub(crate) fn receive_failed(&mut self, e: &io::Error) {
         if let Some(held) = self.recv_log.allow() {
-            tracing::warn!("receiving: {e} ({held} more errors not logged)");
+            tracing::warn!(error = %e, held, "receiving: {e} ({held} more errors not logged)");
         }
     }
 
@@ -56,7 +56,7 @@ impl Events {
             Err(e) => {
                 self.metrics.mirror_failed.inc();
                 if let Some(held) = self.mirror_log.allow() {
-                    tracing::warn!("mirror: {e} ({held} more failures not logged)");
+                    tracing::warn!(error = %e, held, "mirror: {e} ({held} more failures not logged)");
                 }
             }
         }
@@ -76,6 +76,10 @@ impl Events {
                 m.acks_failed.inc();
                 if let Some(held) = self.reply_log.allow() {
                     tracing::warn!(
+                        sender = %format_args!("{:016x}", reply.ack.sender),
+                        to = %reply.to,
+                        error = %e,
+                        held,
                         "acknowledging sender {:016x} at {}: {e} ({held} more failures not logged)",
                         reply.ack.sender,
                         reply.to
