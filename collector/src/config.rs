@@ -71,7 +71,7 @@ pub struct Config {
         value_name = "PATH",
         default_value = "/run/clicks/collector.sock"
     )]
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
 
     /// File mode of the socket when the collector binds it (octal). Senders need write access.
     #[arg(
@@ -81,7 +81,7 @@ pub struct Config {
         default_value = "0660",
         value_parser = shared::flags::mode
     )]
-    pub socket_mode: u32,
+    pub(crate) socket_mode: u32,
 
     /// This collector's instance name: one collector per instance writes at a time (a restart
     /// waits for its predecessor to finish), while collectors of different instances (one per
@@ -94,7 +94,7 @@ pub struct Config {
         default_value_t = default_instance(),
         value_parser = parse_instance
     )]
-    pub instance: String,
+    pub(crate) instance: String,
 
     /// Take datagrams only from processes of these uids (comma-separated); any other uid's are
     /// rejected (reason unauthorized). Default: any process that may write to the socket.
@@ -108,7 +108,7 @@ pub struct Config {
         value_name = "UID[,UID...]",
         value_delimiter = ','
     )]
-    pub allow_uid: Option<Vec<u32>>,
+    pub(crate) allow_uid: Option<Vec<u32>>,
 
     /// Address of the admin listener: GET /metrics (Prometheus) and GET /healthz.
     #[arg(
@@ -117,7 +117,7 @@ pub struct Config {
         value_name = "ADDR",
         default_value = "127.0.0.1:9181"
     )]
-    pub admin_listen: SocketAddr,
+    pub(crate) admin_listen: SocketAddr,
 
     /// Write a batch once it holds this many clicks (1 to 10,000,000). Bigger batches cost
     /// less per click in PostgreSQL (each commit waits for a WAL flush); two batches of this
@@ -132,7 +132,7 @@ pub struct Config {
         default_value = "100000",
         value_parser = clap::value_parser!(u32).range(1..=10_000_000)
     )]
-    pub batch_rows: u32,
+    pub(crate) batch_rows: u32,
 
     /// Write a batch at the latest this long after its first click arrived (e.g. `100ms`).
     /// Besides its rows, each batch costs PostgreSQL a few ms of CPU whatever its size (a
@@ -146,7 +146,7 @@ pub struct Config {
         default_value = "250ms",
         value_parser = shared::flags::duration
     )]
-    pub flush_interval: Duration,
+    pub(crate) flush_interval: Duration,
 
     /// Fold the per-batch counts into click_counts once the oldest has waited this long. A
     /// fold costs the database an update or insert per distinct (code, day), so fewer folds
@@ -158,7 +158,7 @@ pub struct Config {
         default_value = "60s",
         value_parser = shared::flags::duration
     )]
-    pub compact_interval: Duration,
+    pub(crate) compact_interval: Duration,
 
     /// ... or as soon as this many per-batch counts (code, day, clicks) wait, whichever comes
     /// first: what a reader of click_totals adds up on top of click_counts stays below it.
@@ -169,7 +169,7 @@ pub struct Config {
         default_value = "5000000",
         value_parser = clap::value_parser!(u32).range(1..)
     )]
-    pub compact_backlog: u32,
+    pub(crate) compact_backlog: u32,
 
     /// Clicks older than this (by the collector's clock when it receives them) are not written
     /// into clicks but set aside (clicks_set_aside, reason too_old), as clicks dated more than
@@ -182,7 +182,7 @@ pub struct Config {
         default_value = "1d",
         value_parser = shared::flags::duration
     )]
-    pub max_click_age: Duration,
+    pub(crate) max_click_age: Duration,
 
     /// How far ahead of the collector's clock a click may be dated (see --max-click-age).
     #[arg(
@@ -192,7 +192,7 @@ pub struct Config {
         default_value = "5m",
         value_parser = shared::flags::duration
     )]
-    pub max_click_skew: Duration,
+    pub(crate) max_click_skew: Duration,
 
     /// Drop the partitions of clicks older than this many days (whole days, UTC), detached
     /// without a lock that would stop writers. click_counts and click_totals keep every day's
@@ -203,7 +203,7 @@ pub struct Config {
         value_name = "DAYS",
         value_parser = clap::value_parser!(u16).range(1..)
     )]
-    pub retention: Option<u16>,
+    pub(crate) retention: Option<u16>,
 
     /// Give up on one attempt to write a batch (connect, writer lock, COPY, commit: one deadline
     /// for all of it) after this long; the connection is dropped and the same batch is retried
@@ -216,12 +216,12 @@ pub struct Config {
         default_value = "30s",
         value_parser = shared::flags::duration
     )]
-    pub write_timeout: Duration,
+    pub(crate) write_timeout: Duration,
 
     /// Also forward every received datagram, unchanged and without waiting, to this socket
     /// (e.g. `clicktap listen`). Dropped and counted when nobody listens there.
     #[arg(long, env = "COLLECTOR_MIRROR", value_name = "PATH")]
-    pub mirror: Option<PathBuf>,
+    pub(crate) mirror: Option<PathBuf>,
 }
 
 /// The host name, or `localhost` if it cannot be read (never expected on Linux).

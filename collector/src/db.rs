@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-pub use shared::db::describe;
+pub(crate) use shared::db::describe;
 use tokio_postgres::Client;
 
 /// Where the database is, parsed once at start so a malformed URL fails at once.
@@ -21,7 +21,7 @@ impl Db {
 
     /// Names the collector's sessions in `pg_stat_activity` (`collector <instance>`), unless
     /// the URL names them already.
-    pub fn for_instance(mut self, instance: &str) -> Db {
+    pub(crate) fn for_instance(mut self, instance: &str) -> Db {
         if self.config.pg.get_application_name().is_none() {
             self.config
                 .pg
@@ -31,14 +31,14 @@ impl Db {
     }
 
     /// A new connection, driven by a spawned task that ends when the client is dropped.
-    pub async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
+    pub(crate) async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
         shared::db::connect(&self.config).await
     }
 }
 
 /// Why an attempt on the database failed.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     Db(tokio_postgres::Error),
     /// It took longer than this and was abandoned.
     Timeout(Duration),
@@ -68,7 +68,7 @@ impl std::fmt::Display for Failure {
 }
 
 /// Runs `attempt` for at most `limit`.
-pub async fn timed<T>(
+pub(crate) async fn timed<T>(
     limit: Duration,
     attempt: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, Failure> {
@@ -78,7 +78,7 @@ pub async fn timed<T>(
     }
 }
 
-pub use shared::db::backoff;
+pub(crate) use shared::db::backoff;
 
 #[cfg(test)]
 mod tests {

@@ -1,28 +1,15 @@
 //! The collector: receives click datagrams on a Unix socket and writes them to PostgreSQL.
 //!
-//! `socket` (the inbox and its stop fence) -> `receive` (decode, seq check, into a `batch`) ->
-//! `writer` (the task: its connection, the instance `lock`, retries) -> `store` (one
-//! transaction per batch) in the binary format of `copy`; `compact` folds the per-batch counts;
-//! `service` wires them with signals; `config` is the command line.
+//! `ingest` (the socket and its stop fence, decode, seq check, into a batch) -> `write` (the
+//! writer task: its connection, the instance lock, retries; one transaction per batch in the
+//! binary COPY format) -> `upkeep` (folding the per-batch counts, the daily partitions);
+//! `service` wires them with signals; `config` is the command line, `db` the connection
+//! settings, `metrics` what all of them count.
 
-pub mod batch;
-pub mod compact;
 pub mod config;
-pub mod copy;
 pub mod db;
-pub mod intake;
-pub mod lock;
-pub mod maintenance;
+pub mod ingest;
 pub mod metrics;
-pub mod mirror;
-pub mod partitions;
-pub mod receive;
-pub mod replication;
-pub(crate) mod replies;
-pub mod senders;
 pub mod service;
-pub mod socket;
-pub mod store;
-pub mod unfolded;
-pub mod userns;
-pub mod writer;
+pub mod upkeep;
+pub mod write;

@@ -1,98 +1,40 @@
-//! The collector's metrics, each declared once; its health; and what the admin listener serves.
+//! What the admin listener serves: the metrics more than one component counts (each
+//! component's own are declared and registered with it: `ingest`, `write`, `upkeep`), the
+//! health, and the view of both.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use shared::metrics::{Counter, Gauge, Histogram, Label, LabeledCounter};
-
-use crate::batch::SetAside;
-use crate::intake::Rejected;
-
-/// The `reason` label of set-aside clicks.
-impl Label for SetAside {
-    const NAME: &'static str = "reason";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn index(self) -> usize {
-        self as usize
-    }
-    fn as_str(self) -> &'static str {
-        SetAside::as_str(self)
-    }
-}
-
-shared::label! {
-    /// What a sender's resync did.
-    pub enum Resync: "outcome" {
-        /// The record of the sender was behind: the gap was skipped and counted.
-        Skipped = "skipped",
-        /// The record was not behind (a repeated resync): nothing changed.
-        Stale = "stale",
-        /// It answered no resend request of this collector's (one in flight across a restart,
-        /// or a forger's): ignored.
-        Unasked = "unasked",
-    }
-}
+use shared::metrics::{Counter, Gauge, LabeledCounter, Registry};
 
 shared::metrics! {
-    pub struct Metrics, prefix "collector" {
-        datagrams_received: Counter = "datagrams_received", "Datagrams received, valid or not.";
-        datagrams_rejected: LabeledCounter<Rejected> = "datagrams_rejected",
-            "Datagrams rejected whole, by reason.";
-        senders: Gauge = "senders", "Sender ids known (each redirector process has one).";
-        senders_evicted: Counter = "senders_evicted",
-            "Sender ids forgotten: idle for a day, or past the bounds of a flood of fresh ids.";
-        datagrams_duplicate: Counter = "datagrams_duplicate",
-            "Datagrams skipped because their sender's seq was already accepted.";
-        datagrams_lost: Counter = "datagrams_lost",
-            "Datagrams missing from gaps in a sender's seq.";
-        datagrams_out_of_order: Counter = "datagrams_out_of_order",
-            "Datagrams of a sender that expects acknowledgements, past the seq awaited: not \
-             accepted; the sender resends from the missing one.";
-        acks_sent: Counter = "acks_sent",
-            "Acknowledgements sent: a sender's datagrams up to a seq are committed.";
-        resend_requests: Counter = "resend_requests",
-            "Requests to a sender to resend from the datagram awaited.";
-        acks_failed: Counter = "acks_failed",
-            "Acknowledgements and resend requests the socket did not take (the sender gone, \
-             or the send buffer full); the next one covers them.";
-        resyncs: LabeledCounter<Resync> = "resyncs",
-            "Resyncs from senders asked for seqs they no longer hold, by outcome.";
-        clicks_unaccounted: Counter = "clicks_unaccounted",
-            "Clicks of datagrams a resync skipped: acknowledged to their sender once, and not in \
-             this collector's record (committed before click_senders lost them, or lost with it).";
-        clicks_received: Counter = "clicks_received", "Clicks accepted into a batch.";
-        clicks_written: Counter = "clicks_written", "Clicks committed to PostgreSQL.";
-        clicks_set_aside: LabeledCounter<SetAside> = "clicks_set_aside",
-            "Clicks not written into clicks but into clicks_set_aside, by reason.";
-        partitions_created: Counter = "partitions_created",
-            "Daily partitions of clicks created ahead.";
-        partitions_dropped: Counter = "partitions_dropped",
-            "Partitions of clicks dropped for being older than --retention.";
-        batches: Counter = "batches", "Batches committed.";
-        batch_seconds: Histogram = "batch_seconds", "Time to write one batch, retries included.";
-        commit_lag: Histogram = "commit_lag_seconds",
-            "Per click committed: commit time minus click time (the redirector's clock).";
-        db_errors: Counter = "db_errors", "Failed database attempts (connect, write, compaction, partitions).";
+    /// What more than one component counts: the writer, the fold and start-up fail on the
+    /// database; the receive loop adds the clicks the writer takes away; a resync (ingest) and
+    /// a failover found at reconnect (write) count the clicks nobody can account for.
+    pub struct Common {
         pending_clicks: Gauge = "pending_clicks", "Clicks accepted and not committed yet.";
-        compactions: Counter = "compactions", "Folds of the per-batch counts into click_counts.";
-        compaction_seconds: Histogram = "compaction_seconds", "Time one fold took.";
-        deltas_pending: Gauge = "deltas_pending",
-            "Per-batch counts (code, day, clicks) not folded into click_counts yet.";
-        deltas_oldest_seconds: Gauge = "deltas_oldest_seconds",
-            "How long the oldest count not folded yet has waited.";
-        mirror_sent: Counter = "mirror_sent", "Datagrams forwarded to the mirror socket.";
-        mirror_failed: Counter = "mirror_failed", "Datagrams the mirror socket did not take.";
-        database_synchronous: Gauge = "database_synchronous",
-            "1 when the writer's commits wait for a synchronous standby \
-             (synchronous_standby_names set), 0 when a failover can lose acknowledged ones.";
-        replication_waiting: Gauge = "replication_waiting",
-            "1 while a commit of this collector has waited over 2 s for synchronous replication \
-             (wait_event SyncRep): no synchronous standby confirms it.";
-        replication_waits: Counter = "replication_waits",
-            "Commits named as waiting for synchronous replication (SyncRep) over 2 s.";
-        admin_connections_closed: LabeledCounter<shared::admin::Closed> =
-            "admin_connections_closed",
-            "Admin listener connections it closed itself to stay within its bound, by reason.";
+        clicks_unaccounted: Counter = "clicks_unaccounted",
+            "Clicks acknowledged to their sender once and not in this collector's record: skipped \
+             by a resync (committed before click_senders lost them, or lost with it), or missing \
+             from a new primary after an asynchronous failover.";
+        db_errors: Counter = "db_errors", "Failed database attempts (connect, write, compaction, partitions).";
+    }
+}
+
+/// What more than one component reports: to `/metrics` (`Common`) and to `/healthz` (`Health`).
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub counts: Common,
+    pub health: Health,
+}
+
+impl Shared {
+    /// `Common` registered into `registry`, and the health.
+    pub(crate) fn register(registry: &mut Registry) -> Shared {
+        Shared {
+            counts: Common::register(registry),
+            health: Health::default(),
+        }
     }
 }
 
@@ -100,13 +42,13 @@ shared::metrics! {
 #[derive(Debug, Default)]
 pub struct Health {
     /// The socket is open and the database was reached at start.
-    pub started: AtomicBool,
+    pub(crate) started: AtomicBool,
     /// The writer's or the maintenance task's last attempt reached the database.
     pub db_reachable: AtomicBool,
 }
 
 impl Health {
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if !self.started.load(Relaxed) {
             return Err("starting: socket or database not ready".into());
         }
@@ -117,22 +59,45 @@ impl Health {
     }
 }
 
-/// What `/metrics` and `/healthz` read.
-pub struct AdminView {
-    pub metrics: Arc<Metrics>,
-    pub health: Arc<Health>,
+shared::metrics! {
+    /// The admin listener's own.
+    struct Admin {
+        connections_closed: LabeledCounter<shared::admin::Closed> =
+            "admin_connections_closed",
+            "Admin listener connections it closed itself to stay within its bound, by reason.";
+    }
+}
+
+/// What `/metrics` and `/healthz` read: the registry every component registered its metrics
+/// into, and the health.
+pub(crate) struct AdminView {
+    registry: Registry,
+    admin: Admin,
+    shared: Arc<Shared>,
+}
+
+impl AdminView {
+    /// Serves `registry`, with the admin listener's own metrics registered into it.
+    pub(crate) fn new(mut registry: Registry, shared: Arc<Shared>) -> AdminView {
+        let admin = Admin::register(shared::metrics::sub_registry(&mut registry));
+        AdminView {
+            registry,
+            admin,
+            shared,
+        }
+    }
 }
 
 impl shared::admin::Admin for AdminView {
     fn metrics(&self) -> String {
-        self.metrics.encode()
+        shared::metrics::encode(&self.registry)
     }
 
     fn health(&self) -> Result<(), String> {
-        self.health.check()
+        self.shared.health.check()
     }
 
     fn connection_closed(&self, why: shared::admin::Closed) {
-        self.metrics.admin_connections_closed.inc(why);
+        self.admin.connections_closed.inc(why);
     }
 }

@@ -5,22 +5,25 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tracing::Instrument;
 
+use shared::metrics::{sub_registry, Registry};
 use shared::throttle::Throttle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::batch::{self, DateWindow, Handoff};
 use crate::config::Config;
 use crate::db::{self, describe, Db};
-use crate::metrics::{AdminView, Health, Metrics};
-use crate::mirror::Mirror;
-use crate::receive::{Receiver, Settings};
-use crate::senders::{self, Senders};
-use crate::socket::Inbox;
-use crate::store::Conn;
-use crate::unfolded::Unfolded;
-use crate::writer::Writer;
-use crate::{compact, copy, lock, maintenance, partitions};
+use crate::ingest::mirror::Mirror;
+use crate::ingest::receive::{Receiver, Settings};
+use crate::ingest::senders::{self, Senders};
+use crate::ingest::socket::Inbox;
+use crate::metrics::{AdminView, Shared};
+use crate::upkeep::{compact, maintenance, partitions};
+use crate::write::batch::{self, DateWindow, Handoff};
+use crate::write::store::Conn;
+use crate::write::unfolded::Unfolded;
+use crate::write::writer::Writer;
+use crate::write::{copy, lock};
+use crate::{ingest, upkeep, write};
 use schema as migrations;
 
 /// Why the collector could not start or go on.
@@ -36,15 +39,15 @@ pub enum Fatal {
         source: std::io::Error,
     },
     #[error("socket: {0}")]
-    Socket(#[from] crate::socket::OpenError),
+    Socket(#[from] crate::ingest::socket::OpenError),
     #[error("--mirror: {0}")]
     Mirror(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
-    WriterGone(#[from] crate::receive::WriterGone),
+    WriterGone(#[from] crate::ingest::receive::WriterGone),
     #[error("{0}")]
-    AllowUid(crate::userns::Unmapped),
+    AllowUid(crate::ingest::userns::Unmapped),
 }
 
 /// `collector migrate`: applies what is missing and returns.
@@ -53,11 +56,30 @@ pub async fn migrate(database_url: &str) -> Result<(), Fatal> {
     let mut client = db.connect().await?;
     let applied = migrations::apply(&mut client).await?;
     tracing::info!(
+        version = migrations::LATEST,
+        applied = applied.len(),
         "schema at version {} ({} applied now)",
         migrations::LATEST,
         applied.len()
     );
     Ok(())
+}
+
+/// Each component's metrics, registered into a sub-registry of its own.
+struct Metrics {
+    ingest: Arc<ingest::Metrics>,
+    write: Arc<write::Metrics>,
+    upkeep: Arc<upkeep::Metrics>,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Metrics {
+        Metrics {
+            ingest: Arc::new(ingest::Metrics::register(sub_registry(registry))),
+            write: Arc::new(write::Metrics::register(sub_registry(registry))),
+            upkeep: Arc::new(upkeep::Metrics::register(sub_registry(registry))),
+        }
+    }
 }
 
 /// What start-up reads from the database before the first datagram is taken, and the
@@ -74,16 +96,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let db = Db::parse(database_url)
         .map_err(Fatal::Url)?
         .for_instance(&config.instance);
-    let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::default());
+    let mut registry = Registry::with_prefix("collector");
+    let shared = Arc::new(Shared::register(&mut registry));
+    let metrics = Metrics::register(&mut registry);
     // Under systemd: the datagram socket (collector.socket) and the admin listener
     // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
     // own.
-    let mut passed = shared::systemd::Passed::take().map_err(crate::socket::OpenError::Io)?;
-    let admin = AdminView {
-        metrics: metrics.clone(),
-        health: health.clone(),
-    };
+    let mut passed =
+        shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
+    let admin = AdminView::new(registry, shared.clone());
     listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
         .await
         .map_err(|source| Fatal::Admin {
@@ -95,9 +116,9 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
     let upkeep = maintenance_policy(&config);
     let start = tokio::select! {
-        start = prepare(&db, &config.instance, &upkeep, &metrics) => start,
+        start = prepare(&db, &config.instance, &upkeep, &metrics.upkeep, &shared) => start,
         name = &mut stop => {
-            tracing::info!("{name} before the database was reached; nothing received");
+            tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
         }
     };
@@ -105,10 +126,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
-    metrics.deltas_pending.set(start.deltas_pending);
-    health.db_reachable.store(true, Relaxed);
-    health.started.store(true, Relaxed);
+    metrics.upkeep.deltas_pending.set(start.deltas_pending);
+    shared.health.db_reachable.store(true, Relaxed);
+    shared.health.started.store(true, Relaxed);
     tracing::info!(
+        instance = %config.instance,
+        senders = start.senders.len(),
         "ready: instance {:?}, {} known senders",
         config.instance,
         start.senders.len()
@@ -117,12 +140,13 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
 
     // Below 2^63: a positive bigint.
     let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
-    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &health);
+    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &shared);
     let receiver = Receiver::new(
         inbox,
         start.senders,
         mirror,
-        metrics.clone(),
+        metrics.ingest.clone(),
+        shared.clone(),
         Settings {
             batch_rows: config.batch_rows as usize,
             flush_interval: config.flush_interval,
@@ -136,16 +160,19 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     );
     // A span per task, so that its lines can be told apart (and filtered, `RUST_LOG`).
     let partitions = tokio::spawn(
-        maintenance::run_partitions(db.clone(), upkeep, metrics.clone())
+        maintenance::run_partitions(db.clone(), upkeep, metrics.upkeep.clone(), shared.clone())
             .instrument(tracing::info_span!("partitions")),
     );
     let maintenance = tokio::spawn(
-        maintenance::run(db, upkeep, unfolded, metrics.clone(), health.clone())
+        maintenance::run(db, upkeep, unfolded, metrics.upkeep, shared)
             .instrument(tracing::info_span!("fold")),
     );
     let stopping = async {
         let name = stop.await;
-        tracing::info!("{name}: draining the socket, writing what is pending");
+        tracing::info!(
+            signal = name,
+            "{name}: draining the socket, writing what is pending"
+        );
         shared::systemd::notify_or_log("STOPPING=1");
     };
     let received = receiver
@@ -154,11 +181,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         .await;
     // The receiver and its channel ends are gone: the writer ends after the last batch.
     if let Err(e) = writer.await {
-        tracing::error!("the database writer failed: {e}");
+        tracing::error!(error = %e, "the database writer failed: {e}");
     }
     maintenance.abort();
     partitions.abort();
-    tracing::info!("collector: {} clicks written", metrics.clicks_written.get());
+    let written = metrics.write.clicks_written.get();
+    tracing::info!(written, "collector: {written} clicks written");
     received.map_err(Fatal::from)
 }
 
@@ -169,11 +197,12 @@ fn check_allowed_uids(config: &Config) -> Result<(), Fatal> {
     let Some(allowed) = &config.allow_uid else {
         return Ok(());
     };
-    match crate::userns::UidMap::read() {
-        Ok(Some(map)) => crate::userns::check(allowed, &map).map_err(Fatal::AllowUid),
+    match crate::ingest::userns::UidMap::read() {
+        Ok(Some(map)) => crate::ingest::userns::check(allowed, &map).map_err(Fatal::AllowUid),
         Ok(None) => Ok(()),
         Err(e) => {
             tracing::warn!(
+                error = %e,
                 "reading /proc/self/uid_map: {e}; --allow-uid not checked against the user \
                  namespace"
             );
@@ -217,7 +246,8 @@ async fn listen_admin(
         }
         None => (TcpListener::bind(addr).await?, ""),
     };
-    tracing::info!("admin listening on {}{from}", listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "admin listening on {addr}{from}");
     shared::admin::spawn(listener, admin);
     Ok(())
 }
@@ -229,8 +259,8 @@ fn start_writer(
     conn: Conn,
     config: &Config,
     unfolded: &Arc<Unfolded>,
-    metrics: &Arc<Metrics>,
-    health: &Arc<Health>,
+    metrics: &Metrics,
+    shared: &Arc<Shared>,
 ) -> (Handoff, JoinHandle<()>) {
     let (handoff, writer_ends) = batch::handoff();
     let writer = Writer::new(
@@ -238,8 +268,8 @@ fn start_writer(
         &config.instance,
         config.write_timeout,
         unfolded.clone(),
-        metrics.clone(),
-        health.clone(),
+        metrics.write.clone(),
+        shared.clone(),
         Some(conn),
     );
     // Looks at the writer's sessions from one of its own while a write takes long, for as
@@ -266,15 +296,17 @@ async fn prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    metrics: &upkeep::Metrics,
+    shared: &Shared,
 ) -> Start {
     let mut backoff = db::backoff();
     loop {
         match try_prepare(db, instance, upkeep, metrics).await {
             Ok(start) => return start,
             Err(e) => {
-                metrics.db_errors.inc();
-                tracing::warn!("database not ready: {}; retrying", describe(&e));
+                shared.counts.db_errors.inc();
+                let error = describe(&e);
+                tracing::warn!(%error, "database not ready: {error}; retrying");
                 backoff.wait().await;
             }
         }
@@ -285,7 +317,7 @@ async fn try_prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    metrics: &upkeep::Metrics,
 ) -> Result<Start, tokio_postgres::Error> {
     let mut client = db.connect().await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;

@@ -284,10 +284,15 @@ async fn a_garbage_flood_is_counted_by_reason_while_every_valid_click_lands() {
 /// skips nothing), else as a click datagram.
 fn rejected_as(garbage: &[u8]) -> Option<&'static str> {
     if garbage.first() != Some(&protocol::wire::RESYNC_VERSION) {
-        return Some(protocol::wire::decode(garbage).unwrap_err().reason());
+        return Some(
+            protocol::wire::decode(garbage)
+                .unwrap_err()
+                .reason()
+                .as_str(),
+        );
     }
     match protocol::wire::decode_resync(garbage) {
-        Err(reject) => Some(reject.reason()),
+        Err(reject) => Some(reject.reason().as_str()),
         Ok(resync) => (resync.first > 0).then_some("bad_resync"),
     }
 }

@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::compact;
-use collector::maintenance::{self, Policy};
-use collector::metrics::Metrics;
-use collector::partitions;
+use collector::upkeep::compact;
+use collector::upkeep::maintenance::{self, Policy};
+use collector::upkeep::Metrics;
 mod support;
 
 use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
@@ -84,7 +83,7 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
     assert!(partitions(&client).await.contains(&after));
 
     // A batch of clicks on both sides of that midnight lands: no day is missing.
-    let mut handoff = writer(&db.url, "ahead", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "ahead", LIMIT, Arc::new(Counted::default())).await;
     let sent = clicks(2_000, 20, eve - 1_000_000, 1_000);
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     let stored = stored_clicks(&client).await;
@@ -140,7 +139,7 @@ async fn a_day_is_vacuumed_analyzed_and_indexed_once_it_is_over_and_not_before()
     maintenance::keep_partitions(&client, &policy(None), &metrics, noon)
         .await
         .unwrap();
-    let mut handoff = writer(&db.url, "settle", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "settle", LIMIT, Arc::new(Counted::default())).await;
     let sent = clicks(3_000, 30, noon, 1_000);
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     let day = name_of(&client, noon).await;
@@ -244,7 +243,7 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     maintenance::keep_partitions(&client, &policy(None), &metrics, then)
         .await
         .unwrap();
-    let metrics_w = Arc::new(Metrics::default());
+    let metrics_w = Arc::new(Counted::default());
     let (mut handoff, own) = writer_with_sums(&db.url, "retention", LIMIT, metrics_w).await;
     let old = clicks(3_000, 30, then, 1_000);
     write(&mut handoff, batch_of(&datagrams(6, &old))).await;
@@ -310,7 +309,7 @@ async fn a_collector_skips_the_partitions_while_another_sees_to_them() {
     let lock = format!("SELECT pg_advisory_lock({})", maintenance::PARTITIONS_LOCK);
     p.client.batch_execute(&lock).await.unwrap();
     let mut cmd = command(&p.db, &p.path, &["--retention", "3"]);
-    cmd.env("RUST_LOG", "info,collector::maintenance=debug");
+    cmd.env("RUST_LOG", "info,collector::upkeep::maintenance=debug");
     let c = Collector::spawn(cmd).await;
     c.ready().await;
     c.service
@@ -360,7 +359,7 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     // The migrations after it, which today's collector writes with.
     schema::apply(&mut client).await.unwrap();
     // New clicks go to day partitions; a late one dated before the migration to the old table.
-    let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, "migrated", LIMIT, Arc::new(Counted::default())).await;
     let now = protocol::now_us();
     let fresh = clicks(10, 2, now, 1);
     write(&mut handoff, batch_of(&datagrams(9, &fresh))).await;
@@ -372,11 +371,11 @@ async fn migrating_a_populated_unpartitioned_table_loses_no_row() {
     // The writer COPYs a day's clicks straight into its partition only where that holds the
     // whole day: not on the day partitioning began (its start is in the old table), nor on a
     // day without a partition; those go through clicks, which routes each row.
-    let today = collector::copy::pg_day(now);
+    let today = collector::write::copy::pg_day(now);
     let mut direct = Vec::new();
     for day in [today, today + 1, today + 400] {
         let row = client
-            .query_opt(partitions::WHOLE_DAY, &[&day])
+            .query_opt(collector::write::store::WHOLE_DAY, &[&day])
             .await
             .unwrap();
         direct.push(row.map(|r| r.get::<_, String>(0)));

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Instant;
 
 use nix::sys::signal::Signal;
-use protocol::wire::{Encoder, Reject, DEFAULT_DATAGRAM};
+use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
 use shared::socket::SendErrorKind;
 use testkit::collector::*;
 use testkit::pgtest;
@@ -92,7 +92,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
             "{name} missing:\n{text}"
         );
     }
-    for reason in Reject::REASONS {
+    for reason in protocol::RejectReason::ALL.map(protocol::RejectReason::as_str) {
         let series = format!("collector_datagrams_rejected_total{{reason=\"{reason}\"}}");
         assert_eq!(
             shared::metrics::sample(&text, &series),
@@ -145,7 +145,7 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     let mut want = std::collections::BTreeMap::<&str, f64>::new();
     for g in &bad[..bad.len() - 1] {
         *want
-            .entry(protocol::wire::decode(g).unwrap_err().reason())
+            .entry(protocol::wire::decode(g).unwrap_err().reason().as_str())
             .or_default() += 1.0;
     }
     // The oversized one is cut by the receive buffer and counted as undecodable.

@@ -5,11 +5,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use collector::compact::{self, Apply};
-use collector::metrics::Metrics;
+use collector::upkeep::compact::{self, Apply};
 mod support;
 
-use collector::unfolded::Unfolded;
+use collector::write::unfolded::Unfolded;
 use support::*;
 use testkit::collector::*;
 use testkit::pgtest;
@@ -46,7 +45,7 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
     let mut writers = Vec::new();
     let mut sums = Vec::new();
     for w in 0..3u64 {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Counted::default());
         let (handoff, own) = writer_with_sums(&db.url, &format!("host{w}"), LIMIT, metrics).await;
         sums.push(own);
         writers.push(tokio::spawn(async move {
@@ -110,7 +109,7 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
     for way in [Apply::Merge, Apply::Upsert] {
         let db = testkit::pgtest::test_db().await;
         let mut client = pgtest::connect(&db.url).await;
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Counted::default());
         let (mut handoff, own) = writer_with_sums(&db.url, "ways", LIMIT, metrics).await;
         let policy = compact::Policy {
             interval: std::time::Duration::ZERO,
@@ -145,7 +144,7 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Counted::default());
     let (mut handoff, own) = writer_with_sums(&db.url, "cutoff", LIMIT, metrics).await;
     let sent = clicks(20_000, 2_000, start_us(), 1_000);
     write(&mut handoff, batch_of(&datagrams(7, &sent[..10_000]))).await;
@@ -227,7 +226,7 @@ async fn a_rolling_upgrade_folds_both_versions_rows_once() {
     let mut client = pgtest::connect(&db.url).await;
     let sent = clicks(3_000, 200, start_us(), 1_000);
     let (mut handoff, own) =
-        writer_with_sums(&db.url, "new", LIMIT, Arc::new(Metrics::default())).await;
+        writer_with_sums(&db.url, "new", LIMIT, Arc::new(Counted::default())).await;
     write(&mut handoff, batch_of(&datagrams(5, &sent))).await;
     // What collectors of earlier versions wrote: arrays with and without a writer, a delta.
     client

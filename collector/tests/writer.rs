@@ -4,8 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::batch::Handoff;
-use collector::metrics::{Health, Metrics};
+use collector::write::batch::Handoff;
 mod support;
 
 use support::*;
@@ -26,8 +25,8 @@ async fn a_batch_whose_number_is_committed_is_not_written_again() {
 const IMPATIENT: Duration = Duration::from_millis(300);
 
 /// A writer whose attempts time out after [`IMPATIENT`], and its metrics.
-async fn impatient_writer(url: &str) -> (Handoff, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
+async fn impatient_writer(url: &str) -> (Handoff, Arc<Counted>) {
+    let metrics = Arc::new(Counted::default());
     (
         writer(url, INSTANCE, IMPATIENT, metrics.clone()).await,
         metrics,
@@ -50,7 +49,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
         .unwrap();
     handoff.full.send(batch_of(&grams)).await.unwrap();
     testkit::eventually("the first attempt to time out", LIMIT, || async {
-        (metrics.db_errors.get() >= 1).then_some(())
+        (metrics.shared.counts.db_errors.get() >= 1).then_some(())
     })
     .await;
     // The abandoned attempt's session, stuck behind the table lock, keeps the instance lock: two
@@ -65,7 +64,7 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
 
     handed_back(&mut handoff).await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 2_000);
-    assert_eq!(metrics.clicks_written.get(), 2_000);
+    assert_eq!(metrics.write.clicks_written.get(), 2_000);
 }
 
 /// Makes every commit that touched click_senders take a second, in the COMMIT itself: a
@@ -98,7 +97,10 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     // The first attempt times out in COMMIT, which the dropped connection's backend still
     // completes a moment later, while retries are under way.
     write(&mut handoff, batch_of(&datagrams(51, &sent))).await;
-    assert!(metrics.db_errors.get() >= 1, "the first attempt timed out");
+    assert!(
+        metrics.shared.counts.db_errors.get() >= 1,
+        "the first attempt timed out"
+    );
     testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
         (count(&client, BUSY_SESSIONS).await == 0).then_some(())
     })
@@ -108,7 +110,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
         count(&client, "SELECT sum(clicks)::int8 FROM click_totals").await,
         3_000
     );
-    assert_eq!(metrics.clicks_written.get(), 3_000);
+    assert_eq!(metrics.write.clicks_written.get(), 3_000);
 }
 
 /// What another session (as an abandoned attempt of the writer's would) did with the claim of
@@ -129,7 +131,7 @@ enum Orphan {
 async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
     let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Counted::default());
     let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
     let first = datagrams(71, &clicks(700, 20, start_us(), 1_000));
     write(&mut handoff, batch_of(&first)).await;
@@ -159,11 +161,11 @@ async fn second_batch_after(orphan: Orphan) -> (i64, u64) {
         }
         handed_back(&mut handoff).await;
     }
-    assert_eq!(metrics.db_errors.get(), 0);
+    assert_eq!(metrics.shared.counts.db_errors.get(), 0);
     let rows = count(&client, "SELECT count(*) FROM clicks").await;
     let deltas = "SELECT sum(clicks)::int8 FROM click_totals";
     assert_eq!(count(&client, deltas).await, rows);
-    (rows, metrics.clicks_written.get())
+    (rows, metrics.write.clicks_written.get())
 }
 
 fn second_grams() -> Vec<Vec<u8>> {
@@ -197,7 +199,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
     let sent = clicks(6_000, 20, start_us(), 1_000);
     let mut second = datagrams(82, &sent[2_000..4_000]);
     second.extend(datagrams(83, &sent[4_000..]));
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Counted::default());
     let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
 
     write(&mut handoff, batch_of(&datagrams(81, &sent[..2_000]))).await;
@@ -205,7 +207,7 @@ async fn later_seqs_committed_by_another_collector_do_not_make_the_writer_skip_a
     let mut want = sent.clone();
     want.sort();
     assert_eq!(stored_clicks(&client).await, want, "every click once");
-    assert_eq!(metrics.clicks_written.get(), 6_000);
+    assert_eq!(metrics.write.clicks_written.get(), 6_000);
     let seqs =
         "SELECT string_agg(sender || ':' || last_seq, ' ' ORDER BY sender) FROM click_senders";
     let seqs: String = client.query_one(seqs, &[]).await.unwrap().get(0);
@@ -223,7 +225,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let holder = pgtest::connect(&db.url).await;
-    collector::lock::take(
+    collector::write::lock::take(
         &holder,
         INSTANCE,
         &mut shared::throttle::Throttle::per_outage(),
@@ -235,17 +237,10 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         .await
         .unwrap()
         .get(0);
-    let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::default());
+    let metrics = Arc::new(Counted::default());
+    let health = &metrics.shared.health;
     health.db_reachable.store(true, Relaxed);
-    let mut handoff = writer_with_health(
-        &db.url,
-        INSTANCE,
-        IMPATIENT,
-        metrics.clone(),
-        health.clone(),
-    )
-    .await;
+    let mut handoff = writer(&db.url, INSTANCE, IMPATIENT, metrics.clone()).await;
     let grams = datagrams(91, &clicks(500, 20, start_us(), 1_000));
     handoff.full.send(batch_of(&grams)).await.unwrap();
 
@@ -257,13 +252,13 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         handoff.empty.try_recv().is_err(),
         "not written while locked"
     );
-    assert_eq!(metrics.db_errors.get(), 0);
+    assert_eq!(metrics.shared.counts.db_errors.get(), 0);
     assert!(health.db_reachable.load(Relaxed));
     drop(holder);
 
     handed_back(&mut handoff).await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 500);
-    assert_eq!(metrics.db_errors.get(), 0);
+    assert_eq!(metrics.shared.counts.db_errors.get(), 0);
 }
 
 /// Waits for a session other than `holder` and `not` asking for the instance lock; its pid.
@@ -292,7 +287,7 @@ async fn forgetting_a_sender_deletes_only_this_instances_row() {
         )
         .await
         .unwrap();
-    let mut handoff = writer(&db.url, INSTANCE, LIMIT, Arc::new(Metrics::default())).await;
+    let mut handoff = writer(&db.url, INSTANCE, LIMIT, Arc::new(Counted::default())).await;
     let grams = datagrams(41, &clicks(30, 3, start_us(), 1_000));
     let mut batch = batch_of(&grams);
     batch.forget_senders(vec![7, 8, 9]);

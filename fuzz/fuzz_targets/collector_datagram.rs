@@ -1,12 +1,12 @@
-//! The collector's handling of received datagrams (`collector::intake`), each one with the
+//! The collector's handling of received datagrams (`collector::ingest::intake`), each one with the
 //! address and credentials the kernel would report: the input is split into datagrams at
 //! 0xff bytes, and each one's first byte picks its sender's address and process. Never a panic,
 //! and the batch holds exactly the clicks of the datagrams accepted.
 #![no_main]
 
-use collector::batch::{Batch, DateWindow};
-use collector::intake::{Intake, Outcome};
-use collector::senders::Senders;
+use collector::write::batch::{Batch, DateWindow};
+use collector::ingest::intake::{Intake, Outcome};
+use collector::ingest::senders::Senders;
 use libfuzzer_sys::fuzz_target;
 use nix::sys::socket::UnixAddr;
 use protocol::Creds;

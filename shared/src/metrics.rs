@@ -34,6 +34,19 @@ pub trait Label: Copy + Eq + Hash + Debug + Send + Sync + 'static {
     fn as_str(self) -> &'static str;
 }
 
+/// The reasons a datagram is rejected for are the protocol's, defined there once (it has no
+/// metrics dependency); this is their `reason` label.
+impl Label for protocol::RejectReason {
+    const NAME: &'static str = "reason";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn as_str(self) -> &'static str {
+        protocol::RejectReason::as_str(self)
+    }
+}
+
 /// The label set of a [`LabeledCounter`]: the one label `L::NAME="value"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct One<L>(pub L);
@@ -202,21 +215,31 @@ pub fn encode(registry: &Registry) -> String {
 /// The content type of [`encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Declares a process's metrics once each: the struct's field, its type, its exposed name
-/// (counters without `_total`) and its help. `Default` creates and registers them all under
-/// the prefix; `encode` renders them.
+/// A registry for one component's metrics within `parent`: the parent's prefix and no label of
+/// its own, so that the names a component registers are what they would be in the parent.
+pub fn sub_registry(parent: &mut Registry) -> &mut Registry {
+    parent.sub_registry_with_labels(std::iter::empty())
+}
+
+/// Declares metrics once each: the struct's field, its type, its exposed name (counters
+/// without `_total`) and its help.
+///
+/// With `prefix`, a process's metrics in a registry of their own: `Default` creates and
+/// registers them all under the prefix; `encode` renders them. Without, one component's
+/// metrics: `register` creates them and registers them into a registry it is given (a
+/// [`sub_registry`] of the process's), and `Default` creates them unregistered (for tests).
 #[macro_export]
 macro_rules! metrics {
     (
         $(#[$meta:meta])*
-        pub struct $name:ident, prefix $prefix:literal {
+        $vis:vis struct $name:ident, prefix $prefix:literal {
             $( $(#[$fmeta:meta])* $field:ident: $ty:ty = $metric:literal, $help:literal; )*
         }
     ) => {
         $(#[$meta])*
         #[derive(Debug)]
-        pub struct $name {
-            $( $(#[$fmeta])* pub $field: $ty, )*
+        $vis struct $name {
+            $( $(#[$fmeta])* $vis $field: $ty, )*
             registry: $crate::metrics::Registry,
         }
 
@@ -233,8 +256,33 @@ macro_rules! metrics {
 
         impl $name {
             /// The OpenMetrics exposition of every metric.
-            pub fn encode(&self) -> String {
+            $vis fn encode(&self) -> String {
                 $crate::metrics::encode(&self.registry)
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$fmeta:meta])* $field:ident: $ty:ty = $metric:literal, $help:literal; )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Default)]
+        $vis struct $name {
+            $( $(#[$fmeta])* $vis $field: $ty, )*
+        }
+
+        impl $name {
+            /// Creates the metrics, registered into `registry`.
+            $vis fn register(registry: &mut $crate::metrics::Registry) -> Self {
+                let metrics = Self::default();
+                $(
+                    $crate::metrics::Register::register(
+                        &metrics.$field, registry, $metric, $help,
+                    );
+                )*
+                metrics
             }
         }
     };
@@ -246,13 +294,13 @@ macro_rules! metrics {
 macro_rules! label {
     (
         $(#[$meta:meta])*
-        pub enum $name:ident: $label:literal {
+        $vis:vis enum $name:ident: $label:literal {
             $( $(#[$vmeta:meta])* $variant:ident = $value:literal, )*
         }
     ) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum $name {
+        $vis enum $name {
             $( $(#[$vmeta])* $variant, )*
         }
 
@@ -302,6 +350,24 @@ mod tests {
             dropped: LabeledCounter<Reason> = "dropped", "Dropped.";
             lat: Histogram = "lat_seconds", "Latency.";
         }
+    }
+
+    crate::metrics! {
+        pub struct Part {
+            y: Counter = "y", "Y.";
+        }
+    }
+
+    #[test]
+    fn a_component_registers_into_a_sub_registry_under_the_parents_prefix() {
+        let mut registry = Registry::with_prefix("t");
+        let part = Part::register(sub_registry(&mut registry));
+        part.y.inc();
+        let text = encode(&registry);
+        assert_eq!(sample(&text, "t_y_total"), Some(1.0), "{text}");
+        assert!(text.contains("# HELP t_y Y.\n"), "{text}");
+        Part::default().y.inc();
+        assert_eq!(sample(&encode(&registry), "t_y_total"), Some(1.0));
     }
 
     #[test]

@@ -5,19 +5,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use collector::batch::{self, Batch, Handoff};
 use collector::db::Db;
-use collector::metrics::{Health, Metrics};
-use collector::unfolded::Unfolded;
-use collector::writer::Writer;
+use collector::metrics::Shared;
+use collector::write::batch::{self, Batch, Handoff};
+use collector::write::unfolded::Unfolded;
+use collector::write::writer::Writer;
+use collector::write::Metrics;
 use testkit::collector::start_us;
 use testkit::LIMIT;
 
 /// A window that sets nothing aside.
-const WIDE_OPEN: collector::batch::DateWindow = collector::batch::DateWindow {
+const WIDE_OPEN: collector::write::batch::DateWindow = collector::write::batch::DateWindow {
     max_age_us: i64::MAX,
     max_skew_us: i64::MAX,
 };
+
+/// What a writer counts, unregistered: its own metrics, and those it shares with the other
+/// components (`db_errors`, the health).
+#[derive(Debug, Default)]
+pub struct Counted {
+    pub write: Arc<Metrics>,
+    pub shared: Arc<Shared>,
+}
 
 /// A batch holding `grams`, as the receiver builds it.
 pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
@@ -40,22 +49,9 @@ pub async fn writer(
     url: &str,
     instance: &str,
     timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<Counted>,
 ) -> Handoff {
     writer_with_sums(url, instance, timeout, metrics).await.0
-}
-
-/// [`writer`], reporting whether the database is reachable into `health`.
-pub async fn writer_with_health(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-) -> Handoff {
-    start_writer(url, instance, timeout, metrics, health)
-        .await
-        .0
 }
 
 /// [`writer`], with the sums it keeps of the batches it committed, for its folds.
@@ -63,17 +59,7 @@ pub async fn writer_with_sums(
     url: &str,
     instance: &str,
     timeout: Duration,
-    metrics: Arc<Metrics>,
-) -> (Handoff, Arc<Unfolded>) {
-    start_writer(url, instance, timeout, metrics, Arc::default()).await
-}
-
-async fn start_writer(
-    url: &str,
-    instance: &str,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    metrics: Arc<Counted>,
 ) -> (Handoff, Arc<Unfolded>) {
     let (mut handoff, ends) = batch::handoff();
     let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
@@ -83,8 +69,8 @@ async fn start_writer(
         instance,
         timeout,
         unfolded.clone(),
-        metrics,
-        health,
+        metrics.write.clone(),
+        metrics.shared.clone(),
         None,
     );
     tokio::spawn(writer.run(ends));
@@ -98,11 +84,11 @@ pub async fn fold_all(
     client: &mut tokio_postgres::Client,
     own: &Unfolded,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
-    let policy = collector::compact::Policy {
+    let policy = collector::upkeep::compact::Policy {
         interval: Duration::ZERO,
         backlog: 1,
     };
-    collector::compact::fold(client, &policy, own).await
+    collector::upkeep::compact::fold(client, &policy, own).await
 }
 
 /// Hands `batch` to the writer and waits until it is committed.

@@ -30,7 +30,7 @@ pub fn judge(bytes: &[u8], len: usize) -> Reading<'_> {
     match wire::decode(bytes) {
         Ok(batch) => Reading::Datagram(batch),
         Err(reject) => Reading::Rejected {
-            reason: reject.reason(),
+            reason: reject.reason().as_str(),
             error: reject.to_string(),
         },
     }

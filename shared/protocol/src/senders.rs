@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::wire::{Ack, Resync};
-use crate::Creds;
+use crate::{Creds, RejectReason};
 
 /// An acknowledgement or resend request identical to one sent this recently is not sent again:
 /// a burst of repeated or early datagrams gets one answer, not one each.
@@ -106,11 +106,11 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> RejectReason {
         match self {
-            Refusal::SenderMismatch => "sender_mismatch",
-            Refusal::SeqJump => "seq_jump",
-            Refusal::BadResync => "bad_resync",
+            Refusal::SenderMismatch => RejectReason::SenderMismatch,
+            Refusal::SeqJump => RejectReason::SeqJump,
+            Refusal::BadResync => RejectReason::BadResync,
         }
     }
 }

@@ -18,6 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::RejectReason;
+
 /// The version byte this crate writes and the only one it accepts.
 pub const VERSION: u8 = 1;
 /// Longest click code, in bytes.
@@ -123,23 +125,14 @@ pub enum Reject {
 }
 
 impl Reject {
-    /// Every value [`Reject::reason`] can return, for metrics that list all labels.
-    pub const REASONS: [&'static str; 5] = [
-        "undecodable",
-        "wrong_version",
-        "bad_code",
-        "bad_timestamp",
-        "trailing_bytes",
-    ];
-
-    /// A short, stable name for metrics labels and logs.
-    pub fn reason(&self) -> &'static str {
+    /// Its reason, for metrics labels and logs.
+    pub fn reason(&self) -> RejectReason {
         match self {
-            Reject::Undecodable(_) => "undecodable",
-            Reject::WrongVersion { .. } => "wrong_version",
-            Reject::BadCode { .. } => "bad_code",
-            Reject::BadTimestamp { .. } => "bad_timestamp",
-            Reject::TrailingBytes(_) => "trailing_bytes",
+            Reject::Undecodable(_) => RejectReason::Undecodable,
+            Reject::WrongVersion { .. } => RejectReason::WrongVersion,
+            Reject::BadCode { .. } => RejectReason::BadCode,
+            Reject::BadTimestamp { .. } => RejectReason::BadTimestamp,
+            Reject::TrailingBytes(_) => RejectReason::TrailingBytes,
         }
     }
 }

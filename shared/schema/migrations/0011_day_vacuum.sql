@@ -8,7 +8,7 @@
 -- wraparound.
 --
 -- The marker of a day not yet settled is the option itself: partitions of days before today
--- whose reloptions hold autovacuum_enabled=false (collector/src/partitions.rs, UNSETTLED).
+-- whose reloptions hold autovacuum_enabled=false (collector/src/upkeep/partitions.rs, UNSETTLED).
 CREATE OR REPLACE FUNCTION ensure_click_partition(day date) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     name  text := 'clicks_p' || to_char(day, 'YYYYMMDD');

@@ -87,9 +87,9 @@ fn decode_names_each_rejection() {
     let good = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1)])).unwrap();
     let reason = |bytes: &[u8]| decode(bytes).unwrap_err().reason();
 
-    assert_eq!(reason(&[]), "undecodable");
-    assert_eq!(reason(&good[..good.len() - 1]), "undecodable");
-    assert_eq!(reason(&[2, 0, 0, 0, 0]), "wrong_version");
+    assert_eq!(reason(&[]), RejectReason::Undecodable);
+    assert_eq!(reason(&good[..good.len() - 1]), RejectReason::Undecodable);
+    assert_eq!(reason(&[2, 0, 0, 0, 0]), RejectReason::WrongVersion);
     let mut trailing = good.clone();
     trailing.push(0);
     assert_eq!(decode(&trailing), Err(Reject::TrailingBytes(1)));
@@ -101,7 +101,7 @@ fn decode_names_each_rejection() {
         );
     }
     let late = postcard::to_allocvec(&batch(1, 2, END_CLICKED_AT_US, &[("ok", 0)])).unwrap();
-    assert_eq!(reason(&late), "bad_timestamp");
+    assert_eq!(reason(&late), RejectReason::BadTimestamp);
 }
 
 fn leak(s: &str) -> &'static str {
@@ -266,11 +266,11 @@ fn each_side_rejects_the_others_message_as_a_wrong_version() {
     assert_eq!(decode_ack(&datagram), Err(wrong(VERSION, ACK_VERSION)));
     assert_eq!(decode(&ack), Err(wrong(ACK_VERSION, VERSION)));
     let reason = |bytes: &[u8]| decode_ack(bytes).unwrap_err().reason();
-    assert_eq!(reason(&[]), "undecodable");
-    assert_eq!(reason(&ack[..ack.len() - 1]), "undecodable");
+    assert_eq!(reason(&[]), RejectReason::Undecodable);
+    assert_eq!(reason(&ack[..ack.len() - 1]), RejectReason::Undecodable);
     let mut trailing = ack.clone();
     trailing.push(0);
-    assert_eq!(reason(&trailing), "trailing_bytes");
+    assert_eq!(reason(&trailing), RejectReason::TrailingBytes);
 }
 
 proptest! {
@@ -309,7 +309,7 @@ fn resync_golden_vector_encodes_and_decodes_byte_for_byte() {
         decode_resync(&bytes[..bytes.len() - 1])
             .unwrap_err()
             .reason(),
-        "undecodable"
+        RejectReason::Undecodable
     );
 }
 

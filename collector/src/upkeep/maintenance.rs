@@ -12,11 +12,12 @@ use shared::throttle::Throttle;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::compact::{self, Backlog};
 use crate::db::{timed, Db};
-use crate::metrics::{Health, Metrics};
-use crate::partitions::{self, Plan};
-use crate::unfolded::Unfolded;
+use crate::metrics::Shared;
+use crate::upkeep::compact::{self, Backlog};
+use crate::upkeep::partitions::{self, Plan};
+use crate::upkeep::Metrics;
+use crate::write::unfolded::Unfolded;
 
 /// How often the backlog is looked at (at most; more often with a shorter interval).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -51,7 +52,7 @@ pub struct Policy {
 
 impl Policy {
     /// The partitions to keep for `today` (a PostgreSQL day number).
-    pub fn partitions(&self, today: i32) -> Plan {
+    pub(crate) fn partitions(&self, today: i32) -> Plan {
         Plan::for_today(
             today,
             self.window_back_days,
@@ -63,12 +64,12 @@ impl Policy {
 
 /// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
 /// next look on a new connection.
-pub async fn run(
+pub(crate) async fn run(
     db: Db,
     policy: Policy,
     own: Arc<Unfolded>,
     metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    shared: Arc<Shared>,
 ) {
     let mut looks = tokio::time::interval(policy.fold.interval.min(LOOK_EVERY));
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -82,19 +83,19 @@ pub async fn run(
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
-                health.db_reachable.store(true, Relaxed);
+                shared.health.db_reachable.store(true, Relaxed);
                 if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
                 }
             }
             Err(failure) => {
                 conn = None;
-                metrics.db_errors.inc();
-                health.db_reachable.store(false, Relaxed);
+                shared.counts.db_errors.inc();
+                shared.health.db_reachable.store(false, Relaxed);
                 if outage.hit().is_some() {
-                    tracing::warn!("folding or pruning: {failure}; retrying");
+                    tracing::warn!(error = %failure, "folding or pruning: {failure}; retrying");
                 } else {
-                    tracing::debug!("folding or pruning: {failure}");
+                    tracing::debug!(error = %failure, "folding or pruning: {failure}");
                 }
             }
         }
@@ -132,7 +133,12 @@ async fn round(
 /// One collector of the database does it at a time (`PARTITIONS_LOCK`; the others skip
 /// their turn). A failure is counted, logged (once per outage) and tried again after a
 /// capped backoff, on a new connection.
-pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
+pub(crate) async fn run_partitions(
+    db: Db,
+    policy: Policy,
+    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
+) {
     let mut every = tokio::time::interval(PARTITIONS_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn = None;
@@ -153,11 +159,11 @@ pub async fn run_partitions(db: Db, policy: Policy, metrics: Arc<Metrics>) {
             }
             Err(failure) => {
                 conn = None;
-                metrics.db_errors.inc();
+                shared.counts.db_errors.inc();
                 if outage.hit().is_some() {
-                    tracing::warn!("seeing to the partitions: {failure}; retrying");
+                    tracing::warn!(error = %failure, "seeing to the partitions: {failure}; retrying");
                 } else {
-                    tracing::debug!("seeing to the partitions: {failure}");
+                    tracing::debug!(error = %failure, "seeing to the partitions: {failure}");
                 }
                 backoff.wait().await;
             }
@@ -215,7 +221,7 @@ async fn fold(
     let took = started.elapsed();
     metrics.compactions.inc();
     metrics.compaction_seconds.observe(took);
-    tracing::debug!("folded {moved} counts in {took:?}");
+    tracing::debug!(moved, ?took, "folded {moved} counts in {took:?}");
     Ok(true)
 }
 
@@ -227,21 +233,29 @@ pub async fn keep_partitions(
     metrics: &Metrics,
     now_us: i64,
 ) -> Result<(), tokio_postgres::Error> {
-    let today = crate::copy::pg_day(now_us);
+    let today = crate::write::copy::pg_day(now_us);
     let done = partitions::maintain(client, &policy.partitions(today), today).await?;
     metrics.partitions_created.inc_by(done.created);
     metrics.partitions_dropped.inc_by(done.dropped.len() as u64);
     if done.created > 0 {
-        tracing::info!("created {} partitions of clicks ahead", done.created);
+        tracing::info!(
+            created = done.created,
+            "created {} partitions of clicks ahead",
+            done.created
+        );
     }
     for (name, took) in &done.dropped {
-        tracing::info!("dropped partition {name} in {took:?}: older than the retention");
+        tracing::info!(
+            partition = %name,
+            ?took,
+            "dropped partition {name} in {took:?}: older than the retention"
+        );
     }
     for name in &done.indexed {
-        tracing::info!("indexed partition {name} by code: its day is over");
+        tracing::info!(partition = %name, "indexed partition {name} by code: its day is over");
     }
     for name in &done.settled {
-        tracing::info!("vacuumed partition {name}: its day is over");
+        tracing::info!(partition = %name, "vacuumed partition {name}: its day is over");
     }
     Ok(())
 }

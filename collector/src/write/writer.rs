@@ -8,13 +8,15 @@ use tracing::Instrument;
 
 use shared::throttle::Throttle;
 
-use crate::batch::{Batch, SetAside, WriterEnds};
 use crate::db::{self, describe, timed, Db, Failure};
-use crate::lock;
-use crate::metrics::{Health, Metrics};
-use crate::replication::{Committed, Watch};
-use crate::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
-use crate::unfolded::Unfolded;
+use crate::metrics::Shared;
+use crate::write::batch::SetAside;
+use crate::write::batch::{Batch, WriterEnds};
+use crate::write::lock;
+use crate::write::replication::{Committed, Watch};
+use crate::write::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
+use crate::write::unfolded::Unfolded;
+use crate::write::Metrics;
 
 /// Writes batches one at a time on its own connection, retrying each until it commits.
 pub struct Writer {
@@ -26,7 +28,7 @@ pub struct Writer {
     /// The sums of the batches committed and not folded yet, for the maintenance task.
     unfolded: Arc<Unfolded>,
     metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    shared: Arc<Shared>,
     /// Its sessions' replication: settings, a commit stuck waiting for a standby.
     watch: Arc<Watch>,
     /// What it committed, to find what a failover lost.
@@ -42,7 +44,7 @@ impl Writer {
         timeout: Duration,
         unfolded: Arc<Unfolded>,
         metrics: Arc<Metrics>,
-        health: Arc<Health>,
+        shared: Arc<Shared>,
         conn: Option<Conn>,
     ) -> Writer {
         let watch = Watch::new(metrics.clone());
@@ -57,7 +59,7 @@ impl Writer {
             conn,
             unfolded,
             metrics,
-            health,
+            shared,
             watch,
             committed: Committed::default(),
         }
@@ -72,6 +74,8 @@ impl Writer {
     /// acknowledges its senders and empties it), until the receiver closes its end.
     pub async fn run(mut self, mut ends: WriterEnds) {
         tracing::info!(
+            writer = self.last.writer,
+            instance = %self.last.instance,
             "writing as writer {} of instance {:?} in click_writers",
             self.last.writer,
             self.last.instance
@@ -117,7 +121,10 @@ impl Writer {
                 m.clicks_set_aside.add(why, n);
             }
             m.clicks_set_aside.add(SetAside::Refused, refused);
-            m.pending_clicks.dec_by(batch.received() as i64);
+            self.shared
+                .counts
+                .pending_clicks
+                .dec_by(batch.received() as i64);
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
         }
@@ -136,65 +143,82 @@ impl Writer {
                 Ok(Stored::Written { refused }) => {
                     if refused > 0 {
                         tracing::warn!(
+                            refused,
+                            clicks = batch.len(),
                             "{refused} clicks of a batch of {} refused by the database for \
                              good: set aside in clicks_set_aside with the error",
                             batch.len()
                         );
                     }
-                    self.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.db_reachable.store(true, Relaxed);
                     return Stored::Written { refused };
                 }
                 Ok(Stored::AlreadyCommitted) => {
                     tracing::info!(
+                        clicks = batch.len(),
                         "a batch of {} clicks was committed by an attempt whose answer was lost; \
                          not writing it again",
                         batch.len()
                     );
-                    self.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.db_reachable.store(true, Relaxed);
                     return Stored::AlreadyCommitted;
                 }
                 Ok(Stored::AllRefused(error)) => {
                     tracing::warn!(
+                        clicks = batch.len(),
+                        %error,
                         "every click of a batch of {} refused ({error}): not set aside, as a \
                          table that takes no row needs an operator; retrying",
                         batch.len()
                     );
-                    self.metrics.db_errors.inc();
-                    self.health.db_reachable.store(false, Relaxed);
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.db_reachable.store(false, Relaxed);
                 }
                 Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
+                    let error = describe(&e);
                     tracing::warn!(
-                        "writing a batch of {} clicks: {}; looking for the rows refused",
+                        clicks = batch.len(),
+                        %error,
+                        "writing a batch of {} clicks: {error}; looking for the rows refused",
                         batch.len(),
-                        describe(&e)
                     );
-                    self.metrics.db_errors.inc();
+                    self.shared.counts.db_errors.inc();
                     sift = true;
                     continue;
                 }
                 Err(waiting @ Failure::LockHeld(_)) => match self.watch.cause() {
                     // The session holding the lock is this collector's own, its commit
                     // stuck: not another writer.
-                    Some(cause) => tracing::warn!("{waiting}: {cause}; asking again"),
-                    None => tracing::info!("{waiting}; asking again on a new connection"),
+                    Some(cause) => {
+                        tracing::warn!(error = %waiting, %cause, "{waiting}: {cause}; asking again")
+                    }
+                    None => tracing::info!(
+                        error = %waiting,
+                        "{waiting}; asking again on a new connection"
+                    ),
                 },
                 Err(failure) if self.watch.cause().is_some() => {
                     let cause = self.watch.cause().unwrap_or_default();
                     tracing::warn!(
+                        clicks = batch.len(),
+                        error = %failure,
+                        %cause,
                         "writing a batch of {} clicks: {failure}: {cause}; retrying on a new \
                          connection",
                         batch.len()
                     );
-                    self.metrics.db_errors.inc();
-                    self.health.db_reachable.store(false, Relaxed);
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.db_reachable.store(false, Relaxed);
                 }
                 Err(failure) => {
                     tracing::warn!(
+                        clicks = batch.len(),
+                        error = %failure,
                         "writing a batch of {} clicks: {failure}; retrying on a new connection",
                         batch.len(),
                     );
-                    self.metrics.db_errors.inc();
-                    self.health.db_reachable.store(false, Relaxed);
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.db_reachable.store(false, Relaxed);
                 }
             }
             self.conn = None;
@@ -216,7 +240,7 @@ impl Writer {
         // session from a database that does not answer.
         let mut wait = Throttle::per_outage();
         let (db, slot) = (&self.db, &mut self.conn);
-        let (watch, committed, metrics) = (&self.watch, &mut self.committed, &self.metrics);
+        let (watch, committed, counts) = (&self.watch, &mut self.committed, &self.shared.counts);
         let attempt = async {
             let conn = match slot {
                 Some(conn) => conn,
@@ -229,7 +253,7 @@ impl Writer {
                     // committed before?
                     committed.reconnected();
                     committed
-                        .check(conn.client(), &number.instance, metrics)
+                        .check(conn.client(), &number.instance, counts)
                         .await?;
                     slot.insert(conn)
                 }

@@ -16,23 +16,28 @@ use tokio_postgres::Client;
 
 /// Days created ahead beyond the window's last: a batch never finds its day missing, even
 /// across a midnight with the database briefly away.
-pub const SPARE_DAYS: i32 = 2;
+pub(crate) const SPARE_DAYS: i32 = 2;
 
 /// What to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Partitions for every day from `first` to `last` must exist.
-    pub first: i32,
-    pub last: i32,
+    pub(crate) first: i32,
+    pub(crate) last: i32,
     /// Partitions wholly before this day are dropped (`None`: keep everything).
-    pub drop_before: Option<i32>,
+    pub(crate) drop_before: Option<i32>,
 }
 
 impl Plan {
     /// For `today`: the days clicks may be accepted for (`back` days before today to `ahead`
     /// after: the window, rounded up to whole days) and `SPARE_DAYS` more; and retention,
     /// never inside the window.
-    pub fn for_today(today: i32, back: i32, ahead: i32, retention_days: Option<i32>) -> Plan {
+    pub(crate) fn for_today(
+        today: i32,
+        back: i32,
+        ahead: i32,
+        retention_days: Option<i32>,
+    ) -> Plan {
         let first = today - back;
         Plan {
             first,
@@ -44,25 +49,14 @@ impl Plan {
 
 /// What one round of maintenance did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Done {
-    pub created: u64,
+pub(crate) struct Done {
+    pub(crate) created: u64,
     /// Each table dropped, and how long detaching and dropping it took.
-    pub dropped: Vec<(String, Duration)>,
-    pub indexed: Vec<String>,
+    pub(crate) dropped: Vec<(String, Duration)>,
+    pub(crate) indexed: Vec<String>,
     /// Vacuumed and analyzed once their day was over, and handed back to autovacuum.
-    pub settled: Vec<String>,
+    pub(crate) settled: Vec<String>,
 }
-
-/// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
-/// clicks, not being detached, and holds the whole day: its name, as a COPY may use it. (The
-/// day partitioning began on holds only the part of the day after that moment: the rest is
-/// in clicks_before_partitioning.)
-pub const WHOLE_DAY: &str = "
-    SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'clicks'::regclass AND NOT i.inhdetachpending
-      AND c.relname = 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')
-      AND (SELECT start FROM click_partitions_start)
-          <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
 
 const ENSURE: &str = "SELECT count(*) FILTER (WHERE ensure_click_partition(date '2000-01-01' + d))
                       FROM generate_series($1::int, $2::int) AS d";
@@ -116,14 +110,14 @@ const UNSETTLED: &str = "
     ORDER BY 1";
 
 /// Creates the partitions `plan` lacks; how many.
-pub async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
+pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
     let created = client.query_one(ENSURE, &[&plan.first, &plan.last]).await?;
     Ok(created.get::<_, i64>(0) as u64)
 }
 
 /// Creates what is missing of `plan`, drops what it expires, and vacuums, analyzes and indexes
 /// the partitions of days before `today`.
-pub async fn maintain(
+pub(crate) async fn maintain(
     client: &Client,
     plan: &Plan,
     today: i32,
@@ -244,7 +238,10 @@ async fn settle_closed_days(
             .await?
             .get::<_, bool>(0)
         {
-            tracing::debug!("{name}: not every page all-visible yet; vacuumed again next round");
+            tracing::debug!(
+                partition = %name,
+                "{name}: not every page all-visible yet; vacuumed again next round"
+            );
             continue;
         }
         client.batch_execute(&format!("ANALYZE {table}")).await?;

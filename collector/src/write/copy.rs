@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Signature, flags (no OIDs) and an empty header extension.
-pub const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+pub(crate) const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// A field count of -1 ends the data.
-pub const TRAILER: &[u8] = &(-1i16).to_be_bytes();
+pub(crate) const TRAILER: &[u8] = &(-1i16).to_be_bytes();
 /// 2000-01-01, PostgreSQL's epoch for timestamps and dates, in days since the Unix epoch.
 const PG_EPOCH_DAYS: i32 = 10_957;
 const DAY_US: i64 = 86_400_000_000;
@@ -22,7 +22,7 @@ pub fn pg_day(at_us: i64) -> i32 {
 }
 
 /// Appends one `clicks` row: (code text, clicked_at timestamptz).
-pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
+pub(crate) fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
     buf.reserve(2 + 4 + code.len() + 4 + 8);
     buf.put_i16(2);
     put_text(buf, code);
@@ -32,7 +32,7 @@ pub fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
 
 /// Appends one `clicks_set_aside` row: (code text, clicked_at timestamptz, reason text,
 /// error text, NULL without one).
-pub fn put_set_aside(
+pub(crate) fn put_set_aside(
     buf: &mut BytesMut,
     code: &str,
     at_us: i64,
@@ -52,15 +52,15 @@ pub fn put_set_aside(
 
 /// One row of a `clicks` COPY buffer written by `put_click`: where it is, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClickRow<'a> {
-    pub bytes: std::ops::Range<usize>,
-    pub code: &'a str,
-    pub at_us: i64,
+pub(crate) struct ClickRow<'a> {
+    pub(crate) bytes: std::ops::Range<usize>,
+    pub(crate) code: &'a str,
+    pub(crate) at_us: i64,
 }
 
 /// The rows of a buffer that `put_click` wrote, in order (for finding the one PostgreSQL
 /// refuses). Stops at anything it did not write.
-pub fn click_rows(buf: &[u8]) -> Vec<ClickRow<'_>> {
+pub(crate) fn click_rows(buf: &[u8]) -> Vec<ClickRow<'_>> {
     let mut rows = Vec::new();
     let mut at = 0;
     while let Some(row) = click_row(buf, at) {
@@ -87,9 +87,9 @@ fn click_row(buf: &[u8], start: usize) -> Option<ClickRow<'_>> {
 /// Which batch of which writer a `click_count_lists` row belongs to: its `writer` and
 /// `batch` columns, by which the writer folds the rows it wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchTag {
-    pub writer: i64,
-    pub batch: i64,
+pub(crate) struct BatchTag {
+    pub(crate) writer: i64,
+    pub(crate) batch: i64,
 }
 
 /// Appends one `click_count_lists` row: (day date, entries integer, code_list text,
@@ -97,7 +97,7 @@ pub struct BatchTag {
 /// space-separated lists of `counts.len()` entries (migration 10: a text field is received
 /// whole, where an array's elements each pass through a receive function; codes hold no
 /// space).
-pub fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, counts: &[(&str, i64)]) {
+pub(crate) fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, counts: &[(&str, i64)]) {
     let codes_len: usize = counts.iter().map(|(code, _)| code.len() + 1).sum();
     // Counts are mostly a digit or two: a hint, the buffer grows past it.
     buf.reserve(2 + 16 + 8 + codes_len + counts.len() * 3 + 24);
@@ -134,7 +134,7 @@ fn put_list<T>(buf: &mut BytesMut, items: &[T], mut put: impl FnMut(&mut BytesMu
 }
 
 /// `click_count_lists` rows: one per day, of its (code, clicks) entries.
-pub fn counts_rows<'a>(
+pub(crate) fn counts_rows<'a>(
     tag: BatchTag,
     days: impl IntoIterator<Item = (i32, Vec<(&'a str, i64)>)>,
 ) -> Bytes {
@@ -147,7 +147,10 @@ pub fn counts_rows<'a>(
 
 /// The counts of `clicks` (code, Unix microseconds) per UTC day and code, as
 /// `click_count_lists` rows.
-pub fn count_rows<'a>(tag: BatchTag, clicks: impl IntoIterator<Item = (&'a str, i64)>) -> Bytes {
+pub(crate) fn count_rows<'a>(
+    tag: BatchTag,
+    clicks: impl IntoIterator<Item = (&'a str, i64)>,
+) -> Bytes {
     let mut days: HashMap<i32, HashMap<&str, i64>> = HashMap::new();
     for (code, at_us) in clicks {
         *days

@@ -21,14 +21,14 @@ enum Origin {
 
 /// The socket clicks arrive on.
 #[derive(Debug)]
-pub struct Inbox {
+pub(crate) struct Inbox {
     sock: UnixDatagram,
     origin: Origin,
 }
 
 /// One received datagram's size in the buffer, and who sent it: `from` is where its
 /// acknowledgements go (`None`: an unbound sender, which gets none).
-pub use shared::socket::Received as Datagram;
+pub(crate) use shared::socket::Received as Datagram;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -45,12 +45,17 @@ pub enum OpenError {
 impl Inbox {
     /// Takes the socket systemd passed (`passed`: what LISTEN_FDS held besides the admin
     /// listener) or else binds `path` with `mode`.
-    pub fn open(path: &Path, mode: u32, passed: Vec<OwnedFd>) -> Result<Inbox, OpenError> {
+    pub(crate) fn open(path: &Path, mode: u32, passed: Vec<OwnedFd>) -> Result<Inbox, OpenError> {
         let mut fds = passed;
         match fds.len() {
             0 => {
                 let sock = shared::socket::bind_datagram(path, mode)?;
-                tracing::info!("bound {} (mode {mode:o})", path.display());
+                tracing::info!(
+                    path = %path.display(),
+                    mode = %format_args!("{mode:o}"),
+                    "bound {} (mode {mode:o})",
+                    path.display()
+                );
                 Self::new(sock.into(), Origin::Bound(path.to_owned()))
             }
             1 => {
@@ -76,19 +81,19 @@ impl Inbox {
     }
 
     /// Whether stopping drains the queue (a bound socket) or leaves it to systemd.
-    pub fn drains_at_stop(&self) -> bool {
+    pub(crate) fn drains_at_stop(&self) -> bool {
         matches!(self.origin, Origin::Bound(_))
     }
 
     /// Waits for the next datagram and reads it into `buf`.
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
+    pub(crate) async fn recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
         self.sock
             .async_io(Interest::READABLE, || recv_into(self.sock.as_fd(), buf))
             .await
     }
 
     /// The next datagram already queued, without waiting: `None` once the queue is empty.
-    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
+    pub(crate) fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
         match recv_into(self.sock.as_fd(), buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             other => other,
@@ -101,7 +106,7 @@ impl Inbox {
     /// acknowledging in the collector's name. An error means it was not sent (the sender is
     /// gone, or this socket's send buffer is full); acknowledgements are cumulative, so the
     /// next one covers it.
-    pub fn send_to(&self, bytes: &[u8], to: &UnixAddr) -> io::Result<()> {
+    pub(crate) fn send_to(&self, bytes: &[u8], to: &UnixAddr) -> io::Result<()> {
         socket::sendto(self.sock.as_raw_fd(), bytes, to, MsgFlags::MSG_DONTWAIT)?;
         Ok(())
     }
@@ -109,15 +114,15 @@ impl Inbox {
     /// Stops new datagrams from arriving on a socket this process bound: unlinks the path (new
     /// senders get ENOENT) and shuts the reading side (connected senders, which do not look at
     /// the path again, get EPIPE and keep their datagram). What is queued can still be read.
-    pub fn fence(&self) {
+    pub(crate) fn fence(&self) {
         let Origin::Bound(path) = &self.origin else {
             return;
         };
         if let Err(e) = std::fs::remove_file(path) {
-            tracing::warn!("unlinking {}: {e}", path.display());
+            tracing::warn!(path = %path.display(), error = %e, "unlinking {}: {e}", path.display());
         }
         if let Err(e) = socket::shutdown(self.sock.as_raw_fd(), Shutdown::Read) {
-            tracing::warn!("shutting the socket's reading side: {e}");
+            tracing::warn!(error = %e, "shutting the socket's reading side: {e}");
         }
     }
 }

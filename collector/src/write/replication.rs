@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::batch::Batch;
 use crate::db::{describe, Db};
-use crate::metrics::Metrics;
+use crate::metrics::Common;
+use crate::write::batch::Batch;
+use crate::write::Metrics;
 
 /// How often the watch looks while a write is in flight.
 const POLL: Duration = Duration::from_millis(500);
@@ -317,7 +318,7 @@ impl Committed {
         &mut self,
         client: &Client,
         instance: &str,
-        metrics: &Metrics,
+        counts: &Common,
     ) -> Result<u64, tokio_postgres::Error> {
         if !self.check {
             return Ok(0);
@@ -355,7 +356,7 @@ impl Committed {
             client
                 .execute(PUT_BACK, &[&params.0, &params.1, &params.2, &instance])
                 .await?;
-            metrics.clicks_unaccounted.inc_by(clicks);
+            counts.clicks_unaccounted.inc_by(clicks);
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
                  behind by {datagrams} datagrams, {clicks} clicks. It failed over to a standby \

@@ -7,13 +7,13 @@ use tokio_postgres::Client;
 /// The senders, by the addresses their acknowledgements go to.
 pub type Senders = protocol::senders::Senders<UnixAddr>;
 /// A message for a sender at its address.
-pub type Reply = protocol::senders::Reply<UnixAddr>;
+pub(crate) type Reply = protocol::senders::Reply<UnixAddr>;
 
 /// The seqs committed so far, of every instance's senders: a sender not among them is judged
 /// from seq 0, so a record skipped here (say, under an instance name since changed) would have
 /// its committed datagrams written again. Only this instance's rows are ever deleted
 /// (`store`), so loading another host's senders costs memory (bounded), never their rows.
-pub async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
+pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
     let rows = client
         .query("SELECT sender, last_seq, clicks FROM click_senders", &[])
         .await?;

@@ -9,10 +9,22 @@ use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
-use crate::batch::{Batch, SetAside};
-use crate::copy::{self, HEADER, TRAILER};
 use crate::db::describe;
-use crate::partitions;
+use crate::write::batch::Batch;
+use crate::write::batch::SetAside;
+use crate::write::copy::{self, HEADER, TRAILER};
+use shared::metrics::Label;
+
+/// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
+/// clicks, not being detached, and holds the whole day: its name, as a COPY may use it. (The
+/// day partitioning began on holds only the part of the day after that moment: the rest is
+/// in clicks_before_partitioning.)
+pub const WHOLE_DAY: &str = "
+    SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND NOT i.inhdetachpending
+      AND c.relname = 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')
+      AND (SELECT start FROM click_partitions_start)
+          <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =
@@ -61,15 +73,15 @@ const FORGET_SENDERS: &str = "
 /// its instance name, and numbers its batches 1, 2, 3, ... in the order it writes them; a
 /// retry keeps the number.
 #[derive(Debug, Clone)]
-pub struct BatchNumber {
-    pub writer: i64,
-    pub instance: String,
-    pub batch: i64,
+pub(crate) struct BatchNumber {
+    pub(crate) writer: i64,
+    pub(crate) instance: String,
+    pub(crate) batch: i64,
 }
 
 impl BatchNumber {
     /// The columns that tie the batch's `click_count_lists` rows to it.
-    pub fn tag(&self) -> copy::BatchTag {
+    pub(crate) fn tag(&self) -> copy::BatchTag {
         copy::BatchTag {
             writer: self.writer,
             batch: self.batch,
@@ -79,15 +91,15 @@ impl BatchNumber {
 
 /// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
 #[derive(Debug)]
-pub struct Rows {
+pub(crate) struct Rows {
     /// Per UTC day (PostgreSQL's day number).
-    pub clicks: Vec<(i32, Bytes)>,
-    pub set_aside: Bytes,
+    pub(crate) clicks: Vec<(i32, Bytes)>,
+    pub(crate) set_aside: Bytes,
 }
 
 /// What an attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stored {
+pub(crate) enum Stored {
     /// Committed; `refused` clicks PostgreSQL refused for good were set aside instead.
     Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
@@ -102,7 +114,7 @@ pub enum Stored {
 /// a schema that does not match (42: a missing table or column, a privilege): those refuse
 /// every row, and setting every click aside would only move the stream elsewhere, so they are
 /// retried like an outage until an operator fixes the schema.
-pub fn refuses_rows(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn refuses_rows(e: &tokio_postgres::Error) -> bool {
     e.code()
         .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
 }
@@ -125,7 +137,7 @@ pub struct Conn {
 
 impl Conn {
     /// Prepares the statements on `client`.
-    pub async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
+    pub(crate) async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
         // A commit is acknowledged to the senders, who then forget those clicks: it must be
         // durable when it returns, whatever the server's default.
         client.batch_execute("SET synchronous_commit = on").await?;
@@ -150,7 +162,7 @@ impl Conn {
     /// the claim shows that this batch is in already. Dropping it midway rolls it back. With
     /// `sift`, the clicks go in halves until the rows PostgreSQL refuses for good are found
     /// (`refuses_rows`), which are set aside with their error, their counts left out.
-    pub async fn write(
+    pub(crate) async fn write(
         &mut self,
         batch: &Batch,
         rows: &Rows,
@@ -233,11 +245,7 @@ impl Conn {
         }
         if !self.copy_day.contains_key(&day) {
             self.copy_day.retain(|&known, _| known >= today);
-            let statement = match self
-                .client
-                .query_opt(partitions::WHOLE_DAY, &[&day])
-                .await?
-            {
+            let statement = match self.client.query_opt(WHOLE_DAY, &[&day]).await? {
                 Some(row) => {
                     let table: String = row.get(0);
                     let copy =

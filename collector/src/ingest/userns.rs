@@ -26,14 +26,14 @@ struct Range {
 
 /// The uids this process's user namespace maps, as `/proc/self/uid_map` lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UidMap {
+pub(crate) struct UidMap {
     text: String,
     ranges: Vec<Range>,
 }
 
 impl UidMap {
     /// Parses the text of a `uid_map` file: lines of three decimal numbers.
-    pub fn parse(text: &str) -> Result<UidMap, String> {
+    pub(crate) fn parse(text: &str) -> Result<UidMap, String> {
         let mut ranges = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let fields: Vec<u32> = line
@@ -54,7 +54,7 @@ impl UidMap {
 
     /// This process's map; `None` where the kernel has no user namespaces (no such file):
     /// every uid is then seen as it is.
-    pub fn read() -> std::io::Result<Option<UidMap>> {
+    pub(crate) fn read() -> std::io::Result<Option<UidMap>> {
         match std::fs::read_to_string(UID_MAP) {
             Ok(text) => UidMap::parse(&text)
                 .map(Some)
@@ -65,14 +65,14 @@ impl UidMap {
     }
 
     /// Whether a sender's uid can arrive as `uid` here: some line maps it inside.
-    pub fn maps(&self, uid: u32) -> bool {
+    pub(crate) fn maps(&self, uid: u32) -> bool {
         self.ranges
             .iter()
             .any(|r| uid >= r.inside && u64::from(uid) < u64::from(r.inside) + u64::from(r.count))
     }
 
     /// The first of `allowed` that no sender's credentials can ever carry here.
-    pub fn first_unmapped(&self, allowed: &[u32]) -> Option<u32> {
+    pub(crate) fn first_unmapped(&self, allowed: &[u32]) -> Option<u32> {
         allowed.iter().copied().find(|&uid| !self.maps(uid))
     }
 }
@@ -80,8 +80,8 @@ impl UidMap {
 /// An `--allow-uid` uid the collector's user namespace does not map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unmapped {
-    pub uid: u32,
-    pub map: UidMap,
+    pub(crate) uid: u32,
+    pub(crate) map: UidMap,
 }
 
 impl fmt::Display for Unmapped {
@@ -105,7 +105,7 @@ impl fmt::Display for Unmapped {
 
 /// Checks `allowed` (the `--allow-uid` list) against `map`: `Err` names the first uid that can
 /// never be seen.
-pub fn check(allowed: &[u32], map: &UidMap) -> Result<(), Unmapped> {
+pub(crate) fn check(allowed: &[u32], map: &UidMap) -> Result<(), Unmapped> {
     match map.first_unmapped(allowed) {
         Some(uid) => Err(Unmapped {
             uid,

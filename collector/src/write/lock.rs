@@ -37,12 +37,16 @@ pub async fn take(
         let row = client.query_one(TRY_LOCK, &[&instance]).await?;
         if row.get::<_, bool>(0) {
             if wait.end().is_some() {
-                tracing::info!("took the lock of instance {instance:?}: the other writer is gone");
+                tracing::info!(
+                    instance,
+                    "took the lock of instance {instance:?}: the other writer is gone"
+                );
             }
             return Ok(());
         }
         if wait.hit().is_some() {
             tracing::info!(
+                instance,
                 "waiting for the lock of instance {instance:?}: another collector of this \
                  instance, or an abandoned connection of this one, is still writing"
             );

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::unfolded::{Taken, Unfolded};
+use crate::write::unfolded::{Taken, Unfolded};
 
 /// One statement: moves the committed counts the collector does not hold in memory (the rows
 /// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
@@ -123,7 +123,7 @@ const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)
 /// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
 /// (one per process start); without this both tables grow with every restart. A redirector
 /// idle that long comes back under a new sender id.
-pub const PRUNE: &str = "
+pub(crate) const PRUNE: &str = "
     SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
@@ -141,20 +141,20 @@ impl Policy {
     /// How old another writer's counts must be before this collector folds them: a live
     /// collector folds its own within about an interval, so what is older than a few is of
     /// a collector that stopped (a previous life of this one, or a host gone).
-    pub fn orphaned_after(&self) -> Duration {
+    pub(crate) fn orphaned_after(&self) -> Duration {
         3 * self.interval
     }
 }
 
 /// The counts waiting to be folded, and the age of the oldest, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backlog {
-    pub counts: i64,
-    pub oldest_secs: f64,
+pub(crate) struct Backlog {
+    pub(crate) counts: i64,
+    pub(crate) oldest_secs: f64,
 }
 
 /// The backlog, whichever collector wrote it.
-pub async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> {
+pub(crate) async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> {
     let row = client.query_one(BACKLOG, &[]).await?;
     Ok(Backlog {
         counts: row.get(0),
@@ -164,7 +164,7 @@ pub async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::Error> 
 
 /// Whether this collector has anything to fold: its own sums (`Unfolded::due`), or counts
 /// that only the SQL way folds.
-pub async fn due(
+pub(crate) async fn due(
     client: &Client,
     policy: &Policy,
     own: &Unfolded,
@@ -190,7 +190,7 @@ pub enum Apply {
 
 impl Apply {
     /// The way for a server of `server_version_num` (e.g. 150018).
-    pub fn for_version(server_version_num: i32) -> Apply {
+    pub(crate) fn for_version(server_version_num: i32) -> Apply {
         if server_version_num >= 150_000 {
             Apply::Merge
         } else {
@@ -288,6 +288,8 @@ async fn fold_taken(
             moved += sums.codes.len() as i64;
         } else {
             tracing::info!(
+                first = sums.first,
+                last = sums.last,
                 "batches {}..={} of this collector were folded in part by another: folding \
                  the rest of them from their rows",
                 sums.first,

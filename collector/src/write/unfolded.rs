@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use compact_str::CompactString;
 
-use crate::batch::{Batch, CodeCounts};
+use crate::write::batch::{Batch, CodeCounts};
 
 /// This writer's committed, unfolded counts.
 #[derive(Debug)]
@@ -49,20 +49,20 @@ struct State {
 
 /// What a fold takes: sums to upsert, and this writer's batches to fold the SQL way.
 #[derive(Debug, Default)]
-pub struct Taken {
-    pub sums: Option<Sums>,
-    pub stray_upto: Option<i64>,
+pub(crate) struct Taken {
+    pub(crate) sums: Option<Sums>,
+    pub(crate) stray_upto: Option<i64>,
 }
 
 /// The sums of this writer's batches `first..=last`, which wrote `rows` rows.
 #[derive(Debug)]
-pub struct Sums {
-    pub first: i64,
-    pub last: i64,
-    pub rows: i64,
-    pub codes: Vec<CompactString>,
-    pub days: Vec<i32>,
-    pub clicks: Vec<i64>,
+pub(crate) struct Sums {
+    pub(crate) first: i64,
+    pub(crate) last: i64,
+    pub(crate) rows: i64,
+    pub(crate) codes: Vec<CompactString>,
+    pub(crate) days: Vec<i32>,
+    pub(crate) clicks: Vec<i64>,
 }
 
 impl Unfolded {
@@ -77,12 +77,12 @@ impl Unfolded {
     }
 
     /// The writer id whose rows these are.
-    pub fn writer(&self) -> i64 {
+    pub(crate) fn writer(&self) -> i64 {
         self.writer
     }
 
     /// Batch `number`, committed with exactly the counts of `batch`.
-    pub fn add(&self, number: i64, batch: &Batch) {
+    pub(crate) fn add(&self, number: i64, batch: &Batch) {
         let mut s = self.lock();
         if number != s.last + 1 {
             // Not the next batch: what lies between is unknown here.
@@ -107,12 +107,12 @@ impl Unfolded {
 
     /// Batch `number` is in, but not with the counts this would add (an earlier attempt whose
     /// answer was lost committed it, or rows were refused): fold up to it the SQL way.
-    pub fn lose(&self, number: i64) {
+    pub(crate) fn lose(&self, number: i64) {
         self.lock().stray(number);
     }
 
     /// A fold failed after [`Unfolded::take`]: what it took is left to the SQL way.
-    pub fn give_back(&self, taken: &Taken) {
+    pub(crate) fn give_back(&self, taken: &Taken) {
         let upto = taken.sums.as_ref().map(|s| s.last).max(taken.stray_upto);
         if let Some(upto) = upto {
             let mut s = self.lock();
@@ -122,7 +122,7 @@ impl Unfolded {
 
     /// Whether a fold is due: `entries` counts in the rows of the batches summed, the oldest
     /// committed `interval` ago, or stray batches.
-    pub fn due(&self, entries: usize, interval: Duration) -> bool {
+    pub(crate) fn due(&self, entries: usize, interval: Duration) -> bool {
         let s = self.lock();
         s.stray_upto.is_some()
             || s.entries >= entries
@@ -130,7 +130,7 @@ impl Unfolded {
     }
 
     /// Everything to fold, leaving nothing behind.
-    pub fn take(&self) -> Taken {
+    pub(crate) fn take(&self) -> Taken {
         let mut s = self.lock();
         let sums = (s.first <= s.last).then(|| {
             let mut sums = Sums {
@@ -195,7 +195,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::DateWindow;
+    use crate::write::batch::DateWindow;
     use protocol::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {

@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use shared::throttle::Throttle;
 
-use crate::intake::{Outcome, Why};
-use crate::metrics::{Metrics, Resync};
-use crate::senders::Reply;
+use crate::ingest::intake::{Outcome, Why};
+use crate::ingest::senders::Reply;
+use crate::ingest::{Metrics, Resync};
+use crate::metrics::Shared;
 
-pub struct Events {
+pub(crate) struct Events {
     metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
     reject_log: Throttle,
     lost_log: Throttle,
     mirror_log: Throttle,
@@ -21,9 +23,10 @@ pub struct Events {
 }
 
 impl Events {
-    pub fn new(metrics: Arc<Metrics>) -> Events {
+    pub(crate) fn new(metrics: Arc<Metrics>, shared: Arc<Shared>) -> Events {
         Events {
             metrics,
+            shared,
             reject_log: Throttle::default(),
             lost_log: Throttle::default(),
             mirror_log: Throttle::default(),
@@ -33,19 +36,19 @@ impl Events {
     }
 
     /// A datagram was read from the socket.
-    pub fn received(&self) {
+    pub(crate) fn received(&self) {
         self.metrics.datagrams_received.inc();
     }
 
     /// Reading the socket failed: not a reason to stop.
-    pub fn receive_failed(&mut self, e: &io::Error) {
+    pub(crate) fn receive_failed(&mut self, e: &io::Error) {
         if let Some(held) = self.recv_log.allow() {
-            tracing::warn!("receiving: {e} ({held} more errors not logged)");
+            tracing::warn!(error = %e, held, "receiving: {e} ({held} more errors not logged)");
         }
     }
 
     /// A datagram went to `--mirror`, or did not.
-    pub fn mirrored(&mut self, result: io::Result<()>) {
+    pub(crate) fn mirrored(&mut self, result: io::Result<()>) {
         match result {
             Ok(()) => {
                 self.metrics.mirror_sent.inc();
@@ -53,14 +56,14 @@ impl Events {
             Err(e) => {
                 self.metrics.mirror_failed.inc();
                 if let Some(held) = self.mirror_log.allow() {
-                    tracing::warn!("mirror: {e} ({held} more failures not logged)");
+                    tracing::warn!(error = %e, held, "mirror: {e} ({held} more failures not logged)");
                 }
             }
         }
     }
 
     /// An acknowledgement or resend request was sent, or not.
-    pub fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
+    pub(crate) fn replied(&mut self, reply: &Reply, result: io::Result<()>) {
         let m = &self.metrics;
         match result {
             Ok(()) if reply.ack.resend_from.is_some() => {
@@ -73,6 +76,10 @@ impl Events {
                 m.acks_failed.inc();
                 if let Some(held) = self.reply_log.allow() {
                     tracing::warn!(
+                        sender = %format_args!("{:016x}", reply.ack.sender),
+                        to = %reply.to,
+                        error = %e,
+                        held,
                         "acknowledging sender {:016x} at {}: {e} ({held} more failures not logged)",
                         reply.ack.sender,
                         reply.to
@@ -83,7 +90,7 @@ impl Events {
     }
 
     /// What became of one datagram; `senders` is how many senders are known after it.
-    pub fn outcome(&mut self, outcome: Outcome, senders: usize) {
+    pub(crate) fn outcome(&mut self, outcome: Outcome, senders: usize) {
         let m = &self.metrics;
         match outcome {
             Outcome::Rejected(why) => self.rejected(&why),
@@ -106,7 +113,7 @@ impl Events {
                 unaccounted,
             } => {
                 m.resyncs.inc(Resync::Skipped);
-                m.clicks_unaccounted.inc_by(unaccounted);
+                self.shared.counts.clicks_unaccounted.inc_by(unaccounted);
                 m.senders.set(senders as i64);
                 tracing::warn!(
                     sender = %format_args!("{sender:016x}"),
@@ -127,7 +134,7 @@ impl Events {
                 evicted,
             } => {
                 m.clicks_received.inc_by(clicks as u64);
-                m.pending_clicks.inc_by(clicks as i64);
+                self.shared.counts.pending_clicks.inc_by(clicks as i64);
                 m.senders_evicted.inc_by(evicted as u64);
                 m.senders.set(senders as i64);
                 if lost > 0 {
@@ -153,9 +160,9 @@ impl Events {
 
     /// A datagram was rejected; `why` is formatted only when the line is logged.
     fn rejected(&mut self, why: &Why) {
-        let reason = why.rejected();
+        let reason = why.reason();
         self.metrics.datagrams_rejected.inc(reason);
-        let reason = shared::metrics::Label::as_str(reason);
+        let reason = reason.as_str();
         if let Some(held) = self.reject_log.allow() {
             tracing::warn!(
                 reason,

@@ -5,20 +5,21 @@ use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
 use compact_str::CompactString;
+use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::copy;
+use crate::write::copy;
 
 /// Clicks per UTC day (PostgreSQL's day number), then per code. Hashed with foldhash, seeded
 /// at random per process as the redirector's link table is: SipHash was a third of the
 /// collector's CPU with codes spread over 250,000 links (`perf`), and a random seed keeps
 /// chosen codes from colliding on purpose.
-pub type CodeCounts = HashMap<i32, Counts, FastHash>;
+pub(crate) type CodeCounts = HashMap<i32, Counts, FastHash>;
 /// One day's clicks per code. A code of up to 24 bytes is held in the entry itself: boxed
 /// codes cost a malloc and a free per code per batch, and a pointer chased to compare each
 /// key; with uniform codes that was 40 % of the collector's CPU (`perf`).
-pub type Counts = HashMap<CompactString, i64, FastHash>;
+pub(crate) type Counts = HashMap<CompactString, i64, FastHash>;
 type FastHash = foldhash::fast::RandomState;
 
 /// Which clicks go into `clicks`: those dated within this window around the collector's clock
@@ -32,7 +33,7 @@ pub struct DateWindow {
 
 impl DateWindow {
     /// Why a click at `at_us`, received at `now_us`, is set aside; `None` if it is not.
-    pub fn judge(&self, at_us: i64, now_us: i64) -> Option<SetAside> {
+    pub(crate) fn judge(&self, at_us: i64, now_us: i64) -> Option<SetAside> {
         if at_us < now_us.saturating_sub(self.max_age_us) {
             Some(SetAside::TooOld)
         } else if at_us > now_us.saturating_add(self.max_skew_us) {
@@ -43,24 +44,13 @@ impl DateWindow {
     }
 }
 
-/// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SetAside {
-    TooOld,
-    TooNew,
-    /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
-    Refused,
-}
-
-impl SetAside {
-    pub const ALL: [SetAside; 3] = [SetAside::TooOld, SetAside::TooNew, SetAside::Refused];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SetAside::TooOld => "too_old",
-            SetAside::TooNew => "too_new",
-            SetAside::Refused => "refused",
-        }
+shared::label! {
+    /// Why a click was set aside (`clicks_set_aside.reason`, and the metrics label).
+    pub(crate) enum SetAside: "reason" {
+        TooOld = "too_old",
+        TooNew = "too_new",
+        /// PostgreSQL refused its row for good (a data or constraint error); `store` finds it.
+        Refused = "refused",
     }
 }
 
@@ -73,7 +63,7 @@ pub struct Batch {
     clicks: usize,
     /// `clicks_set_aside` COPY rows, and how many per reason (in `SetAside::ALL` order).
     set_aside_rows: BytesMut,
-    set_aside: [u64; SetAside::ALL.len()],
+    set_aside: [u64; <SetAside as Label>::ALL.len()],
     /// Clicks per day, then per code: looked up by `&str`, so a code is copied in only the
     /// first time it appears in a batch (and allocated only if longer than 24 bytes).
     counts: CodeCounts,
@@ -116,12 +106,12 @@ impl Batch {
     }
 
     /// Clicks set aside, per reason.
-    pub fn set_aside(&self) -> impl Iterator<Item = (SetAside, u64)> + '_ {
-        SetAside::ALL.into_iter().zip(self.set_aside)
+    pub(crate) fn set_aside(&self) -> impl Iterator<Item = (SetAside, u64)> + '_ {
+        SetAside::ALL.iter().copied().zip(self.set_aside)
     }
 
     /// The `clicks_set_aside` COPY rows, leaving the buffer empty (see `take_rows`).
-    pub fn take_set_aside_rows(&mut self) -> Bytes {
+    pub(crate) fn take_set_aside_rows(&mut self) -> Bytes {
         self.set_aside_rows.split().freeze()
     }
 
@@ -157,7 +147,7 @@ impl Batch {
     }
 
     /// The forgotten sender ids as a bigint column (the u64 bits reinterpreted).
-    pub fn forgotten_column(&self) -> Vec<i64> {
+    pub(crate) fn forgotten_column(&self) -> Vec<i64> {
         self.forgotten.iter().map(|&id| id as i64).collect()
     }
 
@@ -170,12 +160,12 @@ impl Batch {
     }
 
     /// Each click's time, in Unix microseconds.
-    pub fn clicked_at(&self) -> &[i64] {
+    pub(crate) fn clicked_at(&self) -> &[i64] {
         &self.clicked_at
     }
 
     /// Clicks in the batch for `clicks` (not those set aside).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.clicks
     }
 
@@ -184,20 +174,16 @@ impl Batch {
         self.clicks + self.set_aside.iter().sum::<u64>() as usize
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.received() == 0
-    }
-
     /// When its first datagram arrived; `None` while there is nothing to commit. A datagram
     /// without clicks counts: its seq must still be committed.
-    pub fn started(&self) -> Option<Instant> {
+    pub(crate) fn started(&self) -> Option<Instant> {
         self.started
     }
 
     /// Each day's COPY rows, leaving the buffers empty; their memory is reused by the next
     /// batch once the returned bytes are dropped. A day of no click since the last take is
     /// forgotten.
-    pub fn take_rows(&mut self) -> Vec<(i32, Bytes)> {
+    pub(crate) fn take_rows(&mut self) -> Vec<(i32, Bytes)> {
         self.rows.retain(|(_, rows)| !rows.is_empty());
         self.rows
             .iter_mut()
@@ -206,13 +192,13 @@ impl Batch {
     }
 
     /// Distinct (code, day) pairs: the entries this batch adds to click_count_lists.
-    pub fn delta_count(&self) -> usize {
+    pub(crate) fn delta_count(&self) -> usize {
         self.delta_count
     }
 
     /// The batch's counts as `click_count_lists` COPY rows: one per UTC day, its codes and
     /// their counts in two lists.
-    pub fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
+    pub(crate) fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
         let days = self.counts.iter().map(|(&day, codes)| {
             let entries = codes.iter().map(|(code, &n)| (&**code, n)).collect();
             (day, entries)
@@ -221,19 +207,19 @@ impl Batch {
     }
 
     /// How many `click_count_lists` rows [`Batch::count_rows`] makes: one per day.
-    pub fn count_row_count(&self) -> usize {
+    pub(crate) fn count_row_count(&self) -> usize {
         self.counts.len()
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.
-    pub fn deltas(&self) -> impl Iterator<Item = (&str, i32, i64)> {
+    pub(crate) fn deltas(&self) -> impl Iterator<Item = (&str, i32, i64)> {
         self.counts
             .iter()
             .flat_map(|(&day, codes)| codes.iter().map(move |(code, &n)| (&**code, day, n)))
     }
 
     /// Each sender in the batch with its highest seq.
-    pub fn senders(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(crate) fn senders(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.senders
             .iter()
             .map(|(&sender, &(seq, _))| (sender, seq))
@@ -241,7 +227,7 @@ impl Batch {
 
     /// Senders, their highest seq and their clicks up to it, as bigint columns (the u64 bits
     /// reinterpreted).
-    pub fn sender_columns(&self) -> [Vec<i64>; 3] {
+    pub(crate) fn sender_columns(&self) -> [Vec<i64>; 3] {
         let mut columns: [Vec<i64>; 3] = Default::default();
         for (&sender, &(seq, clicks)) in &self.senders {
             for (column, value) in columns.iter_mut().zip([sender, seq, clicks]) {
@@ -252,7 +238,7 @@ impl Batch {
     }
 
     /// Empties the batch, keeping its memory.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.rows.iter_mut().for_each(|(_, rows)| rows.clear());
         self.clicks = 0;
         self.set_aside_rows.clear();
@@ -282,8 +268,8 @@ pub struct Handoff {
 
 /// The writer's ends.
 pub struct WriterEnds {
-    pub full: mpsc::Receiver<Batch>,
-    pub empty: mpsc::Sender<Batch>,
+    pub(crate) full: mpsc::Receiver<Batch>,
+    pub(crate) empty: mpsc::Sender<Batch>,
 }
 
 /// The channels, with a second batch waiting in the empty one (the receiver starts with the
@@ -415,7 +401,7 @@ mod tests {
             (senders, seqs, clicks),
             (vec![-1, 1], vec![0, 3], vec![5, 30])
         );
-        assert!(b.started().is_some() && b.is_empty());
+        assert!(b.started().is_some() && b.received() == 0);
         b.push(&datagram(&[("x", 0)], 0), &OPEN, 0);
         let rows = b.take_rows();
         assert!(!rows.is_empty());

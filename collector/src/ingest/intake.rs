@@ -4,31 +4,14 @@
 //! each outcome into metrics and log lines.
 
 use protocol::wire::Reject;
+use protocol::RejectReason;
 use shared::socket::Received;
 use std::time::Instant;
 
-use crate::batch::{Batch, DateWindow};
+use crate::write::batch::{Batch, DateWindow};
 use protocol::senders::{Refusal, Resynced, Verdict};
 
-use crate::senders::{Reply, Senders};
-
-shared::label! {
-    /// Every reason a datagram is rejected for, as metrics labels: the wire format's, then who
-    /// sent it and what it claims.
-    pub enum Rejected: "reason" {
-        Undecodable = "undecodable",
-        WrongVersion = "wrong_version",
-        BadCode = "bad_code",
-        BadTimestamp = "bad_timestamp",
-        TrailingBytes = "trailing_bytes",
-        Unauthorized = "unauthorized",
-        SenderMismatch = "sender_mismatch",
-        SeqJump = "seq_jump",
-        BadResync = "bad_resync",
-        FdsAttached = "fds_attached",
-        ControlTruncated = "control_truncated",
-    }
-}
+use crate::ingest::senders::{Reply, Senders};
 
 /// Why a datagram was rejected whole; formatted only when logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,25 +29,16 @@ pub enum Why {
 }
 
 impl Why {
-    /// The metrics label.
-    pub fn rejected(&self) -> Rejected {
+    /// Its reason: the metrics label and log field.
+    pub(crate) fn reason(&self) -> RejectReason {
         match self {
-            Why::Truncated(_) | Why::Wire(Reject::Undecodable(_)) => Rejected::Undecodable,
-            Why::Wire(Reject::WrongVersion { .. }) => Rejected::WrongVersion,
-            Why::Wire(Reject::BadCode { .. }) => Rejected::BadCode,
-            Why::Wire(Reject::BadTimestamp { .. }) => Rejected::BadTimestamp,
-            Why::Wire(Reject::TrailingBytes(_)) => Rejected::TrailingBytes,
-            Why::FdsAttached(_) => Rejected::FdsAttached,
-            Why::ControlTruncated => Rejected::ControlTruncated,
-            Why::Unauthorized(_) => Rejected::Unauthorized,
-            Why::Refused(Refusal::SenderMismatch) => Rejected::SenderMismatch,
-            Why::Refused(Refusal::SeqJump) => Rejected::SeqJump,
-            Why::Refused(Refusal::BadResync) => Rejected::BadResync,
+            Why::Truncated(_) => RejectReason::Undecodable,
+            Why::Wire(reject) => reject.reason(),
+            Why::FdsAttached(_) => RejectReason::FdsAttached,
+            Why::ControlTruncated => RejectReason::ControlTruncated,
+            Why::Unauthorized(_) => RejectReason::Unauthorized,
+            Why::Refused(refusal) => refusal.reason(),
         }
-    }
-
-    pub fn reason(&self) -> &'static str {
-        shared::metrics::Label::as_str(self.rejected())
     }
 }
 
@@ -241,7 +215,7 @@ impl Intake {
     }
 
     /// The senders, to record what a committed batch committed.
-    pub fn senders(&mut self) -> &mut Senders {
+    pub(crate) fn senders(&mut self) -> &mut Senders {
         &mut self.senders
     }
 }
@@ -304,7 +278,7 @@ mod tests {
         let Outcome::Rejected(why) = outcome else {
             unreachable!()
         };
-        assert_eq!(why.reason(), "sender_mismatch");
+        assert_eq!(why.reason(), RejectReason::SenderMismatch);
         assert_eq!(
             take(&mut intake, &good, meta(10, 1000, good.len()), &mut batch),
             Outcome::Duplicate
@@ -333,20 +307,5 @@ mod tests {
             Outcome::Rejected(Why::ControlTruncated)
         );
         assert_eq!(batch.len(), 3, "nothing else entered the batch");
-        let labels: Vec<_> = <Rejected as shared::metrics::Label>::ALL
-            .iter()
-            .map(|r| shared::metrics::Label::as_str(*r))
-            .collect();
-        for reason in [
-            Why::Truncated(1).reason(),
-            "unauthorized",
-            "sender_mismatch",
-            "seq_jump",
-        ] {
-            assert!(labels.contains(&reason), "{reason}");
-        }
-        for reason in Reject::REASONS {
-            assert!(labels.contains(&reason), "{reason}");
-        }
     }
 }

@@ -21,8 +21,8 @@ use std::os::unix::net::UnixDatagram;
 use nix::sys::socket::{self, MsgFlags, UnixAddr};
 use std::time::Instant;
 
-use crate::senders::Reply;
-use crate::socket::Inbox;
+use crate::ingest::senders::Reply;
+use crate::ingest::socket::Inbox;
 
 /// Reply sockets kept at once: a host's redirectors, with room to spare.
 const MAX_PEERS: usize = 64;
@@ -33,7 +33,7 @@ struct Peer {
 }
 
 #[derive(Default)]
-pub struct Replies {
+pub(crate) struct Replies {
     peers: HashMap<UnixAddr, Peer>,
 }
 
@@ -41,7 +41,7 @@ impl Replies {
     /// Sends `reply` without waiting, from its peer's socket. An error means it was not sent
     /// (the peer is gone, or its queue is full); acknowledgements are cumulative, so the next
     /// one covers it.
-    pub fn send(&mut self, inbox: &Inbox, reply: &Reply, now: Instant) -> io::Result<()> {
+    pub(crate) fn send(&mut self, inbox: &Inbox, reply: &Reply, now: Instant) -> io::Result<()> {
         let bytes = reply.ack.encode();
         let socket = self.socket_for(reply.to, now)?;
         match socket::sendto(

@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::{Batch, DateWindow, Handoff};
-use crate::intake::Intake;
-use crate::metrics::Metrics;
-use crate::mirror::Mirror;
-use crate::replies::Replies;
-use crate::senders::{Reply, Senders};
-use crate::socket::{Datagram, Inbox};
+use crate::ingest::intake::Intake;
+use crate::ingest::mirror::Mirror;
+use crate::ingest::replies::Replies;
+use crate::ingest::senders::{Reply, Senders};
+use crate::ingest::socket::{Datagram, Inbox};
+use crate::ingest::Metrics;
+use crate::metrics::Shared;
+use crate::write::batch::{Batch, DateWindow, Handoff};
 
 mod events;
 use events::Events;
@@ -34,7 +35,7 @@ const BUF_SIZE: usize = 64 * 1024;
 #[error("the database writer stopped; cannot write further batches")]
 pub struct WriterGone;
 
-pub struct Receiver {
+pub(crate) struct Receiver {
     inbox: Inbox,
     /// Acknowledgements and resend requests leave from a socket per peer.
     replies: Replies,
@@ -61,21 +62,22 @@ enum Event {
 
 /// When a batch is handed to the writer: at `batch_rows` clicks, or `flush_interval` after
 /// its first datagram, whichever comes first.
-pub struct Settings {
-    pub batch_rows: usize,
-    pub flush_interval: Duration,
+pub(crate) struct Settings {
+    pub(crate) batch_rows: usize,
+    pub(crate) flush_interval: Duration,
     /// Clicks dated outside it are set aside, not written into `clicks`.
-    pub window: DateWindow,
+    pub(crate) window: DateWindow,
     /// `--allow-uid`: datagrams of any other uid are rejected.
-    pub allowed_uids: Option<Vec<u32>>,
+    pub(crate) allowed_uids: Option<Vec<u32>>,
 }
 
 impl Receiver {
-    pub fn new(
+    pub(crate) fn new(
         inbox: Inbox,
         senders: Senders,
         mirror: Option<Mirror>,
         metrics: Arc<Metrics>,
+        shared: Arc<Shared>,
         settings: Settings,
         handoff: Handoff,
     ) -> Receiver {
@@ -85,7 +87,7 @@ impl Receiver {
             buf: vec![0; BUF_SIZE].into_boxed_slice(),
             intake: Intake::new(senders, settings.window, settings.allowed_uids, BUF_SIZE),
             mirror,
-            events: Events::new(metrics),
+            events: Events::new(metrics, shared),
             batch_rows: settings.batch_rows,
             flush_interval: settings.flush_interval,
             handoff,
@@ -97,7 +99,7 @@ impl Receiver {
     /// Receives until `stop` completes, then fences the socket, drains what is queued (if
     /// the socket is ours to drain), hands over the last batch and acknowledges every batch
     /// the writer commits until it is done.
-    pub async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
+    pub(crate) async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), WriterGone> {
         let mut stop = pin!(stop);
         loop {
             match self.next_event(stop.as_mut()).await {
@@ -156,12 +158,15 @@ impl Receiver {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!("draining the socket: {e}; what is still queued stays unread");
+                    tracing::warn!(
+                        error = %e,
+                        "draining the socket: {e}; what is still queued stays unread"
+                    );
                     break;
                 }
             }
         }
-        tracing::info!("read {drained} datagrams still queued at stop");
+        tracing::info!(drained, "read {drained} datagrams still queued at stop");
         Ok(())
     }
 

@@ -1,0 +1,25 @@
+//! The periodic tasks, each on a connection of its own (`maintenance`): the fold of the
+//! per-batch counts (`compact`, from the sums the writer keeps in `write::unfolded`) and the daily
+//! partitions of `clicks` (`partitions`).
+
+pub mod compact;
+pub mod maintenance;
+pub(crate) mod partitions;
+
+use shared::metrics::{Counter, Gauge, Histogram};
+
+shared::metrics! {
+    /// What the periodic tasks count: partitions, folds and what waits for one.
+    pub struct Metrics {
+        partitions_created: Counter = "partitions_created",
+            "Daily partitions of clicks created ahead.";
+        partitions_dropped: Counter = "partitions_dropped",
+            "Partitions of clicks dropped for being older than --retention.";
+        compactions: Counter = "compactions", "Folds of the per-batch counts into click_counts.";
+        compaction_seconds: Histogram = "compaction_seconds", "Time one fold took.";
+        deltas_pending: Gauge = "deltas_pending",
+            "Per-batch counts (code, day, clicks) not folded into click_counts yet.";
+        deltas_oldest_seconds: Gauge = "deltas_oldest_seconds",
+            "How long the oldest count not folded yet has waited.";
+    }
+}
