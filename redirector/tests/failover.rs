@@ -5,26 +5,14 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hyper::Method;
 use nix::sys::signal::Signal;
 use testkit::db::await_rows_settled;
 use testkit::eventually;
 use testkit::pgtest::{test_db_on, Pair, Replication};
 use testkit::redirector::load::Load;
+use testkit::redirector::served;
 use testkit::redirector::{add_link, await_first_rows, redirector, rows, Redirector, LIMIT};
 use testkit::services::Collector;
-
-/// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
-async fn served(http: SocketAddr, code: &str) -> Option<String> {
-    let response = testkit::http::request(http, Method::GET, &format!("/{code}"))
-        .await
-        .expect("an answer");
-    match response.status().as_u16() {
-        302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
-        404 => None,
-        other => panic!("GET /{code} answered {other}"),
-    }
-}
 
 /// Waits until `code` answers `want`; returns how long that took.
 async fn await_served(http: SocketAddr, code: &str, want: Option<&str>) -> Duration {
@@ -160,13 +148,7 @@ async fn a_failover_to_a_synchronous_standby_under_load_loses_no_click() {
     load.stop();
     let report = running.await.unwrap();
 
-    assert_eq!(report.errors, 0, "{report:?}");
-    assert_eq!(
-        report.count(302),
-        report.total(),
-        "every request redirected throughout: {report:?}"
-    );
-    let served = report.count(302);
+    let served = report.all_redirected("throughout the failover");
     await_rows_settled(&new_primary, Some("steady"), served, &[r.admin, c.admin]).await;
     assert_eq!(c.metric("collector_clicks_unaccounted_total").await, 0.0);
     assert_eq!(r.dropped().await, 0.0);
@@ -235,9 +217,7 @@ async fn an_asynchronous_failover_that_lost_acknowledged_clicks_counts_them_and_
     load.stop();
     let report = running.await.unwrap();
 
-    assert_eq!(report.errors, 0, "{report:?}");
-    assert_eq!(report.count(302), report.total(), "{report:?}");
-    let served = report.count(302);
+    let served = report.all_redirected("throughout the failover");
     let lost = unaccounted as u64;
     await_rows_settled(
         &new_primary,

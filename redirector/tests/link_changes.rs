@@ -7,24 +7,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hyper::Method;
 use testkit::eventually;
+use testkit::redirector::served;
 use testkit::redirector::{
     add_link, cut_off, db_now, drop_url_check, fixture, let_back, redirector, scalar, Fixture,
 };
 use testkit::redirector::{Redirector, LIMIT};
-
-/// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
-async fn served(http: SocketAddr, code: &str) -> Option<String> {
-    let response = testkit::http::request(http, Method::GET, &format!("/{code}"))
-        .await
-        .expect("an answer");
-    match response.status().as_u16() {
-        302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
-        404 => None,
-        other => panic!("GET /{code} answered {other}"),
-    }
-}
 
 /// Waits until `code` answers `want`.
 async fn await_served(http: SocketAddr, code: &str, want: Option<&str>, limit: Duration) {

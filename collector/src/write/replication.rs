@@ -29,6 +29,7 @@ use tokio_postgres::Client;
 use crate::db::{describe, Db};
 use crate::metrics::Common;
 use crate::write::batch::Batch;
+use crate::write::store::ADVANCE_SENDERS;
 use crate::write::Metrics;
 
 /// How often the watch looks while a write is in flight.
@@ -279,19 +280,6 @@ pub struct Committed {
     check: bool,
 }
 
-/// Puts a sender's record back where this collector committed and acknowledged it: the same
-/// upsert as a batch's (`GREATEST`: never back).
-const PUT_BACK: &str = "
-    INSERT INTO click_senders (sender, last_seq, clicks, instance, updated_at)
-    SELECT sender, last_seq, clicks, $4, now()
-      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS s(sender, last_seq, clicks)
-    ORDER BY sender
-    ON CONFLICT (sender) DO UPDATE
-       SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
-           clicks = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
-                         THEN EXCLUDED.clicks ELSE click_senders.clicks END,
-           updated_at = now()";
-
 impl Committed {
     /// `batch` committed.
     pub fn add(&mut self, batch: &Batch) {
@@ -354,7 +342,10 @@ impl Committed {
             };
             let params = (column(|b| b.0), column(|b| b.1), column(|b| b.2));
             client
-                .execute(PUT_BACK, &[&params.0, &params.1, &params.2, &instance])
+                .execute(
+                    ADVANCE_SENDERS,
+                    &[&params.0, &params.1, &params.2, &instance],
+                )
                 .await?;
             counts.clicks_unaccounted.inc_by(clicks);
             tracing::warn!(

@@ -50,8 +50,9 @@ const CLAIM_BATCH: &str = "
 /// Moves the batch's senders' committed seqs, and their clicks up to them, forward (never
 /// back: a collector whose instance lock session was lost may commit late), in sender order so
 /// that two writers updating the same senders lock their rows in the same order. Each row is
-/// marked with the instance whose collector judges that sender.
-const ADVANCE_SENDERS: &str = "
+/// marked with the instance whose collector judges that sender. Also what puts back the records
+/// a failover lost (`replication`).
+pub(crate) const ADVANCE_SENDERS: &str = "
     INSERT INTO click_senders (sender, last_seq, clicks, instance, updated_at)
     SELECT sender, last_seq, clicks, $4, now()
       FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS s(sender, last_seq, clicks)

@@ -119,6 +119,18 @@ pub async fn collector_with(
     (collector.service, collector.admin)
 }
 
+/// What `GET /code` answers: `Some(location)` for a redirect, `None` for 404.
+pub async fn served(http: SocketAddr, code: &str) -> Option<String> {
+    let response = crate::http::request(http, hyper::Method::GET, &format!("/{code}"))
+        .await
+        .expect("an answer");
+    match response.status().as_u16() {
+        302 => Some(response.headers()["location"].to_str().unwrap().to_owned()),
+        404 => None,
+        other => panic!("GET /{code} answered {other}"),
+    }
+}
+
 pub async fn add_link(db: &tokio_postgres::Client, code: &str, url: &str) {
     db.execute(
         "INSERT INTO links (code, url) VALUES ($1, $2)",

@@ -34,6 +34,21 @@ impl Report {
         self.statuses.get(&status).copied().unwrap_or(0)
     }
 
+    /// Checks that every request was answered, each with a redirect; returns how many.
+    pub fn all_redirected(&self, what: &str) -> u64 {
+        assert_eq!(
+            self.errors, 0,
+            "{what}: requests without an answer: {self:?}"
+        );
+        let redirects = self.count(302);
+        assert_eq!(
+            redirects,
+            self.total(),
+            "{what}: answers other than 302: {self:?}"
+        );
+        redirects
+    }
+
     pub fn total(&self) -> u64 {
         self.statuses.values().sum()
     }
