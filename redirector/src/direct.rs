@@ -12,7 +12,8 @@ use std::time::SystemTime;
 use tokio::sync::Notify;
 use tokio_postgres::{Client, Statement};
 
-use crate::metrics::{Dropped, Metrics};
+use crate::metrics::{Common, Dropped};
+use shared::metrics::Counter;
 
 pub(crate) struct Direct {
     clients: Box<[(Client, Statement)]>,
@@ -48,22 +49,28 @@ impl Direct {
     /// Inserts the click and counts it with its redirect, on a task of its own: a request
     /// dropped while its INSERT is under way (the client gone) would otherwise leave a row
     /// whose redirect was never counted.
-    pub(crate) async fn record(self: &Arc<Self>, code: &str, metrics: &Arc<Metrics>) {
-        let (direct, metrics, code) = (self.clone(), metrics.clone(), code.to_owned());
+    pub(crate) async fn record(
+        self: &Arc<Self>,
+        code: &str,
+        redirects: &Counter,
+        common: &Arc<Common>,
+    ) {
+        let (direct, code) = (self.clone(), code.to_owned());
+        let (redirects, common) = (redirects.clone(), common.clone());
         // Counted before the task exists, so that `settled` cannot miss it.
         self.recording.fetch_add(1, Relaxed);
         let _ = tokio::spawn(async move {
             match direct.insert(&code).await {
                 Ok(()) => {
-                    metrics.clicks_sent.inc();
+                    common.clicks_sent.inc();
                 }
                 Err(e) => {
-                    metrics.clicks_dropped.inc(Dropped::DirectFailed);
+                    common.clicks_dropped.inc(Dropped::DirectFailed);
                     let why = shared::db::describe(&e);
                     tracing::warn!("direct insert of a {code:?} click: {why}");
                 }
             }
-            metrics.redirects.inc();
+            redirects.inc();
             // Release: the counts above are seen by whoever sees the click done.
             if direct.recording.fetch_sub(1, Release) == 1 {
                 direct.settled.notify_waiters();

@@ -38,10 +38,11 @@ use tokio::net::UnixDatagram;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::metrics::{Dropped, Metrics};
+use crate::metrics::{Common, Dropped};
 use crate::ring::{Read, Ring};
 use crate::state::{Region, Sender, WindowStore};
 use protocol::window::{Rewound, Window};
+use shared::metrics::{Counter, Gauge, LabeledCounter};
 
 const RECONNECT_FIRST: Duration = Duration::from_millis(50);
 const RECONNECT_CAP: Duration = Duration::from_secs(1);
@@ -58,6 +59,25 @@ const SENDS_PER_YIELD: u32 = 32;
 /// new sender id, from seq 0: a collector may forget a sender idle this long (click_senders
 /// rows idle for 30 days are pruned), and must not wait for seqs it cannot know were committed.
 const NEW_SENDER_AFTER_IDLE: Duration = Duration::from_secs(24 * 3600);
+
+shared::metrics! {
+    /// What the drain counts: datagrams, sends, acknowledgements, resends and resyncs.
+    pub struct Metrics {
+        datagrams_sent: Counter = "datagrams_sent", "Datagrams the kernel accepted.";
+        send_errors: LabeledCounter<SendErrorKind> = "send_errors",
+            "Failed datagram sends, by kind.";
+        resends: Counter = "resends",
+            "Datagrams sent again: unacknowledged in time, asked for, or to a new collector.";
+        acks: Counter = "acks", "Acknowledgements taken from the collector.";
+        acks_rejected: Counter = "acks_rejected",
+            "Acknowledgements refused: another uid, another sender, or unsent seqs.";
+        clicks_acked: Counter = "clicks_acked", "Clicks the collector acknowledged as committed.";
+        resyncs: Counter = "resyncs",
+            "Resyncs sent: the collector asked for seqs acknowledged already (it lost its record of this sender).";
+        unacked_clicks: Gauge = "unacked_clicks",
+            "Clicks out of the ring and not acknowledged yet (the resend window).";
+    }
+}
 
 /// Where the drain sends, and how.
 #[derive(Debug, Clone)]
@@ -120,6 +140,7 @@ enum Wake {
 pub struct Drain {
     ring: Arc<Ring>,
     metrics: Arc<Metrics>,
+    common: Arc<Common>,
     settings: Settings,
     encoder: Encoder,
     /// The next ring position to read. Positions from the ring's head up to it are in the
@@ -154,7 +175,12 @@ impl Drain {
     /// Binds the ack socket (SO_PASSCRED on, so each acknowledgement carries its sender's
     /// credentials), and goes on from where the state region's window and sender left off,
     /// with datagrams of the size its window slots take.
-    pub fn new(state: Region, metrics: Arc<Metrics>, settings: Settings) -> Result<Drain, Error> {
+    pub fn new(
+        state: Region,
+        metrics: Arc<Metrics>,
+        common: Arc<Common>,
+        settings: Settings,
+    ) -> Result<Drain, Error> {
         let Region {
             ring,
             window,
@@ -172,6 +198,7 @@ impl Drain {
             cursor: ring.head(),
             ring,
             metrics,
+            common,
             encoder,
             window,
             sender,
@@ -295,7 +322,7 @@ impl Drain {
                 Err(EncodeError::Full) => self.seal(),
                 Err(e) => {
                     self.cursor += 1;
-                    self.metrics.clicks_dropped.inc(Dropped::Invalid);
+                    self.common.clicks_dropped.inc(Dropped::Invalid);
                     tracing::warn!(code = ?slot.code(), "dropping a click: {e}");
                 }
             }
@@ -366,7 +393,7 @@ impl Drain {
     fn sent(&mut self) {
         match self.window.mark_sent() {
             Some(clicks) => {
-                self.metrics.clicks_sent.inc_by(u64::from(clicks));
+                self.common.clicks_sent.inc_by(u64::from(clicks));
                 self.metrics.datagrams_sent.inc();
             }
             None => {
@@ -576,7 +603,7 @@ impl Drain {
                 "sending to {path} still fails after {}: {err} ({label}); {failures} failures \
                  since the last report, {held} clicks held, {} dropped so far for a full ring",
                 seconds(lasting),
-                self.metrics.clicks_dropped.get(Dropped::RingFull)
+                self.common.clicks_dropped.get(Dropped::RingFull)
             ),
         }
     }

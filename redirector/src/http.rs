@@ -26,10 +26,32 @@ use tokio::task::JoinSet;
 
 use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
-use crate::metrics::{Dropped, Metrics};
+use crate::metrics::{Closed, Common, Dropped};
 use crate::ring::{PushError, Ring};
 use bounded::{Conn, Connections};
+use shared::metrics::{Counter, Gauge, LabeledCounter};
 use watched::Watched;
+
+shared::metrics! {
+    /// What serving redirects counts: requests by answer, the clicks queued, client connections.
+    pub struct Metrics {
+        /// Each one is a click, sent or dropped.
+        redirects: Counter = "redirects", "GET requests answered 302 (each one a click).";
+        head_redirects: Counter = "head_redirects", "HEAD requests answered 302 (not clicks).";
+        not_found: Counter = "not_found", "Requests for an unknown or malformed code (404).";
+        method_not_allowed: Counter = "method_not_allowed",
+            "Methods other than GET or HEAD (405).";
+        not_ready: Counter = "not_ready", "Answered 503 before the first link table load.";
+        clicks_queued: Counter = "clicks_queued", "Clicks pushed into the ring.";
+        connections: Gauge = "connections", "Client connections open.";
+        connections_limit: Gauge = "connections_limit",
+            "Client connections allowed at once (--max-connections, fitted under the descriptor limit).";
+        connections_closed: LabeledCounter<Closed> = "connections_closed",
+            "Client connections the server closed itself, by reason.";
+        accept_errors: Counter = "accept_errors",
+            "Failed accepts of client connections (out of descriptors, typically).";
+    }
+}
 
 /// hyper's smallest allowed read buffer; it bounds the request line and headers together.
 const MAX_HEAD: usize = 8192;
@@ -49,6 +71,7 @@ pub(crate) struct App {
     pub links: Arc<LinkTable>,
     pub clicks: Clicks,
     pub metrics: Arc<Metrics>,
+    pub common: Arc<Common>,
 }
 
 type Body = Full<Bytes>;
@@ -108,15 +131,15 @@ impl App {
                     Ok(()) => {
                         m.clicks_queued.inc();
                     }
-                    Err(PushError::Full) => m.clicks_dropped.inc(Dropped::RingFull),
-                    Err(PushError::CodeTooLong) => m.clicks_dropped.inc(Dropped::Invalid),
+                    Err(PushError::Full) => self.common.clicks_dropped.inc(Dropped::RingFull),
+                    Err(PushError::CodeTooLong) => self.common.clicks_dropped.inc(Dropped::Invalid),
                 }
                 m.redirects.inc();
             }
             Clicks::Off => {
                 m.redirects.inc();
             }
-            Clicks::Direct(direct) => direct.record(code, m).await,
+            Clicks::Direct(direct) => direct.record(code, &m.redirects, &self.common).await,
         }
     }
 }
@@ -250,6 +273,7 @@ mod tests {
             links: Arc::new(LinkTable::default()),
             clicks: Clicks::Pipeline(ring.clone()),
             metrics: Arc::new(Metrics::default()),
+            common: Arc::new(Common::default()),
         };
         (app, ring)
     }
@@ -258,8 +282,8 @@ mod tests {
     async fn a_code_the_ring_refuses_as_too_long_is_invalid_not_ring_full() {
         let (app, ring) = pipeline(4);
         app.record(&"x".repeat(MAX_CODE_LEN + 1)).await;
-        assert_eq!(app.metrics.clicks_dropped.get(Dropped::Invalid), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(Dropped::RingFull), 0);
+        assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 1);
+        assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 0);
         assert!(ring.is_empty());
     }
 
@@ -269,7 +293,7 @@ mod tests {
         app.record("a").await;
         app.record("b").await;
         assert_eq!(app.metrics.clicks_queued.get(), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(Dropped::RingFull), 1);
-        assert_eq!(app.metrics.clicks_dropped.get(Dropped::Invalid), 0);
+        assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 1);
+        assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 0);
     }
 }

@@ -29,10 +29,32 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
-use crate::metrics::Metrics;
 use crate::table::{usable, Table};
 use apply::{Batch, Seen};
 use shared::backoff::Backoff;
+use shared::metrics::{Counter, FloatGauge, Gauge};
+
+shared::metrics! {
+    /// What the link loader counts: the table, its loads and changes, its sessions.
+    pub struct Metrics {
+        links: Gauge = "links", "Links being served.";
+        link_loads: Counter = "link_loads",
+            "Full loads of the link table (at start, or when the change log cannot catch up).";
+        link_load_errors: Counter = "link_load_errors",
+            "Link table sessions lost: failed or timed-out connections, loads or reads.";
+        links_skipped: Gauge = "links_skipped", "Rows of links left out for a bad code or URL.";
+        links_polling: Gauge = "links_polling", "1 while the link loader reads every 100 ms without LISTEN, 0 while it LISTENs.";
+        link_changes_applied: Counter = "link_changes_applied",
+            "Changed codes applied from the change log.";
+        /// For changes, seconds from the newest applied change's `changed_at` to its
+        /// application; for a full load, its duration.
+        links_lag: FloatGauge = "links_lag_seconds",
+            "Seconds from the newest applied change's commit to its application (a full load: its duration).";
+        /// The database's clock.
+        links_synced: FloatGauge = "links_synced_timestamp_seconds",
+            "Unix time of the last successful read of the change log (0: none yet).";
+    }
+}
 
 /// After a notification, wait this long for the rest of a burst of changes before reading; and,
 /// while changes keep coming, read this often instead of listening.

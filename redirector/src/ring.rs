@@ -73,6 +73,9 @@ fn published(pos: u64) -> u64 {
 #[derive(Default)]
 pub(crate) struct Position(AtomicU64);
 
+/// What keeps the memory of a ring's cells and positions alive (the state region's mapping).
+pub(crate) type Memory = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// Why a push did not take a click.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PushError {
@@ -92,13 +95,13 @@ pub enum Read {
     Empty,
 }
 
-/// The ring, over cells and positions that live in the state region (which `_region` keeps
+/// The ring, over cells and positions that live in the state region (which `_memory` keeps
 /// mapped as long as the ring lives).
 pub struct Ring {
     head: &'static Position,
     tail: &'static Position,
     cells: &'static [Cell],
-    _region: std::sync::Arc<crate::state::Mapping>,
+    _memory: Memory,
 }
 
 // SAFETY: a cell's slot is written only by the push that claimed its position (the CAS on
@@ -116,13 +119,13 @@ impl Ring {
         head: &'static Position,
         tail: &'static Position,
         cells: &'static [Cell],
-        region: std::sync::Arc<crate::state::Mapping>,
+        memory: Memory,
     ) -> Ring {
         Ring {
             head,
             tail,
             cells,
-            _region: region,
+            _memory: memory,
         }
     }
 
@@ -271,10 +274,39 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Region;
-
+    /// A ring over memory of the heap (the state region's layout, not its mapping).
     fn ring(capacity: usize) -> std::sync::Arc<Ring> {
-        Region::in_process(capacity as u64, 1).unwrap().ring
+        struct Heap {
+            head: Position,
+            tail: Position,
+            cells: Box<[Cell]>,
+        }
+        // SAFETY: shared the way the ring shares its cells (see the ring's `Sync`).
+        unsafe impl Sync for Heap {}
+        unsafe impl Send for Heap {}
+        let empty = || Cell {
+            stamp: AtomicU64::new(0),
+            slot: UnsafeCell::new(Slot {
+                at_us: 0,
+                len: 0,
+                code: [0; MAX_CODE_LEN],
+            }),
+        };
+        let heap = std::sync::Arc::new(Heap {
+            head: Position::default(),
+            tail: Position::default(),
+            cells: (0..capacity).map(|_| empty()).collect(),
+        });
+        // SAFETY: the references live as long as `heap`, which the ring keeps.
+        let (head, tail, cells): (&'static Position, &'static Position, &'static [Cell]) = unsafe {
+            (
+                &*std::ptr::addr_of!(heap.head),
+                &*std::ptr::addr_of!(heap.tail),
+                &*std::ptr::addr_of!(*heap.cells),
+            )
+        };
+        Ring::format(cells);
+        std::sync::Arc::new(Ring::new(head, tail, cells, heap))
     }
 
     /// Reads and releases one click.

@@ -19,9 +19,10 @@ use crate::direct::Direct;
 use crate::drain::{self, Drain, Left};
 use crate::http::{self, App, Clicks, Limits};
 use crate::links::{self, LinkTable};
-use crate::metrics::{Dropped, Metrics};
+use crate::metrics::{Common, Dropped};
 use crate::ring::Ring;
 use crate::state::{self, Geometry, Kept, Region};
+use shared::metrics::{sub_registry, Registry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -83,7 +84,8 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
-    let metrics = Arc::new(Metrics::default());
+    let mut registry = Registry::with_prefix("redirector");
+    let metrics = Metrics::register(&mut registry);
     let table = Arc::new(LinkTable::default());
     let max_connections =
         http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
@@ -92,7 +94,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     // the state region comes back from the file descriptor store.
     let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
     let state = match cfg.clicks {
-        ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics)?),
+        ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics.common)?),
         _ => None,
     };
     let ring = state.as_ref().map(|s| s.ring.clone());
@@ -108,7 +110,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     shared::admin::spawn(
         admin_listener,
         Arc::new(AdminView {
-            metrics: metrics.clone(),
+            registry,
+            common: metrics.common.clone(),
             ring: ring.clone(),
             links: table.clone(),
         }),
@@ -122,13 +125,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         Some(url) => url.parse().map_err(Error::LinksDatabaseUrl)?,
         None => db.clone(),
     };
-    links::spawn(links_db, table.clone(), metrics.clone(), options).map_err(Error::Loader)?;
+    let loader = metrics.links.clone();
+    links::spawn(links_db, table.clone(), loader, options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());
     let mut drain = match state {
         Some(state) => Some(tokio::spawn(
-            new_drain(&cfg, state, metrics.clone())?
+            new_drain(&cfg, state, &metrics)?
                 .run(drain_stopped)
                 .instrument(tracing::info_span!("drain")),
         )),
@@ -150,7 +154,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let app = Arc::new(App {
         links: table.clone(),
         clicks,
-        metrics: metrics.clone(),
+        metrics: metrics.http.clone(),
+        common: metrics.common.clone(),
     });
     let limits = Limits {
         header_read_timeout: cfg.header_read_timeout,
@@ -183,6 +188,27 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         kept,
     };
     shut_down(stopping, cfg.drain_timeout, &metrics).await
+}
+
+/// Each component's metrics, registered into a sub-registry of its own (names unchanged),
+/// so that each is handed only what it counts.
+#[derive(Default)]
+struct Metrics {
+    common: Arc<Common>,
+    http: Arc<http::Metrics>,
+    drain: Arc<drain::Metrics>,
+    links: Arc<links::Metrics>,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Metrics {
+        Metrics {
+            common: Arc::new(Common::register(sub_registry(registry))),
+            http: Arc::new(http::Metrics::register(sub_registry(registry))),
+            drain: Arc::new(drain::Metrics::register(sub_registry(registry))),
+            links: Arc::new(links::Metrics::register(sub_registry(registry))),
+        }
+    }
 }
 
 /// What is left to stop once the server stops accepting.
@@ -233,28 +259,32 @@ async fn shut_down(
             held
         }
         _ => {
-            metrics.clicks_dropped.add(Dropped::Shutdown, left.unsent);
+            metrics
+                .common
+                .clicks_dropped
+                .add(Dropped::Shutdown, left.unsent);
             // Sent but never acknowledged: this process held the only copy it could resend,
             // and it is going. Served = acknowledged + dropped, every drop under a named reason.
             metrics
+                .common
                 .clicks_dropped
                 .add(Dropped::Unacknowledged, left.unacked);
             0
         }
     };
     let summary = Summary {
-        redirects: metrics.redirects.get(),
-        recovered: metrics.clicks_recovered.get(),
-        sent: metrics.clicks_sent.get(),
-        dropped: metrics.clicks_dropped.total(),
-        acked: metrics.clicks_acked.get(),
+        redirects: metrics.http.redirects.get(),
+        recovered: metrics.common.clicks_recovered.get(),
+        sent: metrics.common.clicks_sent.get(),
+        dropped: metrics.common.clicks_dropped.total(),
+        acked: metrics.drain.clicks_acked.get(),
         unacked: left.unacked,
         kept,
     };
     if summary.dropped > 0 {
         tracing::warn!(
             "redirector: dropped by reason: {}",
-            drops_by_reason(metrics)
+            drops_by_reason(&metrics.common)
         );
     }
     tracing::info!(
@@ -273,7 +303,7 @@ async fn shut_down(
 }
 
 /// The clicks dropped in this process's life by reason, those with any: `reason=N, ...`.
-fn drops_by_reason(metrics: &Metrics) -> String {
+fn drops_by_reason(metrics: &Common) -> String {
     use shared::metrics::Label;
     Dropped::ALL
         .iter()
@@ -285,7 +315,7 @@ fn drops_by_reason(metrics: &Metrics) -> String {
 }
 
 /// The drain task's state, its ack socket bound, going on from the state region.
-fn new_drain(cfg: &Config, state: Region, metrics: Arc<Metrics>) -> Result<Drain, Error> {
+fn new_drain(cfg: &Config, state: Region, metrics: &Metrics) -> Result<Drain, Error> {
     let settings = drain::Settings {
         collector: cfg.socket.clone(),
         ack_socket: cfg.ack_socket.clone(),
@@ -294,7 +324,8 @@ fn new_drain(cfg: &Config, state: Region, metrics: Arc<Metrics>) -> Result<Drain
         ack_timeout: cfg.ack_timeout,
     };
     let sender = state.sender.id();
-    let drain = Drain::new(state, metrics, settings)?;
+    let (own, common) = (metrics.drain.clone(), metrics.common.clone());
+    let drain = Drain::new(state, own, common, settings)?;
     tracing::info!(
         sender = format_args!("{sender:016x}"),
         "sending from {} (acknowledgements arrive there)",
@@ -308,7 +339,7 @@ fn new_drain(cfg: &Config, state: Region, metrics: Arc<Metrics>) -> Result<Drain
 fn open_state(
     cfg: &Config,
     passed: &mut shared::systemd::Passed,
-    metrics: &Metrics,
+    metrics: &Common,
 ) -> Result<Region, Error> {
     let want = Geometry {
         ring: cfg.ring_capacity,
@@ -424,7 +455,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {
         let dir = tempfile::tempdir().unwrap();
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Metrics::default();
         let state = Region::in_process(100, 16).unwrap();
         for at in 0..10 {
             state.ring.push("left", at).unwrap();
@@ -437,7 +468,8 @@ mod tests {
             flush_every: Duration::from_secs(3600),
             ack_timeout: Duration::from_secs(2),
         };
-        let drain = Drain::new(state, metrics.clone(), settings).unwrap();
+        let (own, common) = (metrics.drain.clone(), metrics.common.clone());
+        let drain = Drain::new(state, own, common, settings).unwrap();
         let (stop_drain, stopped) = watch::channel(None);
         let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });
@@ -451,6 +483,6 @@ mod tests {
         };
         let result = shut_down(stopping, Duration::from_millis(50), &metrics).await;
         assert!(matches!(result, Err(Error::Server(_))), "{result:?}");
-        assert_eq!(metrics.clicks_dropped.get(Dropped::Shutdown), 10);
+        assert_eq!(metrics.common.clicks_dropped.get(Dropped::Shutdown), 10);
     }
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use nix::sys::socket::UnixAddr;
 use protocol::wire::Ack;
+use redirector::drain::Metrics;
 use redirector::drain::{Drain, Left, Settings};
-use redirector::metrics::Metrics;
+use redirector::metrics::Common;
 use redirector::ring::Ring;
 use redirector::state::Region;
 use shared::socket::SendErrorKind;
@@ -30,6 +31,7 @@ struct Rig {
     ring: Arc<Ring>,
     sender: u64,
     metrics: Arc<Metrics>,
+    common: Arc<Common>,
     stop: watch::Sender<Option<Instant>>,
     drain: JoinHandle<Left>,
 }
@@ -41,7 +43,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
     let ack_path = dir.path().join("ack.sock");
     let state = Region::in_process(capacity as u64, window as u64).unwrap();
     let (ring, sender) = (state.ring.clone(), state.sender.id());
-    let metrics = Arc::new(Metrics::default());
+    let (metrics, common) = (Arc::new(Metrics::default()), Arc::new(Common::default()));
     let settings = Settings {
         collector: path.clone(),
         ack_socket: ack_path.clone(),
@@ -50,7 +52,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         flush_every: Duration::from_millis(5),
         ack_timeout,
     };
-    let drain = Drain::new(state, metrics.clone(), settings).unwrap();
+    let drain = Drain::new(state, metrics.clone(), common.clone(), settings).unwrap();
     let (stop, stopped) = watch::channel(None);
     let drain = tokio::spawn(drain.run(stopped));
     Rig {
@@ -60,6 +62,7 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         ring,
         sender,
         metrics,
+        common,
         stop,
         drain,
     }
@@ -238,7 +241,7 @@ async fn sends_every_click_once_in_numbered_datagrams_and_forgets_what_is_acknow
     );
     assert_eq!(got.from.unwrap().path(), Some(rig.ack_path.as_path()));
     await_acked(&rig, 20_000).await;
-    assert_eq!(rig.metrics.clicks_sent.get(), 20_000);
+    assert_eq!(rig.common.clicks_sent.get(), 20_000);
     assert_eq!(rig.metrics.datagrams_sent.get(), got.datagrams.len() as u64);
     assert_eq!(rig.metrics.acks.get(), got.datagrams.len() as u64);
     assert_eq!(rig.metrics.resends.get(), 0);
@@ -252,7 +255,7 @@ async fn holds_clicks_while_nobody_listens_then_delivers_them() {
     let rig = rig(10_000);
     rig.push("away", 1_000);
     rig.await_error(SendErrorKind::NotFound).await;
-    assert_eq!(rig.metrics.clicks_sent.get(), 0);
+    assert_eq!(rig.common.clicks_sent.get(), 0);
     let c = collector(&rig, true);
     let mut got = Received::default();
     got.until(&c, 1_000, "away").await;
@@ -292,7 +295,7 @@ async fn a_new_collector_gets_again_what_the_one_that_left_did_not_acknowledge()
     drop(first);
     assert!(rig.metrics.resends.get() >= 1);
     assert_eq!(
-        rig.metrics.clicks_sent.get(),
+        rig.common.clicks_sent.get(),
         200,
         "each click counts as sent once"
     );
@@ -312,7 +315,7 @@ async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_ag
     assert_eq!(seqs[..n], (0..n as u64).collect::<Vec<_>>());
     assert_eq!(seqs[..n], seqs[n..], "go-back-N from the oldest");
     assert!(rig.metrics.resends.get() >= n as u64);
-    assert_eq!(rig.metrics.clicks_sent.get(), 3_000);
+    assert_eq!(rig.common.clicks_sent.get(), 3_000);
     // Acknowledged at last: nothing is left to resend.
     let last = *seqs.last().unwrap();
     c.send(Ack::new(rig.sender, Some(last), None), &got.from.unwrap())
@@ -353,10 +356,10 @@ async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
     )
     .await;
     let mut got = Received::default();
-    got.until(&c, rig.metrics.clicks_sent.get() as usize, "held")
+    got.until(&c, rig.common.clicks_sent.get() as usize, "held")
         .await;
     assert_eq!(got.datagrams.len(), 2, "two datagrams in flight, no more");
-    assert_eq!(rig.metrics.clicks_dropped.total(), 0);
+    assert_eq!(rig.common.clicks_dropped.total(), 0);
     // Acknowledged: the window frees and the drain goes on.
     let c = Collector { acks: true, ..c };
     c.send(Ack::new(rig.sender, Some(1), None), &got.from.unwrap())
@@ -425,7 +428,7 @@ async fn shutdown_with_nobody_listening_reports_every_click_left() {
 async fn the_shutdown_deadline_cuts_off_a_send_waiting_on_a_full_queue_and_counts_every_click() {
     // The receiver is read only once the drain has stopped: its queue stays full till then.
     let (rig, c) = full_queue("unread", 100_000, false).await;
-    let metrics = rig.metrics.clone();
+    let common = rig.common.clone();
     let left = rig.stop(Duration::from_millis(100)).await;
     let queued = queued_clicks(&c.socket);
     assert!(
@@ -433,7 +436,7 @@ async fn the_shutdown_deadline_cuts_off_a_send_waiting_on_a_full_queue_and_count
         "the full queue kept clicks past the deadline"
     );
     assert_eq!(
-        metrics.clicks_sent.get(),
+        common.clicks_sent.get(),
         queued,
         "sent = what the queue holds"
     );

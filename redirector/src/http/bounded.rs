@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::metrics::{Closed, Metrics};
+use super::Metrics;
+use crate::metrics::Closed;
 
 /// Descriptors kept out of the connection limit for everything else the process holds: the
 /// runtime's own, the listeners, the datagram and ack sockets, database sessions, admin
