@@ -67,7 +67,7 @@ impl Direct {
                 Err(e) => {
                     common.clicks_dropped.inc(Dropped::DirectFailed);
                     let why = shared::db::describe(&e);
-                    tracing::warn!("direct insert of a {code:?} click: {why}");
+                    tracing::warn!(code, error = %why, "direct insert of a {code:?} click: {why}");
                 }
             }
             redirects.inc();

@@ -244,7 +244,8 @@ impl Drain {
             }
         }
         if let Err(e) = std::fs::remove_file(&self.settings.ack_socket) {
-            tracing::warn!("removing {}: {e}", self.settings.ack_socket.display());
+            let path = self.settings.ack_socket.display();
+            tracing::warn!(%path, error = %e, "removing {path}: {e}");
         }
         self.left()
     }
@@ -405,6 +406,7 @@ impl Drain {
         if let (Some(kind), Some(lasting)) = (self.failing.take(), self.failures.end()) {
             if kind != SendErrorKind::QueueFull {
                 tracing::info!(
+                    after_s = lasting.as_secs(),
                     "sending to {} again after {}",
                     self.settings.collector.display(),
                     seconds(lasting)
@@ -447,6 +449,7 @@ impl Drain {
                 let again = self.window.rewind();
                 if again > 0 {
                     tracing::info!(
+                        datagrams = again,
                         "connected to {}: resending {again} unacknowledged datagrams",
                         path.display()
                     );
@@ -462,6 +465,7 @@ impl Drain {
         let again = self.window.rewind();
         self.progress = Instant::now();
         tracing::debug!(
+            datagrams = again,
             "no acknowledgement for {:?}: resending {again} datagrams",
             self.settings.ack_timeout
         );
@@ -483,6 +487,8 @@ impl Drain {
                         self.metrics.acks_rejected.inc();
                         if let Some(held) = self.refused_log.allow() {
                             tracing::warn!(
+                                reason = %why,
+                                held,
                                 "refused an acknowledgement: {why} ({held} more not logged)"
                             );
                         }
@@ -491,7 +497,11 @@ impl Drain {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     if let Some(held) = self.refused_log.allow() {
-                        tracing::warn!("reading acknowledgements: {e} ({held} more not logged)");
+                        tracing::warn!(
+                            error = %e,
+                            held,
+                            "reading acknowledgements: {e} ({held} more not logged)"
+                        );
                     }
                     return;
                 }
@@ -540,7 +550,11 @@ impl Drain {
         }
         match (ack.resend_from, applied.rewound) {
             (Some(seq), Some(Rewound::Resend(again))) => {
-                tracing::debug!("the collector asks to resend from seq {seq}: {again} datagrams")
+                tracing::debug!(
+                    seq,
+                    datagrams = again,
+                    "the collector asks to resend from seq {seq}: {again} datagrams"
+                )
             }
             (
                 Some(seq),
@@ -565,12 +579,15 @@ impl Drain {
         self.progress = Instant::now();
         match sent {
             Ok(_) => tracing::warn!(
+                asked,
+                first,
+                clicks_before,
                 "the collector asks for seq {asked}, acknowledged already: it lost its record of \
                  this sender; resyncing from seq {first} ({clicks_before} clicks acknowledged \
                  before it)"
             ),
             // The collector asks again, and is answered again.
-            Err(e) => tracing::debug!("sending a resync: {e}"),
+            Err(e) => tracing::debug!(error = %e, "sending a resync: {e}"),
         }
     }
 
@@ -597,9 +614,16 @@ impl Drain {
                 seconds(lasting)
             ),
             (None, false) => tracing::warn!(
+                kind = label,
+                error = %err,
+                held,
                 "sending to {path}: {err} ({label}); keeping {held} clicks and retrying"
             ),
             (Some((failures, lasting)), false) => tracing::warn!(
+                kind = label,
+                error = %err,
+                held,
+                failures,
                 "sending to {path} still fails after {}: {err} ({label}); {failures} failures \
                  since the last report, {held} clicks held, {} dropped so far for a full ring",
                 seconds(lasting),

@@ -346,6 +346,8 @@ impl Loader {
             self.metrics.link_load_errors.inc();
             let wait = backoff.next_wait();
             tracing::warn!(
+                error = %err,
+                links = self.metrics.links.get(),
                 "link table: {err}; serving the last table ({} links), retrying in {wait:?}",
                 self.metrics.links.get()
             );
@@ -534,7 +536,7 @@ impl Loader {
             self.metrics.link_changes_applied.inc_by(codes);
             let lag = head.now - newest + read_at.elapsed().as_secs_f64();
             self.metrics.links_lag.set(lag.max(0.0));
-            tracing::debug!("applied {codes} link changes, lag {lag:.3} s");
+            tracing::debug!(codes, lag, "applied {codes} link changes, lag {lag:.3} s");
         }
         Ok(Read::Applied(head, codes))
     }
@@ -575,6 +577,9 @@ impl Loader {
         self.metrics.links_lag.set(started.elapsed().as_secs_f64());
         self.links.set_loaded();
         tracing::info!(
+            why = %why,
+            links = self.links.table.len(),
+            changed,
             "link table loaded ({why}): {} links, {changed} changed, in {:?}",
             self.links.table.len(),
             started.elapsed()
@@ -604,7 +609,7 @@ impl Loader {
             Ok(()) => Some(url),
             Err(why) => {
                 if self.skipped.len() < SKIPPED_LOGGED {
-                    tracing::warn!("skipping link {code:?} -> {url:?}: {why}");
+                    tracing::warn!(code, reason = %why, "skipping link {code:?} -> {url:?}: {why}");
                 }
                 self.skipped.insert(code.into());
                 None
@@ -614,7 +619,8 @@ impl Loader {
 
     fn log_skipped(&self) {
         if self.skipped.len() > SKIPPED_LOGGED {
-            tracing::warn!("skipped {} links in all", self.skipped.len());
+            let skipped = self.skipped.len();
+            tracing::warn!(skipped, "skipped {skipped} links in all");
         }
     }
 }
@@ -634,7 +640,8 @@ async fn drive(mut connection: shared::db::Connection, changed: Arc<Notify>) {
             Some(Ok(AsyncMessage::Notice(n))) => tracing::info!("database notice: {}", n.message()),
             Some(Ok(_)) => {}
             Some(Err(e)) => {
-                tracing::warn!("link table connection: {}", shared::db::describe(&e));
+                let error = shared::db::describe(&e);
+                tracing::warn!(%error, "link table connection: {error}");
                 return;
             }
             None => return,
