@@ -219,7 +219,15 @@ fn assert_cluster_kept_to(developer: Option<&str>, dev_dir: &Path) {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    assert_eq!(rules, ["local all all peer map=dev"], "pg_hba.conf:\n{hba}");
+    // Replication too (DEV_STANDBY=1's standby), under the same rule: the socket, peers of the map.
+    assert_eq!(
+        rules,
+        [
+            "local all all peer map=dev",
+            "local replication all peer map=dev"
+        ],
+        "pg_hba.conf:\n{hba}"
+    );
 }
 
 /// `/proc/PID/stat` fields after the command name: state, ppid, ...
