@@ -328,7 +328,7 @@ fn new_drain(cfg: &Config, state: Region, metrics: &Metrics) -> Result<Drain, Er
     let drain = Drain::new(state, own, common, settings)?;
     tracing::info!(
         sender = format_args!("{sender:016x}"),
-        "sending from {} (acknowledgements arrive there)",
+        "sending as {sender:016x} from {} (acknowledgements arrive there)",
         cfg.ack_socket.display(),
     );
     Ok(drain)
