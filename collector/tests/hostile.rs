@@ -11,7 +11,7 @@ use testkit::XorShift;
 
 /// A datagram of `sender` at `seq` with `clicks` clicks of `code`, stamped now.
 fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
-    let click = Click { code, offset_us: 0 };
+    let click = Click::new(code, 0);
     let batch = Datagram {
         version: VERSION,
         sender,

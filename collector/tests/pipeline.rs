@@ -110,7 +110,7 @@ fn garbage() -> Vec<Vec<u8>> {
     enc.push("abc", start_us()).unwrap();
     let good = enc.datagram().to_vec();
     let mut wrong_version = good.clone();
-    wrong_version[0] = 2;
+    wrong_version[0] = 3;
     let mut bad_code = good.clone();
     let at = bad_code.windows(3).position(|w| w == b"abc").unwrap();
     bad_code[at + 1] = b'/';

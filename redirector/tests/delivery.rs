@@ -134,10 +134,7 @@ fn silent_peer(path: &Path, collector: &Path, datagrams: u64) -> UnixDatagram {
                 sender: 1_000_000 + i,
                 seq: 5,
                 base_us: now,
-                clicks: vec![protocol::wire::Click {
-                    code: "silent",
-                    offset_us: 0,
-                }],
+                clicks: vec![protocol::wire::Click::new("silent", 0)],
             };
             socket.send_to(&datagram.encode(), &collector).unwrap();
         }
@@ -177,7 +174,7 @@ fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
         sender,
         seq: 0,
         base_us: at_us,
-        clicks: vec![protocol::wire::Click { code, offset_us: 0 }],
+        clicks: vec![protocol::wire::Click::new(code, 0)],
     };
     let socket = UnixDatagram::unbound().expect("a datagram socket");
     socket

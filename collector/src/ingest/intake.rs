@@ -283,10 +283,10 @@ mod tests {
             take(&mut intake, &good, meta(10, 1000, good.len()), &mut batch),
             Outcome::Duplicate
         );
-        let outcome = take(&mut intake, b"\x02", meta(10, 1000, 1), &mut batch);
+        let outcome = take(&mut intake, b"\x03", meta(10, 1000, 1), &mut batch);
         assert_eq!(
             outcome,
-            Outcome::Rejected(Why::Wire(Reject::WrongVersion { got: 2, want: 1 }))
+            Outcome::Rejected(Why::Wire(Reject::WrongVersion { got: 3, want: 2 }))
         );
         let mut cut = meta(10, 1000, 5);
         cut.truncated = true;

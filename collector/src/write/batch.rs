@@ -310,7 +310,7 @@ mod tests {
             base_us,
             clicks: clicks
                 .iter()
-                .map(|&(code, offset_us)| Click { code, offset_us })
+                .map(|&(code, offset_us)| Click::new(code, offset_us))
                 .collect(),
         }
     }

@@ -199,10 +199,7 @@ mod tests {
     use protocol::wire::{Click, Datagram};
 
     fn batch(codes: &[&'static str]) -> Batch {
-        let clicks = codes
-            .iter()
-            .map(|&code| Click { code, offset_us: 0 })
-            .collect();
+        let clicks = codes.iter().map(|&code| Click::new(code, 0)).collect();
         let datagram = Datagram {
             version: protocol::wire::VERSION,
             sender: 1,

@@ -206,7 +206,7 @@ async fn send_into_listen_shows_every_click() {
         .iter()
         .all(|l| l["oldest_age_us"].as_i64().unwrap() >= 0));
 
-    let (status, summary) = send(&socket, &["--raw", "02b960"]).await;
+    let (status, summary) = send(&socket, &["--raw", "03b960"]).await;
     assert!(status.success(), "{summary}");
     let lines = listen
         .json_until("listen to show the rejected datagram", |l| l.len() > 16)
@@ -219,7 +219,7 @@ async fn send_into_listen_shows_every_click() {
     );
     assert_eq!(
         (rejected["bytes"].as_u64(), rejected["head"].as_str()),
-        (Some(3), Some("02b960"))
+        (Some(3), Some("03b960"))
     );
 
     let status = listen.stop(Signal::SIGTERM).await;
@@ -479,7 +479,7 @@ fn decode_of_garbage_fails_with_the_reason() {
     let cases = [
         ("01ff", "undecodable: "),
         ("", "undecodable: empty datagram"),
-        ("02b960", "wrong version 2"),
+        ("03b960", "wrong version 3"),
         (
             trailing.as_str(),
             "1 trailing bytes after the batch (reason: trailing_bytes)",

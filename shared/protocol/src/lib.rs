@@ -4,6 +4,7 @@
 //! judging of senders (`senders`). The services do the I/O around them; the property test in
 //! `tests/protocol.rs` runs both halves against each other.
 
+pub mod dimensions;
 pub mod senders;
 pub mod seq;
 pub mod window;
@@ -28,11 +29,13 @@ pub enum RejectReason {
     FdsAttached,
     /// Its control data was cut, so its sender is unknown.
     ControlTruncated,
+    /// A version-2 click with a dimension value no sender writes.
+    BadDimension,
 }
 
 impl RejectReason {
     /// Every reason, each at its discriminant's index.
-    pub const ALL: [RejectReason; 11] = [
+    pub const ALL: [RejectReason; 12] = [
         RejectReason::Undecodable,
         RejectReason::WrongVersion,
         RejectReason::BadCode,
@@ -44,6 +47,7 @@ impl RejectReason {
         RejectReason::BadResync,
         RejectReason::FdsAttached,
         RejectReason::ControlTruncated,
+        RejectReason::BadDimension,
     ];
 
     /// A short, stable name for metrics labels and logs.
@@ -60,6 +64,7 @@ impl RejectReason {
             RejectReason::BadResync => "bad_resync",
             RejectReason::FdsAttached => "fds_attached",
             RejectReason::ControlTruncated => "control_truncated",
+            RejectReason::BadDimension => "bad_dimension",
         }
     }
 }

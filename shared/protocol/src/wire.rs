@@ -1,12 +1,14 @@
-//! The two messages of the click socket, postcard-encoded, one per datagram:
+//! The messages of the click socket, postcard-encoded, one per datagram:
 //!
-//! - a click datagram, version 1 ([`Datagram`]), from a sender (a redirector) to the collector;
+//! - a click datagram ([`Datagram`]), from a sender (a redirector) to the collector: version 2
+//!   (each click with its [`Dimensions`]), or version 1 (code and time only), which senders of
+//!   earlier releases write and every collector still reads, so that hosts upgrade one by one;
 //! - an acknowledgement, version 1 ([`Ack`]), from the collector back to a sender that sent
 //!   from an address of its own;
 //! - a resync, version 1 ([`Resync`]), from such a sender to the collector, when the collector
 //!   asks for a seq the sender no longer holds.
 //!
-//! The first byte tells them apart: a click datagram's is its version (1), an
+//! The first byte tells them apart: a click datagram's is its version (1 or 2), an
 //! acknowledgement's has the high bit set (`0x81`: acknowledgement, version 1), a resync's bit
 //! 6 (`0x41`), so each side rejects another's message as a wrong version rather than
 //! misreading it.
@@ -14,14 +16,18 @@
 //! Decoding borrows every code from the receive buffer and rejects a datagram whole, by a
 //! named [`Reject`] reason, if anything in it is wrong. Encoding goes through [`Encoder`],
 //! which writes postcard's bytes directly (no intermediate `Datagram`) and never passes its
-//! size limit; the property tests hold it byte-identical to the serde derivation.
+//! size limit; the property tests hold it byte-identical to the serde derivation of each
+//! version's types.
 
 use serde::{Deserialize, Serialize};
 
+use crate::dimensions::{self, Agent, Country, Device, Dimensions, MAX_REFERRER_LEN};
 use crate::RejectReason;
 
-/// The version byte this crate writes and the only one it accepts.
-pub const VERSION: u8 = 1;
+/// The click datagram version this crate writes.
+pub const VERSION: u8 = 2;
+/// The click datagram versions this crate reads.
+pub const VERSIONS: std::ops::RangeInclusive<u8> = 1..=VERSION;
 /// Longest click code, in bytes.
 pub const MAX_CODE_LEN: usize = 64;
 /// No datagram is ever larger than this.
@@ -44,25 +50,119 @@ const BASE_SLACK_US: i64 = 1_000_000;
 const VARINT_MAX: usize = 10;
 /// version + sender + seq + base_us + click count.
 const HEADER_MAX: usize = 1 + 3 * VARINT_MAX + 5;
-/// code length byte + code + offset varint.
-const MAX_CLICK_LEN: usize = 1 + MAX_CODE_LEN + 5;
+/// code length byte + code + offset varint, then version 2's dimensions: agent, referrer
+/// (tag, length byte, host), device (tag, class), country (tag, two letters).
+const MAX_CLICK_LEN: usize = 1 + MAX_CODE_LEN + 5 + 1 + (2 + MAX_REFERRER_LEN) + 2 + 3;
 
 /// One datagram: clicks from one sender, numbered by `seq` (0, 1, 2, ... per sender).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Datagram<'a> {
+    /// 1 or 2: a version-1 datagram's clicks carry no dimensions (their agent is
+    /// [`Agent::Unknown`]).
     pub version: u8,
     pub sender: u64,
     pub seq: u64,
     pub base_us: i64,
-    #[serde(borrow)]
     pub clicks: Vec<Click<'a>>,
 }
 
-/// One followed link: its code and when, as an offset from the batch's `base_us`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// One followed link: its code, when (as an offset from the batch's `base_us`), and what the
+/// redirector recorded of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Click<'a> {
     pub code: &'a str,
     pub offset_us: u32,
+    pub dimensions: Dimensions<'a>,
+}
+
+impl<'a> Click<'a> {
+    /// A click with no dimension recorded (a human's, as a version-1 sender saw every click).
+    pub fn new(code: &'a str, offset_us: u32) -> Click<'a> {
+        Click {
+            code,
+            offset_us,
+            dimensions: Dimensions::default(),
+        }
+    }
+}
+
+/// The version-1 datagram, as postcard lays it out.
+#[derive(Serialize, Deserialize)]
+struct V1<'a> {
+    version: u8,
+    sender: u64,
+    seq: u64,
+    base_us: i64,
+    #[serde(borrow)]
+    clicks: Vec<ClickV1<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ClickV1<'a> {
+    code: &'a str,
+    offset_us: u32,
+}
+
+/// The version-2 datagram, as postcard lays it out.
+#[derive(Serialize, Deserialize)]
+struct V2<'a> {
+    version: u8,
+    sender: u64,
+    seq: u64,
+    base_us: i64,
+    #[serde(borrow)]
+    clicks: Vec<ClickV2<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ClickV2<'a> {
+    code: &'a str,
+    offset_us: u32,
+    agent: u8,
+    referrer: Option<&'a str>,
+    device: Option<u8>,
+    country: Option<[u8; 2]>,
+}
+
+impl<'a> ClickV2<'a> {
+    fn new(c: &Click<'a>) -> ClickV2<'a> {
+        let d = &c.dimensions;
+        ClickV2 {
+            code: c.code,
+            offset_us: c.offset_us,
+            agent: d.agent as u8,
+            referrer: d.referrer,
+            device: d.device.map(|d| d as u8),
+            country: d.country.map(|c| c.bytes()),
+        }
+    }
+
+    /// The click, if its dimensions are ones a sender could have written.
+    fn click(&self) -> Option<Click<'a>> {
+        let referrer = match self.referrer {
+            Some(r) if !dimensions::valid_referrer(r) => return None,
+            r => r,
+        };
+        let device = match self.device {
+            Some(d) => Some(Device::from_u8(d)?),
+            None => None,
+        };
+        let country = match self.country {
+            Some(c) => Some(Country::parse(&c).filter(|p| p.bytes() == c)?),
+            None => None,
+        };
+        let dimensions = Dimensions {
+            agent: Agent::from_u8(self.agent)?,
+            referrer,
+            device,
+            country,
+        };
+        Some(Click {
+            code: self.code,
+            offset_us: self.offset_us,
+            dimensions,
+        })
+    }
 }
 
 impl Datagram<'_> {
@@ -74,10 +174,36 @@ impl Datagram<'_> {
             .map(|c| (c.code, self.base_us + i64::from(c.offset_us)))
     }
 
-    /// Its bytes, as an [`Encoder`] would write them: for tools and tests that set the header
-    /// fields themselves (a forged seq, say) rather than count up to them.
+    /// Its bytes, as an [`Encoder`] of its version would write them: for tools and tests that
+    /// set the header fields themselves (a forged seq, say) rather than count up to them. A
+    /// version-1 datagram drops the clicks' dimensions; another version is written as 2.
     pub fn encode(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("a Datagram always serializes into a Vec")
+        let (version, sender, seq, base_us) = (self.version, self.sender, self.seq, self.base_us);
+        let written = if version == 1 {
+            let clicks = self.clicks.iter();
+            let clicks = clicks.map(|c| ClickV1 {
+                code: c.code,
+                offset_us: c.offset_us,
+            });
+            let v1 = V1 {
+                version,
+                sender,
+                seq,
+                base_us,
+                clicks: clicks.collect(),
+            };
+            postcard::to_allocvec(&v1)
+        } else {
+            let v2 = V2 {
+                version,
+                sender,
+                seq,
+                base_us,
+                clicks: self.clicks.iter().map(ClickV2::new).collect(),
+            };
+            postcard::to_allocvec(&v2)
+        };
+        written.expect("a Datagram always serializes into a Vec")
     }
 }
 
@@ -122,6 +248,8 @@ pub enum Reject {
     BadTimestamp { index: usize, at_us: i128 },
     #[error("{0} trailing bytes after the batch")]
     TrailingBytes(usize),
+    #[error("click {index}: a dimension no sender writes")]
+    BadDimension { index: usize },
 }
 
 impl Reject {
@@ -133,30 +261,70 @@ impl Reject {
             Reject::BadCode { .. } => RejectReason::BadCode,
             Reject::BadTimestamp { .. } => RejectReason::BadTimestamp,
             Reject::TrailingBytes(_) => RejectReason::TrailingBytes,
+            Reject::BadDimension { .. } => RejectReason::BadDimension,
         }
     }
 }
 
-/// Decodes and validates one datagram, borrowing the codes from `buf`. Never panics.
+/// Decodes and validates one datagram of either version, borrowing the codes from `buf`.
+/// Never panics.
 pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
-    match buf.first() {
+    let datagram = match buf.first() {
         None => return Err(Reject::Undecodable("empty datagram".into())),
-        Some(&got) if got != VERSION => return Err(Reject::WrongVersion { got, want: VERSION }),
-        Some(_) => {}
-    }
-    let (batch, rest): (Datagram<'_>, &[u8]) =
-        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(Reject::TrailingBytes(rest.len()));
-    }
-    for (index, click) in batch.clicks.iter().enumerate() {
+        Some(1) => {
+            let v1: V1<'_> = take_whole(buf)?;
+            let clicks = v1.clicks.iter();
+            Datagram {
+                version: v1.version,
+                sender: v1.sender,
+                seq: v1.seq,
+                base_us: v1.base_us,
+                clicks: clicks
+                    .map(|c| Click {
+                        code: c.code,
+                        offset_us: c.offset_us,
+                        dimensions: Dimensions {
+                            agent: Agent::Unknown,
+                            ..Dimensions::default()
+                        },
+                    })
+                    .collect(),
+            }
+        }
+        Some(&VERSION) => {
+            let v2: V2<'_> = take_whole(buf)?;
+            let mut clicks = Vec::with_capacity(v2.clicks.len());
+            for (index, c) in v2.clicks.iter().enumerate() {
+                clicks.push(c.click().ok_or(Reject::BadDimension { index })?);
+            }
+            Datagram {
+                version: v2.version,
+                sender: v2.sender,
+                seq: v2.seq,
+                base_us: v2.base_us,
+                clicks,
+            }
+        }
+        Some(&got) => return Err(Reject::WrongVersion { got, want: VERSION }),
+    };
+    for (index, click) in datagram.clicks.iter().enumerate() {
         validate_code(click.code.as_bytes()).map_err(|error| Reject::BadCode { index, error })?;
-        let at_us = i128::from(batch.base_us) + i128::from(click.offset_us);
+        let at_us = i128::from(datagram.base_us) + i128::from(click.offset_us);
         if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
             return Err(Reject::BadTimestamp { index, at_us });
         }
     }
-    Ok(batch)
+    Ok(datagram)
+}
+
+/// `buf` as one `T`, with nothing after it.
+fn take_whole<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> Result<T, Reject> {
+    let (message, rest): (T, &[u8]) =
+        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(Reject::TrailingBytes(rest.len()));
+    }
+    Ok(message)
 }
 
 /// The first byte of an acknowledgement: the high bit marks a message from the collector to a
@@ -248,12 +416,7 @@ fn decode_control<'a, T: Deserialize<'a>>(buf: &'a [u8], version: u8) -> Result<
         Some(&got) if got != version => return Err(Reject::WrongVersion { got, want: version }),
         Some(_) => {}
     }
-    let (message, rest): (T, &[u8]) =
-        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(Reject::TrailingBytes(rest.len()));
-    }
-    Ok(message)
+    take_whole(buf)
 }
 
 /// A random sender id for one process start. Below 2^63, so it reads the same as a
@@ -277,6 +440,8 @@ pub enum EncodeError {
     BadCode(#[from] CodeError),
     #[error("timestamp {0} us is outside years 1 to 9999")]
     BadTimestamp(i64),
+    #[error("referrer host is not [a-z0-9.-_] of at most {MAX_REFERRER_LEN} bytes")]
+    BadReferrer,
 }
 
 /// A size limit outside [`MIN_DATAGRAM`]..=[`MAX_DATAGRAM`].
@@ -291,6 +456,7 @@ pub struct BadLimit(pub usize);
 /// so the datagram is one contiguous slice and the click bytes are never copied.
 #[derive(Debug, Clone)]
 pub struct Encoder {
+    version: u8,
     limit: usize,
     sender: u64,
     seq: u64,
@@ -301,13 +467,21 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// An encoder of version [`VERSION`] datagrams.
     pub fn new(sender: u64, limit: usize) -> Result<Self, BadLimit> {
+        Self::of_version(VERSION, sender, limit)
+    }
+
+    /// An encoder of version-1 datagrams (code and time only), as senders of earlier releases
+    /// write them: for tools and tests that play one. Any other version is [`VERSION`].
+    pub fn of_version(version: u8, sender: u64, limit: usize) -> Result<Self, BadLimit> {
         if !(MIN_DATAGRAM..=MAX_DATAGRAM).contains(&limit) {
             return Err(BadLimit(limit));
         }
         let mut buf = Vec::with_capacity(limit + HEADER_MAX);
         buf.resize(HEADER_MAX, 0);
         Ok(Self {
+            version: if version == 1 { 1 } else { VERSION },
             limit,
             sender,
             seq: 0,
@@ -353,9 +527,26 @@ impl Encoder {
         self.header_len(self.clicks) + self.body_len()
     }
 
-    /// Adds a click at `at_us` (microseconds since the Unix epoch).
+    /// Adds a click at `at_us` (microseconds since the Unix epoch) with no dimension but its
+    /// agent, a human.
     pub fn push(&mut self, code: &str, at_us: i64) -> Result<(), EncodeError> {
+        self.push_with(code, at_us, &Dimensions::default())
+    }
+
+    /// Adds a click at `at_us` (microseconds since the Unix epoch) with its dimensions (which a
+    /// version-1 encoder leaves out).
+    pub fn push_with(
+        &mut self,
+        code: &str,
+        at_us: i64,
+        dimensions: &Dimensions<'_>,
+    ) -> Result<(), EncodeError> {
         validate_code(code.as_bytes())?;
+        if let Some(r) = dimensions.referrer {
+            if !dimensions::valid_referrer(r) {
+                return Err(EncodeError::BadReferrer);
+            }
+        }
         if !(MIN_CLICKED_AT_US..END_CLICKED_AT_US).contains(&at_us) {
             return Err(EncodeError::BadTimestamp(at_us));
         }
@@ -363,13 +554,19 @@ impl Encoder {
             self.base_us = at_us.saturating_sub(BASE_SLACK_US).max(MIN_CLICKED_AT_US);
         }
         let offset = u32::try_from(at_us - self.base_us).map_err(|_| EncodeError::Full)?;
-        let click_len = 1 + code.len() + varint_len(u64::from(offset));
+        let mut click_len = 1 + code.len() + varint_len(u64::from(offset));
+        if self.version == VERSION {
+            click_len += dimensions_len(dimensions);
+        }
         if self.header_len(self.clicks + 1) + self.body_len() + click_len > self.limit {
             return Err(EncodeError::Full);
         }
         self.buf.push(code.len() as u8);
         self.buf.extend_from_slice(code.as_bytes());
         put_varint(&mut self.buf, u64::from(offset));
+        if self.version == VERSION {
+            put_dimensions(&mut self.buf, dimensions);
+        }
         self.clicks += 1;
         Ok(())
     }
@@ -380,7 +577,7 @@ impl Encoder {
         let mut header = [0u8; HEADER_MAX];
         let mut len = 0;
         let mut put = |v: u64| len += write_varint(&mut header[len..], v);
-        put(u64::from(VERSION));
+        put(u64::from(self.version));
         put(self.sender);
         put(self.seq);
         put(zigzag(self.base_us));
@@ -407,6 +604,36 @@ impl Encoder {
             + varint_len(zigzag(self.base_us))
             + varint_len(u64::from(clicks))
     }
+}
+
+/// A version-2 click's dimensions as postcard writes them: the agent's byte, then each
+/// `Option` as a tag byte and its value (a referrer is at most 64 bytes: one length byte).
+fn put_dimensions(out: &mut Vec<u8>, d: &Dimensions<'_>) {
+    out.push(d.agent as u8);
+    match d.referrer {
+        Some(r) => {
+            out.extend_from_slice(&[1, r.len() as u8]);
+            out.extend_from_slice(r.as_bytes());
+        }
+        None => out.push(0),
+    }
+    match d.device {
+        Some(device) => out.extend_from_slice(&[1, device as u8]),
+        None => out.push(0),
+    }
+    match d.country {
+        Some(c) => {
+            out.push(1);
+            out.extend_from_slice(&c.bytes());
+        }
+        None => out.push(0),
+    }
+}
+
+fn dimensions_len(d: &Dimensions<'_>) -> usize {
+    1 + d.referrer.map_or(1, |r| 2 + r.len())
+        + d.device.map_or(1, |_| 2)
+        + d.country.map_or(1, |_| 3)
 }
 
 fn zigzag(v: i64) -> u64 {

@@ -70,6 +70,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "public_schema",
         include_str!("../migrations/0013_public_schema.sql"),
     ),
+    (
+        14,
+        "breakdowns",
+        include_str!("../migrations/0014_breakdowns.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

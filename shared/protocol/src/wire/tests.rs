@@ -1,4 +1,5 @@
 use super::*;
+use crate::dimensions::{Agent, Country, Device, Dimensions};
 use proptest::prelude::*;
 
 fn unhex(text: &str) -> Vec<u8> {
@@ -12,15 +13,28 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The dimensions of a version-1 click, as it decodes.
+const V1_DIMENSIONS: Dimensions<'static> = Dimensions {
+    agent: Agent::Unknown,
+    referrer: None,
+    device: None,
+    country: None,
+};
+
+/// A version-1 datagram.
 fn batch(sender: u64, seq: u64, base_us: i64, clicks: &[(&'static str, u32)]) -> Datagram<'static> {
     Datagram {
-        version: VERSION,
+        version: 1,
         sender,
         seq,
         base_us,
         clicks: clicks
             .iter()
-            .map(|&(code, offset_us)| Click { code, offset_us })
+            .map(|&(code, offset_us)| Click {
+                code,
+                offset_us,
+                dimensions: V1_DIMENSIONS,
+            })
             .collect(),
     }
 }
@@ -50,7 +64,7 @@ fn vectors() -> Vec<(Datagram<'static>, String)> {
 #[test]
 fn golden_vectors_encode_byte_for_byte() {
     for (batch, expected) in vectors() {
-        assert_eq!(hex(&postcard::to_allocvec(&batch).unwrap()), expected);
+        assert_eq!(hex(&batch.encode()), expected);
     }
 }
 
@@ -58,8 +72,7 @@ fn golden_vectors_encode_byte_for_byte() {
 fn golden_vectors_decode_back() {
     for (expected, hexed) in vectors() {
         let bytes = unhex(&hexed);
-        let got = postcard::from_bytes::<Datagram>(&bytes).unwrap();
-        assert_eq!(got, expected);
+        // The third is bytes only: its time is outside what `decode` accepts.
         if expected.base_us != i64::MIN {
             assert_eq!(decode(&bytes).unwrap(), expected);
         }
@@ -79,28 +92,28 @@ fn encoder_writes_the_golden_vector() {
     assert_eq!((batch.sender, batch.seq), (12345, 1));
     let clicks: Vec<_> = batch.clicks_at().collect();
     assert_eq!(clicks, [("seed1", 1_000), ("x", 1_300)]);
-    assert_eq!(postcard::to_allocvec(&batch).unwrap(), bytes);
+    assert_eq!(batch.encode(), bytes);
 }
 
 #[test]
 fn decode_names_each_rejection() {
-    let good = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1)])).unwrap();
+    let good = batch(1, 2, 3, &[("ok", 1)]).encode();
     let reason = |bytes: &[u8]| decode(bytes).unwrap_err().reason();
 
     assert_eq!(reason(&[]), RejectReason::Undecodable);
     assert_eq!(reason(&good[..good.len() - 1]), RejectReason::Undecodable);
-    assert_eq!(reason(&[2, 0, 0, 0, 0]), RejectReason::WrongVersion);
+    assert_eq!(reason(&[3, 0, 0, 0, 0]), RejectReason::WrongVersion);
     let mut trailing = good.clone();
     trailing.push(0);
     assert_eq!(decode(&trailing), Err(Reject::TrailingBytes(1)));
     for code in ["", "has space", "é", &"a".repeat(65)] {
-        let bad = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1), (leak(code), 1)])).unwrap();
+        let bad = batch(1, 2, 3, &[("ok", 1), (leak(code), 1)]).encode();
         assert!(
             matches!(decode(&bad), Err(Reject::BadCode { index: 1, .. })),
             "{code:?}"
         );
     }
-    let late = postcard::to_allocvec(&batch(1, 2, END_CLICKED_AT_US, &[("ok", 0)])).unwrap();
+    let late = batch(1, 2, END_CLICKED_AT_US, &[("ok", 0)]).encode();
     assert_eq!(reason(&late), RejectReason::BadTimestamp);
 }
 
@@ -167,22 +180,152 @@ fn code() -> impl Strategy<Value = String> {
     "[A-Za-z0-9_-]{1,64}"
 }
 
+fn referrer() -> impl Strategy<Value = String> {
+    "[a-z0-9._-]{0,64}"
+}
+
+/// A click's dimensions as `(agent, referrer, device, country)` draws.
+type Drawn = (u8, Option<String>, Option<u8>, Option<usize>);
+
+fn drawn() -> impl Strategy<Value = Drawn> {
+    (
+        0..4u8,
+        prop::option::of(referrer()),
+        prop::option::of(0..4u8),
+        prop::option::of(0..249usize),
+    )
+}
+
+fn dimensions(d: &Drawn) -> Dimensions<'_> {
+    let countries = ["DE", "FR", "US", "JP", "BR"];
+    Dimensions {
+        agent: Agent::ALL[usize::from(d.0)],
+        referrer: d.1.as_deref(),
+        device: d.2.map(|i| Device::ALL[usize::from(i)]),
+        country: d
+            .3
+            .and_then(|i| Country::parse(countries[i % countries.len()].as_bytes())),
+    }
+}
+
+/// DESIGN.md's golden vector in version 2: the same clicks, the second with every dimension.
+#[test]
+fn version_two_golden_vector() {
+    let clicks = vec![
+        Click::new("seed1", 0),
+        Click {
+            code: "x",
+            offset_us: 300,
+            dimensions: Dimensions {
+                agent: Agent::Preview,
+                referrer: Some("t.co"),
+                device: Some(Device::Mobile),
+                country: Country::parse(b"DE"),
+            },
+        },
+    ];
+    let batch = Datagram {
+        version: 2,
+        sender: 12345,
+        seq: 7,
+        base_us: -5,
+        clicks,
+    };
+    // seed1: offset 0, agent human, no referrer, device or country; x: offset 300, preview,
+    // referrer t.co, mobile, DE.
+    let hexed = "02b96007090205736565643100000000000178ac02020104742e636f0101014445";
+    assert_eq!(hex(&batch.encode()), hexed);
+    assert_eq!(decode(&unhex(hexed)).unwrap(), batch);
+}
+
+#[test]
+fn version_two_rejects_a_dimension_no_sender_writes() {
+    let good = Click {
+        code: "ok",
+        offset_us: 1,
+        dimensions: Dimensions {
+            agent: Agent::Bot,
+            referrer: Some("example.com"),
+            device: Some(Device::Tablet),
+            country: Country::parse(b"NZ"),
+        },
+    };
+    let datagram = |c: Click<'static>| Datagram {
+        version: 2,
+        sender: 1,
+        seq: 2,
+        base_us: 3,
+        clicks: vec![good, c],
+    };
+    assert!(decode(&datagram(good).encode()).is_ok());
+    // Patch the second click's bytes: its last ones are the country's.
+    let mut bytes = datagram(good).encode();
+    let n = bytes.len();
+    bytes[n - 2..].copy_from_slice(b"XX");
+    assert_eq!(decode(&bytes), Err(Reject::BadDimension { index: 1 }));
+    bytes[n - 2..].copy_from_slice(b"nz");
+    assert_eq!(decode(&bytes), Err(Reject::BadDimension { index: 1 }));
+    for referrer in ["Example.com", "exa mple.com", &"a".repeat(65)] {
+        let mut bad = good;
+        bad.dimensions.referrer = Some(leak(referrer));
+        let bytes = datagram(bad).encode();
+        assert_eq!(
+            decode(&bytes).unwrap_err().reason(),
+            RejectReason::BadDimension
+        );
+        let mut enc = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
+        assert_eq!(
+            enc.push_with("ok", 5, &bad.dimensions),
+            Err(EncodeError::BadReferrer)
+        );
+    }
+    // The agent is the byte after the code and its offset.
+    let mut bytes = datagram(good).encode();
+    let agent = bytes.len() - (1 + 2 + 11 + 2 + 3);
+    assert_eq!(bytes[agent], Agent::Bot as u8);
+    bytes[agent] = 4;
+    assert_eq!(decode(&bytes), Err(Reject::BadDimension { index: 1 }));
+}
+
+#[test]
+fn a_version_one_encoder_leaves_the_dimensions_out() {
+    let mut enc = Encoder::of_version(1, 12345, DEFAULT_DATAGRAM).unwrap();
+    let full = Dimensions {
+        agent: Agent::Bot,
+        referrer: Some("t.co"),
+        device: Some(Device::Desktop),
+        country: Country::parse(b"DE"),
+    };
+    enc.push_with("seed1", 1_000, &full).unwrap();
+    let batch = decode(enc.datagram()).unwrap();
+    assert_eq!(batch.version, 1);
+    assert_eq!(batch.clicks[0].dimensions, V1_DIMENSIONS);
+}
+
 proptest! {
     #[test]
     fn any_valid_batch_round_trips(
+        version in 1..=2u8,
         sender: u64,
         seq: u64,
         base_us in MIN_CLICKED_AT_US..END_CLICKED_AT_US - i64::from(u32::MAX),
-        clicks in prop::collection::vec((code(), any::<u32>()), 0..50),
+        clicks in prop::collection::vec((code(), any::<u32>(), drawn()), 0..50),
     ) {
         let batch = Datagram {
-            version: VERSION,
+            version,
             sender,
             seq,
             base_us,
-            clicks: clicks.iter().map(|(c, o)| Click { code: c, offset_us: *o }).collect(),
+            clicks: clicks
+                .iter()
+                .map(|(c, o, d)| Click {
+                    code: c,
+                    offset_us: *o,
+                    dimensions: if version == 1 { V1_DIMENSIONS } else { dimensions(d) },
+                })
+                .collect(),
         };
-        let bytes = postcard::to_allocvec(&batch).unwrap();
+        let bytes = batch.encode();
         prop_assert_eq!(decode(&bytes).unwrap(), batch);
     }
 
@@ -191,30 +334,34 @@ proptest! {
         sender: u64,
         limit in MIN_DATAGRAM..4096usize,
         start_us in 0..END_CLICKED_AT_US / 2,
-        clicks in prop::collection::vec((code(), 0..10_000_000i64), 1..300),
+        clicks in prop::collection::vec((code(), 0..10_000_000i64, drawn()), 1..300),
     ) {
         let mut enc = Encoder::new(sender, limit).unwrap();
-        let mut sent: Vec<(String, i64)> = Vec::new();
+        let mut sent: Vec<(String, i64, String)> = Vec::new();
         let mut flush = |enc: &mut Encoder| -> Result<(), TestCaseError> {
             let bytes = enc.datagram().to_vec();
             prop_assert!(bytes.len() <= limit);
             prop_assert_eq!(bytes.len(), enc.encoded_len());
             let batch = decode(&bytes).unwrap();
             prop_assert_eq!(batch.seq, enc.seq());
-            prop_assert_eq!(&postcard::to_allocvec(&batch).unwrap(), &bytes);
-            sent.extend(batch.clicks_at().map(|(c, at)| (c.to_owned(), at)));
+            prop_assert_eq!(&batch.encode(), &bytes);
+            let clicks = batch.clicks_at().zip(&batch.clicks);
+            sent.extend(clicks.map(|((c, at), click)| {
+                (c.to_owned(), at, format!("{:?}", click.dimensions))
+            }));
             enc.next();
             Ok(())
         };
         let mut expected = Vec::new();
         let mut at = start_us;
-        for (code, step) in &clicks {
+        for (code, step, drawn) in &clicks {
             at += step;
-            if enc.push(code, at) == Err(EncodeError::Full) {
+            let d = dimensions(drawn);
+            if enc.push_with(code, at, &d) == Err(EncodeError::Full) {
                 flush(&mut enc)?;
-                enc.push(code, at).unwrap();
+                enc.push_with(code, at, &d).unwrap();
             }
-            expected.push((code.clone(), at));
+            expected.push((code.clone(), at, format!("{d:?}")));
         }
         flush(&mut enc)?;
         prop_assert_eq!(sent, expected);
@@ -226,10 +373,11 @@ proptest! {
     }
 
     #[test]
-    fn version_one_prefix_with_arbitrary_tail_never_panics(
+    fn a_version_prefix_with_arbitrary_tail_never_panics(
+        version in 1..=2u8,
         tail in prop::collection::vec(any::<u8>(), 0..512)
     ) {
-        let mut bytes = vec![VERSION];
+        let mut bytes = vec![version];
         bytes.extend(tail);
         let _ = decode(&bytes);
     }
@@ -260,10 +408,10 @@ fn ack_golden_vectors_encode_and_decode_byte_for_byte() {
 
 #[test]
 fn each_side_rejects_the_others_message_as_a_wrong_version() {
-    let datagram = postcard::to_allocvec(&batch(1, 2, 3, &[("ok", 1)])).unwrap();
+    let datagram = batch(1, 2, 3, &[("ok", 1)]).encode();
     let ack = Ack::new(1, Some(2), None).encode();
     let wrong = |got, want| Reject::WrongVersion { got, want };
-    assert_eq!(decode_ack(&datagram), Err(wrong(VERSION, ACK_VERSION)));
+    assert_eq!(decode_ack(&datagram), Err(wrong(1, ACK_VERSION)));
     assert_eq!(decode(&ack), Err(wrong(ACK_VERSION, VERSION)));
     let reason = |bytes: &[u8]| decode_ack(bytes).unwrap_err().reason();
     assert_eq!(reason(&[]), RejectReason::Undecodable);
