@@ -6,6 +6,7 @@
 //!
 //! `cargo bench -p redirector --bench ring`
 
+use protocol::dimensions::Dimensions;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -54,7 +55,7 @@ impl Bench for ArrayQueue<HeapSlot> {
 
 impl Bench for Ring {
     fn push(&self, code: &str, at_us: i64) -> bool {
-        Ring::push(self, code, at_us).is_ok()
+        Ring::push(self, code, at_us, &Dimensions::default()).is_ok()
     }
 
     fn take(&self) -> bool {

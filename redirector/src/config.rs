@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use protocol::dimensions::Dimension;
 
 /// Answers GET /{code} with a redirect from an in-memory link table and hands each click to the
 /// collector over a Unix datagram socket, without making the request wait for it.
@@ -156,10 +157,73 @@ pub struct Config {
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_WRITE_TIMEOUT", default_value = "10s", value_parser = shared::flags::duration)]
     pub write_timeout: Duration,
 
+    /// Which of a click's optional dimensions to record, comma-separated: `referrer` (the
+    /// host of the Referer), `device` (desktop, mobile, tablet or other, from the User-Agent),
+    /// `country` (from --country-header). Who clicked (human, bot or preview) is always
+    /// recorded. They are counted per code and day in `click_breakdown`; no address and no
+    /// user agent is kept anywhere. Default: none.
+    #[arg(long, value_name = "LIST", env = "REDIRECTOR_DIMENSIONS", default_value = "",
+          value_parser = recorded)]
+    pub dimensions: Recorded,
+
+    /// The request header in which the fronting proxy or CDN puts the client's country as an
+    /// ISO 3166-1 alpha-2 code (e.g. CF-IPCountry, CloudFront-Viewer-Country): the `country`
+    /// dimension needs it. A value that is no assigned code is left out and counted
+    /// (`redirector_country_invalid_total`).
+    #[arg(long, value_name = "NAME", env = "REDIRECTOR_COUNTRY_HEADER",
+          value_parser = header_name)]
+    pub country_header: Option<hyper::header::HeaderName>,
+
     /// `--clicks direct` only: database connections the INSERTs are spread over.
     #[arg(long, value_name = "N", env = "REDIRECTOR_DIRECT_CONNECTIONS", default_value_t = 4,
           value_parser = clap::value_parser!(u64).range(1..=256))]
     pub direct_connections: u64,
+}
+
+/// Which optional dimensions a redirector records (`--dimensions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recorded {
+    pub referrer: bool,
+    pub device: bool,
+    pub country: bool,
+}
+
+fn recorded(list: &str) -> Result<Recorded, String> {
+    let mut recorded = Recorded::default();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match protocol::dimensions::Dimension::parse(name) {
+            Some(Dimension::Referrer) => recorded.referrer = true,
+            Some(Dimension::Device) => recorded.device = true,
+            Some(Dimension::Country) => recorded.country = true,
+            Some(Dimension::Agent) => {
+                return Err("`agent` is always recorded: leave it out of the list".into())
+            }
+            None => {
+                return Err(format!(
+                    "unknown dimension {name:?}: the choices are referrer, device, country"
+                ))
+            }
+        }
+    }
+    Ok(recorded)
+}
+
+fn header_name(name: &str) -> Result<hyper::header::HeaderName, String> {
+    hyper::header::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("{name:?} is not an HTTP header name"))
+}
+
+impl Config {
+    /// What the flags cannot say alone: a country needs the header it comes from.
+    pub fn check_dimensions(&self) -> Result<(), &'static str> {
+        match (self.dimensions.country, &self.country_header) {
+            (true, None) => Err("the country dimension needs --country-header NAME"),
+            (false, Some(_)) => {
+                Err("--country-header is set, but `country` is not in --dimensions")
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -195,6 +259,52 @@ mod tests {
         assert_eq!(c.idle_timeout, Duration::from_secs(5));
         assert_eq!(c.write_timeout, Duration::from_secs(10));
         assert_eq!(c.links_database_url, None);
+        assert_eq!(c.dimensions, Recorded::default());
+        assert_eq!(c.country_header, None);
+        assert_eq!(c.check_dimensions(), Ok(()));
+    }
+
+    #[test]
+    fn dimensions_and_the_country_header() {
+        let parse = |extra: &[&str]| {
+            let args = ["redirector", "--database-url", "x"].iter().chain(extra);
+            Config::try_parse_from(args)
+        };
+        let c = parse(&[
+            "--dimensions",
+            "referrer, device,country",
+            "--country-header",
+            "CF-IPCountry",
+        ])
+        .unwrap();
+        let all = Recorded {
+            referrer: true,
+            device: true,
+            country: true,
+        };
+        assert_eq!((c.dimensions, c.check_dimensions()), (all, Ok(())));
+        assert_eq!(c.country_header.unwrap(), "cf-ipcountry");
+        for bad in [
+            &["--dimensions", "agent"][..],
+            &["--dimensions", "ip"],
+            &["--country-header", "bad header"],
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("dimension") || err.contains("header name"),
+                "{err}"
+            );
+        }
+        let c = parse(&["--dimensions", "country"]).unwrap();
+        assert!(c
+            .check_dimensions()
+            .unwrap_err()
+            .contains("--country-header"));
+        let c = parse(&["--country-header", "X-Country"]).unwrap();
+        assert!(c
+            .check_dimensions()
+            .unwrap_err()
+            .contains("not in --dimensions"));
     }
 
     #[test]

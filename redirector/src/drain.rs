@@ -314,10 +314,10 @@ impl Drain {
                 Read::Click(slot) => slot,
             };
             self.renew_sender_after_idle();
-            let pushed = slot
-                .code()
-                .map_err(EncodeError::from)
-                .and_then(|code| self.encoder.push(code, slot.at_us()));
+            let pushed = slot.code().map_err(EncodeError::from).and_then(|code| {
+                self.encoder
+                    .push_with(code, slot.at_us(), &slot.dimensions())
+            });
             match pushed {
                 Ok(()) => self.cursor += 1,
                 Err(EncodeError::Full) => self.seal(),

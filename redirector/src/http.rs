@@ -5,6 +5,7 @@
 //! wait for its client), and shut down gracefully.
 
 mod bounded;
+mod visitor;
 mod watched;
 
 pub(crate) use bounded::connection_limit;
@@ -28,16 +29,24 @@ use crate::direct::Direct;
 use crate::links::{LinkTable, Lookup};
 use crate::metrics::{Closed, Common, Dropped};
 use crate::ring::{PushError, Ring};
+use crate::target::Answer;
 use bounded::{Conn, Connections};
+use protocol::dimensions::{Agent, Dimensions, MAX_REFERRER_LEN};
 use shared::metrics::{Counter, Gauge, LabeledCounter};
+pub(crate) use visitor::Classifier;
 use watched::Watched;
 
 shared::metrics! {
     /// What serving redirects counts: requests by answer, the clicks queued, client connections.
     pub struct Metrics {
         /// Each one is a click, sent or dropped.
-        redirects: Counter = "redirects", "GET requests answered 302 (each one a click).";
-        head_redirects: Counter = "head_redirects", "HEAD requests answered 302 (not clicks).";
+        redirects: Counter = "redirects", "GET requests redirected (each one a click).";
+        redirects_by_agent: LabeledCounter<Agent> = "redirects_by_agent",
+            "GET requests redirected, by who the redirector took the client for (human, bot, preview).";
+        head_redirects: Counter = "head_redirects", "HEAD requests redirected (not clicks).";
+        expired: Counter = "expired", "Requests for a link past its expires_at (410; not clicks).";
+        country_invalid: Counter = "country_invalid",
+            "Country headers that held no assigned ISO 3166 alpha-2 code (the country left out).";
         not_found: Counter = "not_found", "Requests for an unknown or malformed code (404).";
         method_not_allowed: Counter = "method_not_allowed",
             "Methods other than GET or HEAD (405).";
@@ -69,6 +78,7 @@ pub(crate) enum Clicks {
 /// What a request handler needs.
 pub(crate) struct App {
     pub links: Arc<LinkTable>,
+    pub classifier: Classifier,
     pub clicks: Clicks,
     pub metrics: Arc<Metrics>,
     pub common: Arc<Common>,
@@ -88,11 +98,17 @@ impl App {
         };
         let code = req.uri().path().strip_prefix('/').unwrap_or_default();
         let lookup = match protocol::wire::validate_code(code.as_bytes()) {
-            Ok(()) => self.links.lookup(code),
+            Ok(()) => self.links.lookup(code, req.uri().query()),
             Err(_) => Lookup::Unknown,
         };
-        let location = match lookup {
-            Lookup::Found(location) => location,
+        let (status, location) = match lookup {
+            Lookup::Found(Answer::Redirect { status, location }) => (status, location),
+            Lookup::Found(Answer::Expired) => {
+                self.metrics.expired.inc();
+                let mut response = plain(StatusCode::GONE, "this link has expired\n");
+                response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+                return response;
+            }
             Lookup::Unknown => {
                 self.metrics.not_found.inc();
                 return plain(StatusCode::NOT_FOUND, "no such link\n");
@@ -106,41 +122,65 @@ impl App {
                 return response;
             }
         };
-        if counted {
-            self.record(code).await;
+        if counted && !matches!(self.clicks, Clicks::Off) {
+            let mut referrer = [0; MAX_REFERRER_LEN];
+            let classified = self.classifier.classify(req.headers(), &mut referrer);
+            if classified.country_rejected {
+                self.metrics.country_invalid.inc();
+            }
+            self.record(code, &classified.dimensions).await;
+        } else if counted {
+            self.metrics.redirects.inc();
         } else {
             self.metrics.head_redirects.inc();
         }
         let mut response = Response::new(Body::default());
-        *response.status_mut() = StatusCode::FOUND;
+        *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(LOCATION, location);
-        // A cached redirect would hide the next click from us.
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(CACHE_CONTROL, cache_control(status));
         response
     }
 
     /// Records the click and counts the redirect, in one step that a request cut off midway
     /// (its client gone, or the stop) cannot split: every redirect counted is a click recorded
     /// or dropped, and every click recorded is a redirect counted.
-    async fn record(&self, code: &str) {
+    async fn record(&self, code: &str, dimensions: &Dimensions<'_>) {
         let m = &self.metrics;
+        m.redirects_by_agent.inc(dimensions.agent);
         match &self.clicks {
             Clicks::Pipeline(ring) => {
-                match ring.push(code, protocol::now_us()) {
+                match ring.push(code, protocol::now_us(), dimensions) {
                     Ok(()) => {
                         m.clicks_queued.inc();
                     }
                     Err(PushError::Full) => self.common.clicks_dropped.inc(Dropped::RingFull),
-                    Err(PushError::CodeTooLong) => self.common.clicks_dropped.inc(Dropped::Invalid),
+                    Err(PushError::CodeTooLong | PushError::ReferrerTooLong) => {
+                        self.common.clicks_dropped.inc(Dropped::Invalid)
+                    }
                 }
                 m.redirects.inc();
             }
+            // Not classified, nor recorded: counted where `answer` decides so.
             Clicks::Off => {
                 m.redirects.inc();
             }
             Clicks::Direct(direct) => direct.record(code, &m.redirects, &self.common).await,
         }
+    }
+}
+
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+
+/// A temporary redirect is never cached, so that every click reaches the redirector. A
+/// permanent one (301, 308) says it may be: browsers then follow it from their cache for an
+/// hour, and those clicks are never counted (docs/operating.md says so).
+fn cache_control(status: StatusCode) -> HeaderValue {
+    match status {
+        StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT => {
+            HeaderValue::from_static("private, max-age=3600")
+        }
+        _ => NO_STORE,
     }
 }
 
@@ -265,12 +305,20 @@ mod tests {
     use super::*;
     use protocol::wire::MAX_CODE_LEN;
 
+    const HUMAN: Dimensions<'static> = Dimensions {
+        agent: Agent::Human,
+        referrer: None,
+        device: None,
+        country: None,
+    };
+
     fn pipeline(capacity: usize) -> (App, Arc<Ring>) {
         let ring = crate::state::Region::in_process(capacity as u64, 1)
             .unwrap()
             .ring;
         let app = App {
             links: Arc::new(LinkTable::default()),
+            classifier: Classifier::new(Default::default(), None),
             clicks: Clicks::Pipeline(ring.clone()),
             metrics: Arc::new(Metrics::default()),
             common: Arc::new(Common::default()),
@@ -281,7 +329,7 @@ mod tests {
     #[tokio::test]
     async fn a_code_the_ring_refuses_as_too_long_is_invalid_not_ring_full() {
         let (app, ring) = pipeline(4);
-        app.record(&"x".repeat(MAX_CODE_LEN + 1)).await;
+        app.record(&"x".repeat(MAX_CODE_LEN + 1), &HUMAN).await;
         assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 0);
         assert!(ring.is_empty());
@@ -290,8 +338,8 @@ mod tests {
     #[tokio::test]
     async fn a_click_the_full_ring_refuses_is_ring_full() {
         let (app, _ring) = pipeline(1);
-        app.record("a").await;
-        app.record("b").await;
+        app.record("a", &HUMAN).await;
+        app.record("b", &HUMAN).await;
         assert_eq!(app.metrics.clicks_queued.get(), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 0);

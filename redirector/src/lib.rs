@@ -14,3 +14,4 @@ pub mod ring;
 pub mod service;
 pub mod state;
 pub mod table;
+pub mod target;

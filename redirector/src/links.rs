@@ -24,12 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
-use hyper::header::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
-use crate::table::{usable, Table};
+use crate::table::{usable, Table, Unusable};
+use crate::target::{self, Answer, LinkOptions};
 use apply::{Batch, Seen};
 use shared::backoff::Backoff;
 use shared::metrics::{Counter, FloatGauge, Gauge};
@@ -87,26 +87,25 @@ impl Default for LinkTable {
 }
 
 /// The answer for a code.
-pub enum Lookup {
-    Found(HeaderValue),
+pub(crate) enum Lookup {
+    Found(Answer),
     Unknown,
     /// No table loaded yet.
     NotLoaded,
 }
 
 impl LinkTable {
-    pub fn lookup(&self, code: &str) -> Lookup {
+    /// The answer for `code` to a request with `query` (the part after `?`).
+    pub(crate) fn lookup(&self, code: &str, query: Option<&str>) -> Lookup {
         if !self.is_loaded() {
             return Lookup::NotLoaded;
         }
         // A copy of the URL, not a reference into the shard's arena: measured cheaper once
-        // the header is written (no shared reference count to touch; BENCHMARKS.md). It was
-        // checked as a header value when it went in, so this never fails.
-        match self
-            .table
-            .get_with(code.as_bytes(), HeaderValue::from_bytes)
-        {
-            Some(Ok(location)) => Lookup::Found(location),
+        // the header is written (no shared reference count to touch; BENCHMARKS.md).
+        match self.table.get_with(code.as_bytes(), |value| {
+            Answer::of(value, query, protocol::now_us)
+        }) {
+            Some(Some(answer)) => Lookup::Found(answer),
             _ => Lookup::Unknown,
         }
     }
@@ -236,6 +235,34 @@ macro_rules! head_columns {
     };
 }
 
+/// A link's columns, as [`link_of`] reads them: the URL, status, query forwarding and expiry
+/// (Unix microseconds; `infinity` is the year 9999, `-infinity` the year 1).
+macro_rules! link_columns {
+    ($t:literal) => {
+        concat!(
+            $t,
+            "url, ",
+            $t,
+            "status, ",
+            $t,
+            "forward_query, (extract(epoch FROM least(greatest(",
+            $t,
+            "expires_at, '0001-01-01Z'), '9999-12-31Z')) * 1000000)::int8"
+        )
+    };
+}
+
+/// The link in `row`'s [`link_columns`] from column `at` on; `None` for a code with no row.
+fn link_of(row: &Row, at: usize) -> Option<(&str, LinkOptions)> {
+    let url = row.get::<_, Option<&str>>(at)?;
+    let options = LinkOptions {
+        status: row.get(at + 1),
+        forward_query: row.get(at + 2),
+        expires_us: row.get(at + 3),
+    };
+    Some((url, options))
+}
+
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
 const HEAD_COLUMNS: usize = 7;
 
@@ -260,7 +287,9 @@ const READ: &str = concat!(
             OR xid >= $3::bigint::text::xid8),
     pending AS MATERIALIZED (
         SELECT count(*) AS n FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
-    SELECT h.*, p.n, c.code, l.url, extract(epoch FROM c.changed_at)::float8
+    SELECT h.*, p.n, c.code, ",
+    link_columns!("l."),
+    ", extract(epoch FROM c.changed_at)::float8
       FROM head AS h CROSS JOIN pending AS p
       LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM unread
                   WHERE (SELECT epoch = $4 AND pruned_id <= $1 FROM head)
@@ -269,7 +298,7 @@ const READ: &str = concat!(
       LEFT JOIN links AS l USING (code)"
 );
 
-const ALL_LINKS: &str = "SELECT code, url FROM links";
+const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(""), " FROM links");
 const ALL_CODES: &str = "SELECT code FROM links";
 
 impl Head {
@@ -324,6 +353,8 @@ struct Loader {
     position: Option<Position>,
     /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
     skipped: HashSet<Box<str>>,
+    /// The table's bytes of the link being applied (`check`), reused.
+    value: Vec<u8>,
 }
 
 impl Loader {
@@ -334,6 +365,7 @@ impl Loader {
             options,
             position: None,
             skipped: HashSet::new(),
+            value: Vec::new(),
         }
     }
 
@@ -524,10 +556,12 @@ impl Loader {
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(r) = row {
             if let Some(code) = r.get::<_, Option<&str>>(HEAD_COLUMNS + 1) {
-                let url = self.check(code, r.get(HEAD_COLUMNS + 2));
-                batch.set(code.as_bytes(), url.map(str::as_bytes));
+                batch.set(
+                    code.as_bytes(),
+                    self.check(code, link_of(&r, HEAD_COLUMNS + 2)),
+                );
                 codes += 1;
-                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 3));
+                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 6));
             }
             row = self.timed(next(rows.as_mut())).await?;
         }
@@ -564,9 +598,8 @@ impl Loader {
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, !serving);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            let (code, url): (&str, &str) = (row.get(0), row.get(1));
-            let url = self.check(code, Some(url));
-            batch.set(code.as_bytes(), url.map(str::as_bytes));
+            let code: &str = row.get(0);
+            batch.set(code.as_bytes(), self.check(code, link_of(&row, 1)));
         }
         let mut changed = batch.finish();
         if serving {
@@ -599,14 +632,18 @@ impl Loader {
         Ok(seen.remove_unseen(&self.links.table))
     }
 
-    /// `url` if the row can be served; otherwise `None`, and the code is counted as skipped.
-    fn check<'r>(&mut self, code: &str, url: Option<&'r str>) -> Option<&'r str> {
+    /// The table's bytes for `link` (`target::encode`) if it can be served; otherwise `None`,
+    /// and the code is counted as skipped.
+    fn check(&mut self, code: &str, link: Option<(&str, LinkOptions)>) -> Option<&[u8]> {
         if !self.skipped.is_empty() {
             self.skipped.remove(code);
         }
-        let url = url?;
-        match usable(code.as_bytes(), url.as_bytes()) {
-            Ok(()) => Some(url),
+        let (url, options) = link?;
+        let encoded = usable(code.as_bytes(), url.as_bytes()).and_then(|()| {
+            target::encode(&options, url.as_bytes(), &mut self.value).map_err(Unusable::Status)
+        });
+        match encoded {
+            Ok(()) => Some(&self.value),
             Err(why) => {
                 if self.skipped.len() < SKIPPED_LOGGED {
                     tracing::warn!(code, reason = %why, "skipping link {code:?} -> {url:?}: {why}");

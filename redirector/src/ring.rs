@@ -16,20 +16,33 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use protocol::dimensions::{Agent, Country, Device, Dimensions, MAX_REFERRER_LEN};
 use protocol::wire::{CodeError, MAX_CODE_LEN};
 
-/// A click as a slot holds it: its code (inline, no allocation) and when it happened.
+/// A click as a slot holds it: its code and its dimensions (inline, no allocation) and when
+/// it happened.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Slot {
     at_us: i64,
     /// The code's length, or `TORN`.
     len: u8,
+    /// `Agent as u8`.
+    agent: u8,
+    /// `Device as u8`, or `NONE`.
+    device: u8,
+    /// The referrer's length, or `NONE`.
+    referrer_len: u8,
+    /// Two letters, or zeros for none.
+    country: [u8; 2],
     code: [u8; MAX_CODE_LEN],
+    referrer: [u8; MAX_REFERRER_LEN],
 }
 
 /// A slot's `len` when its push was cut off by the death of the process.
 const TORN: u8 = u8::MAX;
+/// A dimension not recorded.
+const NONE: u8 = u8::MAX;
 
 impl Slot {
     /// Microseconds since the Unix epoch, as `protocol::now_us()` gave it.
@@ -46,6 +59,39 @@ impl Slot {
             at: e.valid_up_to(),
             byte: bytes[e.valid_up_to()],
         })
+    }
+
+    /// The click's dimensions. What a push did not write (the last line of defence again,
+    /// as for `code`) reads as not recorded, or as an unknown agent.
+    pub fn dimensions(&self) -> Dimensions<'_> {
+        let referrer = self
+            .referrer
+            .get(..usize::from(self.referrer_len))
+            .and_then(|r| std::str::from_utf8(r).ok());
+        Dimensions {
+            agent: Agent::from_u8(self.agent).unwrap_or(Agent::Unknown),
+            referrer,
+            device: Device::from_u8(self.device),
+            country: (self.country != [0; 2])
+                .then(|| Country::parse(&self.country))
+                .flatten(),
+        }
+    }
+
+    fn write(&mut self, at_us: i64, code: &[u8], d: &Dimensions<'_>) {
+        self.at_us = at_us;
+        self.len = code.len() as u8;
+        self.code[..code.len()].copy_from_slice(code);
+        self.agent = d.agent as u8;
+        self.device = d.device.map_or(NONE, |d| d as u8);
+        self.country = d.country.map_or([0; 2], |c| c.bytes());
+        match d.referrer {
+            Some(r) => {
+                self.referrer_len = r.len() as u8;
+                self.referrer[..r.len()].copy_from_slice(r.as_bytes());
+            }
+            None => self.referrer_len = NONE,
+        }
     }
 }
 
@@ -83,6 +129,8 @@ pub enum PushError {
     Full,
     #[error("code longer than {MAX_CODE_LEN} bytes")]
     CodeTooLong,
+    #[error("referrer longer than {MAX_REFERRER_LEN} bytes")]
+    ReferrerTooLong,
 }
 
 /// What the drain finds at a position.
@@ -141,10 +189,21 @@ impl Ring {
     }
 
     /// Queues a click without blocking.
-    pub fn push(&self, code: &str, at_us: i64) -> Result<(), PushError> {
+    pub fn push(
+        &self,
+        code: &str,
+        at_us: i64,
+        dimensions: &Dimensions<'_>,
+    ) -> Result<(), PushError> {
         let bytes = code.as_bytes();
         if bytes.len() > MAX_CODE_LEN {
             return Err(PushError::CodeTooLong);
+        }
+        if dimensions
+            .referrer
+            .is_some_and(|r| r.len() > MAX_REFERRER_LEN)
+        {
+            return Err(PushError::ReferrerTooLong);
         }
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         loop {
@@ -160,9 +219,7 @@ impl Ring {
                     Ok(_) => {
                         // SAFETY: the CAS gave this position to this push alone (see `Sync`).
                         let slot = unsafe { &mut *cell.slot.get() };
-                        slot.at_us = at_us;
-                        slot.len = bytes.len() as u8;
-                        slot.code[..bytes.len()].copy_from_slice(bytes);
+                        slot.write(at_us, bytes, dimensions);
                         cell.stamp.store(published(pos), Ordering::Release);
                         return Ok(());
                     }
@@ -289,7 +346,12 @@ mod tests {
             slot: UnsafeCell::new(Slot {
                 at_us: 0,
                 len: 0,
+                agent: 0,
+                device: NONE,
+                referrer_len: NONE,
+                country: [0; 2],
                 code: [0; MAX_CODE_LEN],
+                referrer: [0; MAX_REFERRER_LEN],
             }),
         };
         let heap = std::sync::Arc::new(Heap {
@@ -324,14 +386,17 @@ mod tests {
     #[test]
     fn keeps_order_and_refuses_when_full() {
         let ring = ring(2);
-        ring.push("a", 1).unwrap();
-        ring.push("bb", 2).unwrap();
-        assert_eq!(ring.push("c", 3), Err(PushError::Full));
+        ring.push("a", 1, &Dimensions::default()).unwrap();
+        ring.push("bb", 2, &Dimensions::default()).unwrap();
+        assert_eq!(
+            ring.push("c", 3, &Dimensions::default()),
+            Err(PushError::Full)
+        );
         let first = pop(&ring).unwrap();
         assert_eq!((first.code(), first.at_us()), (Ok("a"), 1));
         assert_eq!(pop(&ring).unwrap().code(), Ok("bb"));
         assert!(pop(&ring).is_none());
-        ring.push("d", 4).unwrap();
+        ring.push("d", 4, &Dimensions::default()).unwrap();
         assert_eq!(pop(&ring).unwrap().code(), Ok("d"), "the next lap");
     }
 
@@ -339,10 +404,10 @@ mod tests {
     fn holds_a_longest_code_and_refuses_a_longer_one() {
         let ring = ring(4);
         let longest = "x".repeat(MAX_CODE_LEN);
-        ring.push(&longest, 7).unwrap();
+        ring.push(&longest, 7, &Dimensions::default()).unwrap();
         assert_eq!(pop(&ring).unwrap().code(), Ok(longest.as_str()));
         assert_eq!(
-            ring.push(&"x".repeat(MAX_CODE_LEN + 1), 7),
+            ring.push(&"x".repeat(MAX_CODE_LEN + 1), 7, &Dimensions::default()),
             Err(PushError::CodeTooLong)
         );
     }
@@ -350,7 +415,7 @@ mod tests {
     #[test]
     fn a_claimed_and_never_published_slot_is_torn_never_read() {
         let ring = ring(4);
-        ring.push("a", 1).unwrap();
+        ring.push("a", 1, &Dimensions::default()).unwrap();
         // A push that claimed position 1 and died before publishing it.
         ring.tail.0.store(2, Ordering::Release);
         assert!(matches!(ring.read(1), Read::Empty), "unpublished: not read");
@@ -359,13 +424,14 @@ mod tests {
         assert!(matches!(ring.read(0), Read::Click(_)));
         assert!(matches!(ring.read(1), Read::Torn));
         ring.release(2);
-        ring.push("c", 3).unwrap();
+        ring.push("c", 3, &Dimensions::default()).unwrap();
         assert_eq!(pop(&ring).unwrap().code(), Ok("c"));
     }
 
     #[test]
     fn cell_is_small() {
-        assert_eq!(Ring::CELL_SIZE, 88);
+        // The stamp, the time, a longest code and a longest referrer host.
+        assert_eq!(Ring::CELL_SIZE, 152);
     }
 
     #[test]
@@ -377,7 +443,10 @@ mod tests {
                 let ring = ring.clone();
                 std::thread::spawn(move || {
                     for i in 0..per_thread {
-                        while ring.push(if t == 0 { "a" } else { "b" }, i).is_err() {
+                        while ring
+                            .push(if t == 0 { "a" } else { "b" }, i, &Dimensions::default())
+                            .is_err()
+                        {
                             std::thread::yield_now();
                         }
                     }

@@ -17,7 +17,7 @@ use crate::admin::AdminView;
 use crate::config::{ClickMode, Config};
 use crate::direct::Direct;
 use crate::drain::{self, Drain, Left};
-use crate::http::{self, App, Clicks, Limits};
+use crate::http::{self, App, Classifier, Clicks, Limits};
 use crate::links::{self, LinkTable};
 use crate::metrics::{Common, Dropped};
 use crate::ring::Ring;
@@ -53,6 +53,8 @@ pub enum Error {
     Server(tokio::task::JoinError),
     #[error("--max-connections: {0}")]
     MaxConnections(String),
+    #[error("--dimensions: {0}")]
+    Dimensions(&'static str),
 }
 
 /// The final counts, as logged at exit.
@@ -84,6 +86,7 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
+    cfg.check_dimensions().map_err(Error::Dimensions)?;
     let mut registry = Registry::with_prefix("redirector");
     let metrics = Metrics::register(&mut registry);
     let table = Arc::new(LinkTable::default());
@@ -153,6 +156,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     };
     let app = Arc::new(App {
         links: table.clone(),
+        classifier: Classifier::new(cfg.dimensions, cfg.country_header.clone()),
         clicks,
         metrics: metrics.http.clone(),
         common: metrics.common.clone(),
@@ -451,6 +455,7 @@ async fn died(drain: &mut Option<JoinHandle<Left>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::dimensions::Dimensions;
 
     #[tokio::test]
     async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {
@@ -458,7 +463,7 @@ mod tests {
         let metrics = Metrics::default();
         let state = Region::in_process(100, 16).unwrap();
         for at in 0..10 {
-            state.ring.push("left", at).unwrap();
+            state.ring.push("left", at, &Dimensions::default()).unwrap();
         }
         // Nobody listens at the path, so the drain can only count the clicks as left.
         let settings = drain::Settings {

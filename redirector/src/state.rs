@@ -37,7 +37,9 @@ use crate::ring::{Cell, Position, Ring};
 
 const MAGIC: [u8; 8] = *b"CLKSTATE";
 /// Bumped on any change of the layout: a region of another version is refused, not misread.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version 2: ring slots hold a click's dimensions. Version 1's header is this one's, so a
+/// version-1 region that holds nothing (what a clean stop leaves) is laid out anew.
+pub const LAYOUT_VERSION: u32 = 2;
 const HEADER_SIZE: usize = 256;
 /// The name of the region's descriptor in systemd's file descriptor store.
 pub const FDNAME: &str = "state";
@@ -148,8 +150,10 @@ pub enum Error {
     )]
     NotState(String, &'static str),
     #[error(
-        "{0} has layout version {1}, this redirector reads version {LAYOUT_VERSION}: start the \
-         redirector that wrote it to send what it holds, or move it aside (its clicks are lost)"
+        "{0} has layout version {1} and holds clicks, this redirector reads version \
+         {LAYOUT_VERSION}: start the redirector that wrote it with its collector up, to send \
+         what it holds (a clean stop then leaves it empty, which this version lays out anew), \
+         or move it aside (its clicks are lost)"
     )]
     Version(String, u32),
     #[error("the state region's geometry is too large for this machine: {0:?}")]
@@ -460,9 +464,16 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         return Err(Error::NotState(what.into(), "no magic number"));
     }
     let u64_at = |at: usize| u64::from_ne_bytes(h[at..at + 8].try_into().expect("8 bytes"));
-    let version = u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes"));
-    if version != LAYOUT_VERSION {
-        return Err(Error::Version(what.into(), version));
+    // `Marks` is `first` then `end`.
+    let marks = std::mem::offset_of!(Header, marks);
+    let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
+    let in_ring = u64_at(std::mem::offset_of!(Header, tail))
+        .saturating_sub(u64_at(std::mem::offset_of!(Header, head)));
+    let held = in_ring + in_window;
+    match u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes")) {
+        LAYOUT_VERSION => {}
+        1 if held == 0 => return Ok(None),
+        version => return Err(Error::Version(what.into(), version)),
     }
     let geometry = Geometry {
         ring: u64_at(std::mem::offset_of!(Header, ring)),
@@ -475,14 +486,9 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
             "its header's sizes are out of range",
         ));
     }
-    // `Marks` is `first` then `end`.
-    let marks = std::mem::offset_of!(Header, marks);
-    let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
-    let in_ring = u64_at(std::mem::offset_of!(Header, tail))
-        .saturating_sub(u64_at(std::mem::offset_of!(Header, head)));
     Ok(Some(Found {
         geometry,
-        held: in_ring + in_window,
+        held,
         len,
     }))
 }
@@ -515,6 +521,7 @@ fn page_size() -> usize {
 mod tests {
     use super::*;
     use crate::ring::Read;
+    use protocol::dimensions::Dimensions;
 
     const GEOMETRY: Geometry = Geometry {
         ring: 8,
@@ -540,7 +547,7 @@ mod tests {
             let mut region = Region::file(&path, GEOMETRY).unwrap();
             assert_eq!((region.recovered, region.torn), (0, 0));
             for code in ["a", "b", "c"] {
-                region.ring.push(code, 1).unwrap();
+                region.ring.push(code, 1, &Dimensions::default()).unwrap();
             }
             // The drain sealed "a" and "b" into a datagram and was killed before it released
             // them from the ring: the window's tag says they are taken.
@@ -566,8 +573,8 @@ mod tests {
         let path = dir.path().join("state");
         {
             let region = Region::file(&path, GEOMETRY).unwrap();
-            region.ring.push("a", 1).unwrap();
-            region.ring.push("b", 2).unwrap();
+            region.ring.push("a", 1, &Dimensions::default()).unwrap();
+            region.ring.push("b", 2, &Dimensions::default()).unwrap();
         }
         // A push that claimed position 2 (moved the tail) and died before it published.
         let tail = std::mem::offset_of!(Header, tail) as u64;
@@ -588,7 +595,7 @@ mod tests {
         {
             let region = Region::file(&path, GEOMETRY).unwrap();
             for _ in 0..GEOMETRY.ring {
-                region.ring.push("a", 1).unwrap();
+                region.ring.push("a", 1, &Dimensions::default()).unwrap();
             }
         }
         // Killed between moving `head` past all of them and freeing their cells.
@@ -598,7 +605,7 @@ mod tests {
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.recovered, region.torn), (0, 0));
         for _ in 0..GEOMETRY.ring {
-            region.ring.push("b", 2).unwrap();
+            region.ring.push("b", 2, &Dimensions::default()).unwrap();
         }
         assert_eq!(codes(&region.ring), vec!["b"; GEOMETRY.ring as usize]);
     }
@@ -616,16 +623,59 @@ mod tests {
         );
     }
 
+    /// An upgrade from version 1: empty (a clean stop), the region is laid out anew; holding
+    /// clicks, it is refused, never misread with this version's larger slots.
+    #[test]
+    fn a_version_one_region_is_laid_out_anew_only_when_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let set_version_one = || {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            nix::sys::uio::pwrite(&file, &1u32.to_ne_bytes(), 8).unwrap();
+        };
+        drop(Region::file(&path, GEOMETRY).unwrap());
+        set_version_one();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        region.ring.push("a", 1, &Dimensions::default()).unwrap();
+        drop(region);
+        set_version_one();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(matches!(err, Error::Version(_, 1)), "{err}");
+    }
+
+    /// A click's dimensions go through the region's slots whole.
+    #[test]
+    fn a_slot_keeps_the_dimensions() {
+        use protocol::dimensions::{Agent, Country, Device};
+        let region = Region::in_process(4, 1).unwrap();
+        let long = "r".repeat(protocol::dimensions::MAX_REFERRER_LEN);
+        let full = Dimensions {
+            agent: Agent::Preview,
+            referrer: Some(&long),
+            device: Some(Device::Tablet),
+            country: Country::parse(b"NZ"),
+        };
+        for d in [full, Dimensions::default()] {
+            region.ring.push("a", 1, &d).unwrap();
+        }
+        let read = |pos| match region.ring.read(pos) {
+            Read::Click(slot) => format!("{:?}", slot.dimensions()),
+            _ => panic!("published"),
+        };
+        assert_eq!(read(0), format!("{full:?}"));
+        assert_eq!(read(1), format!("{:?}", Dimensions::default()));
+    }
+
     #[test]
     fn another_layout_version_or_a_foreign_file_is_refused_never_misread() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         drop(Region::file(&path, GEOMETRY).unwrap());
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &2u32.to_ne_bytes(), 8).unwrap();
+        nix::sys::uio::pwrite(&file, &3u32.to_ne_bytes(), 8).unwrap();
         let err = Region::file(&path, GEOMETRY).err().unwrap();
-        assert!(matches!(err, Error::Version(_, 2)), "{err}");
-        assert!(err.to_string().contains("layout version 2"), "{err}");
+        assert!(matches!(err, Error::Version(_, 3)), "{err}");
+        assert!(err.to_string().contains("layout version 3"), "{err}");
 
         let foreign = dir.path().join("notes.txt");
         std::fs::write(&foreign, "not a state region").unwrap();
@@ -645,7 +695,7 @@ mod tests {
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(region.geometry, GEOMETRY, "zeros: a new region");
-        region.ring.push("a", 1).unwrap();
+        region.ring.push("a", 1, &Dimensions::default()).unwrap();
         drop(region);
         let window = std::mem::offset_of!(Header, window) as i64;
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -676,7 +726,7 @@ mod tests {
         Region::file(&path, GEOMETRY)
             .unwrap()
             .ring
-            .push("a", 1)
+            .push("a", 1, &Dimensions::default())
             .unwrap();
         let bigger = Geometry {
             ring: 16,

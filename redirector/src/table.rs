@@ -1,8 +1,9 @@
-//! The link table's structure: code -> URL for millions of links in compact memory, read by
-//! every request without a lock or a wait, changed by one writer shard by shard.
+//! The link table's structure: code -> link (its URL and options, as `target` stores them) for
+//! millions of links in compact memory, read by every request without a lock or a wait, changed
+//! by one writer shard by shard.
 //!
 //! [`SHARDS`] shards, chosen by a hash of the code. Each shard is immutable once published: one
-//! contiguous byte arena of entries `[code len: u8][code][url len: LEB128][url]` and an
+//! contiguous byte arena of entries `[code len: u8][code][link len: LEB128][link]` and an
 //! open-addressing index of `u64` slots, each a hash tag and an offset into the arena. A change copies the shards it touches (a few
 //! KB each at a million links) and swaps them in with [`ArcSwap`]; readers keep whatever shard
 //! they loaded. About 60 bytes of arena and 13-17 of index per link, against ~144 for a
@@ -39,6 +40,8 @@ pub enum Unusable {
     Url,
     #[error("URL is longer than {MAX_URL} bytes")]
     UrlTooLong,
+    #[error("{0}")]
+    Status(crate::target::BadStatus),
 }
 
 /// Checks that `code` is a click code and `url` is what the `links_url_clean` CHECK
@@ -255,9 +258,10 @@ impl Builder {
         }
     }
 
-    /// Appends an entry. The caller checked it with [`usable`] and pushes each code once.
+    /// Appends an entry: a code and its link's bytes (`target::encode`). The caller checked
+    /// them with [`usable`] and pushes each code once.
     pub fn push(&mut self, code: &[u8], url: &[u8]) {
-        debug_assert!(usable(code, url).is_ok());
+        debug_assert!(protocol::wire::validate_code(code).is_ok());
         self.arena.push(code.len() as u8);
         self.arena.extend_from_slice(code);
         write_len(&mut self.arena, url.len());

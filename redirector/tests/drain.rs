@@ -77,7 +77,7 @@ impl Rig {
     fn push(&self, code: &str, n: usize) {
         for i in 0..n {
             self.ring
-                .push(code, 1_700_000_000_000_000 + i as i64)
+                .push(code, 1_700_000_000_000_000 + i as i64, &Default::default())
                 .unwrap();
         }
     }

@@ -47,6 +47,18 @@ impl Label for protocol::RejectReason {
     }
 }
 
+/// Who followed a link is the protocol's too: the redirector's `agent` label.
+impl Label for protocol::dimensions::Agent {
+    const NAME: &'static str = "agent";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn as_str(self) -> &'static str {
+        protocol::dimensions::Agent::as_str(self)
+    }
+}
+
 /// The label set of a [`LabeledCounter`]: the one label `L::NAME="value"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct One<L>(pub L);

@@ -65,11 +65,16 @@ fn the_position_moves_forward_and_remembers_transactions_in_progress() {
 #[test]
 fn lookup_tells_unloaded_from_unknown() {
     let links = LinkTable::default();
-    assert!(matches!(links.lookup("a"), Lookup::NotLoaded));
+    assert!(matches!(links.lookup("a", None), Lookup::NotLoaded));
     let mut batch = Batch::new(&links.table, true);
-    batch.set(b"a", Some(b"http://x/"));
+    let mut value = Vec::new();
+    target::encode(&LinkOptions::default(), b"http://x/", &mut value).unwrap();
+    batch.set(b"a", Some(&value));
     batch.finish();
     links.set_loaded();
-    assert!(matches!(links.lookup("a"), Lookup::Found(v) if v == "http://x/"));
-    assert!(matches!(links.lookup("b"), Lookup::Unknown));
+    assert!(matches!(
+        links.lookup("a", Some("q=1")),
+        Lookup::Found(Answer::Redirect { location, .. }) if location == "http://x/?q=1"
+    ));
+    assert!(matches!(links.lookup("b", None), Lookup::Unknown));
 }

@@ -119,7 +119,8 @@ impl Agent {
         }
     }
 
-    pub(crate) fn from_u8(v: u8) -> Option<Agent> {
+    /// The agent whose `as u8` is `v`.
+    pub fn from_u8(v: u8) -> Option<Agent> {
         Agent::ALL.get(usize::from(v)).copied()
     }
 }
@@ -141,7 +142,8 @@ impl Device {
         }
     }
 
-    pub(crate) fn from_u8(v: u8) -> Option<Device> {
+    /// The device class whose `as u8` is `v`.
+    pub fn from_u8(v: u8) -> Option<Device> {
         Device::ALL.get(usize::from(v)).copied()
     }
 }

@@ -1,0 +1,240 @@
+//! What a link answers: its row of `links` (URL, redirect status, query forwarding, expiry) as
+//! the link table stores it, and the redirect it gives one request.
+//!
+//! The table stores bytes per code (`table`); a link's are one byte of options, its expiry
+//! (8 bytes, only when it has one), then the URL. A link with every default (302, query
+//! forwarded, never expires) costs one byte more than its URL.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use hyper::header::HeaderValue;
+use hyper::StatusCode;
+
+/// The statuses a link may redirect with (`links_status_redirect`, migration 14), by the index
+/// its options byte holds: the default first.
+const STATUSES: [StatusCode; 4] = [
+    StatusCode::FOUND,
+    StatusCode::MOVED_PERMANENTLY,
+    StatusCode::TEMPORARY_REDIRECT,
+    StatusCode::PERMANENT_REDIRECT,
+];
+const STATUS_BITS: u8 = 0b11;
+/// The request's query is not merged into the URL.
+const NO_QUERY: u8 = 0b100;
+/// Eight bytes of expiry (Unix microseconds, little endian) follow.
+const EXPIRES: u8 = 0b1000;
+
+/// A row's options, as `links` has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkOptions {
+    pub status: i16,
+    pub forward_query: bool,
+    /// Unix microseconds; `None`: never.
+    pub expires_us: Option<i64>,
+}
+
+impl Default for LinkOptions {
+    fn default() -> Self {
+        LinkOptions {
+            status: 302,
+            forward_query: true,
+            expires_us: None,
+        }
+    }
+}
+
+/// A status `links` should not hold (its CHECK refuses it; a row from before it could).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("status {0} is not one of 301, 302, 307, 308")]
+pub struct BadStatus(pub i16);
+
+/// Writes the table's bytes for a link: its options, then `url`.
+pub fn encode(options: &LinkOptions, url: &[u8], out: &mut Vec<u8>) -> Result<(), BadStatus> {
+    let status = STATUSES
+        .iter()
+        .position(|s| i16::try_from(s.as_u16()) == Ok(options.status))
+        .ok_or(BadStatus(options.status))? as u8;
+    let mut flags = status;
+    if !options.forward_query {
+        flags |= NO_QUERY;
+    }
+    out.clear();
+    match options.expires_us {
+        Some(at) => {
+            out.push(flags | EXPIRES);
+            out.extend_from_slice(&at.to_le_bytes());
+        }
+        None => out.push(flags),
+    }
+    out.extend_from_slice(url);
+    Ok(())
+}
+
+/// What a request for a link gets.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Redirect {
+        status: StatusCode,
+        location: HeaderValue,
+    },
+    /// Past its `expires_at`: 410 Gone, and no click.
+    Expired,
+}
+
+impl Answer {
+    /// The answer of the link stored as `value` to a request with `query` (the part after
+    /// `?`, if any), at `now_us()` (read only for a link that expires). `None` for bytes the
+    /// loader never writes.
+    pub(crate) fn of(
+        value: &[u8],
+        query: Option<&str>,
+        now_us: impl FnOnce() -> i64,
+    ) -> Option<Answer> {
+        let (&flags, rest) = value.split_first()?;
+        let url = if flags & EXPIRES != 0 {
+            let (at, url) = rest.split_first_chunk::<8>()?;
+            if now_us() >= i64::from_le_bytes(*at) {
+                return Some(Answer::Expired);
+            }
+            url
+        } else {
+            rest
+        };
+        let status = STATUSES[usize::from(flags & STATUS_BITS)];
+        let location = match query.filter(|q| !q.is_empty() && flags & NO_QUERY == 0) {
+            Some(query) => merged(url, query.as_bytes()),
+            None => HeaderValue::from_bytes(url).ok()?,
+        };
+        Some(Answer::Redirect { status, location })
+    }
+}
+
+/// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
+/// they are, then the request's in their order, less those whose name the URL already has;
+/// the fragment stays last. Names compare as sent (not percent-decoded).
+fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
+    let (before_fragment, fragment) = match url.iter().position(|&b| b == b'#') {
+        Some(i) => url.split_at(i),
+        None => (url, &b""[..]),
+    };
+    let own = match before_fragment.iter().position(|&b| b == b'?') {
+        Some(i) => &before_fragment[i + 1..],
+        None => &b""[..],
+    };
+    let mut out = BytesMut::with_capacity(url.len() + query.len() + 1);
+    out.put_slice(before_fragment);
+    let mut separator = match (own.is_empty(), before_fragment.last()) {
+        (true, Some(b'?')) => None,
+        (true, _) => Some(b'?'),
+        (false, _) => Some(b'&'),
+    };
+    for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        if own.split(|&b| b == b'&').any(|o| name(o) == name(param)) {
+            continue;
+        }
+        if let Some(s) = separator {
+            out.put_u8(s);
+        }
+        separator = Some(b'&');
+        out.put_slice(param);
+    }
+    out.put_slice(fragment);
+    // The URL passed as a header value when it was loaded, and a request target holds only
+    // visible ASCII: the merge is one too. Were it not, the URL alone is the answer.
+    HeaderValue::from_maybe_shared(Bytes::from(out))
+        .or_else(|_| HeaderValue::from_bytes(url))
+        .unwrap_or_else(|_| HeaderValue::from_static("/"))
+}
+
+fn name(param: &[u8]) -> &[u8] {
+    param.split(|&b| b == b'=').next().unwrap_or(param)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(options: LinkOptions, url: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(&options, url.as_bytes(), &mut out).unwrap();
+        out
+    }
+
+    fn location(url: &str, query: Option<&str>) -> String {
+        match Answer::of(&stored(LinkOptions::default(), url), query, || 0).unwrap() {
+            Answer::Redirect { status, location } => {
+                assert_eq!(status, StatusCode::FOUND);
+                location.to_str().unwrap().to_owned()
+            }
+            Answer::Expired => panic!("never expires"),
+        }
+    }
+
+    #[test]
+    fn the_query_is_merged_and_the_urls_own_parameters_are_kept_in_order() {
+        let t = "https://example.com/p";
+        assert_eq!(location(t, None), t);
+        assert_eq!(location(t, Some("")), t);
+        assert_eq!(
+            location(t, Some("utm_source=mail&b=2")),
+            "https://example.com/p?utm_source=mail&b=2"
+        );
+        assert_eq!(
+            location("https://e.com/?", Some("a=1")),
+            "https://e.com/?a=1"
+        );
+        assert_eq!(
+            location("https://e.com/p?a=1&c=3", Some("b=2&a=9&d&c=7&b=5")),
+            "https://e.com/p?a=1&c=3&b=2&d&b=5"
+        );
+        assert_eq!(
+            location("https://e.com/p#top", Some("x=1")),
+            "https://e.com/p?x=1#top"
+        );
+        assert_eq!(
+            location("https://e.com/p?a=1#top", Some("&&x=1&")),
+            "https://e.com/p?a=1&x=1#top"
+        );
+    }
+
+    #[test]
+    fn a_link_that_opts_out_is_not_given_the_query() {
+        let options = LinkOptions {
+            forward_query: false,
+            ..LinkOptions::default()
+        };
+        let answer = Answer::of(&stored(options, "https://e.com/p"), Some("a=1"), || 0);
+        let Some(Answer::Redirect { location, .. }) = answer else {
+            panic!()
+        };
+        assert_eq!(location, "https://e.com/p");
+    }
+
+    #[test]
+    fn each_status_and_the_expiry() {
+        for status in [301, 302, 307, 308] {
+            let options = LinkOptions {
+                status,
+                expires_us: Some(1_000),
+                ..LinkOptions::default()
+            };
+            let value = stored(options, "https://e.com/");
+            let Some(Answer::Redirect { status: got, .. }) = Answer::of(&value, None, || 999)
+            else {
+                panic!("not expired yet");
+            };
+            assert_eq!(got.as_u16() as i16, status);
+            assert_eq!(Answer::of(&value, None, || 1_000), Some(Answer::Expired));
+        }
+        let mut out = Vec::new();
+        let bad = LinkOptions {
+            status: 303,
+            ..LinkOptions::default()
+        };
+        assert_eq!(
+            encode(&bad, b"https://e.com/", &mut out),
+            Err(BadStatus(303))
+        );
+        assert_eq!(Answer::of(&[], None, || 0), None);
+        assert_eq!(Answer::of(&[EXPIRES, 1, 2], None, || 0), None);
+    }
+}
