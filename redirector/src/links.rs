@@ -240,14 +240,9 @@ macro_rules! head_columns {
 macro_rules! link_columns {
     ($t:literal) => {
         concat!(
-            $t,
-            "url, ",
-            $t,
-            "status, ",
-            $t,
-            "forward_query, (extract(epoch FROM least(greatest(",
-            $t,
-            "expires_at, '0001-01-01Z'), '9999-12-31Z')) * 1000000)::int8"
+            $t, "url, ", $t, "status, ", $t, "forward_query, CASE WHEN ", $t, "expires_at IS NOT NULL
+             THEN (extract(epoch FROM least(greatest(", $t, "expires_at, '0001-01-01Z'),
+                   '9999-12-31Z')) * 1000000)::int8 END"
         )
     };
 }

@@ -10,16 +10,30 @@ use hyper::{Method, Response};
 /// One `method` request for `path` on a fresh connection to `addr`: the answer with its body.
 /// An error is returned, not raised, so that a wait can ask again while a listener starts.
 pub async fn request(addr: SocketAddr, method: Method, path: &str) -> io::Result<Response<String>> {
+    request_with(addr, method, path, &[]).await
+}
+
+/// [`request`] with these `headers` too.
+pub async fn request_with(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> io::Result<Response<String>> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(io::Error::other)?;
     tokio::spawn(connection);
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
-        .header(hyper::header::HOST, "test")
+        .header(hyper::header::HOST, "test");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .map_err(io::Error::other)?;
     let response = sender
