@@ -92,8 +92,8 @@ pub struct Config {
     #[arg(long, value_name = "MODE", env = "CLICKS", value_enum, default_value_t = ClickMode::Pipeline)]
     pub clicks: ClickMode,
 
-    /// Clicks the ring holds while the collector is slow or away (88 bytes each, in the state
-    /// region: 22 MiB by default; BENCHMARKS.md has how long that lasts at full load).
+    /// Clicks the ring holds while the collector is slow or away (152 bytes each, in the state
+    /// region: 38 MiB by default; BENCHMARKS.md has how long that lasts at full load).
     #[arg(long, value_name = "N", env = "REDIRECTOR_RING_CAPACITY", default_value_t = 262_144,
           value_parser = clap::value_parser!(u64).range(1..=(1 << 28)))]
     pub ring_capacity: u64,

@@ -238,12 +238,10 @@ macro_rules! head_columns {
 /// A link's columns, as [`link_of`] reads them: the URL, status, query forwarding and expiry
 /// (Unix microseconds; `infinity` is the year 9999, `-infinity` the year 1).
 macro_rules! link_columns {
-    ($t:literal) => {
-        concat!(
-            $t, "url, ", $t, "status, ", $t, "forward_query, CASE WHEN ", $t, "expires_at IS NOT NULL
-             THEN (extract(epoch FROM least(greatest(", $t, "expires_at, '0001-01-01Z'),
-                   '9999-12-31Z')) * 1000000)::int8 END"
-        )
+    () => {
+        "url, status, forward_query,
+         CASE WHEN expires_at IS NOT NULL THEN (extract(epoch FROM
+             least(greatest(expires_at, '0001-01-01Z'), '9999-12-31Z')) * 1000000)::int8 END"
     };
 }
 
@@ -283,7 +281,7 @@ const READ: &str = concat!(
     pending AS MATERIALIZED (
         SELECT count(*) AS n FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
     SELECT h.*, p.n, c.code, ",
-    link_columns!("l."),
+    link_columns!(),
     ", extract(epoch FROM c.changed_at)::float8
       FROM head AS h CROSS JOIN pending AS p
       LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM unread
@@ -293,7 +291,7 @@ const READ: &str = concat!(
       LEFT JOIN links AS l USING (code)"
 );
 
-const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(""), " FROM links");
+const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(), " FROM links");
 const ALL_CODES: &str = "SELECT code FROM links";
 
 impl Head {
