@@ -220,3 +220,41 @@ async fn retention_deletes_an_old_days_breakdowns_and_keeps_the_rest_exact() {
         "totals keep every day"
     );
 }
+
+/// Breakdown lists alone make a fold due: here a stopped collector's, with no count waiting
+/// that would make it due by the totals' rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breakdown_lists_alone_make_a_fold_due() {
+    let p = place().await;
+    p.client
+        .batch_execute(
+            "INSERT INTO click_breakdown_lists
+                 (day, dimension, entries, code_list, value_list, count_list, writer, batch)
+             VALUES ('2026-01-01', 'referrer', 2, 'a b', 't.co (none)', '3 4', 77, 1),
+                    ('2026-01-01', 'agent', 1, 'a', 'human', '5', 77, 1)",
+        )
+        .await
+        .unwrap();
+    let _c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
+    let lists = "SELECT count(*) FROM click_breakdown_lists";
+    testkit::eventually("the breakdown lists folded", LIMIT, || async {
+        (count(&p.client, lists).await == 0).then_some(())
+    })
+    .await;
+    let jan1 = 20_454; // 2026-01-01, in days since 1970-01-01
+    let row = |code: &str, dimension: &str, value: &str, n| {
+        let key = (
+            code.to_owned(),
+            jan1,
+            dimension.to_owned(),
+            value.to_owned(),
+        );
+        (key, n)
+    };
+    let want = Breakdown::from([
+        row("a", "agent", "human", 5),
+        row("a", "referrer", "t.co", 3),
+        row("b", "referrer", "(none)", 4),
+    ]);
+    assert_eq!(breakdown(&p.client, "click_breakdown_counts").await, want);
+}
