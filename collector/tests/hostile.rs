@@ -307,8 +307,14 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     let c = start_collector(&p.db, &p.path, &[]).await;
     let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
     let now = protocol::now_us();
+    // Each with its dimensions: the refused click is left out of the breakdowns too.
+    let dimensions = protocol::dimensions::Dimensions {
+        referrer: Some("r.example"),
+        country: protocol::dimensions::Country::parse(b"DE"),
+        ..Default::default()
+    };
     for (i, code) in ["a", "b", "poison", "c", "d"].into_iter().enumerate() {
-        enc.push(code, now + i as i64).unwrap();
+        enc.push_with(code, now + i as i64, &dimensions).unwrap();
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 4).await;
@@ -324,6 +330,17 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
         4,
         "the refused click is not counted"
     );
+    let breakdown =
+        "SELECT string_agg(dimension || ':' || value || '=' || n, ' ' ORDER BY dimension)
+                     FROM (SELECT dimension, value, sum(clicks) FROM click_breakdown
+                           GROUP BY 1, 2) AS b(dimension, value, n)";
+    let breakdown: String = p.client.query_one(breakdown, &[]).await.unwrap().get(0);
+    assert_eq!(
+        breakdown, "agent:human=4 country:DE=4 referrer:r.example=4",
+        "nor in the breakdowns"
+    );
+    let poison = "SELECT count(*) FROM click_breakdown WHERE code = 'poison'";
+    assert_eq!(count(&p.client, poison).await, 0);
     // The pipeline keeps going.
     send_all(&p.path, vec![datagram(10, 0, "later", 100)]).await;
     await_rows(&p.client, None, 104).await;

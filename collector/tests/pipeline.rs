@@ -116,6 +116,11 @@ fn garbage() -> Vec<Vec<u8>> {
     bad_code[at + 1] = b'/';
     let mut trailing = good.clone();
     trailing.push(0);
+    // The click's dimensions end the datagram: agent, then no referrer, device nor country.
+    assert_eq!(good[good.len() - 4..], [0, 0, 0, 0]);
+    let mut bad_dimension = good.clone();
+    let agent = bad_dimension.len() - 4;
+    bad_dimension[agent] = 9;
     // A fixed xorshift stream, version byte 1 so it gets past the version check.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut random: Vec<u8> = (0..200)
@@ -132,6 +137,7 @@ fn garbage() -> Vec<Vec<u8>> {
         wrong_version,
         bad_code,
         trailing,
+        bad_dimension,
         Vec::new(),
         vec![1; 70 * 1024],
     ]
@@ -150,12 +156,19 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
     }
     // The oversized one is cut by the receive buffer and counted as undecodable.
     *want.entry("undecodable").or_default() += 1.0;
-    for reason in ["undecodable", "wrong_version", "bad_code", "trailing_bytes"] {
+    for reason in [
+        "undecodable",
+        "wrong_version",
+        "bad_code",
+        "trailing_bytes",
+        "bad_dimension",
+    ] {
         assert!(want.contains_key(reason), "the garbage covers {reason}");
     }
     let good = clicks(10, 3, start_us(), 1_000);
     let mut all = bad;
     all.extend(datagrams(5, &good));
+    let all_sent = all.len();
     send_all(&p.path, all).await;
     await_rows(&p.client, None, 10).await;
     let mut sorted = good.clone();
@@ -169,7 +182,10 @@ async fn garbage_is_counted_by_reason_writes_nothing_and_later_clicks_land() {
         count(&p.client, "SELECT count(*) FROM click_senders").await,
         1
     );
-    assert_eq!(c.metric("collector_datagrams_received_total").await, 7.0);
+    assert_eq!(
+        c.metric("collector_datagrams_received_total").await,
+        all_sent as f64
+    );
     assert!(c
         .service
         .log()

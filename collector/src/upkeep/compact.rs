@@ -10,6 +10,9 @@
 //! or when the oldest has waited `--compact-interval`. `click_totals` is exact whatever the backlog (it
 //! adds the unfolded counts); the backlog bounds what a reader of it has to add up.
 //!
+//! The breakdowns (migration 14) are folded in the same transaction, always the SQL way
+//! (`FOLD_BREAKDOWNS`), and `click_breakdown` is exact at every moment as `click_totals` is.
+//!
 //! Every collector of a database runs this task; one folds at a time (a transaction-level
 //! advisory lock taken with `try`), and the others skip that turn. The fold only deletes
 //! batch counts and upserts click_counts, neither of which a batch's transaction touches, so
@@ -56,6 +59,28 @@ const FOLD_ROWS: &str = "
     SELECT (SELECT coalesce(sum(entries), 0) FROM lists)::int8
          + (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
 
+/// One statement: moves every committed breakdown list (migration 14) into
+/// click_breakdown_counts, summed per key and upserted in key order, and returns how many
+/// entries it moved. Always the SQL way: breakdowns are not summed in memory (their keys are
+/// several per click, and the lists are read only here and by the view), so whichever
+/// collector folds takes every writer's, and a list committed after the statement's snapshot
+/// waits for the next fold. In the fold's transaction, so the view sees the lists and the
+/// counts they went into, never both nor neither.
+const FOLD_BREAKDOWNS: &str = "
+    WITH lists AS (
+        DELETE FROM click_breakdown_lists
+        RETURNING day, dimension, code_list, value_list, count_list, entries),
+    folded AS (
+        INSERT INTO click_breakdown_counts (code, day, dimension, value, clicks)
+        SELECT u.code, l.day, l.dimension, u.value, sum(u.clicks)
+        FROM lists AS l,
+             unnest(string_to_array(l.code_list, ' '), string_to_array(l.value_list, ' '),
+                    string_to_array(l.count_list, ' ')::int8[]) AS u(code, value, clicks)
+        GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (code, day, dimension, value)
+           DO UPDATE SET clicks = click_breakdown_counts.clicks + EXCLUDED.clicks)
+    SELECT coalesce(sum(entries), 0)::int8 FROM lists";
+
 /// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
 const DELETE_OWN: &str = "
     DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
@@ -92,8 +117,8 @@ const UPSERT_SUMS: &str = "
     WHERE NOT EXISTS (SELECT FROM updated AS u WHERE u.code = s.code AND u.day = s.day)
     ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks";
 
-/// The backlog: counts waiting (without reading the lists), and how long the oldest has
-/// waited, in seconds (a row of click_count_deltas has no time: it counts as due at once).
+/// The backlog of counts (the breakdown lists are not in it: the metrics name counts):
+/// counts waiting (without reading the lists), and how long the oldest has waited, in seconds (a row of click_count_deltas has no time: it counts as due at once).
 const BACKLOG: &str = "
     SELECT (SELECT coalesce(sum(entries), 0) FROM click_count_lists)::int8
              + (SELECT coalesce(sum(entries), 0) FROM click_count_batches)::int8
@@ -104,14 +129,21 @@ const BACKLOG: &str = "
                          (SELECT min(written_at) FROM click_count_batches))), 0)::float8
            END";
 
-/// Whether FOLD_ROWS would find anything but this collector's own batches.
+/// Whether FOLD_ROWS would find anything but this collector's own batches, or breakdown
+/// lists are due by the policy's rule: the oldest written $3 seconds ago, or $4 entries
+/// waiting. (A batch writes its breakdowns with its counts, so they are mostly due together;
+/// a batch's breakdowns hold up to four entries per count, which the in-memory rule of the
+/// counts does not see.)
 const OTHERS_DUE: &str = "
     SELECT EXISTS (SELECT FROM click_count_lists
                    WHERE writer <> $1 AND written_at < now() - $2::float8 * interval '1 second')
         OR EXISTS (SELECT FROM click_count_batches
                    WHERE writer IS NULL
                       OR (writer <> $1 AND written_at < now() - $2::float8 * interval '1 second'))
-        OR EXISTS (SELECT FROM click_count_deltas)";
+        OR EXISTS (SELECT FROM click_count_deltas)
+        OR EXISTS (SELECT FROM click_breakdown_lists
+                   WHERE written_at <= now() - $3::float8 * interval '1 second')
+        OR (SELECT coalesce(sum(entries), 0) FROM click_breakdown_lists)::int8 >= $4";
 
 /// Held for the fold's transaction, so one collector folds at a time; the others skip their
 /// turn instead of waiting (or deadlocking) on rows another fold is moving. A fixed key, not
@@ -162,8 +194,8 @@ pub(crate) async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::
     })
 }
 
-/// Whether this collector has anything to fold: its own sums (`Unfolded::due`), or counts
-/// that only the SQL way folds.
+/// Whether this collector has anything to fold: its own sums (`Unfolded::due`), counts that
+/// only the SQL way folds, or breakdown lists.
 pub(crate) async fn due(
     client: &Client,
     policy: &Policy,
@@ -173,8 +205,12 @@ pub(crate) async fn due(
         return Ok(true);
     }
     let orphaned = policy.orphaned_after().as_secs_f64();
+    let interval = policy.interval.as_secs_f64();
     let row = client
-        .query_one(OTHERS_DUE, &[&own.writer(), &orphaned])
+        .query_one(
+            OTHERS_DUE,
+            &[&own.writer(), &orphaned, &interval, &policy.backlog],
+        )
         .await?;
     Ok(row.get(0))
 }
@@ -206,8 +242,9 @@ impl Apply {
     }
 }
 
-/// One fold and the pruning of idle bookkeeping rows, in one transaction, unless another
-/// collector is folding (`None`); the counts it moved.
+/// One fold (the counts, then every breakdown list) and the pruning of idle bookkeeping rows,
+/// in one transaction, unless another collector is folding (`None`); the counts it moved (not
+/// the breakdown entries, which it logs).
 pub async fn fold(
     client: &mut Client,
     policy: &Policy,
@@ -236,6 +273,8 @@ pub async fn fold_with(
         committed: false,
     };
     let moved = fold_taken(&mut tx, policy, own.writer(), &taking.taken, apply).await?;
+    let breakdowns: i64 = tx.query_one(FOLD_BREAKDOWNS, &[]).await?.get(0);
+    tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
     tx.batch_execute(PRUNE).await?;
     tx.commit().await?;
     taking.commit();

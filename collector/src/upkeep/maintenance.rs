@@ -251,6 +251,14 @@ pub async fn keep_partitions(
             "dropped partition {name} in {took:?}: older than the retention"
         );
     }
+    if done.breakdowns_expired > 0 {
+        tracing::info!(
+            rows = done.breakdowns_expired,
+            "deleted {} rows of click_breakdown_counts and click_breakdown_lists: days older \
+             than the retention",
+            done.breakdowns_expired
+        );
+    }
     for name in &done.indexed {
         tracing::info!(partition = %name, "indexed partition {name} by code: its day is over");
     }

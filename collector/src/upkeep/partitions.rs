@@ -1,5 +1,5 @@
 //! The daily partitions of `clicks` (migration 6): created ahead of the clicks that need them,
-//! dropped once older than `--retention`, and vacuumed, analyzed and indexed by code once their
+//! dropped once older than `--retention` (with those days' breakdowns, migration 14), and vacuumed, analyzed and indexed by code once their
 //! day is over (migration 11: autovacuum stays off them while they fill).
 //!
 //! Days are PostgreSQL's day numbers (days since 2000-01-01, as `copy::pg_day` gives them), so
@@ -53,6 +53,8 @@ pub(crate) struct Done {
     pub(crate) created: u64,
     /// Each table dropped, and how long detaching and dropping it took.
     pub(crate) dropped: Vec<(String, Duration)>,
+    /// Rows of click_breakdown_counts and click_breakdown_lists deleted by retention.
+    pub(crate) breakdowns_expired: u64,
     pub(crate) indexed: Vec<String>,
     /// Vacuumed and analyzed once their day was over, and handed back to autovacuum.
     pub(crate) settled: Vec<String>,
@@ -72,6 +74,17 @@ const EXPIRED: &str = "
             AND (SELECT start FROM click_partitions_start)
                 <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')))
     ORDER BY 1";
+
+/// The breakdowns of days before $1 (a number of days since 2000-01-01), folded and not yet
+/// folded: retention keeps no day of them that it keeps no clicks of (click_counts keeps every
+/// day's total). How many rows went. A fold that moves an expired day's list while this runs
+/// may leave its counts row, which the next round deletes.
+const EXPIRE_BREAKDOWNS: &str = "
+    WITH counts AS (
+        DELETE FROM click_breakdown_counts WHERE day < date '2000-01-01' + $1::int RETURNING 1),
+    lists AS (
+        DELETE FROM click_breakdown_lists WHERE day < date '2000-01-01' + $1::int RETURNING 1)
+    SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
 
 /// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`.
 const PENDING_DETACH: &str = "
@@ -115,23 +128,28 @@ pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_po
     Ok(created.get::<_, i64>(0) as u64)
 }
 
-/// Creates what is missing of `plan`, drops what it expires, and vacuums, analyzes and indexes
-/// the partitions of days before `today`.
+/// Creates what is missing of `plan`, drops what it expires (partitions and breakdowns), and
+/// vacuums, analyzes and indexes the partitions of days before `today`.
 pub(crate) async fn maintain(
     client: &Client,
     plan: &Plan,
     today: i32,
 ) -> Result<Done, tokio_postgres::Error> {
     let created = create(client, plan).await?;
-    let dropped = match plan.drop_before {
-        Some(day) => drop_before(client, day).await?,
-        None => Vec::new(),
+    let (dropped, breakdowns_expired) = match plan.drop_before {
+        Some(day) => {
+            let dropped = drop_before(client, day).await?;
+            let expired = client.query_one(EXPIRE_BREAKDOWNS, &[&day]).await?;
+            (dropped, expired.get::<_, i64>(0) as u64)
+        }
+        None => (Vec::new(), 0),
     };
     let settled = settle_closed_days(client, today).await?;
     let indexed = index_closed_days(client, today).await?;
     Ok(Done {
         created,
         dropped,
+        breakdowns_expired,
         indexed,
         settled,
     })

@@ -1,10 +1,12 @@
 //! One batch being filled: its clicks already encoded as binary COPY rows, its counts per
-//! (code, UTC day), the highest seq of each sender in it, and the clicks it sets aside.
+//! (code, UTC day) and per (code, UTC day, dimension, value), the highest seq of each sender in
+//! it, and the clicks it sets aside.
 
 use std::collections::HashMap;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use compact_str::CompactString;
+use protocol::dimensions::{Agent, Country, Device, Dimension, Dimensions};
 use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -21,6 +23,13 @@ pub(crate) type CodeCounts = HashMap<i32, Counts, FastHash>;
 /// key; with uniform codes that was 40 % of the collector's CPU (`perf`).
 pub(crate) type Counts = HashMap<CompactString, i64, FastHash>;
 type FastHash = foldhash::fast::RandomState;
+/// Clicks per (UTC day, dimension), then per `"code value"` key: one flat map of the same kind
+/// as a day's code counts, looked up by a key written into a reused buffer, so that counting a
+/// click's dimensions costs a lookup each and allocates only for a key new to the batch (and
+/// longer than 24 bytes). A space never occurs in a code nor in a value (migration 14).
+type BreakdownCounts = HashMap<(i32, Dimension), Counts, FastHash>;
+/// Emptied breakdown maps kept for the next batch: four dimensions on each of two days.
+const SPARE_BREAKDOWNS: usize = 2 * Dimension::ALL.len();
 
 /// Which clicks go into `clicks`: those dated within this window around the collector's clock
 /// when it received them. The others are set aside, so that a wrong clock or a forged datagram
@@ -54,12 +63,42 @@ shared::label! {
     }
 }
 
+/// A batch's breakdowns, kept as its counts are, with spare maps.
+#[derive(Debug, Default)]
+struct Breakdowns {
+    counts: BreakdownCounts,
+    spare: Vec<Counts>,
+    /// The `"code value"` key being looked up, reused from click to click.
+    key: String,
+}
+
+/// One UTC day's clicks of a batch being filled.
+#[derive(Debug)]
+struct Day {
+    /// PostgreSQL's day number.
+    day: i32,
+    /// `clicks` COPY rows, without header and trailer.
+    rows: BytesMut,
+    /// Each of those clicks' dimensions, in the same order ([`log_dimensions`]): only read when
+    /// PostgreSQL refuses some of the rows, to leave the refused clicks out of the breakdowns
+    /// as they are left out of the counts. A few bytes appended per click, no allocation.
+    dimensions: BytesMut,
+}
+
+/// One UTC day's clicks of a batch, taken out of it for the writer.
+#[derive(Debug)]
+pub(crate) struct DayRows {
+    pub(crate) day: i32,
+    pub(crate) rows: Bytes,
+    pub(crate) dimensions: Bytes,
+}
+
 #[derive(Debug, Default)]
 pub struct Batch {
-    /// `clicks` COPY rows, without header and trailer, per UTC day (PostgreSQL's day number):
-    /// each day's go straight into that day's partition (`store`). A batch spans a day, two
-    /// around midnight; the buffers are kept from batch to batch, so their memory is reused.
-    rows: Vec<(i32, BytesMut)>,
+    /// `clicks` COPY rows per UTC day: each day's go straight into that day's partition
+    /// (`store`). A batch spans a day, two around midnight; the buffers are kept from batch to
+    /// batch, so their memory is reused.
+    rows: Vec<Day>,
     clicks: usize,
     /// `clicks_set_aside` COPY rows, and how many per reason (in `SetAside::ALL` order).
     set_aside_rows: BytesMut,
@@ -72,6 +111,9 @@ pub struct Batch {
     /// collector's CPU).
     spare_counts: Vec<Counts>,
     delta_count: usize,
+    /// Clicks per (day, dimension, code, value). Boxed: a batch is moved from task to task by
+    /// value, inside events that should stay small.
+    breakdowns: Box<Breakdowns>,
     /// Each sender's highest seq in the batch, and its clicks up to it since its seq 0.
     senders: HashMap<u64, (u64, u64)>,
     /// Sender ids the collector forgot: their click_senders rows go with this batch.
@@ -91,15 +133,18 @@ impl Batch {
         window: &DateWindow,
         now_us: i64,
     ) {
-        for (code, at_us) in datagram.clicks_at() {
+        for (click, (code, at_us)) in datagram.clicks.iter().zip(datagram.clicks_at()) {
             if let Some(why) = window.judge(at_us, now_us) {
                 copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
                 self.set_aside[why as usize] += 1;
                 continue;
             }
             let day = copy::pg_day(at_us);
-            copy::put_click(self.rows_of(day), code, at_us);
+            let rows = self.rows_of(day);
+            copy::put_click(&mut rows.rows, code, at_us);
+            log_dimensions(&mut rows.dimensions, &click.dimensions);
             self.count(code, day);
+            self.count_dimensions(code, day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
         }
@@ -115,15 +160,19 @@ impl Batch {
         self.set_aside_rows.split().freeze()
     }
 
-    fn rows_of(&mut self, day: i32) -> &mut BytesMut {
-        let i = match self.rows.iter().position(|(d, _)| *d == day) {
+    fn rows_of(&mut self, day: i32) -> &mut Day {
+        let i = match self.rows.iter().position(|d| d.day == day) {
             Some(i) => i,
             None => {
-                self.rows.push((day, BytesMut::new()));
+                self.rows.push(Day {
+                    day,
+                    rows: BytesMut::new(),
+                    dimensions: BytesMut::new(),
+                });
                 self.rows.len() - 1
             }
         };
-        &mut self.rows[i].1
+        &mut self.rows[i]
     }
 
     fn count(&mut self, code: &str, day: i32) {
@@ -137,6 +186,26 @@ impl Batch {
             None => {
                 codes.insert(code.into(), 1);
                 self.delta_count += 1;
+            }
+        }
+    }
+
+    /// Counts the click of `code` on `day` under each dimension it carries.
+    fn count_dimensions(&mut self, code: &str, day: i32, dimensions: &Dimensions<'_>) {
+        let Breakdowns { counts, spare, key } = &mut *self.breakdowns;
+        for (dimension, value) in dimensions.values() {
+            let values = counts
+                .entry((day, dimension))
+                .or_insert_with(|| spare.pop().unwrap_or_default());
+            key.clear();
+            key.push_str(code);
+            key.push(' ');
+            key.push_str(value);
+            match values.get_mut(key.as_str()) {
+                Some(n) => *n += 1,
+                None => {
+                    values.insert(key.as_str().into(), 1);
+                }
             }
         }
     }
@@ -183,11 +252,15 @@ impl Batch {
     /// Each day's COPY rows, leaving the buffers empty; their memory is reused by the next
     /// batch once the returned bytes are dropped. A day of no click since the last take is
     /// forgotten.
-    pub(crate) fn take_rows(&mut self) -> Vec<(i32, Bytes)> {
-        self.rows.retain(|(_, rows)| !rows.is_empty());
+    pub(crate) fn take_rows(&mut self) -> Vec<DayRows> {
+        self.rows.retain(|d| !d.rows.is_empty());
         self.rows
             .iter_mut()
-            .map(|(day, rows)| (*day, rows.split().freeze()))
+            .map(|d| DayRows {
+                day: d.day,
+                rows: d.rows.split().freeze(),
+                dimensions: d.dimensions.split().freeze(),
+            })
             .collect()
     }
 
@@ -209,6 +282,27 @@ impl Batch {
     /// How many `click_count_lists` rows [`Batch::count_rows`] makes: one per day.
     pub(crate) fn count_row_count(&self) -> usize {
         self.counts.len()
+    }
+
+    /// The batch's breakdowns as `click_breakdown_lists` COPY rows: one per (UTC day,
+    /// dimension), its codes, values and counts in three lists.
+    pub(crate) fn breakdown_rows(&self, tag: copy::BatchTag) -> Bytes {
+        let lists = self
+            .breakdowns
+            .counts
+            .iter()
+            .map(|(&(day, dimension), values)| {
+                let entries = values
+                    .iter()
+                    .map(|(key, &n)| {
+                        // Every key was written as "code value", and a code holds no space.
+                        let (code, value) = key.split_once(' ').unwrap_or((key, ""));
+                        (code, value, n)
+                    })
+                    .collect();
+                (day, dimension, entries)
+            });
+        copy::breakdown_rows(tag, lists)
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.
@@ -239,7 +333,10 @@ impl Batch {
 
     /// Empties the batch, keeping its memory.
     pub(crate) fn clear(&mut self) {
-        self.rows.iter_mut().for_each(|(_, rows)| rows.clear());
+        self.rows.iter_mut().for_each(|d| {
+            d.rows.clear();
+            d.dimensions.clear();
+        });
         self.clicks = 0;
         self.set_aside_rows.clear();
         self.set_aside = Default::default();
@@ -252,11 +349,70 @@ impl Batch {
             }
         }
         self.delta_count = 0;
+        let Breakdowns { counts, spare, .. } = &mut *self.breakdowns;
+        for (_, mut values) in counts.drain() {
+            if spare.len() < SPARE_BREAKDOWNS {
+                values.clear();
+                spare.push(values);
+            }
+        }
         self.senders.clear();
         self.forgotten.clear();
         self.clicked_at.clear();
         self.started = None;
     }
+}
+
+/// No device or no country, in a [`log_dimensions`] record.
+const ABSENT: u8 = 0xff;
+
+/// Appends one click's dimensions to a day's log: its agent, device (or [`ABSENT`]), country
+/// (two letters, or [`ABSENT`] twice) and referrer (its length, at most 64, then its bytes; or
+/// [`ABSENT`]). Read back by [`logged_dimensions`].
+fn log_dimensions(buf: &mut BytesMut, d: &Dimensions<'_>) {
+    buf.put_u8(d.agent as u8);
+    buf.put_u8(d.device.map_or(ABSENT, |device| device as u8));
+    buf.put_slice(&d.country.map_or([ABSENT; 2], |c| c.bytes()));
+    match d.referrer {
+        // The decoder took only referrers of at most MAX_REFERRER_LEN (64) bytes.
+        Some(r) => {
+            buf.put_u8(r.len() as u8);
+            buf.put_slice(r.as_bytes());
+        }
+        None => buf.put_u8(ABSENT),
+    }
+}
+
+/// The dimensions [`log_dimensions`] wrote into `buf`, in order. Stops at anything it did not
+/// write.
+pub(crate) fn logged_dimensions(buf: &[u8]) -> Vec<Dimensions<'_>> {
+    let mut all = Vec::new();
+    let mut rest = buf;
+    while let [agent, device, c1, c2, referrer_len, tail @ ..] = rest {
+        let Some(&agent) = Agent::ALL.get(usize::from(*agent)) else {
+            break;
+        };
+        let device = Device::ALL.get(usize::from(*device)).copied();
+        let country = Country::parse(&[*c1, *c2]);
+        let (referrer, tail) = match *referrer_len {
+            ABSENT => (None, tail),
+            len => {
+                let len = usize::from(len);
+                let Some(host) = tail.get(..len).and_then(|h| std::str::from_utf8(h).ok()) else {
+                    break;
+                };
+                (Some(host), &tail[len..])
+            }
+        };
+        all.push(Dimensions {
+            agent,
+            referrer,
+            device,
+            country,
+        });
+        rest = tail;
+    }
+    all
 }
 
 /// The receiver's ends of the two channels batches travel on: full ones to the writer,
@@ -341,9 +497,87 @@ mod tests {
         let rows: Vec<_> = b
             .take_rows()
             .iter()
-            .map(|(day, rows)| (*day, copy::click_rows(rows).len()))
+            .map(|d| (d.day, copy::click_rows(&d.rows).len()))
             .collect();
         assert_eq!(rows, [(day - 1, 1), (day, 3)]);
+    }
+
+    /// Each click under each dimension it carries, per day, code and value; a click set aside
+    /// under none; the maps kept from batch to batch count only what the batch holds next.
+    #[test]
+    fn breakdowns_per_day_dimension_code_and_value() {
+        let with = |code, offset_us, agent, referrer, device, country: &[u8]| Click {
+            code,
+            offset_us,
+            dimensions: Dimensions {
+                agent,
+                referrer,
+                device,
+                country: Country::parse(country),
+            },
+        };
+        let clicks = vec![
+            with("a", 0, Agent::Human, Some(""), Some(Device::Mobile), b"DE"),
+            with("a", 1, Agent::Bot, Some("x.org"), None, b"de"),
+            with("b", 2, Agent::Human, None, Some(Device::Mobile), b""),
+            with("a", 3, Agent::Human, Some(""), None, b""),
+            // Dated far ahead: set aside, in no breakdown.
+            with("a", 2_000_000, Agent::Preview, None, None, b"FR"),
+        ];
+        let window = DateWindow {
+            max_age_us: i64::MAX,
+            max_skew_us: 1_000_000,
+        };
+        let at = 7 * DAY;
+        let mut b = Batch::default();
+        let mut d = datagram(&[], at);
+        d.version = 2;
+        d.clicks = clicks;
+        b.push(&d, &window, at);
+        let got = |b: &Batch| {
+            let mut got: Vec<_> = b
+                .breakdowns
+                .counts
+                .iter()
+                .flat_map(|(&(day, dim), values)| {
+                    values
+                        .iter()
+                        .map(move |(key, &n)| (day, dim.as_str(), key.to_string(), n))
+                })
+                .collect();
+            got.sort();
+            got
+        };
+        let day = copy::pg_day(at);
+        let row = |dim, key: &str, n| (day, dim, key.to_owned(), n);
+        assert_eq!(
+            got(&b),
+            [
+                row("agent", "a bot", 1),
+                row("agent", "a human", 2),
+                row("agent", "b human", 1),
+                row("country", "a DE", 2),
+                row("device", "a mobile", 1),
+                row("device", "b mobile", 1),
+                row("referrer", "a (none)", 2),
+                row("referrer", "a x.org", 1),
+            ]
+        );
+        assert!(!b
+            .breakdown_rows(copy::BatchTag {
+                writer: 1,
+                batch: 1
+            })
+            .is_empty());
+        // The log holds each written click's dimensions, in order.
+        let taken = b.take_rows();
+        let logged = logged_dimensions(&taken[0].dimensions);
+        let want: Vec<_> = d.clicks[..4].iter().map(|c| c.dimensions).collect();
+        assert_eq!(logged, want);
+
+        b.clear();
+        b.push(&datagram(&[("c", 0)], at), &OPEN, at);
+        assert_eq!(got(&b), [row("agent", "c human", 1)]);
     }
 
     /// The day maps are kept from batch to batch: a refilled batch counts its own clicks

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use protocol::dimensions::{Dimension, Dimensions};
 
 /// Signature, flags (no OIDs) and an empty header extension.
 pub(crate) const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
@@ -104,14 +105,57 @@ pub(crate) fn put_count_batch(buf: &mut BytesMut, tag: BatchTag, day: i32, count
     buf.put_i16(6);
     buf.put_i32(4);
     buf.put_i32(day);
-    buf.put_i32(4);
-    // A batch holds at most `--batch-rows` (a u32) clicks, and counts fewer distinct codes.
-    buf.put_i32(counts.len() as i32);
+    put_entries(buf, counts.len());
     put_list(buf, counts, |buf, (code, _)| buf.put_slice(code.as_bytes()));
-    let mut digits = itoa::Buffer::new();
-    put_list(buf, counts, |buf, (_, n)| {
-        buf.put_slice(digits.format(*n).as_bytes())
+    put_count_list(buf, counts, |&(_, n)| n);
+    put_tag(buf, tag);
+}
+
+/// Appends one `click_breakdown_lists` row (migration 14): (day date, dimension text, entries
+/// integer, code_list text, value_list text, count_list text, writer bigint, batch bigint):
+/// one batch's counts for one day and dimension, as three space-separated lists of
+/// `counts.len()` entries, written as `put_count_batch` writes its two.
+pub(crate) fn put_breakdown_batch(
+    buf: &mut BytesMut,
+    tag: BatchTag,
+    day: i32,
+    dimension: Dimension,
+    counts: &[(&str, &str, i64)],
+) {
+    let lists_len: usize = counts.iter().map(|(c, v, _)| c.len() + v.len() + 2).sum();
+    buf.reserve(2 + 8 + 4 + 8 + 8 + lists_len + counts.len() * 3 + 36);
+    buf.put_i16(8);
+    buf.put_i32(4);
+    buf.put_i32(day);
+    put_text(buf, dimension.as_str());
+    put_entries(buf, counts.len());
+    put_list(buf, counts, |buf, (code, _, _)| {
+        buf.put_slice(code.as_bytes())
     });
+    put_list(buf, counts, |buf, (_, value, _)| {
+        buf.put_slice(value.as_bytes())
+    });
+    put_count_list(buf, counts, |&(_, _, n)| n);
+    put_tag(buf, tag);
+}
+
+/// Appends the `entries` integer field.
+fn put_entries(buf: &mut BytesMut, entries: usize) {
+    buf.put_i32(4);
+    // A batch holds at most `--batch-rows` (a u32) clicks, and counts fewer distinct keys.
+    buf.put_i32(entries as i32);
+}
+
+/// Appends the `count_list` text field: each item's count, in decimal.
+fn put_count_list<T>(buf: &mut BytesMut, items: &[T], count: impl Fn(&T) -> i64) {
+    let mut digits = itoa::Buffer::new();
+    put_list(buf, items, |buf, item| {
+        buf.put_slice(digits.format(count(item)).as_bytes())
+    });
+}
+
+/// Appends the `writer` and `batch` bigint fields.
+fn put_tag(buf: &mut BytesMut, tag: BatchTag) {
     for id in [tag.writer, tag.batch] {
         buf.put_i32(8);
         buf.put_i64(id);
@@ -145,6 +189,46 @@ pub(crate) fn counts_rows<'a>(
     buf.freeze()
 }
 
+/// `click_breakdown_lists` rows: one per (day, dimension), of its (code, value, clicks)
+/// entries.
+pub(crate) fn breakdown_rows<'a>(
+    tag: BatchTag,
+    lists: impl IntoIterator<Item = (i32, Dimension, Vec<(&'a str, &'a str, i64)>)>,
+) -> Bytes {
+    let mut buf = BytesMut::new();
+    for (day, dimension, entries) in lists {
+        put_breakdown_batch(&mut buf, tag, day, dimension, &entries);
+    }
+    buf.freeze()
+}
+
+/// The breakdowns of `clicks` (code, Unix microseconds, dimensions) per UTC day, dimension,
+/// code and value, as `click_breakdown_lists` rows (the batch's own when PostgreSQL refused
+/// some of its clicks: rare, so plainly).
+pub(crate) fn breakdowns_of<'a>(
+    tag: BatchTag,
+    clicks: impl IntoIterator<Item = (&'a str, i64, Dimensions<'a>)>,
+) -> Bytes {
+    type Values<'a> = HashMap<(&'a str, &'a str), i64>;
+    let mut lists: HashMap<(i32, Dimension), Values<'_>> = HashMap::new();
+    for (code, at_us, dimensions) in clicks {
+        for (dimension, value) in dimensions.values() {
+            *lists
+                .entry((pg_day(at_us), dimension))
+                .or_default()
+                .entry((code, value))
+                .or_default() += 1;
+        }
+    }
+    breakdown_rows(
+        tag,
+        lists.into_iter().map(|((day, dimension), values)| {
+            let entries = values.into_iter().map(|((c, v), n)| (c, v, n)).collect();
+            (day, dimension, entries)
+        }),
+    )
+}
+
 /// The counts of `clicks` (code, Unix microseconds) per UTC day and code, as
 /// `click_count_lists` rows.
 pub(crate) fn count_rows<'a>(
@@ -167,7 +251,7 @@ pub(crate) fn count_rows<'a>(
 }
 
 fn put_text(buf: &mut BytesMut, s: &str) {
-    // Codes are at most 64 bytes.
+    // Codes, values and errors are short.
     buf.put_i32(s.len() as i32);
     buf.put_slice(s.as_bytes());
 }
@@ -201,6 +285,19 @@ mod tests {
         let want = [
             &b"\0\x06\0\0\0\x04\0\0\0\x01\0\0\0\x04\0\0\0\x02"[..],
             b"\0\0\0\x05c d-9",
+            b"\0\0\0\x047 12",
+            b"\0\0\0\x08\0\0\0\0\0\0\0\x02\0\0\0\x08\0\0\0\0\0\0\0\x03",
+        ]
+        .concat();
+        assert_eq!(&buf[..], &want[..]);
+
+        buf.clear();
+        let entries = [("c", "(none)", 7), ("d-9", "x.org", 12)];
+        put_breakdown_batch(&mut buf, tag, 1, Dimension::Referrer, &entries);
+        let want = [
+            &b"\0\x08\0\0\0\x04\0\0\0\x01\0\0\0\x08referrer\0\0\0\x04\0\0\0\x02"[..],
+            b"\0\0\0\x05c d-9",
+            b"\0\0\0\x0c(none) x.org",
             b"\0\0\0\x047 12",
             b"\0\0\0\x08\0\0\0\0\0\0\0\x02\0\0\0\x08\0\0\0\0\0\0\0\x03",
         ]

@@ -1,6 +1,7 @@
 //! The transaction that stores one batch: its claim (the writer's batch number), its senders'
-//! seqs, its clicks, the clicks it set aside, and its counts per (code, day) (one
-//! `click_count_lists` row per day), committed together or not at all.
+//! seqs, its clicks, the clicks it set aside, its counts per (code, day) (one
+//! `click_count_lists` row per day) and its breakdowns per (code, day, dimension, value) (one
+//! `click_breakdown_lists` row per day and dimension), committed together or not at all.
 
 use std::collections::{HashMap, HashSet};
 use std::pin::pin;
@@ -10,8 +11,7 @@ use futures_util::SinkExt;
 use tokio_postgres::{Client, Statement};
 
 use crate::db::describe;
-use crate::write::batch::Batch;
-use crate::write::batch::SetAside;
+use crate::write::batch::{self, Batch, DayRows, SetAside};
 use crate::write::copy::{self, HEADER, TRAILER};
 use shared::metrics::Label;
 
@@ -32,6 +32,10 @@ const COPY_SET_ASIDE: &str =
 const COPY_COUNTS: &str =
     "COPY click_count_lists (day, entries, code_list, count_list, writer, batch)
      FROM STDIN (FORMAT binary)";
+const COPY_BREAKDOWNS: &str = "
+    COPY click_breakdown_lists
+         (day, dimension, entries, code_list, value_list, count_list, writer, batch)
+    FROM STDIN (FORMAT binary)";
 /// Claims the batch's number for this writer (collector process), as the transaction's first
 /// statement: the writer's row is inserted, or moved forward only if its committed number is
 /// below the batch's, and returned if so. In READ COMMITTED a row (or, for a first batch, a
@@ -81,7 +85,8 @@ pub(crate) struct BatchNumber {
 }
 
 impl BatchNumber {
-    /// The columns that tie the batch's `click_count_lists` rows to it.
+    /// The columns that tie the batch's `click_count_lists` and `click_breakdown_lists` rows
+    /// to it.
     pub(crate) fn tag(&self) -> copy::BatchTag {
         copy::BatchTag {
             writer: self.writer,
@@ -93,8 +98,8 @@ impl BatchNumber {
 /// A batch's COPY rows, taken out of it once: the same bytes for every attempt.
 #[derive(Debug)]
 pub(crate) struct Rows {
-    /// Per UTC day (PostgreSQL's day number).
-    pub(crate) clicks: Vec<(i32, Bytes)>,
+    /// Per UTC day, with the clicks' dimensions.
+    pub(crate) clicks: Vec<DayRows>,
     pub(crate) set_aside: Bytes,
 }
 
@@ -130,6 +135,7 @@ pub struct Conn {
     /// (`perf`: ExecFindPartition) and cut ingest to 0.89-0.92x of an unpartitioned table.
     copy_day: HashMap<i32, Option<Statement>>,
     copy_counts: Statement,
+    copy_breakdowns: Statement,
     copy_set_aside: Statement,
     claim_batch: Statement,
     advance_senders: Statement,
@@ -146,6 +152,7 @@ impl Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_day: HashMap::new(),
             copy_counts: client.prepare(COPY_COUNTS).await?,
+            copy_breakdowns: client.prepare(COPY_BREAKDOWNS).await?,
             copy_set_aside: client.prepare(COPY_SET_ASIDE).await?,
             claim_batch: client.prepare(CLAIM_BATCH).await?,
             advance_senders: client.prepare(ADVANCE_SENDERS).await?,
@@ -159,10 +166,11 @@ impl Conn {
         &self.client
     }
 
-    /// One transaction: the claim of batch `number`, senders, clicks, counts, commit; unless
-    /// the claim shows that this batch is in already. Dropping it midway rolls it back. With
-    /// `sift`, the clicks go in halves until the rows PostgreSQL refuses for good are found
-    /// (`refuses_rows`), which are set aside with their error, their counts left out.
+    /// One transaction: the claim of batch `number`, senders, clicks, counts, breakdowns,
+    /// commit; unless the claim shows that this batch is in already. Dropping it midway rolls
+    /// it back. With `sift`, the clicks go in halves until the rows PostgreSQL refuses for good
+    /// are found (`refuses_rows`), which are set aside with their error, their counts and
+    /// breakdowns left out.
     pub(crate) async fn write(
         &mut self,
         batch: &Batch,
@@ -172,8 +180,8 @@ impl Conn {
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
         let mut clicks = Vec::with_capacity(rows.clicks.len());
-        for (day, bytes) in &rows.clicks {
-            clicks.push((self.copy_clicks_of(*day, today).await?, bytes));
+        for day in &rows.clicks {
+            clicks.push((self.copy_clicks_of(day.day, today).await?, day));
         }
         let mut tx = self.client.transaction().await?;
         let claim = [
@@ -198,34 +206,55 @@ impl Conn {
             let forget = [&forgotten as _, &number.instance as _];
             tx.execute(&self.forget_senders, &forget).await?;
         }
-        let (counts, set_aside, refused) = if sift {
+        let (counts, breakdowns, set_aside, refused) = if sift {
             let mut rows_in = Vec::new();
+            let mut dimensions = Vec::new();
             let mut refused = Vec::new();
-            for (statement, bytes) in &clicks {
-                let day_rows = copy::click_rows(bytes);
-                let day_refused = sift_in(&mut tx, statement, bytes, &day_rows).await?;
+            for (statement, day) in &clicks {
+                let day_rows = copy::click_rows(&day.rows);
+                let day_refused = sift_in(&mut tx, statement, &day.rows, &day_rows).await?;
                 refused.extend(day_refused.into_iter().map(|(i, e)| (rows_in.len() + i, e)));
+                // Logged click by click with the rows: as many, in the same order. (Were one
+                // missing, its click would be left out of the breakdowns, never misfiled.)
+                let logged = batch::logged_dimensions(&day.dimensions);
+                dimensions.extend(logged.into_iter().map(Some).take(day_rows.len()));
+                dimensions.resize(rows_in.len() + day_rows.len(), None);
                 rows_in.extend(day_rows);
             }
             if !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
-            let (counts, set_aside) =
-                without_refused(number.tag(), &rows_in, &refused, &rows.set_aside);
-            (counts, set_aside, refused.len() as u64)
+            let kept = without_refused(
+                number.tag(),
+                &rows_in,
+                &dimensions,
+                &refused,
+                &rows.set_aside,
+            );
+            (
+                kept.counts,
+                kept.breakdowns,
+                kept.set_aside,
+                refused.len() as u64,
+            )
         } else {
             let mut written = 0;
-            for (statement, bytes) in &clicks {
-                written += copy_in(&tx, statement, Bytes::clone(bytes)).await?;
+            for (statement, day) in &clicks {
+                written += copy_in(&tx, statement, Bytes::clone(&day.rows)).await?;
             }
             debug_assert_eq!(written, batch.len() as u64);
-            (batch.count_rows(number.tag()), rows.set_aside.clone(), 0)
+            let tag = number.tag();
+            let (counts, breakdowns) = (batch.count_rows(tag), batch.breakdown_rows(tag));
+            (counts, breakdowns, rows.set_aside.clone(), 0)
         };
         if !set_aside.is_empty() {
             copy_in(&tx, &self.copy_set_aside, set_aside).await?;
         }
         copy_in(&tx, &self.copy_counts, counts).await?;
+        if !breakdowns.is_empty() {
+            copy_in(&tx, &self.copy_breakdowns, breakdowns).await?;
+        }
         tx.commit().await?;
         Ok(Stored::Written { refused })
     }
@@ -300,14 +329,24 @@ async fn sift_in(
     Ok(refused)
 }
 
-/// The counts of the clicks that were written, and the set-aside rows: the batch's own and
-/// the refused clicks, with their errors.
+/// What a batch with refused clicks writes besides its clicks.
+struct Kept {
+    /// `click_count_lists` and `click_breakdown_lists` rows of the clicks written.
+    counts: Bytes,
+    breakdowns: Bytes,
+    /// `clicks_set_aside` rows: the batch's own and the refused clicks, with their errors.
+    set_aside: Bytes,
+}
+
+/// The counts and breakdowns of the clicks that were written (`clicks`, each with its
+/// `dimensions`, but those `refused`), and the set-aside rows.
 fn without_refused(
     tag: copy::BatchTag,
     clicks: &[copy::ClickRow<'_>],
+    dimensions: &[Option<protocol::dimensions::Dimensions<'_>>],
     refused: &[(usize, String)],
     set_aside: &Bytes,
-) -> (Bytes, Bytes) {
+) -> Kept {
     let mut aside = BytesMut::from(&set_aside[..]);
     for (i, error) in refused {
         let row = &clicks[*i];
@@ -320,12 +359,20 @@ fn without_refused(
         );
     }
     let refused: HashSet<usize> = refused.iter().map(|(i, _)| *i).collect();
-    let written = clicks
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !refused.contains(i))
-        .map(|(_, row)| (row.code, row.at_us));
-    (copy::count_rows(tag, written), aside.freeze())
+    let written = || {
+        clicks
+            .iter()
+            .zip(dimensions)
+            .enumerate()
+            .filter(|(i, _)| !refused.contains(i))
+            .map(|(_, (row, d))| (row, *d))
+    };
+    let breakdowns = written().filter_map(|(row, d)| Some((row.code, row.at_us, d?)));
+    Kept {
+        counts: copy::count_rows(tag, written().map(|(row, _)| (row.code, row.at_us))),
+        breakdowns: copy::breakdowns_of(tag, breakdowns),
+        set_aside: aside.freeze(),
+    }
 }
 
 /// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.

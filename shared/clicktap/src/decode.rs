@@ -14,6 +14,10 @@ pub struct Args {
     /// raw bytes.
     #[arg(long)]
     hex: bool,
+    /// Print the datagram as one JSON object (each click with its time and the dimensions it
+    /// carries), not as text.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: &Args) -> Result<(), TapError> {
@@ -24,6 +28,9 @@ pub fn run(args: &Args) -> Result<(), TapError> {
         input
     };
     match show::judge(&bytes, bytes.len()) {
+        Reading::Datagram(batch) if args.json => {
+            say(&show::batch_details_json(&batch, bytes.len()).to_string())
+        }
         Reading::Datagram(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
         Reading::Rejected { reason, error } => Err(TapError::Invalid {
             len: bytes.len(),

@@ -71,6 +71,8 @@ pub enum TapError {
     CodeFile { line: usize, why: String },
     #[error("interrupted by a signal")]
     Interrupted,
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl TapError {

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use super::{hex, read_all, say, signals, PeerProblem, TapError};
+use protocol::dimensions::{self, Agent, Country, Device, Dimensions};
 use protocol::wire::{self, EncodeError, Encoder, DEFAULT_DATAGRAM};
 use shared::socket::SendErrorKind;
 
@@ -52,14 +53,105 @@ pub struct Args {
     /// redirector's start.
     #[arg(long)]
     sender: Option<u64>,
+    /// The wire version of the datagrams: 2 (each click with its dimensions), or 1 (code and
+    /// time only), as a redirector of an earlier release sends them.
+    #[arg(
+        long,
+        value_name = "1|2",
+        default_value_t = wire::VERSION,
+        value_parser = parse_wire_version
+    )]
+    wire_version: u8,
+    /// The agent of every click sent: human, bot or preview (version 2).
+    #[arg(long, value_name = "human|bot|preview", value_parser = parse_agent)]
+    agent: Option<Agent>,
+    /// The referrer host of every click sent, as a redirector writes it: lower case
+    /// [a-z0-9.-_], at most 64 bytes; "" for a request without a usable Referer (version 2).
+    #[arg(long, value_name = "HOST", value_parser = parse_referrer)]
+    referrer: Option<String>,
+    /// The device class of every click sent: desktop, mobile, tablet or other (version 2).
+    #[arg(long, value_name = "desktop|mobile|tablet|other", value_parser = parse_device)]
+    device: Option<Device>,
+    /// The country of every click sent: an assigned ISO 3166-1 alpha-2 code (version 2).
+    #[arg(long, value_name = "CC", value_parser = parse_country)]
+    country: Option<Country>,
     /// Instead of clicks, send these bytes as one datagram: hex digits, or `-` to read raw
     /// bytes from stdin.
     #[arg(
         long,
         value_name = "HEX|-",
-        conflicts_with_all = ["codes", "code_file", "count", "rate", "batch", "sender"]
+        conflicts_with_all = [
+            "codes", "code_file", "count", "rate", "batch", "sender", "wire_version", "agent",
+            "referrer", "device", "country",
+        ]
     )]
     raw: Option<String>,
+}
+
+fn parse_wire_version(text: &str) -> Result<u8, String> {
+    match text.parse::<u8>() {
+        Ok(v) if wire::VERSIONS.contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not a wire version this build writes ({}..={})",
+            wire::VERSIONS.start(),
+            wire::VERSIONS.end()
+        )),
+    }
+}
+
+/// Classes a sender writes: `unknown` is what a collector reads a version-1 click as.
+fn parse_agent(text: &str) -> Result<Agent, String> {
+    Agent::ALL
+        .into_iter()
+        .filter(|&a| a != Agent::Unknown)
+        .find(|a| a.as_str() == text)
+        .ok_or_else(|| format!("{text:?} is not an agent: human, bot or preview"))
+}
+
+fn parse_referrer(text: &str) -> Result<String, String> {
+    if dimensions::valid_referrer(text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not a referrer host: lower case [a-z0-9.-_], at most {} bytes",
+            dimensions::MAX_REFERRER_LEN
+        ))
+    }
+}
+
+fn parse_device(text: &str) -> Result<Device, String> {
+    Device::ALL
+        .into_iter()
+        .find(|d| d.as_str() == text)
+        .ok_or_else(|| format!("{text:?} is not a device: desktop, mobile, tablet or other"))
+}
+
+fn parse_country(text: &str) -> Result<Country, String> {
+    Country::parse(text.as_bytes())
+        .ok_or_else(|| format!("{text:?} is not an assigned ISO 3166-1 alpha-2 country code"))
+}
+
+impl Args {
+    /// The dimensions every click carries; refused with version 1, which would drop them.
+    fn dimensions(&self) -> Result<Dimensions<'_>, TapError> {
+        let given = self.agent.is_some()
+            || self.referrer.is_some()
+            || self.device.is_some()
+            || self.country.is_some();
+        if given && self.wire_version == 1 {
+            return Err(TapError::Usage(
+                "--agent, --referrer, --device and --country need --wire-version 2: a version-1 \
+                 datagram carries no dimension"
+                    .into(),
+            ));
+        }
+        Ok(Dimensions {
+            agent: self.agent.unwrap_or_default(),
+            referrer: self.referrer.as_deref(),
+            device: self.device,
+            country: self.country,
+        })
+    }
 }
 
 fn parse_code(text: &str) -> Result<String, String> {
@@ -80,10 +172,12 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     if let Some(raw) = &args.raw {
         return send_raw(args, raw, stop);
     }
+    let dimensions = args.dimensions()?;
     let codes = all_codes(args)?;
     let mut link = Link::connect(&args.socket, stop)?;
-    let mut sent = Sent::new(args.sender.unwrap_or_else(wire::random_sender));
-    let result = send_clicks(args, &codes, &mut link, &mut sent);
+    let sender = args.sender.unwrap_or_else(wire::random_sender);
+    let mut sent = Sent::new(sender, args.wire_version);
+    let result = send_clicks(args, &codes, &dimensions, &mut link, &mut sent);
     say(&format!(
         "{} to {}; send errors: {}",
         sent.summary(),
@@ -136,11 +230,12 @@ fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), Tap
 fn send_clicks(
     args: &Args,
     codes: &[String],
+    dimensions: &Dimensions<'_>,
     link: &mut Link,
     sent: &mut Sent,
 ) -> Result<(), TapError> {
-    let mut encoder =
-        Encoder::new(sent.sender, DEFAULT_DATAGRAM).expect("DEFAULT_DATAGRAM is a valid limit");
+    let mut encoder = Encoder::of_version(args.wire_version, sent.sender, DEFAULT_DATAGRAM)
+        .expect("DEFAULT_DATAGRAM is a valid limit");
     let pace = args.rate.map(Pace::new);
     let mut pushed = 0;
     while pushed < args.count {
@@ -153,7 +248,7 @@ fn send_clicks(
             let at_us = pace
                 .as_ref()
                 .map_or_else(protocol::now_us, |p| p.stamp_us(pushed));
-            match encoder.push(code, at_us) {
+            match encoder.push_with(code, at_us, dimensions) {
                 Ok(()) => pushed += 1,
                 Err(EncodeError::Full) if !encoder.is_empty() => break,
                 Err(error) => {
@@ -299,6 +394,7 @@ impl<'a> Link<'a> {
 /// What has been sent so far.
 struct Sent {
     sender: u64,
+    version: u8,
     started: Instant,
     datagrams: u64,
     clicks: u64,
@@ -306,9 +402,10 @@ struct Sent {
 }
 
 impl Sent {
-    fn new(sender: u64) -> Self {
+    fn new(sender: u64, version: u8) -> Self {
         Sent {
             sender,
+            version,
             started: Instant::now(),
             datagrams: 0,
             clicks: 0,
@@ -330,10 +427,12 @@ impl Sent {
             None => "no seq".to_owned(),
         };
         format!(
-            "sent {} datagrams, {} clicks ({seqs}) as sender {} in {secs:.2}s ({:.0} clicks/s)",
+            "sent {} datagrams, {} clicks ({seqs}) as sender {} (wire version {}) in \
+             {secs:.2}s ({:.0} clicks/s)",
             self.datagrams,
             self.clicks,
             self.sender,
+            self.version,
             self.clicks as f64 / secs.max(1e-9)
         )
     }

@@ -7,7 +7,8 @@ use std::fmt::Write;
 use serde_json::{json, Map, Value};
 
 use super::hex;
-use protocol::wire::{self, Datagram, MAX_DATAGRAM};
+use protocol::dimensions::{Dimension, Dimensions};
+use protocol::wire::{self, Click, Datagram, MAX_DATAGRAM};
 
 /// Codes listed on a `listen` line before the rest is summarised as "+N more".
 const CODES_SHOWN: usize = 5;
@@ -50,6 +51,78 @@ pub fn code_counts<'a>(batch: &Datagram<'a>) -> Vec<(&'a str, usize)> {
     counts
 }
 
+/// Each dimension the batch's clicks carry, with the clicks per value, in order of first
+/// appearance: what the collector counts of them (`click_breakdown`). A version-1 datagram's
+/// clicks carry none (the collector counts them under agent `unknown`).
+pub fn dimension_counts<'a>(batch: &Datagram<'a>) -> Vec<(Dimension, Vec<(&'a str, usize)>)> {
+    let mut counts: Vec<(Dimension, Vec<(&str, usize)>)> = Vec::new();
+    if batch.version == 1 {
+        return counts;
+    }
+    for click in &batch.clicks {
+        for (dimension, value) in click.dimensions.values() {
+            let i = match counts.iter().position(|(d, _)| *d == dimension) {
+                Some(i) => i,
+                None => {
+                    counts.push((dimension, Vec::new()));
+                    counts.len() - 1
+                }
+            };
+            let values = &mut counts[i].1;
+            match values.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, n)) => *n += 1,
+                None => values.push((value, 1)),
+            }
+        }
+    }
+    counts
+}
+
+/// A click's dimensions as `name=value` words (`agent=bot referrer=t.co`); empty for a click
+/// of a version-1 datagram, which carries none.
+fn dimension_words(version: u8, d: &Dimensions<'_>) -> String {
+    if version == 1 {
+        return String::new();
+    }
+    let words: Vec<String> = d
+        .values()
+        .map(|(dimension, value)| format!("{}={value}", dimension.as_str()))
+        .collect();
+    words.join(" ")
+}
+
+/// A click's dimensions as a JSON object, only those it carries (none for version 1).
+fn dimension_json(version: u8, click: &Click<'_>) -> Map<String, Value> {
+    if version == 1 {
+        return Map::new();
+    }
+    click
+        .dimensions
+        .values()
+        .map(|(dimension, value)| (dimension.as_str().to_owned(), json!(value)))
+        .collect()
+}
+
+/// `value:n` items, the first [`CODES_SHOWN`] of them, then `+N more`.
+fn abbreviated(counts: &[(&str, usize)]) -> String {
+    let shown: Vec<String> = counts
+        .iter()
+        .take(CODES_SHOWN)
+        .map(|&(code, n)| {
+            if n > 1 {
+                format!("{code}:{n}")
+            } else {
+                code.to_owned()
+            }
+        })
+        .collect();
+    let mut text = shown.join(",");
+    if counts.len() > CODES_SHOWN {
+        let _ = write!(text, " +{} more", counts.len() - CODES_SHOWN);
+    }
+    text
+}
+
 /// Microseconds between the batch's oldest click and `now_us` (negative if the sender's
 /// clock is ahead); `None` for a batch without clicks.
 pub fn oldest_age_us(batch: &Datagram<'_>, now_us: i64) -> Option<i64> {
@@ -72,9 +145,10 @@ pub struct SeqNote {
 /// One `listen` line for an accepted datagram.
 pub fn batch_line(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) -> String {
     let mut line = format!(
-        "sender={} seq={} clicks={} bytes={len}",
+        "sender={} seq={} version={} clicks={} bytes={len}",
         batch.sender,
         batch.seq,
+        batch.version,
         batch.clicks.len()
     );
     if let Some(age) = oldest_age_us(batch, now_us) {
@@ -86,21 +160,9 @@ pub fn batch_line(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) 
     if note.repeat {
         line.push_str(" repeated_seq");
     }
-    let counts = code_counts(batch);
-    let shown: Vec<String> = counts
-        .iter()
-        .take(CODES_SHOWN)
-        .map(|&(code, n)| {
-            if n > 1 {
-                format!("{code}:{n}")
-            } else {
-                code.to_owned()
-            }
-        })
-        .collect();
-    let _ = write!(line, " codes={}", shown.join(","));
-    if counts.len() > CODES_SHOWN {
-        let _ = write!(line, " +{} more", counts.len() - CODES_SHOWN);
+    let _ = write!(line, " codes={}", abbreviated(&code_counts(batch)));
+    for (dimension, values) in dimension_counts(batch) {
+        let _ = write!(line, " {}={}", dimension.as_str(), abbreviated(&values));
     }
     line
 }
@@ -119,7 +181,18 @@ pub fn batch_json(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) 
         .into_iter()
         .map(|(code, n)| (code.to_owned(), json!(n)))
         .collect();
+    let dimensions: Map<String, Value> = dimension_counts(batch)
+        .into_iter()
+        .map(|(dimension, values)| {
+            let values: Map<String, Value> = values
+                .into_iter()
+                .map(|(value, n)| (value.to_owned(), json!(n)))
+                .collect();
+            (dimension.as_str().to_owned(), Value::Object(values))
+        })
+        .collect();
     json!({
+        "version": batch.version,
         "sender": batch.sender,
         "seq": batch.seq,
         "clicks": batch.clicks.len(),
@@ -129,6 +202,34 @@ pub fn batch_json(batch: &Datagram<'_>, len: usize, now_us: i64, note: SeqNote) 
         "missing_before": note.missing,
         "repeated_seq": note.repeat,
         "codes": codes,
+        "dimensions": dimensions,
+    })
+}
+
+/// Every field of an accepted datagram as one JSON object, each click with its time and the
+/// dimensions it carries, for `decode --json`.
+pub fn batch_details_json(batch: &Datagram<'_>, len: usize) -> Value {
+    let clicks: Vec<Value> = batch
+        .clicks
+        .iter()
+        .zip(batch.clicks_at())
+        .map(|(click, (_, at_us))| {
+            let mut fields = Map::new();
+            fields.insert("code".into(), json!(click.code));
+            fields.insert("at_us".into(), json!(at_us));
+            fields.insert("at".into(), json!(format_time(at_us)));
+            fields.insert("offset_us".into(), json!(click.offset_us));
+            fields.extend(dimension_json(batch.version, click));
+            Value::Object(fields)
+        })
+        .collect();
+    json!({
+        "bytes": len,
+        "version": batch.version,
+        "sender": batch.sender,
+        "seq": batch.seq,
+        "base_us": batch.base_us,
+        "clicks": clicks,
     })
 }
 
@@ -149,13 +250,18 @@ pub fn batch_details(batch: &Datagram<'_>, len: usize) -> String {
         batch.clicks.len()
     );
     for (i, (click, (_, at))) in batch.clicks.iter().zip(batch.clicks_at()).enumerate() {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "  {i:>4}  {:<20} {} (+{} us)",
             click.code,
             format_time(at),
             click.offset_us
         );
+        let words = dimension_words(batch.version, &click.dimensions);
+        if !words.is_empty() {
+            let _ = write!(out, "  {words}");
+        }
+        out.push('\n');
     }
     out
 }
@@ -240,8 +346,53 @@ mod tests {
         let bytes = enc.datagram().to_vec();
         let batch = wire::decode(&bytes).unwrap();
         let line = batch_line(&batch, bytes.len(), 1_000_000, SeqNote::default());
-        assert!(line.ends_with("codes=a:2,b,c,d,e +2 more"), "{line}");
+        assert!(
+            line.ends_with("codes=a:2,b,c,d,e +2 more agent=human:8"),
+            "{line}"
+        );
         assert!(line.contains("oldest_age=0us"), "{line}");
+    }
+
+    #[test]
+    fn dimensions_are_shown_for_version_2_and_not_for_version_1() {
+        let d = Dimensions {
+            agent: protocol::dimensions::Agent::Bot,
+            referrer: Some(""),
+            device: None,
+            country: protocol::dimensions::Country::parse(b"DE"),
+        };
+        for version in [1, 2] {
+            let mut enc = wire::Encoder::of_version(version, 1, wire::DEFAULT_DATAGRAM).unwrap();
+            enc.push_with("a", 1_000_000, &d).unwrap();
+            enc.push("b", 1_000_000).unwrap();
+            let bytes = enc.datagram().to_vec();
+            let batch = wire::decode(&bytes).unwrap();
+            let line = batch_line(&batch, bytes.len(), 1_000_000, SeqNote::default());
+            let details = batch_details(&batch, bytes.len());
+            let json = batch_details_json(&batch, bytes.len());
+            if version == 2 {
+                assert!(
+                    line.contains(" version=2 ")
+                        && line.ends_with(" agent=bot,human referrer=(none) country=DE"),
+                    "{line}"
+                );
+                assert!(
+                    details.contains("(+1000000 us)  agent=bot referrer=(none) country=DE\n"),
+                    "{details}"
+                );
+                assert_eq!(json["clicks"][0]["referrer"], "(none)");
+                assert_eq!(json["clicks"][1]["agent"], "human");
+                assert!(json["clicks"][1].get("device").is_none());
+            } else {
+                assert!(
+                    line.contains(" version=1 ") && line.ends_with("codes=a,b"),
+                    "{line}"
+                );
+                assert!(!details.contains("agent="), "{details}");
+                assert!(json["clicks"][0].get("agent").is_none(), "{json}");
+            }
+            assert_eq!(json["version"], version);
+        }
     }
 
     #[test]

@@ -215,7 +215,7 @@ async fn send_into_listen_shows_every_click() {
     assert_eq!(rejected["reason"], "wrong_version", "{rejected}");
     assert_eq!(
         rejected["error"],
-        "wrong version 2, this build reads version 1"
+        "wrong version 3, this build reads version 2"
     );
     assert_eq!(
         (rejected["bytes"].as_u64(), rejected["head"].as_str()),
@@ -295,12 +295,12 @@ async fn listen_text_lines_abbreviate_codes_and_show_rejects() {
     })
     .await;
     assert!(
-        lines[0].starts_with("sender=9 seq=0 clicks=8 bytes="),
+        lines[0].starts_with("sender=9 seq=0 version=2 clicks=8 bytes="),
         "{}",
         lines[0]
     );
     assert!(
-        lines[0].ends_with(" codes=c1:2,c2,c3,c4,c5 +2 more"),
+        lines[0].ends_with(" codes=c1:2,c2,c3,c4,c5 +2 more agent=human:8"),
         "{}",
         lines[0]
     );
@@ -472,6 +472,183 @@ fn decode_prints_the_golden_vector_fields() {
     }
 }
 
+/// A version-2 datagram's clicks each with the dimensions it carries, as text and as JSON;
+/// a version-1 datagram's with none.
+#[test]
+fn decode_shows_each_clicks_dimensions_and_the_version() {
+    use protocol::dimensions::{Agent, Country, Device, Dimensions};
+    let dir = tempfile::tempdir().unwrap();
+    let carried = Dimensions {
+        agent: Agent::Bot,
+        referrer: Some("t.co"),
+        device: Some(Device::Mobile),
+        country: Country::parse(b"DE"),
+    };
+    let unreferred = Dimensions {
+        agent: Agent::Preview,
+        referrer: Some(""),
+        ..Dimensions::default()
+    };
+    for version in [2, 1] {
+        let mut enc = Encoder::of_version(version, 12345, DEFAULT_DATAGRAM).unwrap();
+        enc.push_with("seed1", 1_000_000, &carried).unwrap();
+        enc.push_with("x", 1_000_300, &unreferred).unwrap();
+        let file = dir.path().join(format!("v{version}.bin"));
+        std::fs::write(&file, enc.datagram()).unwrap();
+
+        let out = run_args(&["decode", file.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains(&format!("\nversion: {version}\n")), "{text}");
+        let clicks: Vec<&str> = text.lines().filter(|l| l.contains(" us)")).collect();
+        if version == 2 {
+            assert!(
+                clicks[0]
+                    .ends_with("(+1000000 us)  agent=bot referrer=t.co device=mobile country=DE"),
+                "{text}"
+            );
+            assert!(
+                clicks[1].ends_with("(+1000300 us)  agent=preview referrer=(none)"),
+                "{text}"
+            );
+        } else {
+            assert!(clicks.iter().all(|l| l.ends_with(" us)")), "{text}");
+        }
+
+        let out = run_args(&["decode", "--json", file.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let json: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert_eq!(
+            (json["version"].as_u64(), json["sender"].as_u64()),
+            (Some(version.into()), Some(12345))
+        );
+        let fields = |i: usize| {
+            let click = json["clicks"][i].as_object().unwrap();
+            let mut keys: Vec<&str> = click.keys().map(String::as_str).collect();
+            keys.sort();
+            keys
+        };
+        if version == 2 {
+            assert_eq!(json["clicks"][0]["agent"], "bot");
+            assert_eq!(json["clicks"][0]["referrer"], "t.co");
+            assert_eq!(json["clicks"][0]["device"], "mobile");
+            assert_eq!(json["clicks"][0]["country"], "DE");
+            assert_eq!(json["clicks"][1]["referrer"], "(none)");
+            assert_eq!(
+                fields(1),
+                ["agent", "at", "at_us", "code", "offset_us", "referrer"]
+            );
+        } else {
+            assert_eq!(fields(0), ["at", "at_us", "code", "offset_us"], "{json}");
+        }
+        assert_eq!(json["clicks"][1]["at_us"], 1_000_300);
+    }
+}
+
+/// `send --wire-version 1` writes what a redirector of an earlier release writes; version 2,
+/// the default, carries the dimensions given; invalid ones are refused before anything is sent.
+#[tokio::test]
+async fn send_writes_either_version_with_the_dimensions_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &["--json"]).await;
+
+    let (status, summary) = send(
+        &socket,
+        &["--code", "a", "--count", "3", "--wire-version", "1"],
+    )
+    .await;
+    assert!(status.success(), "{summary}");
+    assert!(summary.contains("(wire version 1)"), "{summary}");
+    let flags = [
+        "--code",
+        "a",
+        "b",
+        "--count",
+        "4",
+        "--agent",
+        "bot",
+        "--referrer",
+        "t.co",
+        "--device",
+        "tablet",
+        "--country",
+        "de",
+    ];
+    let (status, summary) = send(&socket, &flags).await;
+    assert!(status.success(), "{summary}");
+    assert!(summary.contains("(wire version 2)"), "{summary}");
+    let lines = listen
+        .json_until("both datagrams", |l| sum(l, "clicks") >= 7)
+        .await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(
+        (lines[0]["version"].as_u64(), lines[0]["clicks"].as_u64()),
+        (Some(1), Some(3))
+    );
+    assert_eq!(lines[0]["dimensions"], serde_json::json!({}));
+    assert_eq!(
+        (lines[1]["version"].as_u64(), lines[1]["clicks"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert_eq!(
+        lines[1]["dimensions"],
+        serde_json::json!({
+            "agent": {"bot": 4},
+            "referrer": {"t.co": 4},
+            "device": {"tablet": 4},
+            "country": {"DE": 4},
+        })
+    );
+
+    // Each refused with what is wrong, and nothing sent.
+    let socket = socket.to_str().unwrap();
+    for (flags, needle) in [
+        (
+            &["--wire-version", "3"][..],
+            "\"3\" is not a wire version this build writes (1..=2)",
+        ),
+        (
+            &["--agent", "unknown"],
+            "\"unknown\" is not an agent: human, bot or preview",
+        ),
+        (&["--referrer", "T.co"], "\"T.co\" is not a referrer host"),
+        (&["--device", "phone"], "\"phone\" is not a device"),
+        (
+            &["--country", "XX"],
+            "\"XX\" is not an assigned ISO 3166-1 alpha-2 country code",
+        ),
+    ] {
+        let mut args = vec!["send", "--socket", socket, "--code", "a"];
+        args.extend(flags);
+        let out = run_args(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{flags:?}: expected {needle:?} in {err}"
+        );
+    }
+    let out = run_args(&[
+        "send",
+        "--socket",
+        socket,
+        "--code",
+        "a",
+        "--wire-version",
+        "1",
+        "--country",
+        "DE",
+    ]);
+    assert_fails_with(
+        &out,
+        "need --wire-version 2: a version-1 datagram carries no dimension",
+    );
+    let lines = listen.json();
+    assert_eq!(lines.len(), 2, "nothing more sent: {lines:?}");
+    assert!(listen.stop(Signal::SIGTERM).await.success());
+}
+
 #[test]
 fn decode_of_garbage_fails_with_the_reason() {
     let bad_code = GOLDEN.replace("0178ac02", "0121ac02"); // "x" -> "!"
@@ -621,10 +798,15 @@ fn help_explains_every_subcommand_and_flag() {
                 "--rate",
                 "--batch",
                 "--sender",
+                "--wire-version",
+                "--agent",
+                "--referrer",
+                "--device",
+                "--country",
                 "--raw",
             ],
         ),
-        ("decode", &["FILE|-", "--hex"]),
+        ("decode", &["FILE|-", "--hex", "--json"]),
     ];
     for (command, flags) in flags {
         let help = stdout(&run_args(&[command, "--help"]));

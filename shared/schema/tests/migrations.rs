@@ -474,7 +474,10 @@ async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_
 
     // What the hint says, as a superuser.
     superuser.batch_execute(fix).await.unwrap();
-    assert_eq!(schema::apply(&mut collector).await.unwrap(), [13]);
+    assert_eq!(schema::apply_up_to(&mut collector, 13).await.unwrap(), [13]);
+    // And the later ones, by the same role.
+    let later: Vec<i32> = schema::versions().into_iter().filter(|&v| v > 13).collect();
+    assert_eq!(schema::apply(&mut collector).await.unwrap(), later);
     let may: bool = superuser
         .query_one(public_may_create, &[])
         .await
@@ -525,5 +528,145 @@ async fn migration_13_revokes_what_it_may_and_pins_every_functions_search_path()
     assert!(
         unpinned.is_empty(),
         "functions without a search_path of their own: {unpinned:?}"
+    );
+}
+
+/// Every column of the relations (tables, partitions, views) the migrations create in
+/// `public`, as `relation.column type`, sorted.
+async fn public_columns(client: &tokio_postgres::Client) -> Vec<String> {
+    let sql = "
+        SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+        FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid
+        WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+          AND a.attnum > 0 AND NOT a.attisdropped
+";
+    let rows = client.query(sql, &[]).await.unwrap();
+    let mut columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    columns.sort();
+    columns
+}
+
+/// The columns of `columns` named like a network address or a user agent, or typed as an
+/// address.
+fn personal(columns: &[String]) -> Vec<&String> {
+    const WORDS: [&str; 10] = [
+        "ip", "ipv4", "ipv6", "ips", "inet", "addr", "address", "remote", "ua", "mac",
+    ];
+    const ANYWHERE: [&str; 5] = ["addr", "user_agent", "useragent", "remote", "client_ip"];
+    const TYPES: [&str; 4] = [" inet", " cidr", " macaddr", " macaddr8"];
+    columns
+        .iter()
+        .filter(|line| {
+            let (qualified, ty) = line.split_at(line.find(' ').unwrap_or(line.len()));
+            let name = qualified
+                .rsplit('.')
+                .next()
+                .unwrap_or(qualified)
+                .to_lowercase();
+            name.split('_').any(|word| WORDS.contains(&word))
+                || ANYWHERE.iter().any(|part| name.contains(part))
+                || TYPES.contains(&ty)
+        })
+        .collect()
+}
+
+/// No personal data is kept (issue 29): no column of `clicks`, of `clicks_set_aside`, of the
+/// breakdowns or of any relation the migrations create is named like an address or a user
+/// agent, or typed as an address; and the columns of the relations that hold clicks are
+/// exactly those expected, so that a new one fails here and is looked at.
+#[tokio::test]
+async fn no_column_holds_an_address_or_a_user_agent() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let columns = public_columns(&client).await;
+    assert!(columns.len() > 30, "{columns:#?}");
+    assert_eq!(personal(&columns), Vec::<&String>::new());
+
+    let of = |relation: &str| -> Vec<&str> {
+        let prefix = format!("{relation}.");
+        columns
+            .iter()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .collect()
+    };
+    let expected: [(&str, &[&str]); 5] = [
+        (
+            "clicks",
+            &["clicked_at timestamp with time zone", "code text"],
+        ),
+        (
+            "clicks_set_aside",
+            &[
+                "clicked_at timestamp with time zone",
+                "code text",
+                "error text",
+                "reason text",
+                "set_aside_at timestamp with time zone",
+            ],
+        ),
+        (
+            "click_breakdown_counts",
+            &[
+                "clicks bigint",
+                "code text",
+                "day date",
+                "dimension text",
+                "value text",
+            ],
+        ),
+        (
+            "click_breakdown_lists",
+            &[
+                "batch bigint",
+                "code_list text",
+                "count_list text",
+                "day date",
+                "dimension text",
+                "entries integer",
+                "value_list text",
+                "writer bigint",
+                "written_at timestamp with time zone",
+            ],
+        ),
+        (
+            "click_breakdown",
+            &[
+                "clicks bigint",
+                "code text",
+                "day date",
+                "dimension text",
+                "value text",
+            ],
+        ),
+    ];
+    for (relation, want) in expected {
+        assert_eq!(of(relation), want, "the columns of {relation}");
+    }
+    // Each day partition has the columns of clicks, no more.
+    let partition = columns
+        .iter()
+        .find_map(|l| l.strip_prefix("clicks_p").and_then(|l| l.split_once('.')))
+        .map(|(day, _)| format!("clicks_p{day}"))
+        .expect("a day partition");
+    assert_eq!(of(&partition), of("clicks"), "{partition}");
+
+    // The check sees what it is there for: a column named like an address or typed as one.
+    client
+        .batch_execute(
+            "ALTER TABLE click_breakdown_lists ADD COLUMN remote_host text;
+             ALTER TABLE clicks_set_aside ADD COLUMN origin inet;
+             ALTER TABLE links ADD COLUMN ua text;",
+        )
+        .await
+        .unwrap();
+    let columns = public_columns(&client).await;
+    let found: Vec<&str> = personal(&columns).into_iter().map(String::as_str).collect();
+    assert_eq!(
+        found,
+        [
+            "click_breakdown_lists.remote_host text",
+            "clicks_set_aside.origin inet",
+            "links.ua text"
+        ]
     );
 }

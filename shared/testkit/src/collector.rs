@@ -9,6 +9,7 @@ use std::process::Command;
 
 use crate::pgtest::TestDb;
 use crate::services::collector_command;
+use protocol::dimensions::Dimensions;
 use protocol::wire::{EncodeError, Encoder, DEFAULT_DATAGRAM};
 
 pub use crate::db::await_rows;
@@ -92,13 +93,34 @@ pub fn clicks(n: usize, codes: usize, start_us: i64, step_us: i64) -> Vec<(Strin
 
 /// The datagrams of one sender for `clicks`, seq 0, 1, 2, ...
 pub fn datagrams(sender: u64, clicks: &[(String, i64)]) -> Vec<Vec<u8>> {
-    let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+    let human = Dimensions::default();
+    let clicks = clicks.iter().map(|(code, at)| (code.as_str(), *at, human));
+    datagrams_of(Encoder::new(sender, DEFAULT_DATAGRAM).unwrap(), clicks)
+}
+
+/// A click with what a version-2 sender records of it.
+pub type DimensionedClick = (String, i64, Dimensions<'static>);
+
+/// The datagrams of one sender of wire version `version` (1: without the dimensions, as a
+/// sender of an earlier release writes them) for `clicks`, seq 0, 1, 2, ...
+pub fn datagrams_with(version: u8, sender: u64, clicks: &[DimensionedClick]) -> Vec<Vec<u8>> {
+    let enc = Encoder::of_version(version, sender, DEFAULT_DATAGRAM).unwrap();
+    datagrams_of(
+        enc,
+        clicks.iter().map(|(code, at, d)| (code.as_str(), *at, *d)),
+    )
+}
+
+fn datagrams_of<'a>(
+    mut enc: Encoder,
+    clicks: impl IntoIterator<Item = (&'a str, i64, Dimensions<'a>)>,
+) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for (code, at) in clicks {
-        if let Err(EncodeError::Full) = enc.push(code, *at) {
+    for (code, at, d) in clicks {
+        if let Err(EncodeError::Full) = enc.push_with(code, at, &d) {
             out.push(enc.datagram().to_vec());
             enc.next();
-            enc.push(code, *at).unwrap();
+            enc.push_with(code, at, &d).unwrap();
         }
     }
     if !enc.is_empty() {
