@@ -123,9 +123,9 @@ fn classify(c: &mut Criterion) {
     }
 }
 
-/// Distinct user agents of the misses: many times the cache's slots, so that each one's slot
+/// Distinct user agents of the misses: four times the cache's slots, so that each one's slot
 /// has been taken by others before it comes round again.
-const DISTINCT: usize = 4096;
+const DISTINCT: usize = 2048;
 
 criterion_group!(benches, bot_check, classify);
 criterion_main!(benches);

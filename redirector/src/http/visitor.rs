@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::hash::BuildHasher;
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, MatchKind};
 use hyper::header::{HeaderMap, HeaderName, REFERER, USER_AGENT};
 use protocol::dimensions::{referrer_host, Agent, Country, Device, Dimensions, MAX_REFERRER_LEN};
 use regex::bytes::Regex;
@@ -159,7 +159,12 @@ impl Classifier {
     pub(crate) fn new(recorded: Recorded, country_header: Option<HeaderName>) -> Classifier {
         // The patterns are constants that the tests compile: they cannot fail at run time.
         let unfurlers = Regex::new(&UNFURLERS.join("|")).expect("the unfurler patterns");
-        let devices = AhoCorasick::new(DEVICE_TOKENS).expect("the device tokens");
+        // Leftmost-first: a few times faster than the standard semantics, whose search keeps
+        // the automaton running past each match; the tokens do not overlap, so no match is lost.
+        let devices = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(DEVICE_TOKENS)
+            .expect("the device tokens");
         Classifier {
             recorded,
             country_header,
