@@ -1,7 +1,8 @@
 //! Who followed a link and from where: the dimensions a click carries
 //! (`protocol::dimensions`), read from the request's headers alone. It runs on every redirect,
-//! so it stays cheap: no lock, no I/O, no allocation per request; the lists are compiled once,
-//! in [`Classifier::new`].
+//! so it stays cheap: no lock and no I/O; the lists are compiled once, in [`Classifier::new`],
+//! and a user agent this thread has judged lately is judged again from a small cache, without
+//! the bot list and without allocating (only a new one pays `isbot`'s `String`).
 
 use std::cell::Cell;
 use std::hash::BuildHasher;
