@@ -23,6 +23,23 @@ pub(crate) type CodeCounts = HashMap<i32, Counts, FastHash>;
 /// key; with uniform codes that was 40 % of the collector's CPU (`perf`).
 pub(crate) type Counts = HashMap<CompactString, i64, FastHash>;
 type FastHash = foldhash::fast::RandomState;
+/// A batch's clicks per UTC day, then per code, by agent: the agent's breakdown is counted by
+/// the same lookup as the code's total (every click has an agent), not by a second map.
+type Tallies = HashMap<i32, DayTallies, FastHash>;
+type DayTallies = HashMap<CompactString, Tally, FastHash>;
+
+/// One (day, dimension)'s breakdown: (code, value, clicks) entries.
+type BreakdownList<'a> = (i32, Dimension, Vec<(&'a str, &'a str, i64)>);
+
+/// One code's clicks on one day, per agent (`Agent as usize`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally([u32; Agent::ALL.len()]);
+
+impl Tally {
+    fn clicks(&self) -> i64 {
+        self.0.iter().map(|&n| i64::from(n)).sum()
+    }
+}
 /// Clicks per (UTC day, dimension), then per `"code value"` key: one flat map of the same kind
 /// as a day's code counts, looked up by a key written into a reused buffer, so that counting a
 /// click's dimensions costs a lookup each and allocates only for a key new to the batch (and
@@ -105,11 +122,11 @@ pub struct Batch {
     set_aside: [u64; <SetAside as Label>::ALL.len()],
     /// Clicks per day, then per code: looked up by `&str`, so a code is copied in only the
     /// first time it appears in a batch (and allocated only if longer than 24 bytes).
-    counts: CodeCounts,
+    counts: Tallies,
     /// Emptied day maps of earlier batches (at most two), reused for the next days: a map
     /// rebuilt every batch grew by doubling and rehashing each time (a tenth of the
     /// collector's CPU).
-    spare_counts: Vec<Counts>,
+    spare_counts: Vec<DayTallies>,
     delta_count: usize,
     /// Clicks per (day, dimension, code, value). Boxed: a batch is moved from task to task by
     /// value, inside events that should stay small.
@@ -143,7 +160,7 @@ impl Batch {
             let rows = self.rows_of(day);
             copy::put_click(&mut rows.rows, code, at_us);
             log_dimensions(&mut rows.dimensions, &click.dimensions);
-            self.count(code, day);
+            self.count(code, day, click.dimensions.agent);
             self.count_dimensions(code, day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
@@ -175,25 +192,28 @@ impl Batch {
         &mut self.rows[i]
     }
 
-    fn count(&mut self, code: &str, day: i32) {
+    fn count(&mut self, code: &str, day: i32, agent: Agent) {
         let spare = &mut self.spare_counts;
         let codes = self
             .counts
             .entry(day)
             .or_insert_with(|| spare.pop().unwrap_or_default());
-        match codes.get_mut(code) {
-            Some(n) => *n += 1,
+        let tally = match codes.get_mut(code) {
+            Some(tally) => tally,
             None => {
-                codes.insert(code.into(), 1);
                 self.delta_count += 1;
+                codes.entry(code.into()).or_default()
             }
-        }
+        };
+        tally.0[agent as usize] += 1;
     }
 
     /// Counts the click of `code` on `day` under each dimension it carries.
     fn count_dimensions(&mut self, code: &str, day: i32, dimensions: &Dimensions<'_>) {
         let Breakdowns { counts, spare, key } = &mut *self.breakdowns;
-        for (dimension, value) in dimensions.values() {
+        let recorded = dimensions.values();
+        // The agent is in the code's tally (`count`).
+        for (dimension, value) in recorded.filter(|&(d, _)| d != Dimension::Agent) {
             let values = counts
                 .entry((day, dimension))
                 .or_insert_with(|| spare.pop().unwrap_or_default());
@@ -273,7 +293,10 @@ impl Batch {
     /// their counts in two lists.
     pub(crate) fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
         let days = self.counts.iter().map(|(&day, codes)| {
-            let entries = codes.iter().map(|(code, &n)| (&**code, n)).collect();
+            let entries = codes
+                .iter()
+                .map(|(code, t)| (&**code, t.clicks()))
+                .collect();
             (day, entries)
         });
         copy::counts_rows(tag, days)
@@ -287,7 +310,21 @@ impl Batch {
     /// The batch's breakdowns as `click_breakdown_lists` COPY rows: one per (UTC day,
     /// dimension), its codes, values and counts in three lists.
     pub(crate) fn breakdown_rows(&self, tag: copy::BatchTag) -> Bytes {
-        let lists = self
+        copy::breakdown_rows(tag, self.breakdown_lists())
+    }
+
+    /// The batch's breakdowns: (day, dimension, its (code, value, clicks) entries).
+    fn breakdown_lists(&self) -> impl Iterator<Item = BreakdownList<'_>> {
+        let agents = self.counts.iter().map(|(&day, codes)| {
+            let entries = codes.iter().flat_map(|(code, tally)| {
+                let by_agent = Agent::ALL.iter().zip(tally.0);
+                by_agent
+                    .filter(|&(_, n)| n > 0)
+                    .map(|(agent, n)| (&**code, agent.as_str(), i64::from(n)))
+            });
+            (day, Dimension::Agent, entries.collect())
+        });
+        let others = self
             .breakdowns
             .counts
             .iter()
@@ -302,14 +339,16 @@ impl Batch {
                     .collect();
                 (day, dimension, entries)
             });
-        copy::breakdown_rows(tag, lists)
+        agents.chain(others)
     }
 
     /// (code, day as PostgreSQL's date, clicks) per distinct pair.
     pub(crate) fn deltas(&self) -> impl Iterator<Item = (&str, i32, i64)> {
-        self.counts
-            .iter()
-            .flat_map(|(&day, codes)| codes.iter().map(move |(code, &n)| (&**code, day, n)))
+        self.counts.iter().flat_map(|(&day, codes)| {
+            codes
+                .iter()
+                .map(move |(code, t)| (&**code, day, t.clicks()))
+        })
     }
 
     /// Each sender in the batch with its highest seq.
@@ -536,13 +575,11 @@ mod tests {
         b.push(&d, &window, at);
         let got = |b: &Batch| {
             let mut got: Vec<_> = b
-                .breakdowns
-                .counts
-                .iter()
-                .flat_map(|(&(day, dim), values)| {
-                    values
-                        .iter()
-                        .map(move |(key, &n)| (day, dim.as_str(), key.to_string(), n))
+                .breakdown_lists()
+                .flat_map(|(day, dim, entries)| {
+                    entries.into_iter().map(move |(code, value, n)| {
+                        (day, dim.as_str(), format!("{code} {value}"), n)
+                    })
                 })
                 .collect();
             got.sort();
