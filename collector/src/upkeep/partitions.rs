@@ -76,14 +76,16 @@ const EXPIRED: &str = "
     ORDER BY 1";
 
 /// The breakdowns of days before $1 (a number of days since 2000-01-01), folded and not yet
-/// folded: retention keeps no day of them that it keeps no clicks of (click_counts keeps every
-/// day's total). How many rows went. A fold that moves an expired day's list while this runs
+/// folded: retention keeps no day of them that it keeps no clicks of, but the agent's, which
+/// are kept as click_counts keeps every day's total (the view derives the humans from both). How many rows went. A fold that moves an expired day's list while this runs
 /// may leave its counts row, which the next round deletes.
 const EXPIRE_BREAKDOWNS: &str = "
     WITH counts AS (
-        DELETE FROM click_breakdown_counts WHERE day < date '2000-01-01' + $1::int RETURNING 1),
+        DELETE FROM click_breakdown_counts
+        WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1),
     lists AS (
-        DELETE FROM click_breakdown_lists WHERE day < date '2000-01-01' + $1::int RETURNING 1)
+        DELETE FROM click_breakdown_lists
+        WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1)
     SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
 
 /// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`.

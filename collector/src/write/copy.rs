@@ -189,6 +189,12 @@ pub(crate) fn counts_rows<'a>(
     buf.freeze()
 }
 
+/// Whether a breakdown value is stored: every one but the agent `human`, which the view
+/// `click_breakdown` derives from the totals (migration 14).
+pub(crate) fn stored(dimension: Dimension, value: &str) -> bool {
+    !(dimension == Dimension::Agent && value == protocol::dimensions::Agent::Human.as_str())
+}
+
 /// `click_breakdown_lists` rows: one per (day, dimension), of its (code, value, clicks)
 /// entries.
 pub(crate) fn breakdown_rows<'a>(
@@ -212,7 +218,7 @@ pub(crate) fn breakdowns_of<'a>(
     type Values<'a> = HashMap<(&'a str, &'a str), i64>;
     let mut lists: HashMap<(i32, Dimension), Values<'_>> = HashMap::new();
     for (code, at_us, dimensions) in clicks {
-        for (dimension, value) in dimensions.values() {
+        for (dimension, value) in dimensions.values().filter(|&(d, v)| stored(d, v)) {
             *lists
                 .entry((pg_day(at_us), dimension))
                 .or_default()

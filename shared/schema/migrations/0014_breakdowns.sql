@@ -19,7 +19,8 @@ ALTER TABLE links
 --
 -- Kept as the totals are: each batch appends its counts as lists, one row per (day,
 -- dimension), in its own transaction; the collector's fold moves them into
--- click_breakdown_counts; the view adds both, exact at every moment.
+-- click_breakdown_counts; the view adds both, exact at every moment. The agent `human` is not
+-- stored: the view derives it from click_totals.
 CREATE TABLE click_breakdown_counts (
     code      text   NOT NULL,
     day       date   NOT NULL,
@@ -52,7 +53,10 @@ ALTER TABLE click_breakdown_lists
 ALTER TABLE click_breakdown_counts OWNER TO clicks_collector;
 ALTER TABLE click_breakdown_lists OWNER TO clicks_collector;
 
-CREATE VIEW click_breakdown AS
+-- What the two tables hold, summed. Not the agent `human`: most clicks are a person's, and a
+-- row per (code, day, human) in every batch's lists and every fold cost PostgreSQL as much
+-- again as the totals themselves; it is derived below from click_totals instead.
+CREATE VIEW click_breakdown_stored AS
 SELECT code, day, dimension, value, sum(clicks)::bigint AS clicks
 FROM (
     SELECT code, day, dimension, value, clicks FROM click_breakdown_counts
@@ -62,5 +66,19 @@ FROM (
          unnest(string_to_array(l.code_list, ' '), string_to_array(l.value_list, ' '),
                 string_to_array(l.count_list, ' ')::bigint[]) AS u(code, value, clicks)
 ) AS parts
+WHERE NOT (dimension = 'agent' AND value = 'human')
 GROUP BY code, day, dimension, value;
+
+-- Every click has an agent: the humans of a (code, day) are its total less its other agents.
+-- Retention keeps the agent rows (as click_counts keeps the totals), so this holds for every
+-- day.
+CREATE VIEW click_breakdown AS
+SELECT code, day, dimension, value, clicks FROM click_breakdown_stored
+UNION ALL
+SELECT t.code, t.day, 'agent', 'human', t.clicks - coalesce(o.clicks, 0)
+FROM click_totals AS t
+LEFT JOIN (SELECT code, day, sum(clicks)::bigint AS clicks FROM click_breakdown_stored
+           WHERE dimension = 'agent' GROUP BY code, day) AS o USING (code, day)
+WHERE t.clicks > coalesce(o.clicks, 0);
+ALTER VIEW click_breakdown_stored OWNER TO clicks_collector;
 ALTER VIEW click_breakdown OWNER TO clicks_collector;
