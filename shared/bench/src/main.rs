@@ -107,7 +107,7 @@ impl Variant {
     }
 }
 
-/// What every mode works with: the knobs, the binaries, the cluster, and the tally of runs
+/// What every mode works with: the knobs, the binaries, the cluster, and the tally of checks
 /// whose clicks did not add up.
 pub(crate) struct Bench {
     pub(crate) knobs: Knobs,
@@ -233,7 +233,8 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     }
     if mismatches > 0 {
         log(&format!(
-            "{mismatches} runs recorded plus dropped clicks that differ from the redirects served"
+            "{mismatches} checks failed: a run's recorded plus dropped clicks differ from its redirects \
+             served, or a dimension's breakdown from its clicks recorded (the MISMATCH lines above)"
         ));
         return Ok(1);
     }
