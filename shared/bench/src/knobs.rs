@@ -25,6 +25,8 @@ pub(crate) struct Knobs {
     pub(crate) current_rev: Option<String>,
     /// Redirect modes, `baseline` added when BASELINE is set.
     pub(crate) modes: Vec<String>,
+    /// The `--dimensions` of mode `dimensions`; none: the mode runs without the flag.
+    pub(crate) dimensions: Option<String>,
     /// Clicks a second of a totals run, and its length in seconds.
     pub(crate) rate: u64,
     pub(crate) totals_secs: u64,
@@ -38,7 +40,10 @@ pub(crate) struct Knobs {
     pub(crate) soak_rate: u64,
 }
 
-const REDIRECT_MODES: [&str; 4] = ["off", "pipeline", "direct", "baseline"];
+const REDIRECT_MODES: [&str; 5] = ["off", "pipeline", "direct", "dimensions", "baseline"];
+
+/// What `--dimensions` may list.
+const DIMENSIONS: [&str; 3] = ["referrer", "device", "country"];
 
 impl Knobs {
     pub(crate) fn from_env(quick: bool) -> Res<Knobs> {
@@ -61,9 +66,10 @@ impl Knobs {
             .map(str::to_owned)
             .collect();
         if let Some(bad) = modes.iter().find(|m| !REDIRECT_MODES.contains(&m.as_str())) {
-            return Err(
-                format!("MODES: unknown mode {bad:?} (off, pipeline, direct, baseline)").into(),
-            );
+            return Err(format!(
+                "MODES: unknown mode {bad:?} (off, pipeline, direct, dimensions, baseline)"
+            )
+            .into());
         }
         if baseline.is_some() && !modes.iter().any(|m| m == "baseline") {
             modes.push("baseline".to_owned());
@@ -85,6 +91,7 @@ impl Knobs {
             flat: text("FLAT").is_some(),
             current_rev: text("CURRENT_REV"),
             modes,
+            dimensions: dimensions()?,
             rate: positive("RATE", 90_000)?,
             totals_secs: positive("TOTALS_SECS", 120)?,
             out: PathBuf::from(text("OUT").unwrap_or_else(|| "bench-out".to_owned())),
@@ -106,6 +113,24 @@ fn link_counts() -> Res<Vec<u64>> {
             _ => Err(format!("LINK_COUNTS must be whole numbers above 0, not {value:?}").into()),
         })
         .collect()
+}
+
+/// DIMENSIONS: a comma-separated subset of referrer, device and country (default all three),
+/// or `none`.
+fn dimensions() -> Res<Option<String>> {
+    let value = text("DIMENSIONS").unwrap_or_else(|| DIMENSIONS.join(","));
+    let value = value.trim();
+    if value == "none" {
+        return Ok(None);
+    }
+    match value.split(',').find(|d| !DIMENSIONS.contains(d)) {
+        Some(bad) => Err(format!(
+            "DIMENSIONS: unknown dimension {bad:?} in {value:?} (a comma-separated subset of {}, or none)",
+            DIMENSIONS.join(",")
+        )
+        .into()),
+        None => Ok(Some(value.to_owned())),
+    }
 }
 
 /// A variable's value; unset and empty alike are none.

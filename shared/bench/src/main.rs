@@ -24,7 +24,10 @@ pub(crate) type Res<T> = Result<T, Error>;
 const HELP: &str = "\
 Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
 
-  scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct
+  scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct;
+                            MODES=\"pipeline dimensions\": the pipeline without and with
+                            --dimensions DIMENSIONS side by side, every mode's requests then
+                            carrying browsers' headers (User-Agent, Referer, X-Country)
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
@@ -57,8 +60,9 @@ CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction 
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
-instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", plus
-baseline with BASELINE), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
+instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", also
+dimensions, plus baseline with BASELINE), DIMENSIONS (\"referrer,device,country\", the
+--dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
 10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
 a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), OUT (bench-out).";
 
@@ -103,7 +107,7 @@ impl Variant {
     }
 }
 
-/// What every mode works with: the knobs, the binaries, the cluster, and the tally of runs
+/// What every mode works with: the knobs, the binaries, the cluster, and the tally of checks
 /// whose clicks did not add up.
 pub(crate) struct Bench {
     pub(crate) knobs: Knobs,
@@ -229,7 +233,8 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     }
     if mismatches > 0 {
         log(&format!(
-            "{mismatches} runs recorded plus dropped clicks that differ from the redirects served"
+            "{mismatches} checks failed: a run's recorded plus dropped clicks differ from its redirects \
+             served, or a dimension's breakdown from its clicks recorded (the MISMATCH lines above)"
         ));
         return Ok(1);
     }

@@ -1,11 +1,12 @@
 //! `redirect`: the redirector's throughput and latency with clicks off, through the pipeline,
-//! one INSERT per request (direct), and BASELINE's pipeline; what each process spends per
-//! redirect, and each one's peak memory.
+//! one INSERT per request (direct), the pipeline with `--dimensions`, and BASELINE's pipeline;
+//! what each process spends per redirect, and each one's peak memory.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use testkit::redirector::browsers::{Headers, COUNTRY_HEADER};
 use testkit::redirector::load::{Client, Load, Report};
 
 use crate::knobs::CODES;
@@ -170,23 +171,49 @@ pub(crate) async fn rows_now(bench: &Bench, variant: Variant) -> Res<i64> {
     crate::cluster::number(&client, "SELECT count(*) FROM clicks").await
 }
 
-/// One load run against `mode` (off, pipeline, direct, or baseline: the pipeline of
-/// BASELINE's binaries). The measured window runs from the load's start until the collector
-/// has written and folded the run's clicks, so compaction is included. Appends a row to
-/// $OUT/redirect.tsv.
-async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
+/// The dimensions a run of `mode` records besides the agent: DIMENSIONS in mode
+/// `dimensions`, none in the others.
+fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
+    match mode {
+        "dimensions" => bench.knobs.dimensions.as_deref(),
+        _ => None,
+    }
+}
+
+/// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
+/// `--dimensions`, or baseline: the pipeline of BASELINE's binaries), each request with a
+/// block of `headers` when given. The measured window runs from the load's start until the
+/// collector has written and folded the run's clicks, so compaction is included. Appends a
+/// row to $OUT/redirect.tsv.
+async fn once(
+    bench: &mut Bench,
+    mix: &str,
+    mode: &str,
+    round: u32,
+    headers: Option<Arc<Headers>>,
+) -> Res<()> {
     let (variant, clicks) = match mode {
         "baseline" => (Variant::Baseline, "pipeline"),
+        "dimensions" => (Variant::Current, "pipeline"),
         _ => (Variant::Current, mode),
     };
+    let dims = dimensions(bench, mode).map(str::to_owned);
     let rows0 = rows_now(bench, variant).await?;
+    let breakdown0 = match &dims {
+        Some(dims) => breakdown_now(bench, dims).await?,
+        None => Vec::new(),
+    };
     let collector = match clicks {
         "pipeline" => Some(start_collector(bench, variant, &[]).await?),
         _ => None,
     };
     let log_path = bench.path("redirector.log");
     let _ = std::fs::remove_file(&log_path);
-    let redirector = Proc::spawn("redirector", redirector(bench, variant, clicks), &log_path)?;
+    let mut cmd = redirector(bench, variant, clicks);
+    if let Some(dims) = &dims {
+        cmd.args(["--dimensions", dims, "--country-header", COUNTRY_HEADER]);
+    }
+    let redirector = Proc::spawn("redirector", cmd, &log_path)?;
     await_healthy(addr(REDIRECTOR_ADMIN), "redirector", &log_path).await?;
     let written = match collector {
         Some(_) => Written::now().await?,
@@ -198,6 +225,7 @@ async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
     let load = Load {
         connections: bench.knobs.connections,
         paths: Some(paths(mix)),
+        headers,
         client: Client::Plain,
         ..Load::get(addr(HTTP), "/")
     };
@@ -230,7 +258,10 @@ async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
         c.stop().await;
     }
     if clicks != "off" {
-        check_recorded(bench, variant, mode, redirects, dropped, rows0).await?;
+        let recorded = check_recorded(bench, variant, mode, redirects, dropped, rows0).await?;
+        if let Some(dims) = &dims {
+            check_breakdown(bench, mode, dims, &breakdown0, recorded).await?;
+        }
     }
     let (rps, p50, p99) = stats(&report, elapsed);
     let mut row = vec![
@@ -249,7 +280,8 @@ async fn once(bench: &mut Bench, mix: &str, mode: &str, round: u32) -> Res<()> {
 }
 
 /// Every redirect served is a row or a counted drop: rows the run added plus its drops must
-/// be its redirects. A mismatch is reported and fails the run at the end.
+/// be its redirects. A mismatch is reported and fails the run at the end. The rows the run
+/// added.
 async fn check_recorded(
     bench: &mut Bench,
     variant: Variant,
@@ -257,13 +289,54 @@ async fn check_recorded(
     redirects: u64,
     dropped: u64,
     rows0: i64,
-) -> Res<()> {
+) -> Res<i64> {
     let recorded = rows_now(bench, variant).await? - rows0;
     if !adds_up(recorded, dropped, redirects) {
         log(&format!(
             "MISMATCH in mode {mode}: {redirects} redirects served, {recorded} clicks recorded, {dropped} dropped"
         ));
         bench.mismatches += 1;
+    }
+    Ok(recorded)
+}
+
+/// The agent and each of `dims` (comma-separated): every click lands in each once.
+fn breakdown_dimensions(dims: &str) -> Vec<&str> {
+    std::iter::once("agent").chain(dims.split(',')).collect()
+}
+
+/// The clicks `click_breakdown` holds now in the agent and each of `dims`, in that order.
+async fn breakdown_now(bench: &Bench, dims: &str) -> Res<Vec<i64>> {
+    let client = bench.client(Variant::Current).await?;
+    let mut clicks = Vec::new();
+    for dim in breakdown_dimensions(dims) {
+        let sql = format!(
+            "SELECT coalesce(sum(clicks), 0) FROM click_breakdown WHERE dimension = '{dim}'"
+        );
+        clicks.push(crate::cluster::number(&client, &sql).await?);
+    }
+    Ok(clicks)
+}
+
+/// Every click the run recorded is in each dimension's breakdown once (every request carries
+/// each header, and a missing Referer counts as its own value): otherwise the run measured
+/// dimensions that were not all recorded. A mismatch is reported and fails the run at the end.
+async fn check_breakdown(
+    bench: &mut Bench,
+    mode: &str,
+    dims: &str,
+    before: &[i64],
+    recorded: i64,
+) -> Res<()> {
+    let after = breakdown_now(bench, dims).await?;
+    for ((dim, b), a) in breakdown_dimensions(dims).iter().zip(before).zip(&after) {
+        if a - b != recorded {
+            log(&format!(
+                "MISMATCH in mode {mode}: {recorded} clicks recorded, {} in the {dim} breakdown",
+                a - b
+            ));
+            bench.mismatches += 1;
+        }
     }
     Ok(())
 }
@@ -277,15 +350,31 @@ pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
     let tsv = bench.path("redirect.tsv");
     std::fs::write(&tsv, "")?;
     let modes = bench.knobs.modes.clone();
+    let with_dimensions = modes.iter().any(|m| m == "dimensions");
+    let bin = bench.bin(Variant::Current, "redirector");
+    if with_dimensions && bench.knobs.dimensions.is_some() && !has_flag(&bin, "--dimensions") {
+        return Err(format!(
+            "{} has no --dimensions (DIMENSIONS=none runs mode dimensions without it)",
+            bin.display()
+        )
+        .into());
+    }
+    // The headers cost the redirector their parsing whether it classifies them or not, so a
+    // run that measures the dimensions sends them in every mode: the modes then differ only
+    // in the redirector's flags.
+    let headers = with_dimensions.then(Headers::browsers);
     for round in 1..=bench.knobs.rounds {
         for mix in MIXES {
             for mode in rotated(round as usize, &modes) {
                 log(&format!("redirect round {round}, {mix} codes: {mode}"));
-                once(bench, mix, &mode, round).await?;
+                once(bench, mix, &mode, round, headers.clone()).await?;
             }
         }
     }
     print_table(bench, &modes);
+    if with_dimensions && modes.iter().any(|m| m == "pipeline") {
+        print_dimensions(bench);
+    }
     Ok(())
 }
 
@@ -295,6 +384,15 @@ fn print_table(bench: &Bench, modes: &[String]) {
         "load: 2 threads, {} keep-alive connections, {}s, {CODES} links, medians of {} interleaved rounds.",
         k.connections, k.duration, k.rounds
     );
+    if k.modes.iter().any(|m| m == "dimensions") {
+        let flags = k
+            .dimensions
+            .as_deref()
+            .map_or("no --dimensions (DIMENSIONS=none)".to_owned(), |d| {
+                format!("`--dimensions {d} --country-header {COUNTRY_HEADER}`")
+            });
+        println!("`dimensions`: the pipeline with {flags}. Every mode's requests carry a browser's, a crawler's or a previewer's User-Agent, a Referer or none, and {COUNTRY_HEADER} (testkit's browsers).");
+    }
     if let Some(base) = &k.baseline {
         println!(
             "`baseline`: the pipeline of {base} ({}), on a database of its own.",
@@ -329,6 +427,50 @@ fn print_table(bench: &Bench, modes: &[String]) {
         bench.out.display()
     );
     println!("CPU counts from the load's start until the collector has written and folded the run's clicks.");
+}
+
+/// Dimensions off (mode pipeline) and on (mode dimensions) side by side: req/s, each round's
+/// ratio on/off and their median, and CPU per redirect (per click: every redirect is one).
+fn print_dimensions(bench: &Bench) {
+    let rows = rows(&bench.path("redirect.tsv"));
+    println!();
+    println!("Dimensions off (`pipeline`) and on (`dimensions`), the same requests:");
+    println!();
+    println!("| codes | dimensions | req/s (median) | per-round ratio on/off | median ratio | CPU us per redirect: redirector / collector / PostgreSQL | dropped |");
+    println!("|---|---|---|---|---|---|---|");
+    for mix in MIXES {
+        let round_rps = |mode: &str, round: u32| {
+            num(&median(&column(&rows, &[mix, mode, &round.to_string()], 4)))
+        };
+        let ratios: Vec<String> = (1..=bench.knobs.rounds)
+            .map(|r| ratio(round_rps("dimensions", r), round_rps("pipeline", r), 6))
+            .collect();
+        for (label, mode) in [("off", "pipeline"), ("on", "dimensions")] {
+            let c = |f| median(&column(&rows, &[mix, mode], f));
+            let (per_round, med) = match mode {
+                "dimensions" => (
+                    ratios.iter().map(|r| two(r)).collect::<Vec<_>>().join(", "),
+                    format!("**{}**", two(&median(&ratios))),
+                ),
+                _ => (String::new(), String::new()),
+            };
+            println!(
+                "| {mix} | {label} | {:.0} | {per_round} | {med} | {} / {} / {} | {} |",
+                num(&c(4)),
+                c(11),
+                c(12),
+                c(13),
+                c(9)
+            );
+        }
+    }
+}
+
+/// A ratio with two decimals, as the tables print them (`-` as it is).
+fn two(ratio: &str) -> String {
+    ratio
+        .parse::<f64>()
+        .map_or(ratio.to_owned(), |r| format!("{r:.2}"))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What the redirector's tests share: running the real binaries, reading their metrics and the
 //! database, the load generator and the chaos scenarios.
 
+pub mod browsers;
 pub mod chaos;
 pub mod load;
 

@@ -1,7 +1,8 @@
 //! A small HTTP load generator for the tests and the benchmark: N tasks, each with its own
 //! keep-alive HTTP/1 connection (hyper's client conn over a TcpStream), sharing one request
 //! budget or running for a duration, each request's path fixed or drawn per request (a code
-//! mix), each answer's latency recorded in a histogram.
+//! mix), each request's headers none or drawn per request ([`Headers`]), each answer's latency
+//! recorded in a histogram.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use hyper_util::rt::TokioIo;
 
 use std::fmt::Write as _;
 
+use super::browsers::Headers;
 use crate::XorShift;
 
 /// What the clients saw.
@@ -153,6 +155,8 @@ pub struct Load {
     pub stop: Arc<AtomicBool>,
     /// When set, each request's path is drawn by it instead of being `path`.
     pub paths: Option<Paths>,
+    /// When set, each request carries a block of header lines drawn by it (besides `Host`).
+    pub headers: Option<Arc<Headers>>,
     pub client: Client,
     /// After a request that got no answer, connect again (after 10 ms) and go on, as clients
     /// of a server that restarts do; without it the connection's task ends.
@@ -182,6 +186,7 @@ impl Load {
             connections: 50,
             stop: Arc::new(AtomicBool::new(false)),
             paths: None,
+            headers: None,
             client: Client::Hyper,
             reconnect: false,
         }
@@ -270,12 +275,17 @@ impl Load {
             };
         tokio::spawn(connection);
         while self.take_one(&budget) {
-            let request = Request::builder()
+            let mut request = Request::builder()
                 .method(self.method.clone())
                 .uri(self.next_path(&mut random, &mut path))
-                .header(hyper::header::HOST, "load")
-                .body(Empty::<Bytes>::new())
-                .expect("valid request");
+                .header(hyper::header::HOST, "load");
+            if let Some(headers) = &self.headers {
+                let lines = headers.pick(&mut random).split_terminator("\r\n");
+                for (name, value) in lines.filter_map(|l| l.split_once(": ")) {
+                    request = request.header(name, value);
+                }
+            }
+            let request = request.body(Empty::<Bytes>::new()).expect("valid request");
             let start = Instant::now();
             let answered = match sender.send_request(request).await {
                 Ok(response) => {
@@ -321,11 +331,11 @@ impl Load {
         while self.take_one(&budget) {
             request.clear();
             let path = self.next_path(&mut random, &mut path);
-            let _ = write!(
-                request,
-                "{} {path} HTTP/1.1\r\nHost: load\r\n\r\n",
-                self.method
-            );
+            let _ = write!(request, "{} {path} HTTP/1.1\r\nHost: load\r\n", self.method);
+            if let Some(headers) = &self.headers {
+                request.push_str(headers.pick(&mut random));
+            }
+            request.push_str("\r\n");
             let start = Instant::now();
             let status = match stream.write_all(request.as_bytes()).await {
                 Ok(()) => answer.read(&mut stream, head_only).await,
@@ -456,20 +466,28 @@ mod tests {
         );
     }
 
-    /// A server that answers every request on its connections with `answer`.
-    async fn canned(answer: &'static [u8]) -> SocketAddr {
+    /// A server that answers every request on its connections with `answer`; the request
+    /// heads it read, each connection's in turn.
+    async fn canned(answer: &'static [u8]) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
+                let seen = seen.clone();
                 tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
+                    let (mut buf, mut pending) = ([0u8; 4096], Vec::new());
                     while let Ok(n @ 1..) = socket.read(&mut buf).await {
-                        let requests = buf[..n].windows(4).filter(|w| w == b"\r\n\r\n").count();
-                        for _ in 0..requests {
+                        pending.extend_from_slice(&buf[..n]);
+                        // A head may arrive in pieces: answer only whole ones.
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head: Vec<u8> = pending.drain(..end + 4).collect();
+                            let head = String::from_utf8_lossy(&head).into_owned();
+                            seen.lock().expect("heads").push(head);
                             if socket.write_all(answer).await.is_err() {
                                 return;
                             }
@@ -478,7 +496,7 @@ mod tests {
                 });
             }
         });
-        addr
+        (addr, heads)
     }
 
     #[tokio::test]
@@ -487,7 +505,7 @@ mod tests {
             &b"HTTP/1.1 302 Found\r\nlocation: /x\r\ncontent-length: 0\r\n\r\n"[..],
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found",
         ] {
-            let addr = canned(answer).await;
+            let (addr, _) = canned(answer).await;
             let load = Load {
                 connections: 3,
                 client: Client::Plain,
@@ -503,6 +521,57 @@ mod tests {
             assert_eq!(report.errors, 0);
             assert_eq!(report.latencies.count(), 1_000);
         }
+    }
+
+    #[tokio::test]
+    async fn both_clients_send_the_drawn_headers() {
+        let answer = b"HTTP/1.1 302 Found\r\nlocation: /x\r\ncontent-length: 0\r\n\r\n";
+        let browsers = Headers::browsers();
+        for client in [Client::Plain, Client::Hyper] {
+            let (addr, heads) = canned(answer).await;
+            let load = Load {
+                connections: 2,
+                client,
+                headers: Some(browsers.clone()),
+                ..Load::get(addr, "/a")
+            };
+            assert_eq!(load.run(500).await.total(), 500, "{client:?}");
+            let heads = heads.lock().expect("heads");
+            assert_eq!(heads.len(), 500, "{client:?}");
+            let mut blocks = std::collections::BTreeSet::new();
+            for head in heads.iter() {
+                // Every line past the request line and Host is one of a block's, in order.
+                let lines: Vec<&str> = head.split_terminator("\r\n").collect();
+                let block: String = lines[1..]
+                    .iter()
+                    .filter(|l| !l.is_empty() && !l.eq_ignore_ascii_case("host: load"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                let sent = browsers
+                    .blocks()
+                    .iter()
+                    .find(|b| b.eq_ignore_ascii_case(&block));
+                assert!(sent.is_some(), "{client:?}: {head:?}");
+                blocks.insert(block.to_ascii_lowercase());
+            }
+            assert!(blocks.len() > 100, "{client:?}: {} blocks", blocks.len());
+        }
+    }
+
+    #[tokio::test]
+    async fn without_headers_a_request_is_its_line_and_host() {
+        let answer = b"HTTP/1.1 302 Found\r\ncontent-length: 0\r\n\r\n";
+        let (addr, heads) = canned(answer).await;
+        let load = Load {
+            connections: 1,
+            client: Client::Plain,
+            ..Load::get(addr, "/a")
+        };
+        assert_eq!(load.run(3).await.total(), 3);
+        let heads = heads.lock().expect("heads");
+        assert!(heads
+            .iter()
+            .all(|h| h == "GET /a HTTP/1.1\r\nHost: load\r\n\r\n"));
     }
 
     #[test]
