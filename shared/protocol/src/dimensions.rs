@@ -48,7 +48,7 @@ impl Country {
         let text = text.trim_ascii();
         let [a, b] = <[u8; 2]>::try_from(text).ok()?;
         let code = [a.to_ascii_uppercase(), b.to_ascii_uppercase()];
-        iso_index(code).map(|_| Country(code))
+        assigned(code).then_some(Country(code))
     }
 
     pub fn bytes(&self) -> [u8; 2] {
@@ -166,6 +166,18 @@ impl<'a> Dimensions<'a> {
     }
 }
 
+/// [`ISO_3166`] as a bit per pair of letters: row `first - b'A'`, bit `second - b'A'`. A
+/// lookup instead of a search: the redirector checks a country header on every request.
+const ASSIGNED: [u32; 26] = {
+    let mut rows = [0u32; 26];
+    let mut i = 0;
+    while i < ISO_3166.len() {
+        rows[(ISO_3166[i] - b'A') as usize] |= 1 << (ISO_3166[i + 1] - b'A');
+        i += 2;
+    }
+    rows
+};
+
 /// Where `code` is in [`ISO_3166`], if it is there (a binary search, no allocation).
 fn iso_index(code: [u8; 2]) -> Option<usize> {
     let (mut lo, mut hi) = (0, ISO_3166.len() / 2);
@@ -178,6 +190,14 @@ fn iso_index(code: [u8; 2]) -> Option<usize> {
         }
     }
     None
+}
+
+/// Whether `code` (upper case) is assigned.
+fn assigned(code: [u8; 2]) -> bool {
+    let [a, b] = code;
+    a.is_ascii_uppercase()
+        && b.is_ascii_uppercase()
+        && ASSIGNED[usize::from(a - b'A')] & (1 << (b - b'A')) != 0
 }
 
 /// A country's name as a `'static` str (the collector keys counts by it).
@@ -244,6 +264,20 @@ mod tests {
         let pairs: Vec<_> = ISO_3166.chunks_exact(2).collect();
         assert_eq!(pairs.len(), 249);
         assert!(pairs.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_bit_table_holds_the_list_exactly() {
+        for a in b'A'..=b'Z' {
+            for b in b'A'..=b'Z' {
+                assert_eq!(
+                    assigned([a, b]),
+                    iso_index([a, b]).is_some(),
+                    "{}",
+                    a as char
+                );
+            }
+        }
     }
 
     #[test]
