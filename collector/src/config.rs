@@ -171,6 +171,22 @@ pub struct Config {
     )]
     pub(crate) compact_backlog: u32,
 
+    /// ... or as soon as the sums this collector keeps of its unfolded counts (one per distinct
+    /// code and day, however many clicks) take half of this memory. They never take more: sums
+    /// that reach it before a fold takes them (the database away from the fold, another
+    /// collector folding, codes coming faster than folds go) are dropped, and their batches
+    /// folded from their rows, which costs the database more and is exact all the same. Bytes,
+    /// or with a unit: K, M, G (powers of 1024, as systemd's MemoryMax=), e.g. `64M`. The
+    /// collector's peak RSS with it is in BENCHMARKS.md ("The collector's memory").
+    #[arg(
+        long,
+        env = "COLLECTOR_COMPACT_MEMORY",
+        value_name = "BYTES",
+        default_value = "64M",
+        value_parser = parse_memory
+    )]
+    pub(crate) compact_memory: usize,
+
     /// Clicks older than this (by the collector's clock when it receives them) are not written
     /// into clicks but set aside (clicks_set_aside, reason too_old), as clicks dated more than
     /// --max-click-skew ahead are (too_new): a wrong clock or a forged datagram cannot write
@@ -224,6 +240,43 @@ pub struct Config {
     pub(crate) mirror: Option<PathBuf>,
 }
 
+/// The smallest and largest --compact-memory: below a mebibyte, a batch or two of distinct
+/// codes would fill the sums and every batch would go the SQL way; above 64 GiB is no host's
+/// collector (a typo's extra digits).
+const MEMORY_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(64 << 30);
+
+/// Bytes, or a number with K, M or G (KiB, MiB, GiB also read; powers of 1024), in
+/// [`MEMORY_RANGE`].
+fn parse_memory(s: &str) -> Result<usize, String> {
+    let text = s.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?}; give bytes, or K, M or G (e.g. 64M)"
+            ))
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; give bytes, or K, M or G (e.g. 64M)"))?;
+    let bytes = number.checked_shl(shift).filter(|b| b >> shift == number);
+    match bytes {
+        Some(b) if MEMORY_RANGE.contains(&b) => Ok(b as usize),
+        _ => Err(format!(
+            "{s:?} is outside 1M to 64G: less would fold (or drop the sums) every batch, more \
+             is beyond any host's collector"
+        )),
+    }
+}
+
 /// The host name, or `localhost` if it cannot be read (never expected on Linux).
 fn default_instance() -> String {
     nix::unistd::gethostname()
@@ -272,6 +325,12 @@ mod tests {
         assert_eq!(cli.run.batch_rows, 7);
         assert_eq!(cli.run.compact_interval, Duration::from_secs(60));
         assert_eq!(cli.run.compact_backlog, 5_000_000);
+        assert_eq!(cli.run.compact_memory, 64 << 20);
+        assert_eq!(
+            cli.run.compact_memory,
+            crate::write::unfolded::DEFAULT_MEMORY,
+            "the flag's default is the sums' own"
+        );
         let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
         assert_eq!(
             cli.run.instance, host,
@@ -291,6 +350,17 @@ mod tests {
             ("--instance", "", "1 to 255"),
             ("--instance", "a\tb", "control character"),
             ("--allow-uid", "root", "invalid digit"),
+            ("--compact-memory", "0", "outside 1M to 64G"),
+            ("--compact-memory", "1023K", "outside 1M to 64G"),
+            ("--compact-memory", "65G", "outside 1M to 64G"),
+            ("--compact-memory", "99999999999999999999", "not a size"),
+            (
+                "--compact-memory",
+                "18446744073709551615G",
+                "outside 1M to 64G",
+            ),
+            ("--compact-memory", "64MB", "unknown unit"),
+            ("--compact-memory", "1.5G", "unknown unit"),
         ] {
             let err = parse(&[url[0], url[1], flag, value])
                 .unwrap_err()
@@ -326,6 +396,16 @@ mod tests {
             help.contains("waits for the database to take the last batches"),
             "{help}"
         );
+    }
+
+    #[test]
+    fn memory_sizes_take_bytes_or_units() {
+        assert_eq!(parse_memory("1048576"), Ok(1 << 20));
+        assert_eq!(parse_memory("64M"), Ok(64 << 20));
+        assert_eq!(parse_memory("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_memory("2048K"), Ok(2 << 20));
+        assert_eq!(parse_memory("1G"), Ok(1 << 30));
+        assert_eq!(parse_memory("64G"), Ok(64 << 30));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::metrics::{AdminView, Shared};
 use crate::upkeep::{compact, maintenance, partitions};
 use crate::write::batch::{self, DateWindow, Handoff};
 use crate::write::store::Conn;
-use crate::write::unfolded::Unfolded;
+use crate::write::unfolded::{Meters, Unfolded};
 use crate::write::writer::Writer;
 use crate::write::{copy, lock};
 use crate::{ingest, upkeep, write};
@@ -139,7 +139,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     shared::systemd::notify_or_log("READY=1");
 
     // Below 2^63: a positive bigint.
-    let unfolded = Arc::new(Unfolded::new(protocol::wire::random_sender() as i64));
+    let meters = Meters {
+        bytes: metrics.upkeep.unfolded_bytes.clone(),
+        dropped: metrics.upkeep.unfolded_dropped.clone(),
+    };
+    let writer_id = protocol::wire::random_sender() as i64;
+    let unfolded = Arc::new(Unfolded::bounded(writer_id, config.compact_memory, meters));
     let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &shared);
     let receiver = Receiver::new(
         inbox,

@@ -21,5 +21,11 @@ shared::metrics! {
             "Per-batch counts (code, day, clicks) not folded into click_counts yet.";
         deltas_oldest_seconds: Gauge = "deltas_oldest_seconds",
             "How long the oldest count not folded yet has waited.";
+        unfolded_bytes: Gauge = "unfolded_bytes",
+            "Estimated memory of this collector's sums of unfolded counts, a fold's under way \
+             included; a fold is due at half of --compact-memory.";
+        unfolded_dropped: Counter = "unfolded_dropped",
+            "Times the sums of unfolded counts reached --compact-memory before a fold took \
+             them: they were dropped, and their batches folded from their rows (the SQL way).";
     }
 }

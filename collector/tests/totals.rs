@@ -8,7 +8,7 @@ use std::sync::Arc;
 use collector::upkeep::compact::{self, Apply};
 mod support;
 
-use collector::write::unfolded::Unfolded;
+use collector::write::unfolded::{Unfolded, CHUNK_KEYS};
 use support::*;
 use testkit::collector::*;
 use testkit::pgtest;
@@ -135,6 +135,32 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
                 "{way:?}"
             );
         }
+    }
+}
+
+/// Sums of more keys than one statement takes go in several, in one transaction: every key
+/// once, by both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sums_of_more_keys_than_a_statement_takes_go_in_chunks() {
+    for way in [Apply::Merge, Apply::Upsert] {
+        let db = testkit::pgtest::test_db().await;
+        let mut client = pgtest::connect(&db.url).await;
+        let metrics = Arc::new(Counted::default());
+        let (mut handoff, own) = writer_with_sums(&db.url, "chunks", LIMIT, metrics).await;
+        let policy = compact::Policy {
+            interval: std::time::Duration::ZERO,
+            backlog: 1,
+        };
+        let keys = 2 * CHUNK_KEYS + 1_000;
+        // Each key twice: once in each of two batches (its clicks 7,919 apart).
+        let sent = clicks(2 * keys, keys, start_us(), 10);
+        let (a, b) = sent.split_at(keys);
+        write(&mut handoff, batch_of(&datagrams(5, a))).await;
+        write(&mut handoff, batch_of(&datagrams(6, b))).await;
+        let moved = compact::fold_with(&mut client, &policy, &own, way).await;
+        let expected = expected_totals(&sent);
+        assert_eq!(moved.unwrap(), Some(expected.len() as i64), "{way:?}");
+        assert_eq!(totals(&client, "click_counts").await, expected, "{way:?}");
     }
 }
 

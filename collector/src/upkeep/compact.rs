@@ -7,8 +7,10 @@
 //! collector that stopped, rows of earlier versions) goes the SQL way, `FOLD_ROWS`: unnest,
 //! sum, upsert, which costs the database about a microsecond per count on top of the upsert
 //! per key. Folds are spaced out: one when the batches summed hold `--compact-backlog` counts,
-//! or when the oldest has waited `--compact-interval`. `click_totals` is exact whatever the backlog (it
-//! adds the unfolded counts); the backlog bounds what a reader of it has to add up.
+//! when the oldest has waited `--compact-interval`, or when the sums take half of
+//! `--compact-memory` (`unfolded` says what happens at the whole of it). `click_totals` is
+//! exact whatever the backlog (it adds the unfolded counts); the backlog bounds what a reader
+//! of it has to add up.
 //!
 //! The breakdowns (migration 14) are folded in the same transaction, always the SQL way
 //! (`FOLD_BREAKDOWNS`), and `click_breakdown` is exact at every moment as `click_totals` is.
@@ -267,12 +269,12 @@ pub async fn fold_with(
     if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
         return Ok(None);
     }
-    let taking = Taking {
+    let mut taking = Taking {
         own,
         taken: own.take(),
         committed: false,
     };
-    let moved = fold_taken(&mut tx, policy, own.writer(), &taking.taken, apply).await?;
+    let moved = fold_taken(&mut tx, policy, own.writer(), &mut taking.taken, apply).await?;
     let breakdowns: i64 = tx.query_one(FOLD_BREAKDOWNS, &[]).await?.get(0);
     tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
     tx.batch_execute(PRUNE).await?;
@@ -283,7 +285,8 @@ pub async fn fold_with(
 
 /// What a fold took from the sums, handed back to the SQL way unless the fold committed: on an
 /// error, and also when the fold is dropped midway (the maintenance round's deadline), since
-/// the rows it took the sums of are then still in the table.
+/// the rows it took the sums of are then still in the table. Either way its sums stop counting
+/// against the memory bound.
 struct Taking<'a> {
     own: &'a Unfolded,
     taken: Taken,
@@ -301,30 +304,34 @@ impl Drop for Taking<'_> {
         if !self.committed {
             self.own.give_back(&self.taken);
         }
+        self.own.release();
     }
 }
 
 /// The fold's statements: the sums, unless another collector's fold took some of their rows
-/// (then those batches go the SQL way), and the SQL way for the rest.
+/// (then those batches go the SQL way), and the SQL way for the rest. The sums go a chunk a
+/// statement, in key order, all in the fold's transaction; each chunk is freed once sent.
 async fn fold_taken(
     tx: &mut tokio_postgres::Transaction<'_>,
     policy: &Policy,
     writer: i64,
-    taken: &Taken,
+    taken: &mut Taken,
     apply: Apply,
 ) -> Result<i64, tokio_postgres::Error> {
     let mut moved = 0;
     let mut stray_upto = taken.stray_upto.unwrap_or(0);
-    if let Some(sums) = &taken.sums {
+    if let Some(sums) = &mut taken.sums {
         let own = tx.savepoint("own").await?;
         let range = [&writer as _, &sums.first as _, &sums.last as _];
         let deleted = own.execute(DELETE_OWN, &range).await?;
         if deleted as i64 == sums.rows {
-            let codes: Vec<&str> = sums.codes.iter().map(|c| &**c).collect();
-            own.execute(apply.statement(), &[&codes, &sums.days, &sums.clicks])
-                .await?;
+            for chunk in std::mem::take(&mut sums.chunks) {
+                let codes: Vec<&str> = chunk.codes.iter().map(|c| &**c).collect();
+                own.execute(apply.statement(), &[&codes, &chunk.days, &chunk.clicks])
+                    .await?;
+            }
             own.commit().await?;
-            moved += sums.codes.len() as i64;
+            moved += sums.keys as i64;
         } else {
             tracing::info!(
                 first = sums.first,

@@ -79,7 +79,11 @@ pub(crate) async fn run(
     // Pruning rides on a fold or on the first look after an interval without one.
     let mut pruned = Instant::now() - policy.fold.interval;
     loop {
-        looks.tick().await;
+        // Sums growing fast (many distinct codes) can pass their memory bound within a look.
+        tokio::select! {
+            _ = looks.tick() => {}
+            () = own.due_by_memory() => {}
+        }
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {

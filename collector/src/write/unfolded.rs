@@ -11,19 +11,54 @@
 //! see committed as it wrote it, a fold that failed after taking the sums) becomes "stray":
 //! the writer's rows up to that batch are folded the SQL way, which is always exact, because
 //! the rows are the truth and the sums only a cache of them.
+//!
+//! Memory: the sums hold one entry per distinct (code, day), so they grow with the number of
+//! codes clicked between folds, not with the clicks. They are held to a bound
+//! (`--compact-memory`), counting the sums a fold has taken and not finished with: a fold is
+//! due at half of it, and the maintenance task is woken then rather than at its next look;
+//! sums that reach it all the same (no fold could run: the fold's connection away, another
+//! collector folding, a fold slower than the codes come) are dropped, and their batches become
+//! stray. That costs the database the SQL way for them, never exactness.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use compact_str::CompactString;
+use shared::metrics::{Counter, Gauge};
+use shared::throttle::Throttle;
+use tokio::sync::Notify;
 
 use crate::write::batch::{Batch, CodeCounts};
+
+/// The bound on the sums' memory when none is given (`--compact-memory`'s default): with the
+/// default batches, what keeps the collector's peak RSS within its budget and well under
+/// collector.service's MemoryMax (BENCHMARKS.md, "The collector's memory").
+pub const DEFAULT_MEMORY: usize = 64 << 20;
+
+/// Keys a fold sends in one statement: the parameters of a statement are encoded whole before
+/// they are sent (at 64-byte codes, 5 MiB for this many), so the sums go in statements of this
+/// size, all in the fold's one transaction.
+pub const CHUNK_KEYS: usize = 65_536;
 
 /// This writer's committed, unfolded counts.
 #[derive(Debug)]
 pub struct Unfolded {
     writer: i64,
+    /// The most memory the sums may take, those taken by a fold under way included.
+    bound: usize,
     state: Mutex<State>,
+    /// Woken when a fold becomes due by memory.
+    due_by_memory: Notify,
+    meters: Meters,
+}
+
+/// What the sums show in the metrics.
+#[derive(Debug, Default)]
+pub struct Meters {
+    /// Estimated bytes of the sums, a fold's included.
+    pub bytes: Gauge,
+    /// Times the sums reached the bound and were dropped.
+    pub dropped: Counter,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +80,13 @@ struct State {
     since: Option<Instant>,
     /// This writer's rows up to this batch must be folded the SQL way.
     stray_upto: Option<i64>,
+    /// Heap bytes of the codes in `sums` (those too long to be held inline).
+    heap: usize,
+    /// Estimated bytes of the sums a fold has taken and not finished with.
+    taken: usize,
+    /// The log line of sums dropped: when codes keep coming faster than folds go, each fold's
+    /// time would repeat it.
+    dropping: Throttle,
 }
 
 /// What a fold takes: sums to upsert, and this writer's batches to fold the SQL way.
@@ -54,25 +96,43 @@ pub(crate) struct Taken {
     pub(crate) stray_upto: Option<i64>,
 }
 
-/// The sums of this writer's batches `first..=last`, which wrote `rows` rows.
+/// The sums of this writer's batches `first..=last`, which wrote `rows` rows: `keys` sums in
+/// key order, in chunks of at most [`CHUNK_KEYS`], each sent (and freed) in turn.
 #[derive(Debug)]
 pub(crate) struct Sums {
     pub(crate) first: i64,
     pub(crate) last: i64,
     pub(crate) rows: i64,
+    pub(crate) keys: usize,
+    pub(crate) chunks: Vec<Chunk>,
+}
+
+/// Sums of consecutive keys, as the statement's three arrays.
+#[derive(Debug, Default)]
+pub(crate) struct Chunk {
     pub(crate) codes: Vec<CompactString>,
     pub(crate) days: Vec<i32>,
     pub(crate) clicks: Vec<i64>,
 }
 
 impl Unfolded {
+    /// The sums of writer `writer`, held to [`DEFAULT_MEMORY`], unmetered.
     pub fn new(writer: i64) -> Unfolded {
+        Unfolded::bounded(writer, DEFAULT_MEMORY, Meters::default())
+    }
+
+    /// The sums of writer `writer`, held to `bound` bytes, shown in `meters`.
+    pub fn bounded(writer: i64, bound: usize, meters: Meters) -> Unfolded {
         Unfolded {
             writer,
+            bound,
             state: Mutex::new(State {
                 first: 1,
+                dropping: Throttle::every(Duration::from_secs(60)),
                 ..State::default()
             }),
+            due_by_memory: Notify::new(),
+            meters,
         }
     }
 
@@ -92,23 +152,64 @@ impl Unfolded {
         s.last = number;
         s.rows += batch.count_row_count() as i64;
         s.entries += batch.delta_count();
+        let State {
+            sums, keys, heap, ..
+        } = &mut *s;
         for (code, day, clicks) in batch.deltas() {
-            let codes = s.sums.entry(day).or_default();
+            let codes = sums.entry(day).or_default();
             match codes.get_mut(code) {
                 Some(n) => *n += clicks,
                 None => {
                     codes.insert(code.into(), clicks);
-                    s.keys += 1;
+                    *keys += 1;
+                    *heap += heap_bytes(code.len());
                 }
             }
         }
         s.since.get_or_insert_with(Instant::now);
+        let bytes = s.bytes();
+        if bytes + s.taken >= self.bound {
+            // Past the bound at most by one batch's keys (bounded by --batch-rows).
+            if let Some(held) = s.dropping.allow() {
+                tracing::warn!(
+                    batch = number,
+                    bytes,
+                    taken = s.taken,
+                    bound = self.bound,
+                    held,
+                    "the sums of the unfolded counts reached --compact-memory ({} bytes) before \
+                     a fold took them ({held} more times since the last line): dropped; their \
+                     batches, up to {number}, are folded from their rows, which costs the \
+                     database more",
+                    self.bound
+                );
+            }
+            self.meters.dropped.inc();
+            s.stray(number);
+        } else if bytes >= self.bound / 2 {
+            self.due_by_memory.notify_one();
+        }
+        self.show(&s);
+    }
+
+    /// Waits until a fold is due by memory (at once if it became due since the last wait).
+    pub(crate) async fn due_by_memory(&self) {
+        self.due_by_memory.notified().await;
+    }
+
+    fn show(&self, s: &State) {
+        let bytes = s.bytes() + s.taken;
+        self.meters
+            .bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Batch `number` is in, but not with the counts this would add (an earlier attempt whose
     /// answer was lost committed it, or rows were refused): fold up to it the SQL way.
     pub(crate) fn lose(&self, number: i64) {
-        self.lock().stray(number);
+        let mut s = self.lock();
+        s.stray(number);
+        self.show(&s);
     }
 
     /// A fold failed after [`Unfolded::take`]: what it took is left to the SQL way.
@@ -120,27 +221,30 @@ impl Unfolded {
         }
     }
 
+    /// The fold of what [`Unfolded::take`] took is over, committed or not: its sums no longer
+    /// count against the bound.
+    pub(crate) fn release(&self) {
+        let mut s = self.lock();
+        s.taken = 0;
+        self.show(&s);
+    }
+
     /// Whether a fold is due: `entries` counts in the rows of the batches summed, the oldest
-    /// committed `interval` ago, or stray batches.
+    /// committed `interval` ago, the sums at half the memory bound, or stray batches.
     pub(crate) fn due(&self, entries: usize, interval: Duration) -> bool {
         let s = self.lock();
         s.stray_upto.is_some()
             || s.entries >= entries
             || s.since.is_some_and(|t| t.elapsed() >= interval)
+            || s.bytes() >= self.bound / 2
     }
 
-    /// Everything to fold, leaving nothing behind.
+    /// Everything to fold, leaving nothing behind. Its sums count against the bound until
+    /// [`Unfolded::release`].
     pub(crate) fn take(&self) -> Taken {
         let mut s = self.lock();
+        s.taken = s.bytes();
         let sums = (s.first <= s.last).then(|| {
-            let mut sums = Sums {
-                first: s.first,
-                last: s.last,
-                rows: s.rows,
-                codes: Vec::with_capacity(s.keys),
-                days: Vec::with_capacity(s.keys),
-                clicks: Vec::with_capacity(s.keys),
-            };
             let mut keys: Vec<_> = s
                 .sums
                 .drain()
@@ -151,14 +255,26 @@ impl Unfolded {
             // the index and pages in order (four times faster than in hash order, measured at
             // 245,000 keys).
             keys.sort_unstable();
-            for (code, day, clicks) in keys {
-                sums.codes.push(code);
-                sums.days.push(day);
-                sums.clicks.push(clicks);
+            let mut chunks = Vec::with_capacity(keys.len().div_ceil(CHUNK_KEYS));
+            for (i, (code, day, clicks)) in keys.into_iter().enumerate() {
+                if i % CHUNK_KEYS == 0 {
+                    chunks.push(Chunk::default());
+                }
+                let chunk = chunks.last_mut().expect("pushed above");
+                chunk.codes.push(code);
+                chunk.days.push(day);
+                chunk.clicks.push(clicks);
             }
-            sums
+            Sums {
+                first: s.first,
+                last: s.last,
+                rows: s.rows,
+                keys: s.keys,
+                chunks,
+            }
         });
         s.restart();
+        self.show(&s);
         Taken {
             sums,
             stray_upto: s.stray_upto.take(),
@@ -187,8 +303,39 @@ impl State {
         self.rows = 0;
         self.keys = 0;
         self.entries = 0;
+        self.heap = 0;
+        // The day maps go with their entries (not kept for reuse, as a batch's are): kept,
+        // they would hold their largest size between folds.
         self.sums.clear();
         self.since = None;
+    }
+
+    /// Estimated bytes of the sums: each day map's table (entries and control bytes, at its
+    /// capacity, as it only grows) and the codes held on the heap.
+    fn bytes(&self) -> usize {
+        let tables: usize = self.sums.values().map(|c| table_bytes(c.capacity())).sum();
+        tables + self.heap
+    }
+}
+
+/// The bytes of a hash table (std's, hashbrown's) that holds up to `capacity` entries:
+/// buckets a power of two, at most 7/8 of them full, each an entry and a control byte.
+fn table_bytes(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = (capacity * 8 / 7).next_power_of_two();
+    let entry = std::mem::size_of::<(CompactString, i64)>() + 1;
+    buckets * entry + 16
+}
+
+/// The heap bytes of a code of `len` bytes: none if held inline in its `CompactString`, else
+/// its allocation as malloc rounds it (a word of header, 16-byte steps, 32 at least).
+fn heap_bytes(len: usize) -> usize {
+    if len <= std::mem::size_of::<CompactString>() {
+        0
+    } else {
+        (len + 8).div_ceil(16).max(2) * 16
     }
 }
 
@@ -216,13 +363,33 @@ mod tests {
         b
     }
 
+    /// A batch of one click each of 64-byte codes `from..from + n`.
+    fn distinct(from: usize, n: usize) -> Batch {
+        let codes: Vec<String> = (from..from + n).map(|i| format!("{i:064}")).collect();
+        let codes: Vec<&str> = codes.iter().map(String::as_str).collect();
+        let clicks = codes.iter().map(|&code| Click::new(code, 0)).collect();
+        let datagram = Datagram {
+            version: protocol::wire::VERSION,
+            sender: 1,
+            seq: 0,
+            base_us: protocol::now_us(),
+            clicks,
+        };
+        let mut b = Batch::default();
+        let window = DateWindow {
+            max_age_us: i64::MAX,
+            max_skew_us: i64::MAX,
+        };
+        b.push(&datagram, &window, protocol::now_us());
+        b
+    }
+
     fn sums(taken: &Taken) -> Vec<(&str, i64)> {
         let s = taken.sums.as_ref().unwrap();
         let mut v: Vec<_> = s
-            .codes
+            .chunks
             .iter()
-            .map(|c| &**c)
-            .zip(s.clicks.iter().copied())
+            .flat_map(|c| c.codes.iter().map(|c| &**c).zip(c.clicks.iter().copied()))
             .collect();
         v.sort();
         v
@@ -284,5 +451,97 @@ mod tests {
         assert!(u.due(10, Duration::ZERO), "old enough");
         u.lose(2);
         assert!(u.due(10, hour), "strays");
+    }
+
+    #[test]
+    fn estimates_the_tables_and_the_codes_on_the_heap() {
+        assert_eq!(heap_bytes(24), 0, "held inline");
+        assert_eq!(heap_bytes(25), 48);
+        assert_eq!(heap_bytes(64), 80);
+        assert_eq!(table_bytes(0), 0);
+        // std's map of 3 entries has 4 buckets; of 100,000, 131,072.
+        let entry = std::mem::size_of::<(CompactString, i64)>() + 1;
+        let mut map = crate::write::batch::Counts::default();
+        map.insert("a".into(), 1);
+        assert_eq!(table_bytes(map.capacity()), 4 * entry + 16);
+        map.reserve(100_000);
+        assert_eq!(table_bytes(map.capacity()), 131_072 * entry + 16);
+    }
+
+    #[test]
+    fn due_at_half_the_memory_bound_and_woken_then() {
+        let u = Unfolded::bounded(7, 1 << 20, Meters::default());
+        let hour = Duration::from_secs(3600);
+        let mut number = 0;
+        while u.meters.bytes.get() < 1 << 19 {
+            assert!(
+                !u.due(usize::MAX, hour),
+                "at {} bytes",
+                u.meters.bytes.get()
+            );
+            number += 1;
+            u.add(number, &distinct(number as usize * 100, 100));
+        }
+        assert!(u.due(usize::MAX, hour));
+        let woken = std::pin::pin!(u.due_by_memory());
+        assert!(
+            futures_util::FutureExt::now_or_never(woken).is_some(),
+            "the maintenance task is woken"
+        );
+        assert_eq!(u.meters.dropped.get(), 0);
+        let taken = u.take();
+        assert_eq!(taken.sums.unwrap().keys, number as usize * 100);
+    }
+
+    #[test]
+    fn sums_that_reach_the_bound_are_dropped_and_their_batches_left_to_sql() {
+        let u = Unfolded::bounded(7, 1 << 20, Meters::default());
+        let mut number = 0;
+        while u.meters.dropped.get() == 0 {
+            number += 1;
+            u.add(number, &distinct(number as usize * 100, 100));
+            assert!(u.meters.bytes.get() < 1 << 20, "never held at the bound");
+        }
+        assert_eq!(u.meters.bytes.get(), 0, "nothing held");
+        u.add(number + 1, &distinct(0, 10));
+        let taken = u.take();
+        assert_eq!(
+            taken.stray_upto,
+            Some(number),
+            "up to the batch that reached it"
+        );
+        let sums = taken.sums.unwrap();
+        assert_eq!((sums.first, sums.keys), (number + 1, 10));
+    }
+
+    /// Batches of 100 distinct codes `u` takes until its sums are dropped.
+    fn batches_to_the_bound(u: &Unfolded, mut number: i64) -> i64 {
+        let first = number;
+        while u.meters.dropped.get() == 0 {
+            number += 1;
+            u.add(number, &distinct(number as usize * 100, 100));
+        }
+        number - first
+    }
+
+    #[test]
+    fn sums_taken_by_a_fold_count_against_the_bound_until_released() {
+        let alone = batches_to_the_bound(&Unfolded::bounded(7, 1 << 20, Meters::default()), 0);
+        let u = Unfolded::bounded(7, 1 << 20, Meters::default());
+        let mut number = 0;
+        while !u.due(usize::MAX, Duration::from_secs(3600)) {
+            number += 1;
+            u.add(number, &distinct(number as usize * 100, 100));
+        }
+        let held = u.meters.bytes.get();
+        let _taken = u.take();
+        assert_eq!(u.meters.bytes.get(), held, "the fold's, until it is over");
+        let beside = batches_to_the_bound(&u, number);
+        assert!(
+            beside < alone,
+            "beside the fold's sums the new ones reach the bound sooner: {beside} of {alone}"
+        );
+        u.release();
+        assert_eq!(u.meters.bytes.get(), 0);
     }
 }

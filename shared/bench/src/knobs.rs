@@ -38,6 +38,8 @@ pub(crate) struct Knobs {
     /// Seconds of `links-soak`, and its changes a second.
     pub(crate) soak: u64,
     pub(crate) soak_rate: u64,
+    /// Distinct codes of a `memory` run.
+    pub(crate) distinct: u64,
 }
 
 const REDIRECT_MODES: [&str; 5] = ["off", "pipeline", "direct", "dimensions", "baseline"];
@@ -99,6 +101,7 @@ impl Knobs {
             change_rate: positive("CHANGE_RATE", 100)?,
             soak: positive("SOAK", 600)?,
             soak_rate: positive("SOAK_RATE", 1000)?,
+            distinct: positive("DISTINCT", 10_000_000)?,
         })
     }
 }

@@ -8,6 +8,7 @@ mod ingest;
 mod knobs;
 mod links;
 mod maintenance;
+mod memory;
 mod procfs;
 mod redirect;
 mod services;
@@ -44,8 +45,11 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
   scripts/bench links-soak  the redirector's RSS through SOAK seconds of SOAK_RATE link changes
                             a second at the first of LINK_COUNTS (not part of all)
   scripts/bench partitions  bytes per click in a day's partition, and the time to drop a day
+  scripts/bench memory      the collector's peak RSS under DISTINCT distinct 64-byte codes sent
+                            at full speed, beside the bound on its sums; totals checked exact
+                            (with BASELINE: beside BASELINE's collector; not part of all)
   scripts/bench charts      the SVG charts of BENCHMARKS.md, from the last runs' $OUT/*.tsv
-  scripts/bench all         all of them but links-soak (default)
+  scripts/bench all         all of them but links-soak and memory (default)
   scripts/bench --quick     redirect and collector, a few seconds per mode: a smoke test that
                             fails when a run's recorded plus dropped clicks differ from the
                             redirects served (.ci/run runs it)
@@ -64,10 +68,11 @@ instead of the working tree), MODES (redirect modes, default \"off pipeline dire
 dimensions, plus baseline with BASELINE), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
 10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
-a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), OUT (bench-out).";
+a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), DISTINCT (10000000, codes of a
+memory run), OUT (bench-out).";
 
 const USAGE: &str = "usage: scripts/bench [--quick] \
-    [redirect|collector|compaction|totals|hosts|partitions|links|links-follow|links-soak|charts|all]";
+    [redirect|collector|compaction|totals|hosts|partitions|memory|links|links-follow|links-soak|charts|all]";
 
 /// Where the redirector serves and where each service's admin listener is.
 pub(crate) const HTTP: &str = "127.0.0.1:18080";
@@ -166,13 +171,14 @@ pub(crate) fn today() -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-const MODES: [&str; 11] = [
+const MODES: [&str; 12] = [
     "redirect",
     "collector",
     "compaction",
     "totals",
     "hosts",
     "partitions",
+    "memory",
     "links",
     "links-follow",
     "links-soak",
@@ -283,6 +289,9 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     }
     if all || what == "partitions" {
         maintenance::bench_partitions(&mut bench).await?;
+    }
+    if what == "memory" {
+        memory::bench_memory(&mut bench).await?;
     }
     if all || what == "links" {
         links::bench_links(&mut bench).await?;

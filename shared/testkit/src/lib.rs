@@ -3,10 +3,11 @@
 //! sleeps. What the tests of several crates use lives here once: starting the collector
 //! (`services`), the HTTP client (`http`), reading the clicks back (`db`), the redirector's
 //! fixtures, load generator and chaos scenarios (`redirector`), a test sender and the tables
-//! read back (`collector`).
+//! read back (`collector`), floods of distinct codes (`flood`).
 
 pub mod collector;
 pub mod db;
+pub mod flood;
 pub mod http;
 pub mod pgtest;
 pub mod redirector;
