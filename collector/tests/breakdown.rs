@@ -6,10 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use collector::upkeep::compact;
-use collector::upkeep::maintenance::{self, Policy};
+use collector::upkeep::maintenance;
 use collector::upkeep::Metrics;
 use nix::sys::signal::Signal;
 use protocol::dimensions::{Agent, Country, Device, Dimensions};
@@ -171,19 +169,6 @@ async fn a_version_1_and_a_version_2_sender_are_exact_in_clicks_totals_and_break
     assert_eq!(breakdown(&p.client, "click_breakdown").await, want);
     assert_eq!(totals(&p.client, "click_totals").await, totals_sent);
     assert!(c.metric("collector_compactions_total").await >= 1.0);
-}
-
-fn policy(retention_days: Option<i32>) -> Policy {
-    Policy {
-        fold: compact::Policy {
-            interval: Duration::from_secs(60),
-            backlog: 1_000_000,
-        },
-        window_back_days: 1,
-        window_ahead_days: 1,
-        retention_days,
-        timeout: LIMIT,
-    }
 }
 
 /// Retention deletes the breakdowns of the days whose partitions it drops, folded or not yet

@@ -5,10 +5,8 @@
 //! task), and the migration of a populated unpartitioned table.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use collector::upkeep::compact;
-use collector::upkeep::maintenance::{self, Policy};
+use collector::upkeep::maintenance;
 use collector::upkeep::Metrics;
 mod support;
 
@@ -19,19 +17,6 @@ use testkit::pgtest;
 
 const DAY_US: i64 = 86_400_000_000;
 const HOUR_US: i64 = 3_600_000_000;
-
-fn policy(retention_days: Option<i32>) -> Policy {
-    Policy {
-        fold: compact::Policy {
-            interval: Duration::from_secs(60),
-            backlog: 1_000_000,
-        },
-        window_back_days: 1,
-        window_ahead_days: 1,
-        retention_days,
-        timeout: LIMIT,
-    }
-}
 
 /// Today's UTC midnight, in Unix microseconds.
 fn midnight() -> i64 {

@@ -345,7 +345,7 @@ mod tests {
     use crate::write::batch::DateWindow;
     use protocol::wire::{Click, Datagram};
 
-    fn batch(codes: &[&'static str]) -> Batch {
+    fn batch(codes: &[&str]) -> Batch {
         let clicks = codes.iter().map(|&code| Click::new(code, 0)).collect();
         let datagram = Datagram {
             version: protocol::wire::VERSION,
@@ -366,22 +366,7 @@ mod tests {
     /// A batch of one click each of 64-byte codes `from..from + n`.
     fn distinct(from: usize, n: usize) -> Batch {
         let codes: Vec<String> = (from..from + n).map(|i| format!("{i:064}")).collect();
-        let codes: Vec<&str> = codes.iter().map(String::as_str).collect();
-        let clicks = codes.iter().map(|&code| Click::new(code, 0)).collect();
-        let datagram = Datagram {
-            version: protocol::wire::VERSION,
-            sender: 1,
-            seq: 0,
-            base_us: protocol::now_us(),
-            clicks,
-        };
-        let mut b = Batch::default();
-        let window = DateWindow {
-            max_age_us: i64::MAX,
-            max_skew_us: i64::MAX,
-        };
-        b.push(&datagram, &window, protocol::now_us());
-        b
+        batch(&codes.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     fn sums(taken: &Taken) -> Vec<(&str, i64)> {

@@ -104,3 +104,18 @@ pub async fn handed_back(handoff: &mut Handoff) {
         .expect("the writer hands the batch back")
         .unwrap();
 }
+
+/// The maintenance policy of the partition and retention tests: a day back and ahead, folds on
+/// the defaults' scale, retention as given.
+pub fn policy(retention_days: Option<i32>) -> collector::upkeep::maintenance::Policy {
+    collector::upkeep::maintenance::Policy {
+        fold: collector::upkeep::compact::Policy {
+            interval: Duration::from_secs(60),
+            backlog: 1_000_000,
+        },
+        window_back_days: 1,
+        window_ahead_days: 1,
+        retention_days,
+        timeout: LIMIT,
+    }
+}
