@@ -58,6 +58,10 @@ const FOLD_ROWS: &str = "
     SELECT (SELECT coalesce(sum(entries), 0) FROM lists)::int8
          + (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
 
+/// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
+const DELETE_OWN: &str = "
+    DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
+
 /// Stray batches are folded in slices: the last of writer $1's batches up to $2 whose rows,
 /// with those of the batches before it, hold at most $3 entries (the first batch if it alone
 /// holds more; none if there are no rows). A fold's round has a deadline (--write-timeout), and
@@ -70,10 +74,6 @@ const STRAY_SLICE: &str = "
 
 /// The most entries of stray batches one fold takes the SQL way.
 const STRAY_ENTRIES: i64 = 1_000_000;
-
-/// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
-const DELETE_OWN: &str = "
-    DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
 
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers), on PostgreSQL 15
 /// and later: one join of the sums with click_counts, each key updated or inserted. A join
