@@ -87,6 +87,19 @@ const FOLD_BREAKDOWNS: &str = "
 const DELETE_OWN: &str = "
     DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
 
+/// Stray batches are folded in slices: the last of writer $1's batches up to $2 whose rows,
+/// with those of the batches before it, hold at most $3 entries (the first batch if it alone
+/// holds more; none if there are no rows). A fold's round has a deadline (--write-timeout), and
+/// the SQL way costs the database per entry: sums dropped under a flood of distinct codes left
+/// millions of entries stray, which no round could fold in time, so none ever did.
+const STRAY_SLICE: &str = "
+    SELECT coalesce(max(batch) FILTER (WHERE through <= $3), min(batch))
+    FROM (SELECT batch, sum(entries) OVER (ORDER BY batch) AS through
+          FROM click_count_lists WHERE writer = $1 AND batch <= $2) AS l";
+
+/// The most entries of stray batches one fold takes the SQL way.
+const STRAY_ENTRIES: i64 = 1_000_000;
+
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers), on PostgreSQL 15
 /// and later: one join of the sums with click_counts, each key updated or inserted. A join
 /// lets the planner hash the sums against click_counts where an upsert probes the index once
@@ -286,7 +299,7 @@ pub async fn fold_with(
 /// What a fold took from the sums, handed back to the SQL way unless the fold committed: on an
 /// error, and also when the fold is dropped midway (the maintenance round's deadline), since
 /// the rows it took the sums of are then still in the table. Either way its sums stop counting
-/// against the memory bound.
+/// against the memory bound, and the stray batches it left for the next fold stay stray.
 struct Taking<'a> {
     own: &'a Unfolded,
     taken: Taken,
@@ -304,7 +317,7 @@ impl Drop for Taking<'_> {
         if !self.committed {
             self.own.give_back(&self.taken);
         }
-        self.own.release();
+        self.own.release(&self.taken);
     }
 }
 
@@ -343,6 +356,14 @@ async fn fold_taken(
             );
             own.rollback().await?;
             stray_upto = stray_upto.max(sums.last);
+        }
+    }
+    if stray_upto > 0 {
+        let slice = [&writer as _, &stray_upto as _, &STRAY_ENTRIES as _];
+        let upto: Option<i64> = tx.query_one(STRAY_SLICE, &slice).await?.get(0);
+        if let Some(upto) = upto.filter(|&upto| upto < stray_upto) {
+            taken.left = Some(stray_upto);
+            stray_upto = upto;
         }
     }
     let orphaned = policy.orphaned_after().as_secs_f64();

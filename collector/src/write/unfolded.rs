@@ -94,6 +94,8 @@ struct State {
 pub(crate) struct Taken {
     pub(crate) sums: Option<Sums>,
     pub(crate) stray_upto: Option<i64>,
+    /// Stray batches up to this one the fold left for the next (it folds them in slices).
+    pub(crate) left: Option<i64>,
 }
 
 /// The sums of this writer's batches `first..=last`, which wrote `rows` rows: `keys` sums in
@@ -186,6 +188,10 @@ impl Unfolded {
             }
             self.meters.dropped.inc();
             s.stray(number);
+            self.show(&s);
+            drop(s);
+            give_memory_back();
+            return;
         } else if bytes >= self.bound / 2 {
             self.due_by_memory.notify_one();
         }
@@ -222,11 +228,14 @@ impl Unfolded {
     }
 
     /// The fold of what [`Unfolded::take`] took is over, committed or not: its sums no longer
-    /// count against the bound.
-    pub(crate) fn release(&self) {
+    /// count against the bound, and the stray batches it left are stray still.
+    pub(crate) fn release(&self, taken: &Taken) {
         let mut s = self.lock();
         s.taken = 0;
+        s.stray_upto = s.stray_upto.max(taken.left);
         self.show(&s);
+        drop(s);
+        give_memory_back();
     }
 
     /// Whether a fold is due: `entries` counts in the rows of the batches summed, the oldest
@@ -278,6 +287,7 @@ impl Unfolded {
         Taken {
             sums,
             stray_upto: s.stray_upto.take(),
+            left: None,
         }
     }
 
@@ -315,6 +325,18 @@ impl State {
     fn bytes(&self) -> usize {
         let tables: usize = self.sums.values().map(|c| table_bytes(c.capacity())).sum();
         tables + self.heap
+    }
+}
+
+/// Hands the memory of sums just freed back to the system. glibc keeps what is freed in its
+/// arenas, in pieces between live allocations (the codes of the sums are small allocations
+/// among the batches'), where only `malloc_trim` finds it: without it the collector's RSS stayed
+/// near its peak of sums long after they were gone (BENCHMARKS.md, "The collector's memory").
+fn give_memory_back() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own arenas to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -519,14 +541,14 @@ mod tests {
             u.add(number, &distinct(number as usize * 100, 100));
         }
         let held = u.meters.bytes.get();
-        let _taken = u.take();
+        let taken = u.take();
         assert_eq!(u.meters.bytes.get(), held, "the fold's, until it is over");
         let beside = batches_to_the_bound(&u, number);
         assert!(
             beside < alone,
             "beside the fold's sums the new ones reach the bound sooner: {beside} of {alone}"
         );
-        u.release();
+        u.release(&taken);
         assert_eq!(u.meters.bytes.get(), 0);
     }
 }
