@@ -601,6 +601,9 @@ impl Loader {
         self.log_skipped();
         self.metrics.link_loads.inc();
         self.metrics.links_lag.set(started.elapsed().as_secs_f64());
+        // Before the table is said to be loaded, so that whoever sees it ready (`/healthz`)
+        // reads its size too (`synced` sets it again once the load committed).
+        self.metrics.links.set(self.links.table.len() as i64);
         self.links.set_loaded();
         tracing::info!(
             why = %why,
