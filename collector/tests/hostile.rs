@@ -344,7 +344,8 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     // The pipeline keeps going.
     send_all(&p.path, vec![datagram(10, 0, "later", 100)]).await;
     await_rows(&p.client, None, 104).await;
-    assert_eq!(c.metric("collector_clicks_written_total").await, 104.0);
+    c.await_metric("collector_clicks_written_total", 104.0)
+        .await;
     assert_eq!(c.health().await, 200);
 }
 

@@ -214,7 +214,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
         3,
         "set-aside clicks are not counted"
     );
-    assert_eq!(c.metric("collector_clicks_written_total").await, 3.0);
+    c.await_metric("collector_clicks_written_total", 3.0).await;
     assert_eq!(c.metric("collector_pending_clicks").await, 0.0);
 }
 

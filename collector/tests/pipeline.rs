@@ -502,7 +502,7 @@ async fn compaction_prunes_sender_and_writer_rows_idle_for_thirty_days() {
     assert_eq!(count(&p.client, kept).await, 2, "rows in use are kept");
     send_all(&p.path, datagrams(9, &clicks(10, 2, start_us(), 1_000))).await;
     await_rows(&p.client, None, 10).await;
-    assert_eq!(c.metric("collector_clicks_written_total").await, 10.0);
+    c.await_metric("collector_clicks_written_total", 10.0).await;
 }
 
 /// The commit lag is each click's commit time minus its click time: clicks stamped 1.5 s ago
