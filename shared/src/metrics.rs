@@ -8,11 +8,15 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder, MetricEncoder, NoLabelSet,
+};
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::MetricType;
 pub use prometheus_client::registry::Registry;
 
 /// A monotonic counter; registered without `_total`, which the encoder appends.
@@ -122,34 +126,63 @@ const BOUNDS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A latency histogram with fixed buckets from 0.5 ms to 10 s (not for per-request paths: the
-/// crate's histogram takes a lock per observation).
-#[derive(Debug, Clone)]
-pub struct Histogram(prometheus_client::metrics::histogram::Histogram, Counter);
+/// A latency histogram with fixed buckets from 0.5 ms to 10 s: atomics, where the crate's
+/// histogram takes a lock per observation, and [`Histogram::observe_all`] adds many
+/// observations at once (the collector observes every click's commit lag, a batch at a time).
+#[derive(Debug, Clone, Default)]
+pub struct Histogram(Arc<Buckets>);
 
-impl Default for Histogram {
-    fn default() -> Self {
-        Self(
-            prometheus_client::metrics::histogram::Histogram::new(BOUNDS),
-            Counter::default(),
-        )
-    }
+#[derive(Debug, Default)]
+struct Buckets {
+    /// Observations per bucket, not cumulative (the encoder adds them up): each at most its
+    /// bound in `BOUNDS`, the last above them all.
+    counts: [AtomicU64; BOUNDS.len() + 1],
+    /// Their sum, in nanoseconds.
+    sum_ns: AtomicU64,
 }
 
 impl Histogram {
     pub fn observe(&self, d: Duration) {
-        self.0.observe(d.as_secs_f64());
-        self.1.inc();
+        self.observe_all([d]);
     }
 
     pub fn observe_all(&self, all: impl IntoIterator<Item = Duration>) {
+        let mut counts = [0u64; BOUNDS.len() + 1];
+        let mut sum_ns = 0u64;
         for d in all {
-            self.observe(d);
+            let seconds = d.as_secs_f64();
+            counts[BOUNDS.partition_point(|&bound| bound < seconds)] += 1;
+            sum_ns = sum_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         }
+        for (total, n) in self.0.counts.iter().zip(counts) {
+            if n > 0 {
+                total.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        self.0.sum_ns.fetch_add(sum_ns, Ordering::Relaxed);
     }
 
     pub fn count(&self) -> u64 {
-        self.1.get()
+        self.0
+            .counts
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        let counts = self.0.counts.iter().map(|n| n.load(Ordering::Relaxed));
+        let bounds = BOUNDS.iter().copied().chain(std::iter::once(f64::MAX));
+        let buckets: Vec<(f64, u64)> = bounds.zip(counts).collect();
+        let count = buckets.iter().map(|&(_, n)| n).sum();
+        let sum = self.0.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
     }
 }
 
@@ -183,7 +216,7 @@ impl Register for FloatGauge {
 
 impl Register for Histogram {
     fn register(&self, registry: &mut Registry, name: &'static str, h: &'static str) {
-        registry.register(name, help(h), self.0.clone());
+        registry.register(name, help(h), self.clone());
     }
 }
 
@@ -380,6 +413,27 @@ mod tests {
         assert!(text.contains("# HELP t_y Y.\n"), "{text}");
         Part::default().y.inc();
         assert_eq!(sample(&encode(&registry), "t_y_total"), Some(1.0));
+    }
+
+    #[test]
+    fn a_histogram_takes_many_observations_at_once_each_in_its_bucket() {
+        let m = Test::default();
+        let ms = |n: u64| Duration::from_micros(n * 1_000);
+        // On a bound (1 ms) is within it; just past it is in the next.
+        m.lat
+            .observe_all([ms(1), Duration::from_micros(1_001), ms(3), ms(3)]);
+        m.lat.observe(ms(20_000));
+        let text = m.encode();
+        let bucket = |le: &str| sample(&text, &format!("t_lat_seconds_bucket{{le=\"{le}\"}}"));
+        assert_eq!(bucket("0.0005"), Some(0.0), "{text}");
+        assert_eq!(bucket("0.001"), Some(1.0), "{text}");
+        assert_eq!(bucket("0.0025"), Some(2.0), "{text}");
+        assert_eq!(bucket("0.005"), Some(4.0), "{text}");
+        assert_eq!(bucket("10"), Some(4.0), "{text}");
+        assert_eq!(bucket("+Inf"), Some(5.0), "{text}");
+        assert_eq!(sample(&text, "t_lat_seconds_count"), Some(5.0));
+        assert_eq!(sample(&text, "t_lat_seconds_sum"), Some(20.008001));
+        assert_eq!(m.lat.count(), 5);
     }
 
     #[test]

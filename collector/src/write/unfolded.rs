@@ -28,6 +28,8 @@ use shared::metrics::{Counter, Gauge};
 use shared::throttle::Throttle;
 use tokio::sync::Notify;
 
+use hashbrown::hash_map::EntryRef;
+
 use crate::write::batch::{Batch, CodeCounts};
 
 /// The bound on the sums' memory when none is given (`--compact-memory`'s default): with the
@@ -159,10 +161,10 @@ impl Unfolded {
         } = &mut *s;
         for (code, day, clicks) in batch.deltas() {
             let codes = sums.entry(day).or_default();
-            match codes.get_mut(code) {
-                Some(n) => *n += clicks,
-                None => {
-                    codes.insert(code.into(), clicks);
+            match codes.entry_ref(code) {
+                EntryRef::Occupied(n) => *n.into_mut() += clicks,
+                EntryRef::Vacant(new) => {
+                    new.insert_with_key(code.into(), clicks);
                     *keys += 1;
                     *heap += heap_bytes(code.len());
                 }

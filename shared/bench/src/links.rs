@@ -49,15 +49,20 @@ async fn load_links(bench: &Bench, n: u64) -> Res<()> {
     execute(&db, "CHECKPOINT").await
 }
 
-/// pgbench's script of random updates, deletes and inserts, to `table`.
-fn change_script(table: &str) -> String {
-    format!(
+/// pgbench's script of random updates, deletes and inserts, to `table`: `per_txn` of them in
+/// one transaction (one alone is its own transaction).
+fn change_script(table: &str, per_txn: u64) -> String {
+    let change = format!(
         "\\set n random(0, :links - 1)\n\\set op random(0, 2)\n\\if :op = 0\n\
          UPDATE {table} SET url = 'https://example.com/updated/2026/' || lpad(:n::text, 11, '0') WHERE code = 'l' || :n;\n\
          \\elif :op = 1\nDELETE FROM {table} WHERE code = 'l' || :n;\n\\else\n\
          INSERT INTO {table} (code, url) VALUES ('l' || :n, 'https://example.com/articles/2026/' || lpad(:n::text, 11, '0'))\n\
          ON CONFLICT (code) DO UPDATE SET url = EXCLUDED.url;\n\\endif\n"
-    )
+    );
+    match per_txn {
+        0 | 1 => change,
+        n => format!("BEGIN;\n{}COMMIT;\n", change.repeat(n as usize)),
+    }
 }
 
 /// pgbench: on PATH, or beside initdb (where Debian's postgresql package puts it).
@@ -73,20 +78,42 @@ fn pgbench_bin() -> Res<PathBuf> {
         .ok_or_else(|| "pgbench not found (Debian: apt-get install postgresql)".into())
 }
 
-/// pgbench making `rate` changes a second for `secs` seconds, to links or (control) to
-/// links_control, over `n` links.
-fn pgbench(bench: &Bench, rate: u64, secs: u64, control: bool, n: u64, log: &str) -> Res<Proc> {
-    let (table, file) = match control {
+/// How a run changes links: to links or (control) to links_control, each change its own
+/// transaction or `rate` of them in one transaction a second (`one_txn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Changes {
+    control: bool,
+    one_txn: bool,
+}
+
+impl Changes {
+    /// The changes of a `links` mode; `None` for mode none.
+    fn of_mode(mode: &str) -> Option<Changes> {
+        let (table, txn) = mode.split_once('-').unwrap_or((mode, ""));
+        (table != "none").then_some(Changes {
+            control: table == "control",
+            one_txn: txn == "tx",
+        })
+    }
+}
+
+/// pgbench making `rate` changes a second for `secs` seconds as `changes` says, over `n` links.
+fn pgbench(bench: &Bench, rate: u64, secs: u64, changes: Changes, n: u64, log: &str) -> Res<Proc> {
+    let (table, file) = match changes.control {
         true => ("links_control", "link-changes-control.sql"),
         false => ("links", "link-changes.sql"),
     };
+    let (per_txn, txn_rate) = match changes.one_txn {
+        true => (rate, 1),
+        false => (1, rate),
+    };
     let script = bench.path(file);
-    std::fs::write(&script, change_script(table))?;
+    std::fs::write(&script, change_script(table, per_txn))?;
     let mut cmd = Command::new(pgbench_bin()?);
     cmd.args([
         "-n",
         "-R",
-        &rate.to_string(),
+        &txn_rate.to_string(),
         "-T",
         &secs.to_string(),
         "-c",
@@ -101,7 +128,7 @@ fn pgbench(bench: &Bench, rate: u64, secs: u64, control: bool, n: u64, log: &str
     Proc::spawn("pgbench", cmd, &log)
 }
 
-/// The changes a second pgbench reached, from its log ("tps = ...").
+/// The transactions a second pgbench reached, from its log ("tps = ...").
 fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
     let text = std::fs::read_to_string(bench.path(log)).unwrap_or_default();
     text.lines()
@@ -166,13 +193,14 @@ fn paths(n: u64) -> Paths {
 async fn once(bench: &Bench, n: u64, mode: &str, round: u32, redirector: i32) -> Res<()> {
     let k = &bench.knobs;
     let log = format!("pgbench-{n}-{round}.log");
-    let changer = match mode {
-        "none" => None,
-        _ => Some(pgbench(
+    let changes = Changes::of_mode(mode);
+    let changer = match changes {
+        None => None,
+        Some(changes) => Some(pgbench(
             bench,
             k.change_rate,
             k.duration + 1,
-            mode == "control",
+            changes,
             n,
             &log,
         )?),
@@ -194,6 +222,9 @@ async fn once(bench: &Bench, n: u64, mode: &str, round: u32, redirector: i32) ->
     if let Some(changer) = changer {
         finish_pgbench(bench, changer, &log).await?;
         rate = pgbench_rate(bench, &log);
+        if changes.is_some_and(|c| c.one_txn) {
+            rate *= k.change_rate as f64;
+        }
     }
     let (rps, p50, p99) = stats(&report, elapsed);
     let lag = metric(addr(REDIRECTOR_ADMIN), "redirector_links_lag_seconds").await?;
@@ -213,7 +244,9 @@ async fn once(bench: &Bench, n: u64, mode: &str, round: u32, redirector: i32) ->
     append(&bench.path("links.tsv"), &row)
 }
 
-const MODES: [&str; 3] = ["none", "changes", "control"];
+/// No changes; changes to links and to links_control, each its own transaction; and the same
+/// as one transaction a second (`-tx`).
+const MODES: [&str; 5] = ["none", "changes", "control", "changes-tx", "control-tx"];
 
 pub(crate) async fn bench_links(bench: &mut Bench) -> Res<()> {
     std::fs::write(bench.path("links.tsv"), "")?;
@@ -251,8 +284,8 @@ fn print_links(bench: &Bench) {
     println!("links_control (a copy no redirector follows: what the changes cost by themselves), or none;");
     println!("medians of {} interleaved rounds.", k.rounds);
     println!();
-    println!("| links | ready s | RSS after ready MiB | bytes/link | peak RSS (VmHWM) MiB | changes | req/s | vs none | p99 ms | vs none | RSS after the runs MiB | lag s | redirector CPU us/request | PostgreSQL CPU s/run |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| links | ready s | RSS after ready MiB | bytes/link | peak RSS (VmHWM) MiB | changes | req/s | vs none | p99 ms | vs none | RSS after the runs MiB | lag s | redirector CPU us/request | vs control | p99 vs control | PostgreSQL CPU s/run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let runs = rows(&bench.path("links.tsv"));
     let ready = rows(&bench.path("links-ready.tsv"));
     let hz = clk_tck();
@@ -272,8 +305,13 @@ fn print_links(bench: &Bench) {
                 .collect();
             let us: Vec<String> = mine
                 .iter()
-                .map(|r| g10(num(&r[9]) * 1e6 / hz / (num(&r[3]) * k.duration as f64)))
+                .map(|r| g10(cpu_per_request(r, hz, k)))
                 .collect();
+            let control = mode.replacen("changes", "control", 1);
+            let (cpu_vs, p99_vs) = match mode.starts_with("changes") {
+                true => vs_control(&runs, &n_text, mode, &control, hz, k),
+                false => ("-".to_owned(), "-".to_owned()),
+            };
             let pg_s: Vec<String> = mine.iter().map(|r| g10(num(&r[10]) / hz)).collect();
             let last_rss = mine.last().map_or(0.0, |r| num(&r[6]));
             let changes = if mode == "none" {
@@ -282,7 +320,7 @@ fn print_links(bench: &Bench) {
                 col(mode, 8)
             };
             println!(
-                "| {n} | {} | {:.0} | {:.0} | {:.0} | {changes}/s | {rps:.0} | {} | {p99} | {} | {:.0} | {} | {:.2} | {:.2} |",
+                "| {n} | {} | {:.0} | {:.0} | {:.0} | {changes}/s | {rps:.0} | {} | {p99} | {} | {:.0} | {} | {:.2} | {cpu_vs} | {p99_vs} | {:.2} |",
                 r[1],
                 rss / 1024.0,
                 rss * 1024.0 / *n as f64,
@@ -303,6 +341,40 @@ fn print_links(bench: &Bench) {
         "ready times and RSS: {}. 'RSS after the runs' is the last run's.",
         bench.path("links-ready.tsv").display()
     );
+}
+
+/// The redirector's CPU per request in a `links.tsv` run, in microseconds.
+fn cpu_per_request(run: &[String], hz: f64, k: &crate::knobs::Knobs) -> f64 {
+    num(&run[9]) * 1e6 / hz / (num(&run[3]) * k.duration as f64)
+}
+
+/// Mode `mode` against `control` at `n` links: the redirector's CPU per request and the p99,
+/// each the median of the rounds' ratios.
+fn vs_control(
+    runs: &[Vec<String>],
+    n: &str,
+    mode: &str,
+    control: &str,
+    hz: f64,
+    k: &crate::knobs::Knobs,
+) -> (String, String) {
+    let run = |mode: &str, round: &str| {
+        runs.iter()
+            .find(|r| r.len() >= 11 && r[0] == n && r[1] == mode && r[2] == round)
+    };
+    let (mut cpu, mut p99) = (Vec::new(), Vec::new());
+    for round in 1..=k.rounds {
+        let round = round.to_string();
+        if let (Some(a), Some(b)) = (run(mode, &round), run(control, &round)) {
+            cpu.push(ratio(
+                cpu_per_request(a, hz, k),
+                cpu_per_request(b, hz, k),
+                3,
+            ));
+            p99.push(ratio(num(&a[5]), num(&b[5]), 3));
+        }
+    }
+    (median(&cpu), median(&p99))
 }
 
 /// CPU ticks and context switches of the redirector and of the cluster's live processes.
@@ -338,7 +410,10 @@ pub(crate) async fn bench_links_follow(bench: &mut Bench) -> Res<()> {
                     bench,
                     k.change_rate,
                     k.duration + 2,
-                    mode == "control",
+                    Changes {
+                        control: mode == "control",
+                        one_txn: false,
+                    },
                     n,
                     "pgbench-follow.log",
                 )?;
@@ -402,7 +477,11 @@ pub(crate) async fn bench_links_soak(bench: &mut Bench) -> Res<()> {
     let tsv = bench.path("links-soak.tsv");
     std::fs::write(&tsv, "")?;
     let t0 = Instant::now();
-    let mut changer = pgbench(bench, k.soak_rate, k.soak, false, n, "pgbench-soak.log")?;
+    let changes = Changes {
+        control: false,
+        one_txn: false,
+    };
+    let mut changer = pgbench(bench, k.soak_rate, k.soak, changes, n, "pgbench-soak.log")?;
     let admin = addr(REDIRECTOR_ADMIN);
     let mut samples: Vec<[f64; 4]> = Vec::new();
     while !changer.exited() {

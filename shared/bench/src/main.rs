@@ -37,7 +37,9 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
   scripts/bench hosts       aggregate ingest into one database from 1, 2 and 4 collectors
                             (CLICKS per run split over them)
   scripts/bench links       the link table at 1 M and 10 M links: time to ready, RSS, and
-                            req/s and p99 with no link changes vs 100 changes a second
+                            req/s, p99 and CPU per request with no link changes vs 100
+                            changes a second, to links or to a copy nobody follows (the
+                            control), each its own transaction or all in one a second (-tx)
   scripts/bench links-follow  CPU and context switches of following CHANGE_RATE link changes
                             a second at the last of LINK_COUNTS, no HTTP load, against the
                             same changes to a table nobody follows (with BASELINE: beside

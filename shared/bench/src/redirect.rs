@@ -400,8 +400,8 @@ fn print_table(bench: &Bench, modes: &[String]) {
         );
     }
     println!();
-    println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector / PostgreSQL | peak MiB: redirector / collector / PostgreSQL |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let rows = rows(&bench.path("redirect.tsv"));
     for mix in MIXES {
         let col = |mode: &str, field| median(&column(&rows, &[mix, mode], field));
@@ -410,9 +410,11 @@ fn print_table(bench: &Bench, modes: &[String]) {
             let rps = num(&col(mode, 4));
             let c = |f| col(mode, f);
             println!(
-                "| {mix} | {mode} | {rps:.0} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} |",
+                "| {mix} | {mode} | {rps:.0} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} / {} / {} |",
                 ratio(rps, base, 3),
-                c(5), c(6), c(9), c(10), c(11), c(12), c(13), c(14), c(15), c(16)
+                c(5), c(6), c(9), c(10), c(11), c(12), c(13),
+                host_cost(&rows, mix, mode, bench.knobs.rounds),
+                c(14), c(15), c(16)
             );
         }
     }
@@ -427,6 +429,22 @@ fn print_table(bench: &Bench, modes: &[String]) {
         bench.out.display()
     );
     println!("CPU counts from the load's start until the collector has written and folded the run's clicks.");
+}
+
+/// The host's cost of a redirect in `mode` against mode off: the redirector's and the
+/// collector's CPU per redirect (PostgreSQL's left out: it usually runs on another machine)
+/// over the redirector's with clicks off, in the same round; the median of the rounds.
+fn host_cost(rows: &[Vec<String>], mix: &str, mode: &str, rounds: u32) -> String {
+    let cpu =
+        |mode: &str, round: &str, field| num(&median(&column(rows, &[mix, mode, round], field)));
+    let per_round: Vec<String> = (1..=rounds)
+        .map(|round| {
+            let round = round.to_string();
+            let host = cpu(mode, &round, 11) + cpu(mode, &round, 12);
+            ratio(host, cpu("off", &round, 11), 3)
+        })
+        .collect();
+    median(&per_round)
 }
 
 /// Dimensions off (mode pipeline) and on (mode dimensions) side by side: req/s, each round's
