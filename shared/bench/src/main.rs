@@ -25,10 +25,10 @@ pub(crate) type Res<T> = Result<T, Error>;
 const HELP: &str = "\
 Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
 
-  scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct;
-                            MODES=\"pipeline dimensions\": the pipeline without and with
-                            --dimensions DIMENSIONS side by side, every mode's requests then
-                            carrying browsers' headers (User-Agent, Referer, X-Country)
+  scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct,
+                            every request carrying browsers' headers (User-Agent, Referer,
+                            X-Country); MODES=\"pipeline dimensions\": the pipeline without
+                            and with --dimensions DIMENSIONS side by side
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
