@@ -55,9 +55,12 @@ impl Country {
         self.0
     }
 
-    pub fn as_str(&self) -> &str {
-        // Two ASCII letters, checked by `parse`.
-        std::str::from_utf8(&self.0).unwrap_or("??")
+    /// Its two letters as a `'static` str, from [`ISO_3166`] (the collector keys counts by
+    /// it, beyond the click's lifetime).
+    pub fn as_str(self) -> &'static str {
+        // Assigned, checked by `parse`.
+        let i = iso_index(self.0).unwrap_or(0);
+        std::str::from_utf8(&ISO_3166[i * 2..i * 2 + 2]).unwrap_or("??")
     }
 }
 
@@ -159,7 +162,7 @@ impl<'a> Dimensions<'a> {
             Some((Dimension::Agent, self.agent.as_str())),
             referrer.map(|r| (Dimension::Referrer, r)),
             self.device.map(|d| (Dimension::Device, d.as_str())),
-            self.country.map(|c| (Dimension::Country, country_str(c))),
+            self.country.map(|c| (Dimension::Country, c.as_str())),
         ]
         .into_iter()
         .flatten()
@@ -198,12 +201,6 @@ fn assigned(code: [u8; 2]) -> bool {
     a.is_ascii_uppercase()
         && b.is_ascii_uppercase()
         && ASSIGNED[usize::from(a - b'A')] & (1 << (b - b'A')) != 0
-}
-
-/// A country's name as a `'static` str (the collector keys counts by it).
-fn country_str(c: Country) -> &'static str {
-    let i = iso_index(c.0).unwrap_or(0);
-    std::str::from_utf8(&ISO_3166[i * 2..i * 2 + 2]).unwrap_or("??")
 }
 
 /// Whether `host` is a referrer host as [`referrer_host`] writes it: at most
@@ -287,7 +284,7 @@ mod tests {
         for bad in [&b"XX"[..], b"T1", b"D", b"DEU", b"", b"\xff\xfe", b"ZZ"] {
             assert_eq!(Country::parse(bad), None, "{bad:?}");
         }
-        assert_eq!(country_str(Country::parse(b"zw").unwrap()), "ZW");
+        assert_eq!(Country::parse(b"zw").unwrap().as_str(), "ZW");
     }
 
     #[test]
