@@ -2,7 +2,7 @@
 //! one enum label, each declared once with [`metrics!`](crate::metrics!), and the OpenMetrics
 //! text the admin listener serves.
 //!
-//! Counters and gauges are atomics: the hot paths only do relaxed adds. A labeled counter
+//! Counters, gauges and histograms are atomics: the hot paths only do relaxed adds. A labeled counter
 //! resolves every label value once, when created, so counting one is an index and an add;
 //! its label values are an enum, so an unknown one does not compile.
 
@@ -137,8 +137,8 @@ struct Buckets {
     /// Observations per bucket, not cumulative (the encoder adds them up): each at most its
     /// bound in `BOUNDS`, the last above them all.
     counts: [AtomicU64; BOUNDS.len() + 1],
-    /// Their sum, in nanoseconds.
-    sum_ns: AtomicU64,
+    /// Their sum, in microseconds (a u64 of them wraps after 580,000 years of lag).
+    sum_us: AtomicU64,
 }
 
 impl Histogram {
@@ -148,18 +148,19 @@ impl Histogram {
 
     pub fn observe_all(&self, all: impl IntoIterator<Item = Duration>) {
         let mut counts = [0u64; BOUNDS.len() + 1];
-        let mut sum_ns = 0u64;
+        let mut sum_us = 0u64;
         for d in all {
             let seconds = d.as_secs_f64();
             counts[BOUNDS.partition_point(|&bound| bound < seconds)] += 1;
-            sum_ns = sum_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            sum_us = sum_us.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         }
+        // The sum first: a scrape between the two sees no observation counted without it.
+        self.0.sum_us.fetch_add(sum_us, Ordering::Relaxed);
         for (total, n) in self.0.counts.iter().zip(counts) {
             if n > 0 {
                 total.fetch_add(n, Ordering::Relaxed);
             }
         }
-        self.0.sum_ns.fetch_add(sum_ns, Ordering::Relaxed);
     }
 
     pub fn count(&self) -> u64 {
@@ -177,7 +178,7 @@ impl EncodeMetric for Histogram {
         let bounds = BOUNDS.iter().copied().chain(std::iter::once(f64::MAX));
         let buckets: Vec<(f64, u64)> = bounds.zip(counts).collect();
         let count = buckets.iter().map(|&(_, n)| n).sum();
-        let sum = self.0.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = self.0.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
         encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 

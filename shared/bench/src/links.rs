@@ -1,7 +1,8 @@
-//! The link table: `links` (time to ready, memory, and req/s and p99 with no link changes vs
-//! CHANGE_RATE changes a second), `links-follow` (what following the changes costs, without
-//! requests) and `links-soak` (memory through a long run of changes). The changes come from
-//! pgbench, at a fixed rate, to `links` or to `links_control`, a copy nobody follows.
+//! The link table: `links` (time to ready, memory, and req/s, p99 and CPU a request with no
+//! link changes vs CHANGE_RATE changes a second), `links-follow` (what following the changes
+//! costs, without requests) and `links-soak` (memory through a long run of changes). The
+//! changes come from pgbench, to `links` or to `links_control`, a copy nobody follows: each its
+//! own transaction at a fixed rate, or CHANGE_RATE of them in one transaction a second.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -49,9 +50,10 @@ async fn load_links(bench: &Bench, n: u64) -> Res<()> {
     execute(&db, "CHECKPOINT").await
 }
 
-/// pgbench's script of random updates, deletes and inserts, to `table`: `per_txn` of them in
-/// one transaction (one alone is its own transaction).
-fn change_script(table: &str, per_txn: u64) -> String {
+/// pgbench's script of random updates, deletes and inserts, to `table`: one (its own
+/// transaction, throttled by `-R`), or (`one_txn`) `per_txn` of them in one transaction and a
+/// second's pause.
+fn change_script(table: &str, one_txn: bool, per_txn: u64) -> String {
     let change = format!(
         "\\set n random(0, :links - 1)\n\\set op random(0, 2)\n\\if :op = 0\n\
          UPDATE {table} SET url = 'https://example.com/updated/2026/' || lpad(:n::text, 11, '0') WHERE code = 'l' || :n;\n\
@@ -59,13 +61,13 @@ fn change_script(table: &str, per_txn: u64) -> String {
          INSERT INTO {table} (code, url) VALUES ('l' || :n, 'https://example.com/articles/2026/' || lpad(:n::text, 11, '0'))\n\
          ON CONFLICT (code) DO UPDATE SET url = EXCLUDED.url;\n\\endif\n"
     );
-    match per_txn {
-        0 | 1 => change,
+    match one_txn {
+        false => change,
         // A second's pause, not `-R 1`: pgbench spaces throttled transactions at random
         // (Poisson), so one a second came 56 to 150 times in 10-s runs.
-        n => format!(
+        true => format!(
             "BEGIN;\n{}COMMIT;\n\\sleep 1 s\n",
-            change.repeat(n as usize)
+            change.repeat(per_txn as usize)
         ),
     }
 }
@@ -109,9 +111,8 @@ fn pgbench(bench: &Bench, rate: u64, secs: u64, changes: Changes, n: u64, log: &
         true => ("links_control", "link-changes-control.sql"),
         false => ("links", "link-changes.sql"),
     };
-    let per_txn = if changes.one_txn { rate } else { 1 };
     let script = bench.path(file);
-    std::fs::write(&script, change_script(table, per_txn))?;
+    std::fs::write(&script, change_script(table, changes.one_txn, rate))?;
     let mut cmd = Command::new(pgbench_bin()?);
     cmd.arg("-n");
     if !changes.one_txn {
@@ -185,7 +186,7 @@ fn paths(n: u64) -> Paths {
 }
 
 /// One load run over random codes, with CHANGE_RATE changes a second meanwhile to links
-/// (mode changes) or to links_control (mode control), or none. Appends to links.tsv: links,
+/// (modes changes, changes-tx) or to links_control (control, control-tx), or none. Appends to links.tsv: links,
 /// mode, round, req/s, p50, p99, RSS KiB after, changes/s, lag s, and the redirector's and
 /// PostgreSQL's CPU ticks over the load run alone.
 async fn once(bench: &Bench, n: u64, mode: &str, round: u32, redirector: i32) -> Res<()> {
@@ -277,9 +278,13 @@ fn print_links(bench: &Bench) {
     let k = &bench.knobs;
     println!("load: 2 threads, {} keep-alive connections, {}s over random codes, redirector --clicks off; with {}", k.connections, k.duration, k.change_rate);
     println!(
-        "changes a second (pgbench -R: random UPDATE, DELETE or INSERT) to links, or the same to"
+        "changes a second (random UPDATE, DELETE or INSERT) to links, or the same to links_control"
     );
-    println!("links_control (a copy no redirector follows: what the changes cost by themselves), or none;");
+    println!(
+        "(a copy no redirector follows: what the changes cost by themselves), or none; each change"
+    );
+    println!("its own transaction (pgbench -R), or all in one transaction a second (-tx); 'vs none' is a");
+    println!("ratio of medians, 'vs control' the median of the rounds' ratios.");
     println!("medians of {} interleaved rounds.", k.rounds);
     println!();
     println!("| links | ready s | RSS after ready MiB | bytes/link | peak RSS (VmHWM) MiB | mode | changes | req/s | vs none | p99 ms | vs none | RSS after the runs MiB | lag s | redirector CPU us/request | vs control | p99 vs control | PostgreSQL CPU s/run |");
