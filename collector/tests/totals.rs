@@ -101,20 +101,47 @@ async fn totals_are_exact_at_every_moment_with_concurrent_writers_and_folds() {
     assert!(checks >= 10, "only {checks} snapshots checked");
 }
 
+/// A fresh database, a client on it, a writer of `instance` holding its sums, and a policy that
+/// folds whatever there is.
+struct Folding {
+    _db: pgtest::TestDb,
+    client: tokio_postgres::Client,
+    handoff: collector::write::batch::Handoff,
+    own: Arc<Unfolded>,
+    policy: compact::Policy,
+}
+
+async fn folding(instance: &str) -> Folding {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let metrics = Arc::new(Counted::default());
+    let (handoff, own) = writer_with_sums(&db.url, instance, LIMIT, metrics).await;
+    let policy = compact::Policy {
+        interval: std::time::Duration::ZERO,
+        backlog: 1,
+    };
+    Folding {
+        _db: db,
+        client,
+        handoff,
+        own,
+        policy,
+    }
+}
+
 /// Both ways a fold applies its sums, MERGE and the upsert for servers before PostgreSQL 15
 /// (valid on this one too), add to the keys click_counts holds and insert the others, each
 /// key once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ways_of_applying_the_sums_count_every_key_once() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let db = testkit::pgtest::test_db().await;
-        let mut client = pgtest::connect(&db.url).await;
-        let metrics = Arc::new(Counted::default());
-        let (mut handoff, own) = writer_with_sums(&db.url, "ways", LIMIT, metrics).await;
-        let policy = compact::Policy {
-            interval: std::time::Duration::ZERO,
-            backlog: 1,
-        };
+        let Folding {
+            _db,
+            mut client,
+            mut handoff,
+            own,
+            policy,
+        } = folding("ways").await;
         // Every key new; then, across the midnight after them, keys there and keys new.
         let first = clicks(3_000, 300, start_us(), 1_000);
         let second = clicks(6_000, 900, start_us() + 3_000_000, 600_000);
@@ -143,14 +170,13 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_of_more_keys_than_a_statement_takes_go_in_chunks() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let db = testkit::pgtest::test_db().await;
-        let mut client = pgtest::connect(&db.url).await;
-        let metrics = Arc::new(Counted::default());
-        let (mut handoff, own) = writer_with_sums(&db.url, "chunks", LIMIT, metrics).await;
-        let policy = compact::Policy {
-            interval: std::time::Duration::ZERO,
-            backlog: 1,
-        };
+        let Folding {
+            _db,
+            mut client,
+            mut handoff,
+            own,
+            policy,
+        } = folding("chunks").await;
         let keys = 2 * CHUNK_KEYS + 1_000;
         // Each key twice: once in each of two batches (its clicks 7,919 apart).
         let sent = clicks(2 * keys, keys, start_us(), 10);
