@@ -168,6 +168,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         idle_timeout: cfg.idle_timeout,
         write_timeout: cfg.write_timeout,
     };
+    // Before the server task runs, so that whoever sees the service ready reads the limit.
+    metrics.http.connections_limit.set(max_connections as i64);
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(http_listener, app, limits, async {
         let _ = http_stopped.await;

@@ -182,7 +182,6 @@ struct Open {
 
 impl Connections {
     pub(super) fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
-        metrics.connections_limit.set(limit as i64);
         Arc::new(Connections {
             limit,
             epoch: Instant::now(),
