@@ -92,6 +92,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let table = Arc::new(LinkTable::default());
     let max_connections =
         http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
+    // Before the admin listener serves: /healthz says ready once the links are loaded, which
+    // may come before this function reaches the server task.
+    metrics.http.connections_limit.set(max_connections as i64);
     // Under systemd the listeners come from redirector.socket and redirector-admin.socket, so
     // the service itself needs no Internet sockets of its own (RestrictAddressFamilies=AF_UNIX);
     // the state region comes back from the file descriptor store.
@@ -168,8 +171,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         idle_timeout: cfg.idle_timeout,
         write_timeout: cfg.write_timeout,
     };
-    // Before the server task runs, so that whoever sees the service ready reads the limit.
-    metrics.http.connections_limit.set(max_connections as i64);
     let (stop_http, http_stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(http_listener, app, limits, async {
         let _ = http_stopped.await;
