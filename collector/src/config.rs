@@ -244,6 +244,12 @@ pub struct Config {
 /// codes would fill the sums and every batch would go the SQL way; above 64 GiB is no host's
 /// collector (a typo's extra digits).
 const MEMORY_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(64 << 30);
+// The sums' code maps index at most MAX_ENTRIES entries, of 40 bytes or more each; the sums
+// pass the bound by one batch's codes at most (--batch-rows, 10 M) before they are dropped.
+const _: () = assert!(
+    *MEMORY_RANGE.end() / 40 + 10_000_000 < crate::write::code_map::MAX_ENTRIES,
+    "--compact-memory's ceiling holds more sums than a code map can index"
+);
 
 /// Bytes, or a number with K, M or G (KiB, MiB, GiB also read; powers of 1024), in
 /// [`MEMORY_RANGE`].

@@ -1,9 +1,10 @@
-//! Batches out: a batch's rows and counts (`batch`) in the binary COPY format (`copy`), its one
-//! transaction (`store`), the writer task (`writer`) with the instance lock (`lock`) its
-//! connection holds, the sums of what it committed and not folded yet (`unfolded`), and what
-//! its sessions' replication does (`replication`).
+//! Batches out: a batch's rows and counts (`batch`, its counts in `code_map`s) in the binary
+//! COPY format (`copy`), its one transaction (`store`), the writer task (`writer`) with the
+//! instance lock (`lock`) its connection holds, the sums of what it committed and not folded
+//! yet (`unfolded`), and what its sessions' replication does (`replication`).
 
 pub mod batch;
+pub(crate) mod code_map;
 pub mod copy;
 pub mod lock;
 pub mod replication;

@@ -5,29 +5,19 @@
 use std::collections::HashMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use compact_str::CompactString;
-use hashbrown::hash_map::EntryRef;
 use protocol::dimensions::{Agent, Country, Device, Dimension, Dimensions};
 use shared::metrics::Label;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::write::code_map::{self, CodeMap};
 use crate::write::copy;
 
-/// Clicks per UTC day (PostgreSQL's day number), then per code. Hashed with foldhash, seeded
-/// at random per process as the redirector's link table is: SipHash was a third of the
-/// collector's CPU with codes spread over 250,000 links (`perf`), and a random seed keeps
-/// chosen codes from colliding on purpose.
+/// Clicks per UTC day (PostgreSQL's day number), then per code.
 pub(crate) type CodeCounts = HashMap<i32, Counts, FastHash>;
-/// One day's clicks per code. A code of up to 24 bytes is held in the entry itself: boxed
-/// codes cost a malloc and a free per code per batch, and a pointer chased to compare each
-/// key; with uniform codes that was 40 % of the collector's CPU (`perf`). hashbrown's, for
-/// `entry_ref`: a code new to the map is hashed and probed once, and made a `CompactString`
-/// only to be stored (looking up, then inserting a key built first, hashed it twice: 14 % of
-/// the collector's CPU, `perf`).
+/// One day's clicks per code.
 pub(crate) type Counts = CodeMap<i64>;
-/// A map keyed by codes (see [`Counts`]).
-pub(crate) type CodeMap<V> = hashbrown::HashMap<CompactString, V, FastHash>;
+/// The maps keyed by day (and dimension): a few keys, looked up once a click (and dimension).
 type FastHash = foldhash::fast::RandomState;
 /// A batch's clicks per UTC day, then per code, by agent: the agent's breakdown is counted by
 /// the same lookup as the code's total (every click has an agent), not by a second map.
@@ -204,14 +194,9 @@ impl Batch {
             .counts
             .entry(day)
             .or_insert_with(|| spare.pop().unwrap_or_default());
-        let tally = match codes.entry_ref(code) {
-            EntryRef::Occupied(tally) => tally.into_mut(),
-            EntryRef::Vacant(new) => {
-                self.delta_count += 1;
-                new.insert_with_key(code.into(), Tally::default())
-            }
-        };
+        let (tally, new) = codes.slot(code, code_map::hash(code), Tally::default);
         tally.0[agent as usize] += 1;
+        self.delta_count += usize::from(new);
     }
 
     /// Counts the click of `code` on `day` under each dimension it carries.
@@ -227,12 +212,7 @@ impl Batch {
             key.push_str(code);
             key.push(' ');
             key.push_str(value);
-            match values.entry_ref(key.as_str()) {
-                EntryRef::Occupied(n) => *n.into_mut() += 1,
-                EntryRef::Vacant(new) => {
-                    new.insert_with_key(key.as_str().into(), 1);
-                }
-            }
+            *values.slot(key, code_map::hash(key), || 0).0 += 1;
         }
     }
 
@@ -301,7 +281,7 @@ impl Batch {
         let days = self.counts.iter().map(|(&day, codes)| {
             let entries = codes
                 .iter()
-                .map(|(code, t)| (&**code, t.clicks()))
+                .map(|(code, _, t)| (code, t.clicks()))
                 .collect();
             (day, entries)
         });
@@ -322,11 +302,11 @@ impl Batch {
     /// The batch's breakdowns: (day, dimension, its (code, value, clicks) entries).
     fn breakdown_lists(&self) -> impl Iterator<Item = BreakdownList<'_>> {
         let agents = self.counts.iter().map(|(&day, codes)| {
-            let entries = codes.iter().flat_map(|(code, tally)| {
+            let entries = codes.iter().flat_map(|(code, _, tally)| {
                 let by_agent = Agent::ALL.iter().zip(tally.0);
                 by_agent
                     .filter(|&(agent, n)| n > 0 && copy::stored(Dimension::Agent, agent.as_str()))
-                    .map(|(agent, n)| (&**code, agent.as_str(), i64::from(n)))
+                    .map(move |(agent, n)| (code, agent.as_str(), i64::from(n)))
             });
             (day, Dimension::Agent, entries.collect())
         });
@@ -337,7 +317,7 @@ impl Batch {
             .map(|(&(day, dimension), values)| {
                 let entries = values
                     .iter()
-                    .map(|(key, &n)| {
+                    .map(|(key, _, &n)| {
                         // Every key was written as "code value", and a code holds no space.
                         let (code, value) = key.split_once(' ').unwrap_or((key, ""));
                         (code, value, n)
@@ -348,12 +328,12 @@ impl Batch {
         agents.chain(others)
     }
 
-    /// (code, day as PostgreSQL's date, clicks) per distinct pair.
-    pub(crate) fn deltas(&self) -> impl Iterator<Item = (&str, i32, i64)> {
+    /// (code, its [`code_map::hash`], day as PostgreSQL's date, clicks) per distinct pair.
+    pub(crate) fn deltas(&self) -> impl Iterator<Item = (&str, u64, i32, i64)> {
         self.counts.iter().flat_map(|(&day, codes)| {
             codes
                 .iter()
-                .map(move |(code, t)| (&**code, day, t.clicks()))
+                .map(move |(code, hash, t)| (code, hash, day, t.clicks()))
         })
     }
 
@@ -377,7 +357,7 @@ impl Batch {
     }
 
     /// Empties the batch, keeping its memory.
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.rows.iter_mut().for_each(|d| {
             d.rows.clear();
             d.dimensions.clear();
@@ -527,7 +507,10 @@ mod tests {
         );
         b.push(&datagram(&[("a", 0)], midnight + 5), &OPEN, 0);
         assert_eq!(b.len(), 4);
-        let mut deltas: Vec<_> = b.deltas().map(|(c, d, n)| (c.to_owned(), d, n)).collect();
+        let mut deltas: Vec<_> = b
+            .deltas()
+            .map(|(c, _, d, n)| (c.to_owned(), d, n))
+            .collect();
         deltas.sort();
         let day = copy::pg_day(midnight);
         assert_eq!(
@@ -637,7 +620,10 @@ mod tests {
             &OPEN,
             0,
         );
-        let mut deltas: Vec<_> = b.deltas().map(|(c, d, n)| (c.to_owned(), d, n)).collect();
+        let mut deltas: Vec<_> = b
+            .deltas()
+            .map(|(c, _, d, n)| (c.to_owned(), d, n))
+            .collect();
         deltas.sort();
         let day = copy::pg_day(5 * DAY);
         assert_eq!(deltas, [(long.into(), day, 2), ("b".into(), day, 1)]);

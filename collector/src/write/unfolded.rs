@@ -28,8 +28,6 @@ use shared::metrics::{Counter, Gauge};
 use shared::throttle::Throttle;
 use tokio::sync::Notify;
 
-use hashbrown::hash_map::EntryRef;
-
 use crate::write::batch::{Batch, CodeCounts};
 
 /// The bound on the sums' memory when none is given (`--compact-memory`'s default): with the
@@ -146,7 +144,7 @@ impl Unfolded {
     }
 
     /// Batch `number`, committed with exactly the counts of `batch`.
-    pub(crate) fn add(&self, number: i64, batch: &Batch) {
+    pub fn add(&self, number: i64, batch: &Batch) {
         let mut s = self.lock();
         if number != s.last + 1 {
             // Not the next batch: what lies between is unknown here.
@@ -159,15 +157,12 @@ impl Unfolded {
         let State {
             sums, keys, heap, ..
         } = &mut *s;
-        for (code, day, clicks) in batch.deltas() {
-            let codes = sums.entry(day).or_default();
-            match codes.entry_ref(code) {
-                EntryRef::Occupied(n) => *n.into_mut() += clicks,
-                EntryRef::Vacant(new) => {
-                    new.insert_with_key(code.into(), clicks);
-                    *keys += 1;
-                    *heap += heap_bytes(code.len());
-                }
+        for (code, hash, day, clicks) in batch.deltas() {
+            let (sum, new) = sums.entry(day).or_default().slot(code, hash, || 0);
+            *sum += clicks;
+            if new {
+                *keys += 1;
+                *heap += heap_bytes(code.len());
             }
         }
         s.since.get_or_insert_with(Instant::now);
@@ -259,7 +254,7 @@ impl Unfolded {
             let mut keys: Vec<_> = s
                 .sums
                 .drain()
-                .flat_map(|(day, codes)| codes.into_iter().map(move |(c, n)| (c, day, n)))
+                .flat_map(|(day, codes)| codes.into_entries().map(move |(c, n)| (c, day, n)))
                 .collect();
             // In key order, as click_counts was first filled: where the fold probes its index
             // (new keys inserted; updates once the table is much larger than the sums) it walks
@@ -322,10 +317,10 @@ impl State {
         self.since = None;
     }
 
-    /// Estimated bytes of the sums: each day map's table (entries and control bytes, at its
-    /// capacity, as it only grows) and the codes held on the heap.
+    /// Estimated bytes of the sums: each day map's table and entries (at their capacity) and
+    /// the codes held on the heap.
     fn bytes(&self) -> usize {
-        let tables: usize = self.sums.values().map(|c| table_bytes(c.capacity())).sum();
+        let tables: usize = self.sums.values().map(|c| c.table_bytes()).sum();
         tables + self.heap
     }
 }
@@ -340,17 +335,6 @@ fn give_memory_back() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-/// The bytes of a hash table (std's, hashbrown's) that holds up to `capacity` entries:
-/// buckets a power of two, at most 7/8 of them full, each an entry and a control byte.
-fn table_bytes(capacity: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = (capacity * 8 / 7).next_power_of_two();
-    let entry = std::mem::size_of::<(CompactString, i64)>() + 1;
-    buckets * entry + 16
 }
 
 /// The heap bytes of a code of `len` bytes: none if held inline in its `CompactString`, else
@@ -463,18 +447,10 @@ mod tests {
     }
 
     #[test]
-    fn estimates_the_tables_and_the_codes_on_the_heap() {
+    fn estimates_the_codes_on_the_heap() {
         assert_eq!(heap_bytes(24), 0, "held inline");
         assert_eq!(heap_bytes(25), 48);
         assert_eq!(heap_bytes(64), 80);
-        assert_eq!(table_bytes(0), 0);
-        // std's map of 3 entries has 4 buckets; of 100,000, 131,072.
-        let entry = std::mem::size_of::<(CompactString, i64)>() + 1;
-        let mut map = crate::write::batch::Counts::default();
-        map.insert("a".into(), 1);
-        assert_eq!(table_bytes(map.capacity()), 4 * entry + 16);
-        map.reserve(100_000);
-        assert_eq!(table_bytes(map.capacity()), 131_072 * entry + 16);
     }
 
     #[test]
