@@ -83,30 +83,34 @@ async fn clicks_through(flags: &[&str]) -> (Fixture, Redirector, u64) {
     (f, r, sent)
 }
 
+/// Every dimension recorded, the country from the header [`clicks`] sends.
+const DIMENSIONS: [&str; 4] = [
+    "--dimensions",
+    "referrer,device,country",
+    "--country-header",
+    "X-Country",
+];
+
+/// The breakdown of [`clicks`] with [`DIMENSIONS`].
+fn every_dimension() -> BTreeMap<(String, String), i64> {
+    expect(&[
+        ("agent", "human", 5),
+        ("agent", "bot", 1),
+        ("agent", "preview", 2),
+        ("referrer", "news.example.com", 3),
+        ("referrer", "(none)", 5),
+        ("device", "desktop", 3),
+        ("device", "mobile", 2),
+        ("device", "other", 3),
+        ("country", "DE", 3),
+        ("country", "US", 2),
+    ])
+}
+
 #[tokio::test]
 async fn every_dimension_lands_in_click_breakdown_exactly() {
-    let dimensions = [
-        "--dimensions",
-        "referrer,device,country",
-        "--country-header",
-        "X-Country",
-    ];
-    let (f, r, sent) = clicks_through(&dimensions).await;
-    assert_eq!(
-        breakdown(&f.client, "b").await,
-        expect(&[
-            ("agent", "human", 5),
-            ("agent", "bot", 1),
-            ("agent", "preview", 2),
-            ("referrer", "news.example.com", 3),
-            ("referrer", "(none)", 5),
-            ("device", "desktop", 3),
-            ("device", "mobile", 2),
-            ("device", "other", 3),
-            ("country", "DE", 3),
-            ("country", "US", 2),
-        ])
-    );
+    let (f, r, sent) = clicks_through(&DIMENSIONS).await;
+    assert_eq!(breakdown(&f.client, "b").await, every_dimension());
     assert_eq!(r.metric("redirector_country_invalid_total").await, 1.0);
     let by_agent = |agent| format!("redirector_redirects_by_agent_total{{agent=\"{agent}\"}}");
     assert_eq!(r.metric(&by_agent("human")).await, 5.0);
@@ -124,6 +128,29 @@ async fn every_dimension_lands_in_click_breakdown_exactly() {
         total as u64, sent,
         "click_totals counts bots and previews too"
     );
+}
+
+#[tokio::test]
+async fn the_dimensions_of_clicks_in_the_state_region_outlive_a_kill_of_the_redirector() {
+    let f = fixture(&[("b", "https://example.com/b")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let flags = [&DIMENSIONS[..], &["--state-file", state.to_str().unwrap()]].concat();
+    // No collector yet: the clicks stay in the ring and the resend window.
+    let mut r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    let sent = send_clicks(&r, "b").await;
+    r.kill().await;
+
+    let (_collector, collector_admin) = collector_with(&f.db.url, &f.socket, &[]).await;
+    let r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    await_rows_settled(&f.client, Some("b"), sent, &[r.admin, collector_admin]).await;
+    let recovered = r.metric("redirector_clicks_recovered_total").await;
+    assert_eq!(
+        recovered, sent as f64,
+        "clicks adopted from the state region"
+    );
+    assert_eq!(breakdown(&f.client, "b").await, every_dimension());
 }
 
 #[tokio::test]

@@ -23,11 +23,6 @@ async fn start_collector(f: &Fixture) -> (Service, SocketAddr) {
     (collector.service, collector.admin)
 }
 
-async fn kill(r: &mut Redirector) {
-    r.service.signal(Signal::SIGKILL);
-    r.service.wait_exit(LIMIT).await;
-}
-
 /// The collector started, then `next`, a redirector on the state region the last one left:
 /// it adopts the `n` clicks the last one served, and each is written once. Returns it, for
 /// the caller's checks, with the collector stopped.
@@ -65,7 +60,7 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     r.ready().await;
     let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
     assert_eq!(served.count(302), N, "{served:?}");
-    kill(&mut r).await;
+    r.kill().await;
 
     let cmd = redirector_command(&f.db.url, &f.socket, &flags);
     let r = all_written_by_the_next(&f, N, start_redirector(cmd)).await;
@@ -182,7 +177,7 @@ async fn under_load_three_kills_lose_no_redirect_a_client_saw_and_write_none_twi
     for _ in 0..3 {
         let pause = moments.pause(Duration::from_millis(300), Duration::from_millis(1_200));
         tokio::time::sleep(pause).await;
-        kill(&mut r).await;
+        r.kill().await;
         r = held
             .start(redirector_command(&f.db.url, &f.socket, &flags), None)
             .await;
@@ -323,7 +318,7 @@ async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
     r.ready().await;
     let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
     assert_eq!(served.count(302), N, "{served:?}");
-    kill(&mut r).await;
+    r.kill().await;
 
     let next = start_with_store(&f, &held, &store, Some(&memfd));
     let r = all_written_by_the_next(&f, N, next).await;

@@ -92,6 +92,12 @@ impl Redirector {
         metric(self.admin, series).await
     }
 
+    /// Kills it with SIGKILL, as a crash would, and waits until it is gone.
+    pub async fn kill(&mut self) {
+        self.service.signal(nix::sys::signal::Signal::SIGKILL);
+        self.service.wait_exit(LIMIT).await;
+    }
+
     /// Clicks dropped, summed over every reason.
     pub async fn dropped(&self) -> f64 {
         let (_, text) = crate::http::get(self.admin, "/metrics")
