@@ -50,6 +50,7 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
     r.service
         .wait_for_log("the links database is a hot standby", LIMIT)
         .await;
+    assert_eq!(r.metric("redirector_links_polling").await, 1.0);
     assert_eq!(
         served(r.http, "before").await.as_deref(),
         Some("https://example.com/before")
