@@ -274,14 +274,7 @@ fn mentioning(dir: &Path) -> Vec<(i32, String)> {
 /// Every process of a run: the script, what it printed it started, PostgreSQL's postmaster
 /// (from its pid file) and the postmaster's children.
 fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
-    let pid_file = dev_dir.join("pg/data/postmaster.pid");
-    let text =
-        fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
-    let postmaster: i32 = text
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("a pid on the first line of postmaster.pid");
+    let postmaster = postmaster_of(&dev_dir.join("pg"));
     let mut pids = ready.pids.clone();
     pids.push(postmaster);
     for &pid in &pids {
@@ -326,6 +319,18 @@ impl Drop for DevDir {
 }
 
 /// Sends SIGTERM, expects exit 0, the final lines, and no process of the run left.
+/// The pid of the postmaster of the script's cluster in `pg_dir` (`DEV_DIR/pg`,
+/// `DEV_DIR/pg-standby`).
+fn postmaster_of(pg_dir: &Path) -> i32 {
+    let pid_file = pg_dir.join("data/postmaster.pid");
+    let text =
+        fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+    text.lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("a pid on the first line of postmaster.pid")
+}
+
 async fn stop(mut run: Service, pids: &[i32], dev_dir: &Path, final_lines: &[&str]) {
     run.signal(Signal::SIGTERM);
     let status = run.wait_exit(STOP).await;
@@ -426,6 +431,67 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
             "redirector: 0 clicks sent, 0 dropped",
             "collector: 0 clicks written",
         ],
+    )
+    .await;
+}
+
+/// `DEV_STANDBY=1`: a synchronous standby beside the cluster; a click is committed on both,
+/// and a stop stops both servers.
+#[tokio::test]
+async fn dev_script_with_a_standby_commits_on_both_and_stops_both() {
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
+    let mut cmd = dev_command(&dev_dir);
+    cmd.env_remove("DATABASE_URL").env("DEV_STANDBY", "1");
+    let run = Service::spawn("dev", cmd);
+    let ready = wait_ready(&run, FIRST_READY).await;
+    run.wait_for_log("the standby replicates synchronously", READY)
+        .await;
+    let (status, _) = get(ready.redirect, &format!("/{CODE}")).await;
+    assert_eq!(status, 302, "GET /{CODE} on the printed address");
+    let shown = eventually("the click to be counted", COUNTED, || async {
+        clicks_shown(&ready.psql).filter(|&n| n >= 1)
+    })
+    .await;
+    assert_eq!(shown, 1, "one redirect, one click");
+
+    let url = |dir: &str| {
+        let host = dev_dir.join(dir);
+        format!("host={} user=postgres dbname=clicks", host.display())
+    };
+    let primary = testkit::pgtest::connect(&url("pg")).await;
+    let sync =
+        testkit::pgtest::strings(&primary, "SELECT sync_state FROM pg_stat_replication").await;
+    assert_eq!(sync, ["sync"], "one synchronous standby");
+    let standby = testkit::pgtest::connect(&url("pg-standby")).await;
+    let clicks = eventually(
+        "the click to be replayed on the standby",
+        COUNTED,
+        || async {
+            let row = standby
+                .query_one("SELECT pg_is_in_recovery(), count(*) FROM clicks", &[])
+                .await
+                .ok()?;
+            Some((row.get::<_, bool>(0), row.get::<_, i64>(1))).filter(|&(_, n)| n >= 1)
+        },
+    )
+    .await;
+    assert_eq!(
+        clicks,
+        (true, 1),
+        "the standby, in recovery, holds the click"
+    );
+    drop((primary, standby));
+
+    let mut pids = processes_of(&ready, &dev_dir);
+    let standby_postmaster = postmaster_of(&dev_dir.join("pg-standby"));
+    pids.push(standby_postmaster);
+    pids.extend(children_of(standby_postmaster));
+    stop(
+        run,
+        &pids,
+        &dev_dir,
+        &["stopping the standby", "collector: 1 clicks written"],
     )
     .await;
 }
