@@ -1,6 +1,6 @@
 //! The collector's counting per click, without sockets or a database: a batch of 45,000
-//! clicks (half a second at 90,000 clicks/s) of codes drawn uniformly from 250,000, as
-//! `scripts/bench totals` sends them, pushed into a `Batch` datagram by datagram, then added
+//! clicks (half a second at 90,000 clicks/s) of codes drawn uniformly from 250,000, as in
+//! `scripts/bench totals`, pushed into a `Batch` datagram by datagram, then added
 //! to the unfolded sums as the writer does after a commit. The part of the collector's CPU
 //! that `perf` puts in its two code-keyed maps, measured alone, where its run-to-run noise is
 //! a few percent rather than the whole pipeline's ten or more.
@@ -16,7 +16,8 @@ use protocol::wire::{Click, Datagram};
 
 const CODES: u64 = 250_000;
 const BATCH: usize = 45_000;
-/// Clicks per datagram: about what the redirector's drain puts in one of 16 KiB.
+/// Clicks per datagram (16 KiB holds about 930 of these; the number only sets how often a
+/// push starts on a new datagram).
 const PER_DATAGRAM: usize = 500;
 
 /// `n` codes like the totals bench's, drawn with a fixed xorshift so that runs compare.
@@ -52,8 +53,8 @@ fn counts(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("counts");
     group.throughput(Throughput::Elements(BATCH as u64));
-    // Eight different batches in turn, over sums that hold (nearly) every code, as between
-    // two folds.
+    // Eight different batches in turn, over sums that hold about three quarters of the codes,
+    // as between two folds.
     let sums = Unfolded::new(1);
     let mut batch = Batch::default();
     let mut number = 0;

@@ -130,7 +130,7 @@ pub struct Config {
         env = "COLLECTOR_BATCH_ROWS",
         value_name = "N",
         default_value = "100000",
-        value_parser = clap::value_parser!(u32).range(1..=10_000_000)
+        value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH_ROWS)
     )]
     pub(crate) batch_rows: u32,
 
@@ -244,10 +244,12 @@ pub struct Config {
 /// codes would fill the sums and every batch would go the SQL way; above 64 GiB is no host's
 /// collector (a typo's extra digits).
 const MEMORY_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(64 << 30);
+/// `--batch-rows`' ceiling.
+const MAX_BATCH_ROWS: i64 = 10_000_000;
 // The sums' code maps index at most MAX_ENTRIES entries, of 40 bytes or more each; the sums
 // pass the bound by one batch's codes at most (--batch-rows, 10 M) before they are dropped.
 const _: () = assert!(
-    *MEMORY_RANGE.end() / 40 + 10_000_000 < crate::write::code_map::MAX_ENTRIES,
+    *MEMORY_RANGE.end() / 40 + (MAX_BATCH_ROWS as u64) < crate::write::code_map::MAX_ENTRIES,
     "--compact-memory's ceiling holds more sums than a code map can index"
 );
 

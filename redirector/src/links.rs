@@ -43,7 +43,10 @@ shared::metrics! {
         link_load_errors: Counter = "link_load_errors",
             "Link table sessions lost: failed or timed-out connections, loads or reads.";
         links_skipped: Gauge = "links_skipped", "Rows of links left out for a bad code or URL.";
-        links_polling: Gauge = "links_polling", "1 while the link loader follows the change log by reading it without LISTEN (every 100 ms while changes keep coming; every --reload-interval on a hot standby, which cannot LISTEN), 0 while it LISTENs or is not connected.";
+        links_polling: Gauge = "links_polling",
+            "1 while the link loader follows the change log by reading it without LISTEN \
+             (every 100 ms while changes keep coming; every --reload-interval on a hot \
+             standby, which cannot LISTEN), 0 while it LISTENs or is not connected.";
         link_changes_applied: Counter = "link_changes_applied",
             "Changed codes applied from the change log.";
         /// For changes, seconds from the newest applied change's `changed_at` to its

@@ -83,7 +83,11 @@ impl<V> CodeMap<V> {
                     code: code.into(),
                     value: new(),
                 });
-                slot.insert(at as u32); // Within MAX_ENTRIES (see CodeMap).
+                debug_assert!(
+                    (at as u64) < MAX_ENTRIES,
+                    "bounded by the flags (see CodeMap)"
+                );
+                slot.insert(at as u32);
                 (&mut entries[at].value, true)
             }
         }

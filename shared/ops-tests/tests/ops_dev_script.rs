@@ -274,7 +274,7 @@ fn mentioning(dir: &Path) -> Vec<(i32, String)> {
 /// Every process of a run: the script, what it printed it started, PostgreSQL's postmaster
 /// (from its pid file) and the postmaster's children.
 fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
-    let postmaster = postmaster_of(&dev_dir.join("pg"));
+    let postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg"));
     let mut pids = ready.pids.clone();
     pids.push(postmaster);
     for &pid in &pids {
@@ -319,18 +319,6 @@ impl Drop for DevDir {
 }
 
 /// Sends SIGTERM, expects exit 0, the final lines, and no process of the run left.
-/// The pid of the postmaster of the script's cluster in `pg_dir` (`DEV_DIR/pg`,
-/// `DEV_DIR/pg-standby`).
-fn postmaster_of(pg_dir: &Path) -> i32 {
-    let pid_file = pg_dir.join("data/postmaster.pid");
-    let text =
-        fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
-    text.lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("a pid on the first line of postmaster.pid")
-}
-
 async fn stop(mut run: Service, pids: &[i32], dev_dir: &Path, final_lines: &[&str]) {
     run.signal(Signal::SIGTERM);
     let status = run.wait_exit(STOP).await;
@@ -484,7 +472,7 @@ async fn dev_script_with_a_standby_commits_on_both_and_stops_both() {
     drop((primary, standby));
 
     let mut pids = processes_of(&ready, &dev_dir);
-    let standby_postmaster = postmaster_of(&dev_dir.join("pg-standby"));
+    let standby_postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg-standby"));
     pids.push(standby_postmaster);
     pids.extend(children_of(standby_postmaster));
     stop(

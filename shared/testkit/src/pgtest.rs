@@ -453,16 +453,22 @@ impl Pair {
     }
 }
 
+/// The pid of the postmaster of the cluster in `dir` (its data directory in `dir/data`), from
+/// `postmaster.pid`.
+pub fn postmaster_pid(dir: &std::path::Path) -> i32 {
+    let file = dir.join("data/postmaster.pid");
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+    text.lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {}: {text:?}", file.display()))
+}
+
 impl Cluster {
     /// The postmaster's pid, from `postmaster.pid`.
     pub fn postmaster_pid(&self) -> i32 {
-        let file = self.dir.join("data/postmaster.pid");
-        let text = std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
-        text.lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no pid in {}: {text:?}", file.display()))
+        postmaster_pid(&self.dir)
     }
 
     /// Kills the server as a machine that dies would: SIGKILL to the postmaster and every
