@@ -111,6 +111,25 @@ struct Folding {
     policy: compact::Policy,
 }
 
+/// Two parts of [`clicks`], each written as a batch.
+type Halves<'a> = (&'a [(String, i64)], &'a [(String, i64)]);
+
+impl Folding {
+    /// Writes `a` and `b` as two batches, from senders `sender` and `sender + 1`, then folds
+    /// by `way`: the keys the fold moved.
+    async fn write_two_and_fold(
+        &mut self,
+        sender: u64,
+        (a, b): Halves<'_>,
+        way: Apply,
+    ) -> Option<i64> {
+        write(&mut self.handoff, batch_of(&datagrams(sender, a))).await;
+        write(&mut self.handoff, batch_of(&datagrams(sender + 1, b))).await;
+        let moved = compact::fold_with(&mut self.client, &self.policy, &self.own, way).await;
+        moved.unwrap()
+    }
+}
+
 async fn folding(instance: &str) -> Folding {
     let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
@@ -135,13 +154,7 @@ async fn folding(instance: &str) -> Folding {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ways_of_applying_the_sums_count_every_key_once() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let Folding {
-            _db,
-            mut client,
-            mut handoff,
-            own,
-            policy,
-        } = folding("ways").await;
+        let mut f = folding("ways").await;
         // Every key new; then, across the midnight after them, keys there and keys new.
         let first = clicks(3_000, 300, start_us(), 1_000);
         let second = clicks(6_000, 900, start_us() + 3_000_000, 600_000);
@@ -149,15 +162,13 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
         for (seq, part) in [(5, &first), (7, &second)] {
             // Two batches sharing keys: folded from the sums, the fold moves one sum per key;
             // from the rows (had the sums been set aside), one per key and batch.
-            let (a, b) = part.split_at(part.len() / 2);
-            write(&mut handoff, batch_of(&datagrams(seq, a))).await;
-            write(&mut handoff, batch_of(&datagrams(seq + 1, b))).await;
-            let moved = compact::fold_with(&mut client, &policy, &own, way).await;
+            let halves = part.split_at(part.len() / 2);
+            let moved = f.write_two_and_fold(seq, halves, way).await;
             let keys = expected_totals(part).len() as i64;
-            assert_eq!(moved.unwrap(), Some(keys), "{way:?} folded its sums");
+            assert_eq!(moved, Some(keys), "{way:?} folded its sums");
             sent.extend(part.iter().cloned());
             assert_eq!(
-                totals(&client, "click_counts").await,
+                totals(&f.client, "click_counts").await,
                 expected_totals(&sent),
                 "{way:?}"
             );
@@ -170,23 +181,14 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_of_more_keys_than_a_statement_takes_go_in_chunks() {
     for way in [Apply::Merge, Apply::Upsert] {
-        let Folding {
-            _db,
-            mut client,
-            mut handoff,
-            own,
-            policy,
-        } = folding("chunks").await;
+        let mut f = folding("chunks").await;
         let keys = 2 * CHUNK_KEYS + 1_000;
         // Each key twice: once in each of two batches (its clicks 7,919 apart).
         let sent = clicks(2 * keys, keys, start_us(), 10);
-        let (a, b) = sent.split_at(keys);
-        write(&mut handoff, batch_of(&datagrams(5, a))).await;
-        write(&mut handoff, batch_of(&datagrams(6, b))).await;
-        let moved = compact::fold_with(&mut client, &policy, &own, way).await;
+        let moved = f.write_two_and_fold(5, sent.split_at(keys), way).await;
         let expected = expected_totals(&sent);
-        assert_eq!(moved.unwrap(), Some(expected.len() as i64), "{way:?}");
-        assert_eq!(totals(&client, "click_counts").await, expected, "{way:?}");
+        assert_eq!(moved, Some(expected.len() as i64), "{way:?}");
+        assert_eq!(totals(&f.client, "click_counts").await, expected, "{way:?}");
     }
 }
 
