@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use shared::hash_index::HashIndex;
 
 /// How many shards. At 10 M links a shard holds ~1,200 links in ~70 KB, so one change copies
 /// that much (and rehashes its codes); at 1 M, ~7 KB. Measured at 10 M links with 100
@@ -77,75 +78,20 @@ pub fn shard_of(hash: u64) -> usize {
     (hash >> 32) as usize & (SHARDS - 1)
 }
 
-/// Open addressing with linear probing over `u64` slots: the hash's high 32 bits as a tag, and
-/// the entry's offset + 1 (0: empty). A lookup reads one slot and, only when the tag matches,
-/// the arena: one cache miss fewer than an index whose tags live apart from its values
-/// (hashbrown's control bytes), which measured 70 % slower on hits at 1 M links. Built once
-/// for a known number of entries, at most 80 % full, never grown.
-#[derive(Default)]
-struct Index {
-    slots: Box<[u64]>,
-    len: usize,
-}
-
-impl Index {
-    fn with_capacity(n: usize) -> Index {
-        let size = (n + n / 4 + 1).next_power_of_two();
-        Index {
-            slots: vec![0; size].into_boxed_slice(),
-            len: 0,
-        }
-    }
-
-    fn insert(&mut self, hash: u64, at: u32) {
-        let mask = self.slots.len() - 1;
-        let mut i = hash as usize & mask;
-        while self.slots[i] != 0 {
-            i = (i + 1) & mask;
-        }
-        self.slots[i] = (hash & !0xffff_ffff) | (u64::from(at) + 1);
-        self.len += 1;
-    }
-
-    /// The slot of the entry whose tag matches and for which `eq(offset)` holds.
-    fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<usize> {
-        let mask = self.slots.len().checked_sub(1)?;
-        let mut i = hash as usize & mask;
-        loop {
-            let slot = self.slots[i];
-            if slot == 0 {
-                return None;
-            }
-            if slot >> 32 == hash >> 32 && eq(slot as u32 - 1) {
-                return Some(i);
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    /// The offset in slot `i`, if it holds one.
-    fn at(&self, i: usize) -> Option<u32> {
-        self.slots
-            .get(i)
-            .filter(|&&s| s != 0)
-            .map(|&s| s as u32 - 1)
-    }
-}
-
 /// One shard: immutable once built.
 #[derive(Default)]
 pub struct Shard {
     arena: Bytes,
-    index: Index,
+    index: HashIndex,
 }
 
 impl Shard {
     pub fn len(&self) -> usize {
-        self.index.len
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.len == 0
+        self.index.is_empty()
     }
 
     /// The URL of `code`, as a slice of the arena (no copy).
@@ -175,7 +121,7 @@ impl Shard {
     }
 
     pub fn buckets(&self) -> usize {
-        self.index.slots.len()
+        self.index.buckets()
     }
 
     /// The code held in `bucket`, if that bucket is occupied.
@@ -288,7 +234,7 @@ impl Builder {
     pub fn build(mut self, hasher: &Hasher) -> Shard {
         self.arena.shrink_to_fit();
         let arena = Bytes::from(self.arena);
-        let mut index = Index::with_capacity(self.len);
+        let mut index = HashIndex::with_capacity(self.len);
         let mut entries = Entries {
             arena: &arena,
             at: 0,

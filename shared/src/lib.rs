@@ -1,11 +1,12 @@
 //! What the redirector, the collector and `clicktap` have in common around the protocol
-//! (crate `protocol`): the socket and systemd plumbing, database connections, flags, metrics and
-//! the admin listener.
+//! (crate `protocol`): the socket and systemd plumbing, database connections, flags, metrics,
+//! the admin listener, and the hash index of their maps keyed by code.
 
 pub mod admin;
 pub mod backoff;
 pub mod db;
 pub mod flags;
+pub mod hash_index;
 pub mod metrics;
 pub mod socket;
 pub mod systemd;

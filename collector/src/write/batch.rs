@@ -41,6 +41,9 @@ impl Tally {
 /// click's dimensions costs a lookup each and allocates only for a key new to the batch (and
 /// longer than 24 bytes). A space never occurs in a code nor in a value (migration 14).
 type BreakdownCounts = HashMap<(i32, Dimension), Counts, FastHash>;
+/// Clicks a push is ahead by when it asks for the slot of a code it will count (see
+/// [`CodeMap::prefetch`]).
+const PUSH_AHEAD: usize = 8;
 /// Emptied breakdown maps kept for the next batch: four dimensions on each of two days.
 const SPARE_BREAKDOWNS: usize = 2 * Dimension::ALL.len();
 
@@ -133,6 +136,8 @@ pub struct Batch {
     forgotten: Vec<u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,
+    /// The hashes of the codes of the datagram being pushed, reused from datagram to datagram.
+    hashes: Vec<u64>,
     /// When its first datagram arrived.
     started: Option<Instant>,
 }
@@ -146,7 +151,13 @@ impl Batch {
         window: &DateWindow,
         now_us: i64,
     ) {
-        for (click, (code, at_us)) in datagram.clicks.iter().zip(datagram.clicks_at()) {
+        // The codes' hashes first, so that the slot of the code a few clicks ahead can be
+        // asked for while this one is counted (`CodeMap::prefetch`).
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        hashes.extend(datagram.clicks.iter().map(|c| code_map::hash(c.code)));
+        let clicks = datagram.clicks.iter().zip(datagram.clicks_at());
+        for (i, (click, (code, at_us))) in clicks.enumerate() {
             if let Some(why) = window.judge(at_us, now_us) {
                 copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
                 self.set_aside[why as usize] += 1;
@@ -156,11 +167,13 @@ impl Batch {
             let rows = self.rows_of(day);
             copy::put_click(&mut rows.rows, code, at_us);
             log_dimensions(&mut rows.dimensions, &click.dimensions);
-            self.count(code, day, click.dimensions.agent);
+            let ahead = hashes.get(i + PUSH_AHEAD).copied();
+            self.count(code, hashes[i], ahead, day, click.dimensions.agent);
             self.count_dimensions(code, day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
         }
+        self.hashes = hashes;
     }
 
     /// Clicks set aside, per reason.
@@ -188,13 +201,18 @@ impl Batch {
         &mut self.rows[i]
     }
 
-    fn count(&mut self, code: &str, day: i32, agent: Agent) {
+    /// Counts a click of `code` (of hash `hash`) on `day`, and asks for the slot of the code
+    /// of hash `ahead`, to be counted a few clicks on.
+    fn count(&mut self, code: &str, hash: u64, ahead: Option<u64>, day: i32, agent: Agent) {
         let spare = &mut self.spare_counts;
         let codes = self
             .counts
             .entry(day)
             .or_insert_with(|| spare.pop().unwrap_or_default());
-        let (tally, new) = codes.slot(code, code_map::hash(code), Tally::default);
+        if let Some(ahead) = ahead {
+            codes.prefetch(ahead);
+        }
+        let (tally, new) = codes.slot(code, hash, Tally::default);
         tally.0[agent as usize] += 1;
         self.delta_count += usize::from(new);
     }
@@ -328,12 +346,13 @@ impl Batch {
         agents.chain(others)
     }
 
-    /// (code, its [`code_map::hash`], day as PostgreSQL's date, clicks) per distinct pair.
-    pub(crate) fn deltas(&self) -> impl Iterator<Item = (&str, u64, i32, i64)> {
-        self.counts.iter().flat_map(|(&day, codes)| {
-            codes
-                .iter()
-                .map(move |(code, hash, t)| (code, hash, day, t.clicks()))
+    /// Per UTC day (PostgreSQL's date), (code, its [`code_map::hash`], clicks) per distinct code.
+    pub(crate) fn deltas(
+        &self,
+    ) -> impl Iterator<Item = (i32, impl Iterator<Item = (&str, u64, i64)> + Clone)> {
+        self.counts.iter().map(|(&day, codes)| {
+            let deltas = codes.iter().map(|(code, hash, t)| (code, hash, t.clicks()));
+            (day, deltas)
         })
     }
 
@@ -509,7 +528,7 @@ mod tests {
         assert_eq!(b.len(), 4);
         let mut deltas: Vec<_> = b
             .deltas()
-            .map(|(c, _, d, n)| (c.to_owned(), d, n))
+            .flat_map(|(d, codes)| codes.map(move |(c, _, n)| (c.to_owned(), d, n)))
             .collect();
         deltas.sort();
         let day = copy::pg_day(midnight);
@@ -622,7 +641,7 @@ mod tests {
         );
         let mut deltas: Vec<_> = b
             .deltas()
-            .map(|(c, _, d, n)| (c.to_owned(), d, n))
+            .flat_map(|(d, codes)| codes.map(move |(c, _, n)| (c.to_owned(), d, n)))
             .collect();
         deltas.sort();
         let day = copy::pg_day(5 * DAY);

@@ -17,21 +17,26 @@ use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
 use compact_str::CompactString;
-use hashbrown::hash_table::{Entry as Slot, HashTable};
+use shared::hash_index::{self, HashIndex, Slot};
 
 static SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
-/// Values per code: the entries in a vector, in the order their codes came, and a hash table
-/// of their positions (four bytes and a control byte a code, where the entries themselves took
-/// four or five words). A code new to a batch, as most are, is looked for in a table that
-/// stays in the core's cache and its entry is appended; whoever reads the entries in turn (a
-/// batch's count lists, the sums, a fold) walks memory in order.
+/// Keys a caller of [`CodeMap::slot_each`] is ahead by when it asks for their slots and then
+/// for their entries: far enough for a miss to come in, near enough to stay in the cache.
+const SLOTS_AHEAD: usize = 16;
+const ENTRIES_AHEAD: usize = 8;
+
+/// Values per code: the entries in a vector, in the order their codes came, and an index of
+/// their positions ([`HashIndex`]: eight bytes a slot, where the entries themselves take four
+/// or five words). A code new to a batch, as most are, is looked for in an index that stays
+/// in the core's cache and its entry is appended; whoever reads the entries in turn (a batch's
+/// count lists, the sums, a fold) walks memory in order.
 ///
 /// Positions are `u32`: a batch holds at most `--batch-rows` (10 M) codes, and the sums what
 /// `--compact-memory` (64 GiB at most, [`MAX_ENTRIES`]) holds at 40 bytes or more an entry.
 #[derive(Debug)]
 pub(crate) struct CodeMap<V> {
-    positions: HashTable<u32>,
+    index: HashIndex,
     entries: Vec<Entry<V>>,
 }
 
@@ -45,7 +50,7 @@ struct Entry<V> {
 impl<V> Default for CodeMap<V> {
     fn default() -> Self {
         CodeMap {
-            positions: HashTable::new(),
+            index: HashIndex::default(),
             entries: Vec::new(),
         }
     }
@@ -68,14 +73,17 @@ impl<V> CodeMap<V> {
         new: impl FnOnce() -> V,
     ) -> (&mut V, bool) {
         let entries = &mut self.entries;
-        let found = self.positions.entry(
-            hash,
-            |&at| entries[at as usize].hash == hash && same(&entries[at as usize].code, code),
-            |&at| entries[at as usize].hash,
-        );
+        self.index.reserve_one(|at| entries[at as usize].hash);
+        let found = self.index.probe(hash, |at| {
+            let e = &entries[at as usize];
+            e.hash == hash && same(&e.code, code)
+        });
         match found {
-            Slot::Occupied(at) => (&mut entries[*at.get() as usize].value, false),
-            Slot::Vacant(slot) => {
+            Slot::Taken(i) => {
+                let at = self.index.at(i).expect("taken") as usize;
+                (&mut entries[at].value, false)
+            }
+            Slot::Free(i) => {
                 // The entry first: a position never points past the entries.
                 let at = entries.len();
                 entries.push(Entry {
@@ -87,14 +95,54 @@ impl<V> CodeMap<V> {
                     (at as u64) < MAX_ENTRIES,
                     "bounded by the flags (see CodeMap)"
                 );
-                slot.insert(at as u32);
+                self.index.fill(i, hash, at as u32);
                 (&mut entries[at].value, true)
             }
         }
     }
 
+    /// [`CodeMap::slot`] for each of `keys` (code, hash, what `f` is given with the value) in
+    /// turn, with the slots and entries of the keys ahead asked for in advance: when most
+    /// lookups miss the cache (the sums, each of whose codes a batch adds to), their misses
+    /// then overlap instead of following one another.
+    pub(crate) fn slot_each<'a, X>(
+        &mut self,
+        keys: impl Iterator<Item = (&'a str, u64, X)> + Clone,
+        new: impl Fn() -> V,
+        mut f: impl FnMut(&mut V, bool, X),
+    ) {
+        let mut slots_ahead = keys.clone().map(|(_, hash, _)| hash).skip(SLOTS_AHEAD);
+        let mut entries_ahead = keys.clone().map(|(_, hash, _)| hash).skip(ENTRIES_AHEAD);
+        for (code, hash, x) in keys {
+            if let Some(ahead) = slots_ahead.next() {
+                self.index.prefetch(ahead);
+            }
+            if let Some(ahead) = entries_ahead.next() {
+                self.prefetch_entry(ahead);
+            }
+            let (value, new) = self.slot(code, hash, &new);
+            f(value, new, x);
+        }
+    }
+
+    /// Asks for the slot where a lookup of `hash` starts (see [`CodeMap::slot_each`]).
+    pub(crate) fn prefetch(&self, hash: u64) {
+        self.index.prefetch(hash);
+    }
+
+    /// Asks for the likely entry of `hash`, once its slot is in (see [`CodeMap::slot_each`]).
+    fn prefetch_entry(&self, hash: u64) {
+        if let Some(entry) = self
+            .index
+            .likely(hash)
+            .and_then(|at| self.entries.get(at as usize))
+        {
+            hash_index::prefetch(entry);
+        }
+    }
+
     /// Each code with its hash and value, in the order they came.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64, &V)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64, &V)> + Clone {
         self.entries
             .iter()
             .map(|e| (e.code.as_str(), e.hash, &e.value))
@@ -107,14 +155,14 @@ impl<V> CodeMap<V> {
 
     /// Empties it, keeping its memory for the next batch.
     pub(crate) fn clear(&mut self) {
-        self.positions.clear();
+        self.index.clear();
         self.entries.clear();
     }
 
-    /// Bytes of its table and its entries (as they only grow, at their capacity), the codes
+    /// Bytes of its index and its entries (as they only grow, at their capacity), the codes
     /// held on the heap not included.
     pub(crate) fn table_bytes(&self) -> usize {
-        self.positions.allocation_size() + self.entries.capacity() * size_of::<Entry<V>>()
+        self.index.bytes() + self.entries.capacity() * size_of::<Entry<V>>()
     }
 }
 
@@ -178,7 +226,7 @@ mod tests {
             m.slot(&code, hash(&code), || 0i64);
         }
         let bytes = m.table_bytes();
-        let least = n * (size_of::<Entry<i64>>() + size_of::<u32>() + 1);
+        let least = n * (size_of::<Entry<i64>>() + size_of::<u64>());
         assert!(bytes >= least, "{bytes} bytes for {n} entries");
         m.clear();
         assert_eq!(m.iter().count(), 0);

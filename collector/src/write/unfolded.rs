@@ -157,13 +157,16 @@ impl Unfolded {
         let State {
             sums, keys, heap, ..
         } = &mut *s;
-        for (code, hash, day, clicks) in batch.deltas() {
-            let (sum, new) = sums.entry(day).or_default().slot(code, hash, || 0);
-            *sum += clicks;
-            if new {
-                *keys += 1;
-                *heap += heap_bytes(code.len());
-            }
+        for (day, deltas) in batch.deltas() {
+            let deltas = deltas.map(|(code, hash, clicks)| (code, hash, (code.len(), clicks)));
+            let add = |sum: &mut i64, new, (len, clicks)| {
+                *sum += clicks;
+                if new {
+                    *keys += 1;
+                    *heap += heap_bytes(len);
+                }
+            };
+            sums.entry(day).or_default().slot_each(deltas, || 0, add);
         }
         s.since.get_or_insert_with(Instant::now);
         let bytes = s.bytes();

@@ -1,0 +1,225 @@
+//! An index of `u32` positions by 64-bit hash, for maps whose entries live elsewhere (the
+//! redirector's link arena, the collector's code maps): open addressing with linear probing
+//! over `u64` slots, each the hash's high 32 bits as a tag and the position + 1 (0: empty).
+//!
+//! A lookup reads one slot and, only when the tag matches, the entry: one cache miss fewer
+//! than an index whose tags live apart from its values (hashbrown's control bytes: slower on
+//! the redirector's hits, BENCHMARKS.md, "Lookups and memory per link"). And since where a lookup starts
+//! is known from the hash alone, a caller with many keys to look up can [`HashIndex::prefetch`]
+//! the slots of those a few ahead, so that their misses overlap instead of following one
+//! another (the collector's sums, which miss the cache on nearly every code).
+
+/// How full an index may be: 4 slots in 5 when it is built once for a known number of keys
+/// (the redirector's links, looked up mostly by codes it holds), half when it grows a key at a
+/// time (the collector's maps, which take mostly keys they do not hold yet: a probe for one
+/// runs to an empty slot, and runs long in a fuller index; BENCHMARKS.md, "The host's cost of
+/// a click").
+const BUILT_FILL: (usize, usize) = (4, 5);
+const GROWN_FILL: (usize, usize) = (1, 2);
+
+/// Where a key is, or would go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The slot holding the key.
+    Taken(usize),
+    /// The empty slot where the probe for it ended.
+    Free(usize),
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct HashIndex {
+    slots: Box<[u64]>,
+    len: usize,
+}
+
+impl HashIndex {
+    /// An index that holds `n` positions without growing.
+    pub fn with_capacity(n: usize) -> HashIndex {
+        HashIndex::with_slots(slots_for(n, BUILT_FILL))
+    }
+
+    fn with_slots(n: usize) -> HashIndex {
+        HashIndex {
+            slots: vec![0; n].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its slots (full or empty).
+    pub fn buckets(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes of its slots.
+    pub fn bytes(&self) -> usize {
+        self.slots.len() * size_of::<u64>()
+    }
+
+    /// Adds `at` under `hash`, which the index does not hold yet, and for which it has room
+    /// ([`HashIndex::with_capacity`], [`HashIndex::reserve_one`]).
+    pub fn insert(&mut self, hash: u64, at: u32) {
+        let mask = self.slots.len() - 1;
+        let mut i = hash as usize & mask;
+        while self.slots[i] != 0 {
+            i = (i + 1) & mask;
+        }
+        self.fill(i, hash, at);
+    }
+
+    /// Where the key of `hash` for which `eq(position)` holds is, or would go (the index has
+    /// room for one more: [`HashIndex::reserve_one`]).
+    pub fn probe(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Slot {
+        let mask = self.slots.len() - 1;
+        let mut i = hash as usize & mask;
+        loop {
+            let slot = self.slots[i];
+            if slot == 0 {
+                return Slot::Free(i);
+            }
+            if slot >> 32 == hash >> 32 && eq(slot as u32 - 1) {
+                return Slot::Taken(i);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The slot of the key of `hash` for which `eq(position)` holds.
+    pub fn find(&self, hash: u64, eq: impl FnMut(u32) -> bool) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.probe(hash, eq) {
+            Slot::Taken(i) => Some(i),
+            Slot::Free(_) => None,
+        }
+    }
+
+    /// Puts `at` under `hash` into `free`, a [`Slot::Free`] of a probe since which the index
+    /// has not changed.
+    pub fn fill(&mut self, free: usize, hash: u64, at: u32) {
+        debug_assert_eq!(self.slots[free], 0, "a free slot");
+        self.slots[free] = (hash & !0xffff_ffff) | (u64::from(at) + 1);
+        self.len += 1;
+    }
+
+    /// The position in slot `i`, if it holds one.
+    pub fn at(&self, i: usize) -> Option<u32> {
+        self.slots
+            .get(i)
+            .filter(|&&s| s != 0)
+            .map(|&s| s as u32 - 1)
+    }
+
+    /// Makes room for one more position, doubling the slots when they are half full;
+    /// `hash_of` gives the hash of each position held (the slots keep only its high half).
+    pub fn reserve_one(&mut self, hash_of: impl Fn(u32) -> u64) {
+        let (num, den) = GROWN_FILL;
+        if (self.len + 1) * den <= self.slots.len() * num {
+            return;
+        }
+        let slots = slots_for(self.len + 1, GROWN_FILL).max(2 * self.slots.len());
+        let mut grown = HashIndex::with_slots(slots);
+        for at in self
+            .slots
+            .iter()
+            .filter(|&&s| s != 0)
+            .map(|&s| s as u32 - 1)
+        {
+            grown.insert(hash_of(at), at);
+        }
+        *self = grown;
+    }
+
+    /// Empties it, keeping its slots.
+    pub fn clear(&mut self) {
+        self.slots.fill(0);
+        self.len = 0;
+    }
+
+    /// Asks the CPU to bring in the slot where a probe for `hash` starts, to be read soon.
+    pub fn prefetch(&self, hash: u64) {
+        if let Some(slot) = self
+            .slots
+            .get(hash as usize & self.slots.len().wrapping_sub(1))
+        {
+            prefetch(slot);
+        }
+    }
+
+    /// The position in the slot where a probe for `hash` starts, if its tag matches: the likely
+    /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up.
+    pub fn likely(&self, hash: u64) -> Option<u32> {
+        let slot = *self
+            .slots
+            .get(hash as usize & self.slots.len().wrapping_sub(1))?;
+        (slot != 0 && slot >> 32 == hash >> 32).then(|| slot as u32 - 1)
+    }
+}
+
+/// Slots for `n` positions: a power of two, at most `fill` full.
+fn slots_for(n: usize, (num, den): (usize, usize)) -> usize {
+    (n * den / num + 1).next_power_of_two()
+}
+
+/// Asks the CPU to bring `value`'s first cache line in, to be read soon. A hint only: it
+/// neither reads nor faults.
+pub fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints at an address (here a valid reference's); it does not
+    // dereference it.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_what_it_holds_through_growth_and_tag_collisions() {
+        // Hashes sharing their high half (the tag) and their slot bits, so that `eq` decides.
+        let hash_of = |at: u32| (7u64 << 32) | u64::from(at % 3);
+        let mut index = HashIndex::default();
+        for at in 0..1000 {
+            index.reserve_one(hash_of);
+            let Slot::Free(i) = index.probe(hash_of(at), |p| p == at) else {
+                panic!("{at} found before it was put");
+            };
+            index.fill(i, hash_of(at), at);
+        }
+        assert_eq!(index.len(), 1000);
+        assert!(index.buckets() >= 2 * 1000, "{} slots", index.buckets());
+        for at in 0..1000 {
+            let i = index.find(hash_of(at), |p| p == at).expect("held");
+            assert_eq!(index.at(i), Some(at));
+        }
+        assert_eq!(index.find(hash_of(5000), |p| p == 5000), None);
+        index.clear();
+        assert_eq!(index.find(hash_of(1), |p| p == 1), None);
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn the_likely_position_is_the_first_slots_when_its_tag_matches() {
+        let mut index = HashIndex::with_capacity(4);
+        assert_eq!(index.likely(0x1_0000_0003), None);
+        index.insert(0x1_0000_0003, 9);
+        assert_eq!(index.likely(0x1_0000_0003), Some(9));
+        assert_eq!(index.likely(0x2_0000_0003), None, "another tag");
+        assert_eq!(HashIndex::default().likely(3), None, "no slots");
+        HashIndex::default().prefetch(3);
+    }
+}
