@@ -119,23 +119,23 @@ impl HashIndex {
             .map(|&s| s as u32 - 1)
     }
 
-    /// Makes room for one more position, doubling the slots when they are half full;
-    /// `hash_of` gives the hash of each position held (the slots keep only its high half).
-    pub fn reserve_one(&mut self, hash_of: impl Fn(u32) -> u64) {
+    /// Makes room for one more position, doubling the slots when they are half full; `held`
+    /// then gives each (hash, position) held, as the slots keep only the hash's high half (from
+    /// the entries, walked in order rather than looked up slot by slot).
+    pub fn reserve_one<I>(&mut self, held: impl FnOnce() -> I)
+    where
+        I: Iterator<Item = (u64, u32)>,
+    {
         let (num, den) = GROWN_FILL;
         if (self.len + 1) * den <= self.slots.len() * num {
             return;
         }
         let slots = slots_for(self.len + 1, GROWN_FILL).max(2 * self.slots.len());
         let mut grown = HashIndex::with_slots(slots);
-        for at in self
-            .slots
-            .iter()
-            .filter(|&&s| s != 0)
-            .map(|&s| s as u32 - 1)
-        {
-            grown.insert(hash_of(at), at);
+        for (hash, at) in held() {
+            grown.insert(hash, at);
         }
+        debug_assert_eq!(grown.len, self.len, "every position held");
         *self = grown;
     }
 
@@ -155,13 +155,19 @@ impl HashIndex {
         }
     }
 
-    /// The position in the slot where a probe for `hash` starts, if its tag matches: the likely
-    /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up.
+    /// The position in the first slot of a probe for `hash` whose tag matches: the likely
+    /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up (once the
+    /// slots are in: this reads them).
     pub fn likely(&self, hash: u64) -> Option<u32> {
-        let slot = *self
-            .slots
-            .get(hash as usize & self.slots.len().wrapping_sub(1))?;
-        (slot != 0 && slot >> 32 == hash >> 32).then(|| slot as u32 - 1)
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut i = hash as usize & mask;
+        loop {
+            match self.slots[i] {
+                0 => return None,
+                slot if slot >> 32 == hash >> 32 => return Some(slot as u32 - 1),
+                _ => i = (i + 1) & mask,
+            }
+        }
     }
 }
 
@@ -194,7 +200,7 @@ mod tests {
         let hash_of = |at: u32| (7u64 << 32) | u64::from(at % 3);
         let mut index = HashIndex::default();
         for at in 0..1000 {
-            index.reserve_one(hash_of);
+            index.reserve_one(|| (0..at).map(|p| (hash_of(p), p)));
             let Slot::Free(i) = index.probe(hash_of(at), |p| p == at) else {
                 panic!("{at} found before it was put");
             };
@@ -213,11 +219,16 @@ mod tests {
     }
 
     #[test]
-    fn the_likely_position_is_the_first_slots_when_its_tag_matches() {
+    fn the_likely_position_is_the_first_on_the_probe_whose_tag_matches() {
         let mut index = HashIndex::with_capacity(4);
         assert_eq!(index.likely(0x1_0000_0003), None);
+        index.insert(0x3_0000_0003, 7);
         index.insert(0x1_0000_0003, 9);
-        assert_eq!(index.likely(0x1_0000_0003), Some(9));
+        assert_eq!(
+            index.likely(0x1_0000_0003),
+            Some(9),
+            "past a slot of another tag"
+        );
         assert_eq!(index.likely(0x2_0000_0003), None, "another tag");
         assert_eq!(HashIndex::default().likely(3), None, "no slots");
         HashIndex::default().prefetch(3);

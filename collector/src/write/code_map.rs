@@ -73,7 +73,8 @@ impl<V> CodeMap<V> {
         new: impl FnOnce() -> V,
     ) -> (&mut V, bool) {
         let entries = &mut self.entries;
-        self.index.reserve_one(|at| entries[at as usize].hash);
+        self.index
+            .reserve_one(|| (0..).zip(entries.iter()).map(|(at, e)| (e.hash, at)));
         let found = self.index.probe(hash, |at| {
             let e = &entries[at as usize];
             e.hash == hash && same(&e.code, code)

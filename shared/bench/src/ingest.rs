@@ -129,10 +129,24 @@ pub(crate) async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
 
 /// `clicktap send` of `count` codes of `dist` to the collector's socket, at `rate` if given.
 async fn send(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Res<()> {
-    let cmd = send_command(bench, dist, count, rate);
+    send_with(bench, send_command(bench, dist, count, rate)).await
+}
+
+async fn send_with(bench: &Bench, cmd: Command) -> Res<()> {
     Proc::spawn("clicktap send", cmd, &bench.path("clicktap.log"))?
         .finish()
         .await
+}
+
+/// The `clicktap send` flags that give every click `dimensions` (a DIMENSIONS list), each one
+/// value, as a redirector records them.
+fn dimension_args(dimensions: &str) -> Vec<&'static str> {
+    let flag = |d: &str| match d {
+        "referrer" => ["--referrer", "example.com"],
+        "device" => ["--device", "mobile"],
+        _ => ["--country", "DE"],
+    };
+    dimensions.split(',').flat_map(flag).collect()
 }
 
 /// The `clicktap send` command line of [`send`].
@@ -376,7 +390,11 @@ async fn totals_once(bench: &Bench, variant: Variant, round: u32) -> Res<()> {
     let written = Written::now().await?;
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let lag0 = lag_buckets().await?;
-    send(bench, "uniform", n, Some(bench.knobs.rate)).await?;
+    let mut cmd = send_command(bench, "uniform", n, Some(bench.knobs.rate));
+    if let Some(dimensions) = &bench.knobs.totals_dimensions {
+        cmd.args(dimension_args(dimensions));
+    }
+    send_with(bench, cmd).await?;
     let admin = addr(COLLECTOR_ADMIN);
     let what = format!("{n} clicks written");
     crate::services::until(
@@ -457,8 +475,12 @@ pub(crate) async fn bench_totals(bench: &mut Bench) -> Res<()> {
     }
     println!();
     println!(
-        "{} uniform clicks/s over {CODES} codes for {} s per run, medians of {} rounds",
-        k.rate, k.totals_secs, k.rounds
+        "{} uniform clicks/s over {CODES} codes for {} s per run, medians of {} rounds; \
+         dimensions besides the agent: {}",
+        k.rate,
+        k.totals_secs,
+        k.rounds,
+        k.totals_dimensions.as_deref().unwrap_or("none")
     );
     println!(
         "(the run with the median PostgreSQL figure); every run in {}.",

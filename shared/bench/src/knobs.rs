@@ -30,6 +30,8 @@ pub(crate) struct Knobs {
     /// Clicks a second of a totals run, and its length in seconds.
     pub(crate) rate: u64,
     pub(crate) totals_secs: u64,
+    /// The dimensions every click of a totals run carries besides the agent; none by default.
+    pub(crate) totals_dimensions: Option<String>,
     pub(crate) out: PathBuf,
     /// Link table sizes of the links modes.
     pub(crate) link_counts: Vec<u64>,
@@ -93,9 +95,10 @@ impl Knobs {
             flat: text("FLAT").is_some(),
             current_rev: text("CURRENT_REV"),
             modes,
-            dimensions: dimensions()?,
+            dimensions: dimensions("DIMENSIONS", &DIMENSIONS.join(","))?,
             rate: positive("RATE", 90_000)?,
             totals_secs: positive("TOTALS_SECS", 120)?,
+            totals_dimensions: dimensions("TOTALS_DIMENSIONS", "none")?,
             out: PathBuf::from(text("OUT").unwrap_or_else(|| "bench-out".to_owned())),
             link_counts: link_counts()?,
             change_rate: positive("CHANGE_RATE", 100)?,
@@ -118,17 +121,17 @@ fn link_counts() -> Res<Vec<u64>> {
         .collect()
 }
 
-/// DIMENSIONS: a comma-separated subset of referrer, device and country (default all three),
-/// or `none`.
-fn dimensions() -> Res<Option<String>> {
-    let value = text("DIMENSIONS").unwrap_or_else(|| DIMENSIONS.join(","));
+/// DIMENSIONS and TOTALS_DIMENSIONS: a comma-separated subset of referrer, device and
+/// country, or `none`.
+fn dimensions(name: &str, default: &str) -> Res<Option<String>> {
+    let value = text(name).unwrap_or_else(|| default.to_owned());
     let value = value.trim();
     if value == "none" {
         return Ok(None);
     }
     match value.split(',').find(|d| !DIMENSIONS.contains(d)) {
         Some(bad) => Err(format!(
-            "DIMENSIONS: unknown dimension {bad:?} in {value:?} (a comma-separated subset of {}, or none)",
+            "{name}: unknown dimension {bad:?} in {value:?} (a comma-separated subset of {}, or none)",
             DIMENSIONS.join(",")
         )
         .into()),

@@ -70,8 +70,10 @@ instead of the working tree), MODES (redirect modes, default \"off pipeline dire
 dimensions, plus baseline with BASELINE), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
 10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
-a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), DISTINCT (10000000, codes of a
-memory run), OUT (bench-out).";
+a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), TOTALS_DIMENSIONS (none:
+the dimensions every click of totals carries besides the agent, a subset of
+referrer,device,country, each with one value), DISTINCT (10000000, codes of a memory run), OUT
+(bench-out).";
 
 const USAGE: &str = "usage: scripts/bench [--quick] \
     [redirect|collector|compaction|totals|hosts|partitions|memory|links|links-follow|links-soak|charts|all]";

@@ -133,6 +133,20 @@ fn validate_code_says_what_is_wrong() {
 }
 
 #[test]
+fn a_code_may_hold_letters_digits_underscore_and_hyphen_and_no_other_byte() {
+    for byte in 0..=u8::MAX {
+        let allowed = byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-';
+        let got = validate_code(&[b'a', byte]);
+        let want = if allowed {
+            Ok(())
+        } else {
+            Err(CodeError::BadByte { at: 1, byte })
+        };
+        assert_eq!(got, want, "byte {byte:#04x}");
+    }
+}
+
+#[test]
 fn an_encoder_restarted_as_another_sender_numbers_from_zero_and_keeps_its_clicks() {
     let mut enc = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
     enc.next();
