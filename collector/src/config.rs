@@ -121,7 +121,7 @@ pub struct Config {
 
     /// Write a batch once it holds this many clicks (1 to 10,000,000). Bigger batches cost
     /// less per click in PostgreSQL (each commit waits for a WAL flush); two batches of this
-    /// size (at the default, about 3 MB of rows each and up to 4 MB of counts a day when
+    /// size (at the default, about 3 MB of rows each and up to 8 MB of counts a day when
     /// every code is distinct) are in memory at most, kept for reuse. Below 400,000 clicks/s
     /// (at the default --flush-interval), --flush-interval comes first. The ceiling keeps a
     /// batch's count lists under PostgreSQL's 1 GB field limit (10 M codes of 64 bytes: 650 MB).

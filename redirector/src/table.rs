@@ -121,7 +121,7 @@ impl Shard {
     }
 
     pub fn buckets(&self) -> usize {
-        self.index.buckets()
+        self.index.slots()
     }
 
     /// The code held in `bucket`, if that bucket is occupied.

@@ -4,10 +4,11 @@
 //!
 //! A lookup reads one slot and, only when the tag matches, the entry: one cache miss fewer
 //! than an index whose tags live apart from its values (hashbrown's control bytes: slower on
-//! the redirector's hits, BENCHMARKS.md, "Lookups and memory per link"). And since where a lookup starts
-//! is known from the hash alone, a caller with many keys to look up can [`HashIndex::prefetch`]
-//! the slots of those a few ahead, so that their misses overlap instead of following one
-//! another (the collector's sums, which miss the cache on nearly every code).
+//! the redirector's hits, BENCHMARKS.md, "Lookups and memory per link"). And since where a
+//! lookup starts is known from the hash alone, a caller with many keys to look up can
+//! [`HashIndex::prefetch`] the slots of those a few ahead, so that their misses overlap
+//! instead of following one another (the collector's sums, which miss the cache on nearly
+//! every code).
 
 /// How full an index may be: 4 slots in 5 when it is built once for a known number of keys
 /// (the redirector's links, looked up mostly by codes it holds), half when it grows a key at a
@@ -17,15 +18,20 @@
 const BUILT_FILL: (usize, usize) = (4, 5);
 const GROWN_FILL: (usize, usize) = (1, 2);
 
+/// The most positions an index holds: `0..u32::MAX`, as a slot holds the position + 1 in its
+/// low 32 bits.
+pub const MAX_POSITIONS: u64 = u32::MAX as u64;
+
 /// Where a key is, or would go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
-    /// The slot holding the key.
-    Taken(usize),
+    /// The slot holding the key, and the key's position.
+    Taken { slot: usize, at: u32 },
     /// The empty slot where the probe for it ended.
     Free(usize),
 }
 
+/// Positions by hash, in `u64` slots (see the module's doc).
 #[derive(Debug, Default, Clone)]
 pub struct HashIndex {
     slots: Box<[u64]>,
@@ -54,8 +60,8 @@ impl HashIndex {
         self.len == 0
     }
 
-    /// Its slots (full or empty).
-    pub fn buckets(&self) -> usize {
+    /// Its slots, full or empty.
+    pub fn slots(&self) -> usize {
         self.slots.len()
     }
 
@@ -67,26 +73,24 @@ impl HashIndex {
     /// Adds `at` under `hash`, which the index does not hold yet, and for which it has room
     /// ([`HashIndex::with_capacity`], [`HashIndex::reserve_one`]).
     pub fn insert(&mut self, hash: u64, at: u32) {
-        let mask = self.slots.len() - 1;
-        let mut i = hash as usize & mask;
-        while self.slots[i] != 0 {
-            i = (i + 1) & mask;
+        if let Slot::Free(free) = self.probe(hash, |_| false) {
+            self.fill(free, hash, at);
         }
-        self.fill(i, hash, at);
     }
 
     /// Where the key of `hash` for which `eq(position)` holds is, or would go (the index has
     /// room for one more: [`HashIndex::reserve_one`]).
     pub fn probe(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Slot {
         let mask = self.slots.len() - 1;
-        let mut i = hash as usize & mask;
+        let mut i = self.home(hash);
         loop {
             let slot = self.slots[i];
             if slot == 0 {
                 return Slot::Free(i);
             }
             if slot >> 32 == hash >> 32 && eq(slot as u32 - 1) {
-                return Slot::Taken(i);
+                let at = slot as u32 - 1;
+                return Slot::Taken { slot: i, at };
             }
             i = (i + 1) & mask;
         }
@@ -98,7 +102,7 @@ impl HashIndex {
             return None;
         }
         match self.probe(hash, eq) {
-            Slot::Taken(i) => Some(i),
+            Slot::Taken { slot, .. } => Some(slot),
             Slot::Free(_) => None,
         }
     }
@@ -107,8 +111,16 @@ impl HashIndex {
     /// has not changed.
     pub fn fill(&mut self, free: usize, hash: u64, at: u32) {
         debug_assert_eq!(self.slots[free], 0, "a free slot");
+        debug_assert!(
+            u64::from(at) < MAX_POSITIONS,
+            "position {at} past MAX_POSITIONS"
+        );
         self.slots[free] = (hash & !0xffff_ffff) | (u64::from(at) + 1);
         self.len += 1;
+        debug_assert!(
+            self.len < self.slots.len(),
+            "an empty slot ends every probe"
+        );
     }
 
     /// The position in slot `i`, if it holds one.
@@ -147,10 +159,7 @@ impl HashIndex {
 
     /// Asks the CPU to bring in the slot where a probe for `hash` starts, to be read soon.
     pub fn prefetch(&self, hash: u64) {
-        if let Some(slot) = self
-            .slots
-            .get(hash as usize & self.slots.len().wrapping_sub(1))
-        {
+        if let Some(slot) = self.slots.get(self.home(hash)) {
             prefetch(slot);
         }
     }
@@ -159,15 +168,18 @@ impl HashIndex {
     /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up (once the
     /// slots are in: this reads them).
     pub fn likely(&self, hash: u64) -> Option<u32> {
-        let mask = self.slots.len().checked_sub(1)?;
-        let mut i = hash as usize & mask;
-        loop {
-            match self.slots[i] {
-                0 => return None,
-                slot if slot >> 32 == hash >> 32 => return Some(slot as u32 - 1),
-                _ => i = (i + 1) & mask,
-            }
+        match self.slots.is_empty() {
+            true => None,
+            false => match self.probe(hash, |_| true) {
+                Slot::Taken { at, .. } => Some(at),
+                Slot::Free(_) => None,
+            },
         }
+    }
+
+    /// The slot where a probe for `hash` starts (any number when there are no slots).
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & self.slots.len().wrapping_sub(1)
     }
 }
 
@@ -176,46 +188,74 @@ fn slots_for(n: usize, (num, den): (usize, usize)) -> usize {
     (n * den / num + 1).next_power_of_two()
 }
 
-/// Asks the CPU to bring `value`'s first cache line in, to be read soon. A hint only: it
-/// neither reads nor faults.
+/// Asks the CPU to bring `value` in, to be read soon: the cache lines of its first and its last
+/// byte (an entry of a few words may straddle two). A hint only: it neither reads nor faults.
 pub fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` only hints at an address (here a valid reference's); it does not
-    // dereference it.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast());
+    let first = (value as *const T).cast::<i8>();
+    for line in [first, first.wrapping_add(size_of::<T>().saturating_sub(1))] {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `_mm_prefetch` only hints at an address (here within a valid reference's
+        // value); it does not dereference it.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(line);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Puts positions `0..n` under `hash_of(position)`, a key at a time, as a map that grows.
+    fn grown(n: u32, hash_of: impl Fn(u32) -> u64) -> HashIndex {
+        let mut index = HashIndex::default();
+        for at in 0..n {
+            index.reserve_one(|| (0..at).map(|p| (hash_of(p), p)));
+            let Slot::Free(free) = index.probe(hash_of(at), |p| p == at) else {
+                panic!("{at} found before it was put");
+            };
+            index.fill(free, hash_of(at), at);
+        }
+        index
+    }
+
+    /// Finds every position of `0..n` under its hash, and one it does not hold.
+    fn finds_all(index: &HashIndex, n: u32, hash_of: impl Fn(u32) -> u64) {
+        for at in 0..n {
+            let i = index.find(hash_of(at), |p| p == at);
+            assert_eq!(i.and_then(|i| index.at(i)), Some(at), "position {at}");
+        }
+        assert_eq!(index.find(hash_of(n + 1), |p| p == n + 1), None);
+    }
+
     #[test]
     fn finds_what_it_holds_through_growth_and_tag_collisions() {
         // Hashes sharing their high half (the tag) and their slot bits, so that `eq` decides.
         let hash_of = |at: u32| (7u64 << 32) | u64::from(at % 3);
-        let mut index = HashIndex::default();
-        for at in 0..1000 {
-            index.reserve_one(|| (0..at).map(|p| (hash_of(p), p)));
-            let Slot::Free(i) = index.probe(hash_of(at), |p| p == at) else {
-                panic!("{at} found before it was put");
-            };
-            index.fill(i, hash_of(at), at);
-        }
+        let mut index = grown(1000, hash_of);
         assert_eq!(index.len(), 1000);
-        assert!(index.buckets() >= 2 * 1000, "{} slots", index.buckets());
-        for at in 0..1000 {
-            let i = index.find(hash_of(at), |p| p == at).expect("held");
-            assert_eq!(index.at(i), Some(at));
-        }
-        assert_eq!(index.find(hash_of(5000), |p| p == 5000), None);
+        assert!(index.slots() >= 2 * 1000, "{} slots", index.slots());
+        finds_all(&index, 1000, hash_of);
         index.clear();
         assert_eq!(index.find(hash_of(1), |p| p == 1), None);
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn growth_puts_each_position_back_under_its_whole_hash() {
+        // Hashes spread over the slot bits, as a real hash's: a growth that lost their low
+        // half would leave positions where no probe for them starts.
+        let hash_of = |at: u32| {
+            let mut x = u64::from(at).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        let index = grown(20_000, hash_of);
+        finds_all(&index, 20_000, hash_of);
     }
 
     #[test]

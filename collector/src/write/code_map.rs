@@ -9,9 +9,9 @@
 //!   and neither a sum added to nor a table that grows hashes a code again.
 //! - A code of up to 24 bytes is held in its entry (`CompactString`): boxed codes cost a
 //!   malloc and a free per code per batch, and a pointer chased per comparison.
-//! - A code new to the map is probed for once and copied in, and compared by words, not by a
-//!   call to `memcmp` (hashbrown's `HashMap::entry_ref` compares it a second time as it
-//!   inserts it).
+//! - A code new to the map is probed for once and copied in (not compared again as it is
+//!   inserted, as a `HashMap::entry_ref` does), and compared by words, not by a call to
+//!   `memcmp`.
 
 use std::hash::BuildHasher;
 use std::sync::LazyLock;
@@ -27,10 +27,11 @@ const SLOTS_AHEAD: usize = 16;
 const ENTRIES_AHEAD: usize = 8;
 
 /// Values per code: the entries in a vector, in the order their codes came, and an index of
-/// their positions ([`HashIndex`]: eight bytes a slot, where the entries themselves take four
-/// or five words). A code new to a batch, as most are, is looked for in an index that stays
-/// in the core's cache and its entry is appended; whoever reads the entries in turn (a batch's
-/// count lists, the sums, a fold) walks memory in order.
+/// their positions ([`HashIndex`]: eight bytes a slot, at most half of them full, where the
+/// entries themselves take five or six words). A code new to a batch, as most are, is looked
+/// for in the index alone (its slot asked for a few codes ahead) and its entry appended;
+/// whoever reads the entries in turn (a batch's count lists, the sums, a fold) walks memory
+/// in order.
 ///
 /// Positions are `u32`: a batch holds at most `--batch-rows` (10 M) codes, and the sums what
 /// `--compact-memory` (64 GiB at most, [`MAX_ENTRIES`]) holds at 40 bytes or more an entry.
@@ -57,7 +58,7 @@ impl<V> Default for CodeMap<V> {
 }
 
 /// The most entries a map can index.
-pub(crate) const MAX_ENTRIES: u64 = u32::MAX as u64;
+pub(crate) const MAX_ENTRIES: u64 = hash_index::MAX_POSITIONS;
 
 /// The hash of `code` in every [`CodeMap`] of this process.
 pub(crate) fn hash(code: &str) -> u64 {
@@ -80,10 +81,7 @@ impl<V> CodeMap<V> {
             e.hash == hash && same(&e.code, code)
         });
         match found {
-            Slot::Taken(i) => {
-                let at = self.index.at(i).expect("taken") as usize;
-                (&mut entries[at].value, false)
-            }
+            Slot::Taken { at, .. } => (&mut entries[at as usize].value, false),
             Slot::Free(i) => {
                 // The entry first: a position never points past the entries.
                 let at = entries.len();
@@ -216,6 +214,35 @@ mod tests {
         assert_eq!(v, [("abc", true, 2), ("defghijkl", true, 1)]);
         assert!(m.slot("new", hash("new"), || 5).1);
         assert_eq!(m.iter().count(), 3);
+    }
+
+    #[test]
+    fn slot_each_finds_every_code_through_growth_as_slot_does() {
+        let codes: Vec<String> = (0..10_000).map(|i| format!("code{i}")).collect();
+        let keys = || codes.iter().map(|c| (c.as_str(), hash(c), c.len() as i64));
+        let mut m = CodeMap::default();
+        let mut news = 0;
+        m.slot_each(
+            keys(),
+            || 0,
+            |v: &mut i64, new, n| {
+                *v += n;
+                news += usize::from(new);
+            },
+        );
+        assert_eq!(news, codes.len(), "each code new once");
+        m.slot_each(
+            keys(),
+            || 0,
+            |v, new, n| {
+                assert!(!new, "held");
+                *v += n;
+            },
+        );
+        for code in &codes {
+            let (&mut n, new) = m.slot(code, hash(code), || 0);
+            assert_eq!((n, new), (2 * code.len() as i64, false), "{code}");
+        }
     }
 
     #[test]
