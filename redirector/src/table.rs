@@ -106,27 +106,27 @@ impl Shard {
     }
 
     /// Where `code` is in the index (its slot), to mark it seen during a full comparison.
-    pub fn bucket_of(&self, hash: u64, code: &[u8], url: &[u8]) -> Probe {
+    pub fn slot_of(&self, hash: u64, code: &[u8], url: &[u8]) -> Probe {
         match self.index.find(hash, |at| self.code_at(at) == code) {
             None => Probe::Absent,
-            Some(bucket) => {
-                let at = self.index.at(bucket).expect("found");
+            Some(slot) => {
+                let at = self.index.at(slot).expect("found");
                 if &self.arena[self.url_range(at)] == url {
-                    Probe::Same(bucket)
+                    Probe::Same(slot)
                 } else {
-                    Probe::Different(bucket)
+                    Probe::Different(slot)
                 }
             }
         }
     }
 
-    pub fn buckets(&self) -> usize {
+    pub fn slots(&self) -> usize {
         self.index.slots()
     }
 
-    /// The code held in `bucket`, if that bucket is occupied.
-    pub fn code_in_bucket(&self, bucket: usize) -> Option<&[u8]> {
-        self.index.at(bucket).map(|at| self.code_at(at))
+    /// The code held in `slot`, if that slot is occupied.
+    pub fn code_in_slot(&self, slot: usize) -> Option<&[u8]> {
+        self.index.at(slot).map(|at| self.code_at(at))
     }
 
     /// Every (code, url) entry, in arena order.
@@ -163,7 +163,7 @@ impl Shard {
     }
 }
 
-/// What [`Shard::bucket_of`] found.
+/// What [`Shard::slot_of`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
     Absent,

@@ -49,7 +49,7 @@ impl<'a> Batch<'a> {
         }
         let current = self.table.shard(i);
         let unchanged = matches!(
-            (current.bucket_of(hash, code, url.unwrap_or_default()), url),
+            (current.slot_of(hash, code, url.unwrap_or_default()), url),
             (Probe::Same(_), Some(_)) | (Probe::Absent, None)
         );
         if unchanged {
@@ -81,7 +81,7 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Which of the links being served a full comparison saw in `links`: one bit per index bucket
+/// Which of the links being served a full comparison saw in `links`: one bit per index slot
 /// of each shard, as the shards were when it started (nothing else changes them meanwhile).
 pub(super) struct Seen {
     shards: Vec<Arc<Shard>>,
@@ -93,7 +93,7 @@ impl Seen {
         let shards: Vec<Arc<Shard>> = (0..SHARDS).map(|i| table.shard(i)).collect();
         let bits = shards
             .iter()
-            .map(|s| vec![0; s.buckets().div_ceil(64)])
+            .map(|s| vec![0; s.slots().div_ceil(64)])
             .collect();
         Seen { shards, bits }
     }
@@ -101,7 +101,7 @@ impl Seen {
     pub(super) fn mark(&mut self, table: &Table, code: &[u8]) {
         let hash = table.hasher().hash(code);
         let i = shard_of(hash);
-        if let Probe::Same(b) | Probe::Different(b) = self.shards[i].bucket_of(hash, code, b"") {
+        if let Probe::Same(b) | Probe::Different(b) = self.shards[i].slot_of(hash, code, b"") {
             self.bits[i][b / 64] |= 1 << (b % 64);
         }
     }
@@ -111,8 +111,8 @@ impl Seen {
         let mut removed = 0;
         for (i, (shard, bits)) in self.shards.iter().zip(&self.bits).enumerate() {
             let mut changes = Changes::default();
-            for b in 0..shard.buckets() {
-                match shard.code_in_bucket(b) {
+            for b in 0..shard.slots() {
+                match shard.code_in_slot(b) {
                     Some(code) if bits[b / 64] & (1 << (b % 64)) == 0 => {
                         changes.removes.push(code.into());
                     }

@@ -116,7 +116,7 @@ fn unusable_rows_are_told_apart() {
 }
 
 #[test]
-fn buckets_name_each_entry_once() {
+fn slots_name_each_entry_once() {
     let mut b = Builder::default();
     for n in 0..100 {
         b.push(format!("k{n}").as_bytes(), b"https://x/");
@@ -124,17 +124,17 @@ fn buckets_name_each_entry_once() {
     let hasher = Hasher::default();
     let shard = b.build(&hasher);
     let h = hasher.hash(b"k5");
-    let Probe::Same(bucket) = shard.bucket_of(h, b"k5", b"https://x/") else {
+    let Probe::Same(slot) = shard.slot_of(h, b"k5", b"https://x/") else {
         panic!("k5 is there with that URL");
     };
-    assert_eq!(shard.code_in_bucket(bucket), Some(&b"k5"[..]));
-    assert!(matches!(shard.bucket_of(h, b"k5", b"https://y/"), Probe::Different(i) if i == bucket));
+    assert_eq!(shard.code_in_slot(slot), Some(&b"k5"[..]));
+    assert!(matches!(shard.slot_of(h, b"k5", b"https://y/"), Probe::Different(i) if i == slot));
     assert_eq!(
-        shard.bucket_of(hasher.hash(b"zz"), b"zz", b"u"),
+        shard.slot_of(hasher.hash(b"zz"), b"zz", b"u"),
         Probe::Absent
     );
-    let occupied = (0..shard.buckets())
-        .filter(|&i| shard.code_in_bucket(i).is_some())
+    let occupied = (0..shard.slots())
+        .filter(|&i| shard.code_in_slot(i).is_some())
         .count();
     assert_eq!(occupied, 100);
 }
