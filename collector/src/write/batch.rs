@@ -20,8 +20,9 @@ pub(crate) type Counts = CodeMap<i64>;
 /// The maps keyed by day (and dimension): a few keys, looked up once a click (and dimension).
 type FastHash = foldhash::fast::RandomState;
 /// A batch's clicks per UTC day, then per code, by agent: the agent's breakdown is counted by
-/// the same lookup as the code's total (every click has an agent), not by a second map.
-type Tallies = HashMap<i32, DayTallies, FastHash>;
+/// the same lookup as the code's total (every click has an agent), not by a second map. A
+/// list, not a map: a batch spans a day, two around midnight.
+type Tallies = Vec<(i32, DayTallies)>;
 type DayTallies = CodeMap<Tally>;
 
 /// One (day, dimension)'s breakdown: (code, value, clicks) entries.
@@ -101,6 +102,26 @@ struct Day {
     dimensions: BytesMut,
 }
 
+/// The UTC day a push is counting on, and where its rows and counts are in the batch: a
+/// datagram's clicks are mostly of one day, so the day is worked out (a division) and looked
+/// up once for them, not once a click.
+#[derive(Debug, Clone, Copy)]
+struct OnDay {
+    day: i32,
+    /// The day's microseconds, `from_us..to_us`.
+    from_us: i64,
+    to_us: i64,
+    /// Its place in `Batch::rows` and in `Batch::counts`.
+    rows: usize,
+    tallies: usize,
+}
+
+impl OnDay {
+    fn holds(&self, at_us: i64) -> bool {
+        (self.from_us..self.to_us).contains(&at_us)
+    }
+}
+
 /// One UTC day's clicks of a batch, taken out of it for the writer.
 #[derive(Debug)]
 pub(crate) struct DayRows {
@@ -157,19 +178,24 @@ impl Batch {
         hashes.clear();
         hashes.extend(datagram.clicks.iter().map(|c| code_map::hash(c.code)));
         let clicks = datagram.clicks.iter().zip(datagram.clicks_at());
+        let mut on: Option<OnDay> = None;
         for (i, (click, (code, at_us))) in clicks.enumerate() {
             if let Some(why) = window.judge(at_us, now_us) {
                 copy::put_set_aside(&mut self.set_aside_rows, code, at_us, why.as_str(), None);
                 self.set_aside[why as usize] += 1;
                 continue;
             }
-            let day = copy::pg_day(at_us);
-            let rows = self.rows_of(day);
+            let day = match on {
+                Some(day) if day.holds(at_us) => day,
+                _ => self.on_day_of(at_us),
+            };
+            on = Some(day);
+            let rows = &mut self.rows[day.rows];
             copy::put_click(&mut rows.rows, code, at_us);
             log_dimensions(&mut rows.dimensions, &click.dimensions);
             let ahead = hashes.get(i + PUSH_AHEAD).copied();
-            self.count(code, hashes[i], ahead, day, click.dimensions.agent);
-            self.count_dimensions(code, day, &click.dimensions);
+            self.count(code, hashes[i], ahead, day.tallies, click.dimensions.agent);
+            self.count_dimensions(code, day.day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
         }
@@ -186,8 +212,10 @@ impl Batch {
         self.set_aside_rows.split().freeze()
     }
 
-    fn rows_of(&mut self, day: i32) -> &mut Day {
-        let i = match self.rows.iter().position(|d| d.day == day) {
+    /// The UTC day of `at_us`, with its rows and counts made ready.
+    fn on_day_of(&mut self, at_us: i64) -> OnDay {
+        let day = copy::pg_day(at_us);
+        let rows = match self.rows.iter().position(|d| d.day == day) {
             Some(i) => i,
             None => {
                 self.rows.push(Day {
@@ -198,17 +226,28 @@ impl Batch {
                 self.rows.len() - 1
             }
         };
-        &mut self.rows[i]
+        let tallies = match self.counts.iter().position(|&(d, _)| d == day) {
+            Some(i) => i,
+            None => {
+                let codes = self.spare_counts.pop().unwrap_or_default();
+                self.counts.push((day, codes));
+                self.counts.len() - 1
+            }
+        };
+        let span = copy::day_span(at_us);
+        OnDay {
+            day,
+            from_us: span.start,
+            to_us: span.end,
+            rows,
+            tallies,
+        }
     }
 
-    /// Counts a click of `code` (of hash `hash`) on `day`, and asks for the slot of the code
-    /// of hash `ahead`, to be counted a few clicks on.
-    fn count(&mut self, code: &str, hash: u64, ahead: Option<u64>, day: i32, agent: Agent) {
-        let spare = &mut self.spare_counts;
-        let codes = self
-            .counts
-            .entry(day)
-            .or_insert_with(|| spare.pop().unwrap_or_default());
+    /// Counts a click of `code` (of hash `hash`) in `self.counts[tallies]`, and asks for the
+    /// slot of the code of hash `ahead`, to be counted a few clicks on.
+    fn count(&mut self, code: &str, hash: u64, ahead: Option<u64>, tallies: usize, agent: Agent) {
+        let codes = &mut self.counts[tallies].1;
         if let Some(ahead) = ahead {
             codes.prefetch(ahead);
         }
@@ -220,9 +259,8 @@ impl Batch {
     /// Counts the click of `code` on `day` under each dimension it carries.
     fn count_dimensions(&mut self, code: &str, day: i32, dimensions: &Dimensions<'_>) {
         let Breakdowns { counts, spare, key } = &mut *self.breakdowns;
-        let recorded = dimensions.values();
         // The agent is in the code's tally (`count`).
-        for (dimension, value) in recorded.filter(|&(d, _)| d != Dimension::Agent) {
+        for (dimension, value) in dimensions.recorded() {
             let values = counts
                 .entry((day, dimension))
                 .or_insert_with(|| spare.pop().unwrap_or_default());
@@ -296,7 +334,7 @@ impl Batch {
     /// The batch's counts as `click_count_lists` COPY rows: one per UTC day, its codes and
     /// their counts in two lists.
     pub(crate) fn count_rows(&self, tag: copy::BatchTag) -> Bytes {
-        let days = self.counts.iter().map(|(&day, codes)| {
+        let days = self.counts.iter().map(|&(day, ref codes)| {
             let entries = codes
                 .iter()
                 .map(|(code, _, t)| (code, t.clicks()))
@@ -319,7 +357,7 @@ impl Batch {
 
     /// The batch's breakdowns: (day, dimension, its (code, value, clicks) entries).
     fn breakdown_lists(&self) -> impl Iterator<Item = BreakdownList<'_>> {
-        let agents = self.counts.iter().map(|(&day, codes)| {
+        let agents = self.counts.iter().map(|&(day, ref codes)| {
             let entries = codes.iter().flat_map(|(code, _, tally)| {
                 let by_agent = Agent::ALL.iter().zip(tally.0);
                 by_agent
@@ -350,7 +388,7 @@ impl Batch {
     pub(crate) fn deltas(
         &self,
     ) -> impl Iterator<Item = (i32, impl Iterator<Item = (&str, u64, i64)> + Clone)> {
-        self.counts.iter().map(|(&day, codes)| {
+        self.counts.iter().map(|&(day, ref codes)| {
             let deltas = codes.iter().map(|(code, hash, t)| (code, hash, t.clicks()));
             (day, deltas)
         })
@@ -384,7 +422,7 @@ impl Batch {
         self.clicks = 0;
         self.set_aside_rows.clear();
         self.set_aside = Default::default();
-        for (_, mut codes) in self.counts.drain() {
+        for (_, mut codes) in self.counts.drain(..) {
             // Two: a batch spans a day, two around midnight. Others (late clicks of older
             // days) are rare, and their maps are freed rather than kept at their size.
             if self.spare_counts.len() < 2 {
@@ -520,12 +558,13 @@ mod tests {
         let mut b = Batch::default();
         let midnight = 20_000 * DAY;
         b.push(
-            &datagram(&[("a", 0), ("a", 1), ("b", 2)], midnight - 1),
+            // Across midnight and back, within one datagram.
+            &datagram(&[("a", 0), ("a", 1), ("b", 2), ("c", 0)], midnight - 1),
             &OPEN,
             0,
         );
         b.push(&datagram(&[("a", 0)], midnight + 5), &OPEN, 0);
-        assert_eq!(b.len(), 4);
+        assert_eq!(b.len(), 5);
         let mut deltas: Vec<_> = b
             .deltas()
             .flat_map(|(d, codes)| codes.map(move |(c, _, n)| (c.to_owned(), d, n)))
@@ -537,16 +576,17 @@ mod tests {
             [
                 ("a".into(), day - 1, 1),
                 ("a".into(), day, 2),
-                ("b".into(), day, 1)
+                ("b".into(), day, 1),
+                ("c".into(), day - 1, 1)
             ]
         );
-        assert_eq!(b.delta_count(), 3);
+        assert_eq!(b.delta_count(), 4);
         let rows: Vec<_> = b
             .take_rows()
             .iter()
             .map(|d| (d.day, copy::click_rows(&d.rows).len()))
             .collect();
-        assert_eq!(rows, [(day - 1, 1), (day, 3)]);
+        assert_eq!(rows, [(day - 1, 2), (day, 3)]);
     }
 
     /// Each click under each dimension it carries, per day, code and value; a click set aside

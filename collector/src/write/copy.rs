@@ -22,6 +22,12 @@ pub fn pg_day(at_us: i64) -> i32 {
     at_us.div_euclid(DAY_US) as i32 - PG_EPOCH_DAYS
 }
 
+/// The microseconds of the UTC day of `at_us`: where [`pg_day`] gives the same day.
+pub(crate) fn day_span(at_us: i64) -> std::ops::Range<i64> {
+    let start = at_us - at_us.rem_euclid(DAY_US);
+    start..start.saturating_add(DAY_US)
+}
+
 /// Appends one `clicks` row: (code text, clicked_at timestamptz).
 pub(crate) fn put_click(buf: &mut BytesMut, code: &str, at_us: i64) {
     buf.reserve(2 + 4 + code.len() + 4 + 8);
@@ -271,6 +277,20 @@ mod tests {
         assert_eq!(pg_day(PG_EPOCH_US), 0);
         assert_eq!(pg_day(PG_EPOCH_US - 1), -1);
         assert_eq!(pg_day(PG_EPOCH_US + DAY_US - 1), 0);
+        for at in [
+            PG_EPOCH_US - 1,
+            PG_EPOCH_US,
+            PG_EPOCH_US + DAY_US - 1,
+            -5 * DAY_US / 2,
+        ] {
+            let span = day_span(at);
+            assert!(span.contains(&at), "{at}");
+            let (first, last) = (pg_day(span.start), pg_day(span.end - 1));
+            assert_eq!(
+                (first, last, pg_day(span.end)),
+                (pg_day(at), pg_day(at), pg_day(at) + 1)
+            );
+        }
         assert_eq!(pg_day(0), -PG_EPOCH_DAYS);
         let mut buf = BytesMut::new();
         put_click(&mut buf, "ab", PG_EPOCH_US + 5);

@@ -155,17 +155,22 @@ impl<'a> Dimensions<'a> {
     /// Each recorded dimension with its `click_breakdown` value: the agent always, then those
     /// recorded.
     pub fn values(&self) -> impl Iterator<Item = (Dimension, &'a str)> + '_ {
-        let referrer = self
-            .referrer
-            .map(|r| if r.is_empty() { NO_REFERRER } else { r });
-        [
-            Some((Dimension::Agent, self.agent.as_str())),
-            referrer.map(|r| (Dimension::Referrer, r)),
-            self.device.map(|d| (Dimension::Device, d.as_str())),
-            self.country.map(|c| (Dimension::Country, c.as_str())),
-        ]
-        .into_iter()
-        .flatten()
+        std::iter::once((Dimension::Agent, self.agent.as_str())).chain(self.recorded())
+    }
+
+    /// The dimensions recorded besides the agent, with their values: none when a redirector
+    /// records only the agent. Chained options rather than a list of four to filter: the
+    /// collector asks this of every click it counts.
+    pub fn recorded(&self) -> impl Iterator<Item = (Dimension, &'a str)> + '_ {
+        let referrer = self.referrer.map(|r| {
+            (
+                Dimension::Referrer,
+                if r.is_empty() { NO_REFERRER } else { r },
+            )
+        });
+        let device = self.device.map(|d| (Dimension::Device, d.as_str()));
+        let country = self.country.map(|c| (Dimension::Country, c.as_str()));
+        referrer.into_iter().chain(device).chain(country)
     }
 }
 
@@ -324,5 +329,12 @@ mod tests {
                 ("country", "FR")
             ]
         );
+        assert_eq!(dims.recorded().count(), 2);
+        let agent_only = Dimensions {
+            agent: Agent::Bot,
+            ..Dimensions::default()
+        };
+        assert_eq!(agent_only.recorded().count(), 0);
+        assert_eq!(agent_only.values().count(), 1);
     }
 }

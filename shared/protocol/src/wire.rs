@@ -97,9 +97,11 @@ struct V1<'a> {
     clicks: Vec<ClickV1<'a>>,
 }
 
+/// A code is read as bytes (postcard lays out a str and bytes alike) and checked by
+/// [`code_str`]: its characters are ASCII, so UTF-8 need not be checked a second time.
 #[derive(Serialize, Deserialize)]
 struct ClickV1<'a> {
-    code: &'a str,
+    code: &'a [u8],
     offset_us: u32,
 }
 
@@ -116,7 +118,7 @@ struct V2<'a> {
 
 #[derive(Serialize, Deserialize)]
 struct ClickV2<'a> {
-    code: &'a str,
+    code: &'a [u8],
     offset_us: u32,
     agent: u8,
     referrer: Option<&'a str>,
@@ -128,7 +130,7 @@ impl<'a> ClickV2<'a> {
     fn new(c: &Click<'a>) -> ClickV2<'a> {
         let d = &c.dimensions;
         ClickV2 {
-            code: c.code,
+            code: c.code.as_bytes(),
             offset_us: c.offset_us,
             agent: d.agent as u8,
             referrer: d.referrer,
@@ -137,8 +139,20 @@ impl<'a> ClickV2<'a> {
         }
     }
 
-    /// The click, if its dimensions are ones a sender could have written.
-    fn click(&self) -> Option<Click<'a>> {
+    /// The click (the `index`th), if its code is valid and its dimensions are ones a sender
+    /// could have written.
+    fn click(&self, index: usize) -> Result<Click<'a>, Reject> {
+        let code = code_str(self.code).map_err(|error| Reject::BadCode { index, error })?;
+        self.dimensions()
+            .map(|dimensions| Click {
+                code,
+                offset_us: self.offset_us,
+                dimensions,
+            })
+            .ok_or(Reject::BadDimension { index })
+    }
+
+    fn dimensions(&self) -> Option<Dimensions<'a>> {
         let referrer = match self.referrer {
             Some(r) if !dimensions::valid_referrer(r) => return None,
             r => r,
@@ -151,16 +165,11 @@ impl<'a> ClickV2<'a> {
             Some(c) => Some(Country::parse(&c).filter(|p| p.bytes() == c)?),
             None => None,
         };
-        let dimensions = Dimensions {
+        Some(Dimensions {
             agent: Agent::from_u8(self.agent)?,
             referrer,
             device,
             country,
-        };
-        Some(Click {
-            code: self.code,
-            offset_us: self.offset_us,
-            dimensions,
         })
     }
 }
@@ -182,7 +191,7 @@ impl Datagram<'_> {
         let written = if version == 1 {
             let clicks = self.clicks.iter();
             let clicks = clicks.map(|c| ClickV1 {
-                code: c.code,
+                code: c.code.as_bytes(),
                 offset_us: c.offset_us,
             });
             let v1 = V1 {
@@ -245,6 +254,15 @@ pub fn validate_code(code: &[u8]) -> Result<(), CodeError> {
     }
 }
 
+/// `code` as a str, if [`validate_code`] accepts it.
+fn code_str(code: &[u8]) -> Result<&str, CodeError> {
+    validate_code(code)?;
+    debug_assert!(code.is_ascii());
+    // SAFETY: validate_code accepted only bytes of [A-Za-z0-9_-] (CODE_BYTES, whose every byte
+    // a test checks), all ASCII, and ASCII is UTF-8.
+    Ok(unsafe { std::str::from_utf8_unchecked(code) })
+}
+
 /// Why a datagram was rejected. Every variant rejects the whole datagram.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Reject {
@@ -283,29 +301,30 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
         None => return Err(Reject::Undecodable("empty datagram".into())),
         Some(1) => {
             let v1: V1<'_> = take_whole(buf)?;
-            let clicks = v1.clicks.iter();
+            let mut clicks = Vec::with_capacity(v1.clicks.len());
+            for (index, c) in v1.clicks.iter().enumerate() {
+                clicks.push(Click {
+                    code: code_str(c.code).map_err(|error| Reject::BadCode { index, error })?,
+                    offset_us: c.offset_us,
+                    dimensions: Dimensions {
+                        agent: Agent::Unknown,
+                        ..Dimensions::default()
+                    },
+                });
+            }
             Datagram {
                 version: v1.version,
                 sender: v1.sender,
                 seq: v1.seq,
                 base_us: v1.base_us,
-                clicks: clicks
-                    .map(|c| Click {
-                        code: c.code,
-                        offset_us: c.offset_us,
-                        dimensions: Dimensions {
-                            agent: Agent::Unknown,
-                            ..Dimensions::default()
-                        },
-                    })
-                    .collect(),
+                clicks,
             }
         }
         Some(&VERSION) => {
             let v2: V2<'_> = take_whole(buf)?;
             let mut clicks = Vec::with_capacity(v2.clicks.len());
             for (index, c) in v2.clicks.iter().enumerate() {
-                clicks.push(c.click().ok_or(Reject::BadDimension { index })?);
+                clicks.push(c.click(index)?);
             }
             Datagram {
                 version: v2.version,
@@ -318,7 +337,6 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
         Some(&got) => return Err(Reject::WrongVersion { got, want: VERSION }),
     };
     for (index, click) in datagram.clicks.iter().enumerate() {
-        validate_code(click.code.as_bytes()).map_err(|error| Reject::BadCode { index, error })?;
         let at_us = i128::from(datagram.base_us) + i128::from(click.offset_us);
         if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
             return Err(Reject::BadTimestamp { index, at_us });

@@ -147,6 +147,24 @@ fn a_code_may_hold_letters_digits_underscore_and_hyphen_and_no_other_byte() {
     }
 }
 
+/// A code is read as bytes and turned into a str without a second UTF-8 check: bytes that
+/// are not UTF-8 must be refused as a bad code, in both versions.
+#[test]
+fn a_code_that_is_not_utf8_is_a_bad_code() {
+    for version in [1, 2] {
+        let mut enc = Encoder::of_version(version, 1, DEFAULT_DATAGRAM).unwrap();
+        enc.push("zzq", 1_000).unwrap();
+        let mut bytes = enc.datagram().to_vec();
+        let at = bytes.windows(3).position(|w| w == b"zzq").unwrap();
+        bytes[at + 1] = 0xc3;
+        let want = Reject::BadCode {
+            index: 0,
+            error: CodeError::BadByte { at: 1, byte: 0xc3 },
+        };
+        assert_eq!(decode(&bytes), Err(want), "version {version}");
+    }
+}
+
 #[test]
 fn an_encoder_restarted_as_another_sender_numbers_from_zero_and_keeps_its_clicks() {
     let mut enc = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
