@@ -42,9 +42,6 @@ impl Tally {
 /// click's dimensions costs a lookup each and allocates only for a key new to the batch (and
 /// longer than 24 bytes). A space never occurs in a code nor in a value (migration 14).
 type BreakdownCounts = HashMap<(i32, Dimension), Counts, FastHash>;
-/// Clicks a push is ahead by when it asks for the slot of a code it will count (see
-/// [`CodeMap::prefetch`]).
-const PUSH_AHEAD: usize = 8;
 /// Emptied breakdown maps kept for the next batch: four dimensions on each of two days.
 const SPARE_BREAKDOWNS: usize = 2 * Dimension::ALL.len();
 
@@ -172,8 +169,8 @@ impl Batch {
         window: &DateWindow,
         now_us: i64,
     ) {
-        // The codes' hashes first, so that the slot of the code a few clicks ahead can be
-        // asked for while this one is counted (`CodeMap::prefetch`).
+        // The codes' hashes first, so that the slot and the entry of the codes a few clicks
+        // ahead can be asked for while this one is counted (`CodeMap::prefetch_ahead`).
         let mut hashes = std::mem::take(&mut self.hashes);
         hashes.clear();
         hashes.extend(datagram.clicks.iter().map(|c| code_map::hash(c.code)));
@@ -193,8 +190,7 @@ impl Batch {
             let rows = &mut self.rows[day.rows];
             copy::put_click(&mut rows.rows, code, at_us);
             log_dimensions(&mut rows.dimensions, &click.dimensions);
-            let ahead = hashes.get(i + PUSH_AHEAD).copied();
-            self.count(code, hashes[i], ahead, day.tallies, click.dimensions.agent);
+            self.count(code, &hashes, i, day.tallies, click.dimensions.agent);
             self.count_dimensions(code, day.day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
@@ -244,14 +240,12 @@ impl Batch {
         }
     }
 
-    /// Counts a click of `code` (of hash `hash`) in `self.counts[tallies]`, and asks for the
-    /// slot of the code of hash `ahead`, to be counted a few clicks on.
-    fn count(&mut self, code: &str, hash: u64, ahead: Option<u64>, tallies: usize, agent: Agent) {
+    /// Counts a click of `code`, the `i`th of a datagram whose codes hash to `hashes`, in
+    /// `self.counts[tallies]`, and asks for what the codes a few clicks on will look up.
+    fn count(&mut self, code: &str, hashes: &[u64], i: usize, tallies: usize, agent: Agent) {
         let codes = &mut self.counts[tallies].1;
-        if let Some(ahead) = ahead {
-            codes.prefetch(ahead);
-        }
-        let (tally, new) = codes.slot(code, hash, Tally::default);
+        codes.prefetch_ahead(hashes, i);
+        let (tally, new) = codes.slot(code, hashes[i], Tally::default);
         tally.0[agent as usize] += 1;
         self.delta_count += usize::from(new);
     }

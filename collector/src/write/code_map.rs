@@ -124,9 +124,16 @@ impl<V> CodeMap<V> {
         }
     }
 
-    /// Asks for the slot where a lookup of `hash` starts (see [`CodeMap::slot_each`]).
-    pub(crate) fn prefetch(&self, hash: u64) {
-        self.index.prefetch(hash);
+    /// For a caller that looks up `hashes` in turn, at the `i`th: asks for the slot of the key
+    /// [`SLOTS_AHEAD`] on and the entry of the key [`ENTRIES_AHEAD`] on, as
+    /// [`CodeMap::slot_each`] does.
+    pub(crate) fn prefetch_ahead(&self, hashes: &[u64], i: usize) {
+        if let Some(&ahead) = hashes.get(i + SLOTS_AHEAD) {
+            self.index.prefetch(ahead);
+        }
+        if let Some(&ahead) = hashes.get(i + ENTRIES_AHEAD) {
+            self.prefetch_entry(ahead);
+        }
     }
 
     /// Asks for the likely entry of `hash`, once its slot is in (see [`CodeMap::slot_each`]).

@@ -409,13 +409,18 @@ async fn totals_once(bench: &Bench, variant: Variant, round: u32) -> Res<()> {
     )
     .await?;
     let lag1 = lag_buckets().await?;
+    let cpu_written = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // Until every count of the run is folded: each variant then carries the whole cost of
     // its run's totals, however its folds fall in time.
     written
         .await_folded(bench, n as f64, Duration::from_secs(300))
         .await?;
-    let [_, col_us, pg_us] =
-        Cpu::now(None, Some(collector.pid()), bench.postmaster).per_click(&cpu0, n);
+    let cpu_folded = Cpu::now(None, Some(collector.pid()), bench.postmaster);
+    let [_, col_us, pg_us] = cpu_folded.per_click(&cpu0, n);
+    // The same in two parts: until the clicks are written (the COPYs, and the folds that came
+    // due meanwhile), and after (a 20-s run's fold comes after, at --compact-interval).
+    let [_, col_writing, pg_writing] = cpu_written.per_click(&cpu0, n);
+    let [_, col_after, pg_after] = cpu_folded.per_click(&cpu_written, n);
     let folds =
         crate::services::metric(admin, "collector_compactions_total").await? - written.compactions;
     let row = [
@@ -427,6 +432,10 @@ async fn totals_once(bench: &Bench, variant: Variant, round: u32) -> Res<()> {
         hwm_mib(collector.pid()),
         lag_quantile(&lag0, &lag1, 0.5),
         lag_quantile(&lag0, &lag1, 0.99),
+        col_writing,
+        col_after,
+        pg_writing,
+        pg_after,
     ];
     collector.stop().await;
     append(&bench.path("totals.tsv"), &row)
@@ -450,8 +459,8 @@ pub(crate) async fn bench_totals(bench: &mut Bench) -> Res<()> {
             totals_once(bench, variant, round).await?;
         }
     }
-    println!("| collector | CPU us per click: collector | PostgreSQL | folds per run | collector peak MiB | commit lag p50 / p99 s |");
-    println!("|---|---|---|---|---|---|");
+    println!("| collector | CPU us per click: collector | PostgreSQL | the same until written + after: collector, PostgreSQL | folds per run | collector peak MiB | commit lag p50 / p99 s |");
+    println!("|---|---|---|---|---|---|---|");
     let all = rows(&bench.path("totals.tsv"));
     for variant in &variants {
         // The run with the median PostgreSQL figure, whole.
@@ -461,11 +470,16 @@ pub(crate) async fn bench_totals(bench: &mut Bench) -> Res<()> {
             .collect();
         runs.sort_by(|a, b| num(&a[3]).total_cmp(&num(&b[3])));
         if let Some(r) = runs.get(runs.len().saturating_sub(1) / 2) {
+            let part = |i: usize| r.get(i).map_or(f64::NAN, |v| num(v));
             println!(
-                "| {} | {:.3} | {:.3} | {} | {} | {} / {} |",
+                "| {} | {:.3} | {:.3} | {:.3} + {:.3}, {:.3} + {:.3} | {} | {} | {} / {} |",
                 r[0],
                 num(&r[2]),
                 num(&r[3]),
+                part(8),
+                part(9),
+                part(10),
+                part(11),
                 r[4],
                 r[5],
                 r[6],
