@@ -21,7 +21,8 @@ pub(crate) type Counts = CodeMap<i64>;
 type FastHash = foldhash::fast::RandomState;
 /// A batch's clicks per UTC day, then per code, by agent: the agent's breakdown is counted by
 /// the same lookup as the code's total (every click has an agent), not by a second map. A
-/// list, not a map: a batch spans a day, two around midnight.
+/// list, not a map: a batch spans a day, two around midnight (late clicks, within
+/// `--max-click-age`, a few more).
 type Tallies = Vec<(i32, DayTallies)>;
 type DayTallies = CodeMap<Tally>;
 
@@ -110,7 +111,7 @@ struct OnDay {
     to_us: i64,
     /// Its place in `Batch::rows` and in `Batch::counts`.
     rows: usize,
-    tallies: usize,
+    counts: usize,
 }
 
 impl OnDay {
@@ -190,7 +191,7 @@ impl Batch {
             let rows = &mut self.rows[day.rows];
             copy::put_click(&mut rows.rows, code, at_us);
             log_dimensions(&mut rows.dimensions, &click.dimensions);
-            self.count(code, &hashes, i, day.tallies, click.dimensions.agent);
+            self.count(code, &hashes, i, day.counts, click.dimensions.agent);
             self.count_dimensions(code, day.day, &click.dimensions);
             self.clicked_at.push(at_us);
             self.clicks += 1;
@@ -222,7 +223,7 @@ impl Batch {
                 self.rows.len() - 1
             }
         };
-        let tallies = match self.counts.iter().position(|&(d, _)| d == day) {
+        let counts = match self.counts.iter().position(|&(d, _)| d == day) {
             Some(i) => i,
             None => {
                 let codes = self.spare_counts.pop().unwrap_or_default();
@@ -236,14 +237,14 @@ impl Batch {
             from_us: span.start,
             to_us: span.end,
             rows,
-            tallies,
+            counts,
         }
     }
 
     /// Counts a click of `code`, the `i`th of a datagram whose codes hash to `hashes`, in
-    /// `self.counts[tallies]`, and asks for what the codes a few clicks on will look up.
-    fn count(&mut self, code: &str, hashes: &[u64], i: usize, tallies: usize, agent: Agent) {
-        let codes = &mut self.counts[tallies].1;
+    /// `self.counts[at]`, and asks for what the codes a few clicks on will look up.
+    fn count(&mut self, code: &str, hashes: &[u64], i: usize, at: usize, agent: Agent) {
+        let codes = &mut self.counts[at].1;
         codes.prefetch_ahead(hashes, i);
         let (tally, new) = codes.slot(code, hashes[i], Tally::default);
         tally.0[agent as usize] += 1;

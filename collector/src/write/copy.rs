@@ -22,9 +22,10 @@ pub fn pg_day(at_us: i64) -> i32 {
     at_us.div_euclid(DAY_US) as i32 - PG_EPOCH_DAYS
 }
 
-/// The microseconds of the UTC day of `at_us`: where [`pg_day`] gives the same day.
+/// The microseconds of the UTC day of `at_us`: where [`pg_day`] gives the same day. (Decoding
+/// keeps clicks within years 1 to 9999; saturating only so that no `i64` overflows.)
 pub(crate) fn day_span(at_us: i64) -> std::ops::Range<i64> {
-    let start = at_us - at_us.rem_euclid(DAY_US);
+    let start = at_us.saturating_sub(at_us.rem_euclid(DAY_US));
     start..start.saturating_add(DAY_US)
 }
 

@@ -97,8 +97,11 @@ struct V1<'a> {
     clicks: Vec<ClickV1<'a>>,
 }
 
-/// A code is read as bytes (postcard lays out a str and bytes alike) and checked by
-/// [`code_str`]: its characters are ASCII, so UTF-8 need not be checked a second time.
+/// A code is read as bytes and checked by [`code_str`]: its characters are ASCII, so UTF-8
+/// need not be checked a second time. The bytes are the same on the wire: postcard reads bytes
+/// as it reads a str (a varint length, then the bytes), and serde writes `&[u8]` as a sequence
+/// of `u8`, which postcard lays out the same way (a varint length, then a byte each). The
+/// golden vectors (`wire/tests.rs`) hold both versions to it.
 #[derive(Serialize, Deserialize)]
 struct ClickV1<'a> {
     code: &'a [u8],
@@ -311,6 +314,7 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
                         ..Dimensions::default()
                     },
                 });
+                check_time(index, v1.base_us, c.offset_us)?;
             }
             Datagram {
                 version: v1.version,
@@ -325,6 +329,7 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
             let mut clicks = Vec::with_capacity(v2.clicks.len());
             for (index, c) in v2.clicks.iter().enumerate() {
                 clicks.push(c.click(index)?);
+                check_time(index, v2.base_us, c.offset_us)?;
             }
             Datagram {
                 version: v2.version,
@@ -336,13 +341,17 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
         }
         Some(&got) => return Err(Reject::WrongVersion { got, want: VERSION }),
     };
-    for (index, click) in datagram.clicks.iter().enumerate() {
-        let at_us = i128::from(datagram.base_us) + i128::from(click.offset_us);
-        if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
-            return Err(Reject::BadTimestamp { index, at_us });
-        }
-    }
     Ok(datagram)
+}
+
+/// Whether click `index`, at `offset_us` from `base_us`, lies within years 1 to 9999. Checked
+/// click by click with its code and dimensions, so that the first bad click names the reject.
+fn check_time(index: usize, base_us: i64, offset_us: u32) -> Result<(), Reject> {
+    let at_us = i128::from(base_us) + i128::from(offset_us);
+    if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
+        return Err(Reject::BadTimestamp { index, at_us });
+    }
+    Ok(())
 }
 
 /// `buf` as one `T`, with nothing after it.

@@ -165,6 +165,32 @@ fn a_code_that_is_not_utf8_is_a_bad_code() {
     }
 }
 
+/// The first bad click names the reject, whichever check it fails.
+#[test]
+fn the_first_bad_click_names_the_reject() {
+    for version in [1, 2] {
+        let late = Click::new("ok", 10);
+        let bad = Click::new("no!", 0);
+        let datagram = |clicks: Vec<Click<'static>>| Datagram {
+            version,
+            sender: 1,
+            seq: 0,
+            base_us: END_CLICKED_AT_US - 1,
+            clicks,
+        };
+        let got = decode(&datagram(vec![late, bad]).encode()).map(|_| ());
+        let at_us = i128::from(END_CLICKED_AT_US) + 9;
+        assert_eq!(
+            got,
+            Err(Reject::BadTimestamp { index: 0, at_us }),
+            "v{version}"
+        );
+        let got = decode(&datagram(vec![bad, late]).encode()).map(|_| ());
+        let error = CodeError::BadByte { at: 2, byte: b'!' };
+        assert_eq!(got, Err(Reject::BadCode { index: 0, error }), "v{version}");
+    }
+}
+
 #[test]
 fn an_encoder_restarted_as_another_sender_numbers_from_zero_and_keeps_its_clicks() {
     let mut enc = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
