@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::User;
+use testkit::pgtest::children_of;
 use testkit::{eventually, Service};
 
 /// The first run builds the release binaries (fat LTO) on two cores.
@@ -247,13 +248,6 @@ fn all_pids() -> Vec<i32> {
         .expect("/proc")
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-fn children_of(parent: i32) -> Vec<i32> {
-    all_pids()
-        .into_iter()
-        .filter(|&pid| stat(pid).is_some_and(|f| f[1] == parent.to_string()))
         .collect()
 }
 

@@ -542,8 +542,9 @@ impl Cluster {
     }
 }
 
-/// The pids of the processes whose parent is `parent`, from `/proc`.
-fn children_of(parent: i32) -> Vec<i32> {
+/// The pids of the processes whose parent is `parent`, from `/proc` (a postmaster's backends,
+/// say).
+pub fn children_of(parent: i32) -> Vec<i32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
