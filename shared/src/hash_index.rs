@@ -168,12 +168,12 @@ impl HashIndex {
     /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up (once the
     /// slots are in: this reads them).
     pub fn likely(&self, hash: u64) -> Option<u32> {
-        match self.slots.is_empty() {
-            true => None,
-            false => match self.probe(hash, |_| true) {
-                Slot::Taken { at, .. } => Some(at),
-                Slot::Free(_) => None,
-            },
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.probe(hash, |_| true) {
+            Slot::Taken { at, .. } => Some(at),
+            Slot::Free(_) => None,
         }
     }
 

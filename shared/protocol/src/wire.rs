@@ -108,6 +108,23 @@ struct ClickV1<'a> {
     offset_us: u32,
 }
 
+impl<'a> ClickV1<'a> {
+    /// The click (the `index`th, of a datagram based at `base_us`), if its code and time are
+    /// valid; its agent is [`Agent::Unknown`].
+    fn click(&self, index: usize, base_us: i64) -> Result<Click<'a>, Reject> {
+        let click = Click {
+            code: code_str(index, self.code)?,
+            offset_us: self.offset_us,
+            dimensions: Dimensions {
+                agent: Agent::Unknown,
+                ..Dimensions::default()
+            },
+        };
+        check_time(index, base_us, self.offset_us)?;
+        Ok(click)
+    }
+}
+
 /// The version-2 datagram, as postcard lays it out.
 #[derive(Serialize, Deserialize)]
 struct V2<'a> {
@@ -142,17 +159,17 @@ impl<'a> ClickV2<'a> {
         }
     }
 
-    /// The click (the `index`th), if its code is valid and its dimensions are ones a sender
-    /// could have written.
-    fn click(&self, index: usize) -> Result<Click<'a>, Reject> {
-        let code = code_str(self.code).map_err(|error| Reject::BadCode { index, error })?;
-        self.dimensions()
-            .map(|dimensions| Click {
-                code,
-                offset_us: self.offset_us,
-                dimensions,
-            })
-            .ok_or(Reject::BadDimension { index })
+    /// The click (the `index`th, of a datagram based at `base_us`), if its code is valid, its
+    /// dimensions are ones a sender could have written, and its time is valid.
+    fn click(&self, index: usize, base_us: i64) -> Result<Click<'a>, Reject> {
+        let code = code_str(index, self.code)?;
+        let dimensions = self.dimensions().ok_or(Reject::BadDimension { index })?;
+        check_time(index, base_us, self.offset_us)?;
+        Ok(Click {
+            code,
+            offset_us: self.offset_us,
+            dimensions,
+        })
     }
 
     fn dimensions(&self) -> Option<Dimensions<'a>> {
@@ -257,9 +274,9 @@ pub fn validate_code(code: &[u8]) -> Result<(), CodeError> {
     }
 }
 
-/// `code` as a str, if [`validate_code`] accepts it.
-fn code_str(code: &[u8]) -> Result<&str, CodeError> {
-    validate_code(code)?;
+/// `code`, that of click `index`, as a str, if [`validate_code`] accepts it.
+fn code_str(index: usize, code: &[u8]) -> Result<&str, Reject> {
+    validate_code(code).map_err(|error| Reject::BadCode { index, error })?;
     debug_assert!(code.is_ascii());
     // SAFETY: validate_code accepted only bytes of [A-Za-z0-9_-] (CODE_BYTES, whose every byte
     // a test checks), all ASCII, and ASCII is UTF-8.
@@ -306,15 +323,7 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
             let v1: V1<'_> = take_whole(buf)?;
             let mut clicks = Vec::with_capacity(v1.clicks.len());
             for (index, c) in v1.clicks.iter().enumerate() {
-                clicks.push(Click {
-                    code: code_str(c.code).map_err(|error| Reject::BadCode { index, error })?,
-                    offset_us: c.offset_us,
-                    dimensions: Dimensions {
-                        agent: Agent::Unknown,
-                        ..Dimensions::default()
-                    },
-                });
-                check_time(index, v1.base_us, c.offset_us)?;
+                clicks.push(c.click(index, v1.base_us)?);
             }
             Datagram {
                 version: v1.version,
@@ -328,8 +337,7 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
             let v2: V2<'_> = take_whole(buf)?;
             let mut clicks = Vec::with_capacity(v2.clicks.len());
             for (index, c) in v2.clicks.iter().enumerate() {
-                clicks.push(c.click(index)?);
-                check_time(index, v2.base_us, c.offset_us)?;
+                clicks.push(c.click(index, v2.base_us)?);
             }
             Datagram {
                 version: v2.version,
@@ -345,7 +353,7 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
 }
 
 /// Whether click `index`, at `offset_us` from `base_us`, lies within years 1 to 9999. Checked
-/// click by click with its code and dimensions, so that the first bad click names the reject.
+/// with each click's code and dimensions, so that the first bad click names the reject.
 fn check_time(index: usize, base_us: i64, offset_us: u32) -> Result<(), Reject> {
     let at_us = i128::from(base_us) + i128::from(offset_us);
     if !(i128::from(MIN_CLICKED_AT_US)..i128::from(END_CLICKED_AT_US)).contains(&at_us) {
