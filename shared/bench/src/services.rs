@@ -87,7 +87,22 @@ pub(crate) fn tail(log: &Path, n: usize) -> String {
 
 /// Polls `check` every 50 ms until it holds, for at most `limit`; an error saying `what` was
 /// not reached, with the tail of `log`.
-pub(crate) async fn until<F, Fut>(limit: Duration, what: &str, log: &Path, mut check: F) -> Res<()>
+pub(crate) async fn until<F, Fut>(limit: Duration, what: &str, log: &Path, check: F) -> Res<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until_every(Duration::from_millis(50), limit, what, log, check).await
+}
+
+/// [`until`], polling `every` so long.
+pub(crate) async fn until_every<F, Fut>(
+    every: Duration,
+    limit: Duration,
+    what: &str,
+    log: &Path,
+    mut check: F,
+) -> Res<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -102,7 +117,7 @@ where
             )
             .into());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
     Ok(())
 }
