@@ -263,12 +263,12 @@ impl Unfolded {
             // (new keys inserted; updates once the table is much larger than the sums) it walks
             // the index and pages in order (four times faster than in hash order, measured at
             // 245,000 keys).
-            sort_by_key_order(&mut keys);
             let mut chunks = Vec::with_capacity(keys.len().div_ceil(CHUNK_KEYS));
-            for (i, (code, day, clicks)) in keys.into_iter().enumerate() {
-                if i % CHUNK_KEYS == 0 {
+            for (n, at) in key_order(&keys).enumerate() {
+                if n % CHUNK_KEYS == 0 {
                     chunks.push(Chunk::default());
                 }
+                let (code, day, clicks) = std::mem::take(&mut keys[at]);
                 let chunk = chunks.last_mut().expect("pushed above");
                 chunk.codes.push(code);
                 chunk.days.push(day);
@@ -328,11 +328,11 @@ impl State {
     }
 }
 
-/// Puts sums in (code, day) order. Codes compare by their first 16 bytes as one integer first
-/// (padded with zeros, which keeps byte order), and whole only on a tie: most compares are
-/// then one instruction on a key beside its neighbours, rather than a `memcmp` through each
-/// code's `CompactString` (a fold's sort took 40 % less, BENCHMARKS.md).
-fn sort_by_key_order(keys: &mut Vec<(CompactString, i32, i64)>) {
+/// The positions of `keys` in (code, day) order. Codes compare by their first 16 bytes as
+/// one integer first (padded with zeros, which keeps byte order), and whole only on a tie:
+/// most compares are then one instruction on a key beside its neighbours, rather than a
+/// `memcmp` through each code's `CompactString` (BENCHMARKS.md, "The fifth step").
+fn key_order(keys: &[(CompactString, i32, i64)]) -> impl Iterator<Item = usize> {
     let prefix = |code: &str| {
         let mut bytes = [0u8; 16];
         let head = &code.as_bytes()[..code.len().min(16)];
@@ -348,8 +348,7 @@ fn sort_by_key_order(keys: &mut Vec<(CompactString, i32, i64)>) {
             (x.0.as_str(), x.1).cmp(&(y.0.as_str(), y.1))
         })
     });
-    let mut taken: Vec<_> = keys.drain(..).map(Some).collect();
-    keys.extend(order.iter().filter_map(|&(_, i)| taken[i as usize].take()));
+    order.into_iter().map(|(_, i)| i as usize)
 }
 
 /// Hands the memory of sums just freed back to the system. glibc keeps what is freed in its
@@ -443,8 +442,8 @@ mod tests {
         }
         let mut expected = keys.clone();
         expected.sort_unstable();
-        sort_by_key_order(&mut keys);
-        assert_eq!(keys, expected);
+        let ordered: Vec<_> = key_order(&keys).map(|at| keys[at].clone()).collect();
+        assert_eq!(ordered, expected);
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub(crate) struct Knobs {
     /// Seconds per load run.
     pub(crate) duration: u64,
     pub(crate) connections: usize,
+    /// Requests a second of a redirect run; none: as fast as the connections get answers.
+    pub(crate) redirect_rate: Option<u64>,
     /// Rows per ingest run.
     pub(crate) clicks: u64,
     /// Clicks per compaction run.
@@ -85,6 +87,9 @@ impl Knobs {
             rounds: positive("ROUNDS", rounds)?,
             duration: positive("DURATION", duration)?,
             connections: positive("CONNECTIONS", 50)?,
+            redirect_rate: text("REDIRECT_RATE")
+                .map(|_| positive("REDIRECT_RATE", 1))
+                .transpose()?,
             clicks: positive("CLICKS", clicks)?,
             sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags

@@ -62,6 +62,8 @@ run also records CPU time per click of the redirector, the collector and Postgre
 processes, exited backends included), read from /proc, and each one's peak memory. The load
 is the tests' generator (testkit): 2 threads, CONNECTIONS keep-alive connections.
 Knobs (environment): ROUNDS (3), DURATION (10, seconds per load run), CONNECTIONS (50),
+REDIRECT_RATE (requests a second of a redirect run, all connections together; unset: as fast
+as they get answers),
 CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own), FLAT (collector: also the current collector into an unpartitioned

@@ -232,6 +232,7 @@ async fn once(
         paths: Some(paths(mix)),
         headers,
         client: Client::Plain,
+        rate: bench.knobs.redirect_rate.map(|r| r as f64),
         ..Load::get(addr(HTTP), "/")
     };
     let (report, elapsed) = load
@@ -386,8 +387,11 @@ pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
 
 fn print_table(bench: &Bench, modes: &[String]) {
     let k = &bench.knobs;
+    let rate = k
+        .redirect_rate
+        .map_or("as fast as answered".to_owned(), |r| format!("{r} req/s"));
     println!(
-        "load: 2 threads, {} keep-alive connections, {}s, {CODES} links, medians of {} interleaved rounds.",
+        "load: 2 threads, {} keep-alive connections, {rate}, {}s, {CODES} links, medians of {} interleaved rounds.",
         k.connections, k.duration, k.rounds
     );
     if k.modes.iter().any(|m| m == "dimensions") {

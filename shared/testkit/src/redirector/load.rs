@@ -161,6 +161,9 @@ pub struct Load {
     /// After a request that got no answer, connect again (after 10 ms) and go on, as clients
     /// of a server that restarts do; without it the connection's task ends.
     pub reconnect: bool,
+    /// Requests a second of all the connections together; none: each as fast as it gets
+    /// answers. Under a rate, modes compare at the same work rather than at what each reaches.
+    pub rate: Option<f64>,
 }
 
 /// How the connections speak HTTP/1.1.
@@ -189,6 +192,7 @@ impl Load {
             headers: None,
             client: Client::Hyper,
             reconnect: false,
+            rate: None,
         }
     }
 
@@ -274,7 +278,9 @@ impl Load {
                 }
             };
         tokio::spawn(connection);
+        let mut pace = self.pace();
         while self.take_one(&budget) {
+            pace.next().await;
             let mut request = Request::builder()
                 .method(self.method.clone())
                 .uri(self.next_path(&mut random, &mut path))
@@ -307,7 +313,34 @@ impl Load {
     }
 }
 
+/// A connection's share of [`Load::rate`]: its `k`th request is due `k` shares of a second
+/// after it starts; one that falls behind sends at once until it is on time again.
+struct Pace {
+    every: Option<Duration>,
+    start: tokio::time::Instant,
+    k: u32,
+}
+
+impl Pace {
+    async fn next(&mut self) {
+        let Some(every) = self.every else { return };
+        if let Some(due) = self.start.checked_add(every.saturating_mul(self.k)) {
+            tokio::time::sleep_until(due).await;
+        }
+        self.k = self.k.saturating_add(1);
+    }
+}
+
 impl Load {
+    fn pace(&self) -> Pace {
+        let share = self.rate.map(|r| r / self.connections.max(1) as f64);
+        Pace {
+            every: share.and_then(|s| Duration::try_from_secs_f64(1.0 / s).ok()),
+            start: tokio::time::Instant::now(),
+            k: 0,
+        }
+    }
+
     fn take_one(&self, budget: &AtomicU64) -> bool {
         !self.stop.load(Relaxed)
             && budget
@@ -328,7 +361,9 @@ impl Load {
         let mut request = String::new();
         let mut answer = Answer::default();
         let head_only = self.method == Method::HEAD;
+        let mut pace = self.pace();
         while self.take_one(&budget) {
+            pace.next().await;
             request.clear();
             let path = self.next_path(&mut random, &mut path);
             let _ = write!(request, "{} {path} HTTP/1.1\r\nHost: load\r\n", self.method);
@@ -555,6 +590,25 @@ mod tests {
                 blocks.insert(block.to_ascii_lowercase());
             }
             assert!(blocks.len() > 100, "{client:?}: {} blocks", blocks.len());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rate_spreads_the_requests_over_time() {
+        let answer = b"HTTP/1.1 302 Found\r\ncontent-length: 0\r\n\r\n";
+        for client in [Client::Plain, Client::Hyper] {
+            let (addr, _) = canned(answer).await;
+            let load = Load {
+                connections: 4,
+                client,
+                rate: Some(400.0),
+                ..Load::get(addr, "/a")
+            };
+            // 50 requests a connection at 100 a second: the last is due 0.49 s after the start.
+            let start = Instant::now();
+            assert_eq!(load.run(200).await.total(), 200, "{client:?}");
+            let took = start.elapsed();
+            assert!(took >= Duration::from_millis(480), "{client:?}: {took:?}");
         }
     }
 
