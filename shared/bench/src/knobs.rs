@@ -87,9 +87,7 @@ impl Knobs {
             rounds: positive("ROUNDS", rounds)?,
             duration: positive("DURATION", duration)?,
             connections: positive("CONNECTIONS", 50)?,
-            redirect_rate: text("REDIRECT_RATE")
-                .map(|_| positive("REDIRECT_RATE", 1))
-                .transpose()?,
+            redirect_rate: optional_positive("REDIRECT_RATE")?,
             clicks: positive("CLICKS", clicks)?,
             sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags
@@ -147,6 +145,11 @@ fn dimensions(name: &str, default: &str) -> Res<Option<String>> {
 /// A variable's value; unset and empty alike are none.
 fn text(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A whole number above zero, or none when unset.
+fn optional_positive<T: FromStr + PartialOrd + Default + Copy>(name: &str) -> Res<Option<T>> {
+    text(name).map(|_| positive(name, T::default())).transpose()
 }
 
 /// A whole number above zero, or `default` when unset.

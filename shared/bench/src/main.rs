@@ -63,8 +63,7 @@ processes, exited backends included), read from /proc, and each one's peak memor
 is the tests' generator (testkit): 2 threads, CONNECTIONS keep-alive connections.
 Knobs (environment): ROUNDS (3), DURATION (10, seconds per load run), CONNECTIONS (50),
 REDIRECT_RATE (requests a second of a redirect run, all connections together; unset: as fast
-as they get answers),
-CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
+as they get answers), CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,

@@ -73,8 +73,7 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     // finding, not a failed run; click_totals is exact either way.
     let f0 = Instant::now();
     let folded = loop {
-        let compacted = metric(admin, "collector_compactions_total").await? > written.compactions;
-        if compacted && metric(admin, "collector_deltas_pending").await? == 0.0 {
+        if written.folded().await {
             break format!("{:.0}", f0.elapsed().as_secs_f64());
         }
         if f0.elapsed() > FOLD_WAIT {

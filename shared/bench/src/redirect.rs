@@ -159,7 +159,8 @@ impl Written {
         Ok(metric(admin, "collector_compaction_seconds_sum").await? - self.compaction_s)
     }
 
-    async fn folded(&self) -> bool {
+    /// Whether a compaction has run since, with no count left pending.
+    pub(crate) async fn folded(&self) -> bool {
         let admin = addr(COLLECTOR_ADMIN);
         let compacted = metric(admin, "collector_compactions_total")
             .await

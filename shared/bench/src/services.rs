@@ -95,7 +95,7 @@ where
     until_every(Duration::from_millis(50), limit, what, log, check).await
 }
 
-/// [`until`], polling `every` so long.
+/// [`until`], polling once every `every`.
 pub(crate) async fn until_every<F, Fut>(
     every: Duration,
     limit: Duration,

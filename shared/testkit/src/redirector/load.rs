@@ -1,6 +1,7 @@
 //! A small HTTP load generator for the tests and the benchmark: N tasks, each with its own
 //! keep-alive HTTP/1 connection (hyper's client conn over a TcpStream), sharing one request
-//! budget or running for a duration, each request's path fixed or drawn per request (a code
+//! budget or running for a duration, as fast as answered or at a rate ([`Load::rate`]), each
+//! request's path fixed or drawn per request (a code
 //! mix), each request's headers none or drawn per request ([`Headers`]), each answer's latency
 //! recorded in a histogram.
 
@@ -279,8 +280,7 @@ impl Load {
             };
         tokio::spawn(connection);
         let mut pace = self.pace();
-        while self.take_one(&budget) {
-            pace.next().await;
+        while pace.next(&self.stop).await && self.take_one(&budget) {
             let mut request = Request::builder()
                 .method(self.method.clone())
                 .uri(self.next_path(&mut random, &mut path))
@@ -313,29 +313,49 @@ impl Load {
     }
 }
 
-/// A connection's share of [`Load::rate`]: its `k`th request is due `k` shares of a second
-/// after it starts; one that falls behind sends at once until it is on time again.
+/// A connection's share of [`Load::rate`]: its `k`th request is due `(k + phase) / share`
+/// seconds after it starts, `phase` drawn in [0, 1) so that the connections do not all send
+/// on the same tick; one that falls behind sends at once until it is on time again. A share
+/// that is not a positive rate (zero, negative, NaN) never sends.
 struct Pace {
-    every: Option<Duration>,
+    /// Requests a second of this connection; none: unpaced.
+    share: Option<f64>,
+    phase: f64,
     start: tokio::time::Instant,
-    k: u32,
+    k: u64,
 }
 
+/// The longest a paced connection sleeps before it looks at `stop` again.
+const PACE_SLICE: Duration = Duration::from_millis(50);
+
 impl Pace {
-    async fn next(&mut self) {
-        let Some(every) = self.every else { return };
-        if let Some(due) = self.start.checked_add(every.saturating_mul(self.k)) {
-            tokio::time::sleep_until(due).await;
+    /// Waits until the next request is due (true), or until `stop` is set (false).
+    async fn next(&mut self, stop: &AtomicBool) -> bool {
+        let Some(share) = self.share else {
+            return !stop.load(Relaxed);
+        };
+        let offset = Duration::try_from_secs_f64((self.k as f64 + self.phase) / share).ok();
+        let due = offset.and_then(|o| self.start.checked_add(o));
+        self.k += 1;
+        loop {
+            if stop.load(Relaxed) {
+                return false;
+            }
+            let now = tokio::time::Instant::now();
+            match due {
+                Some(due) if due <= now => return true,
+                Some(due) => tokio::time::sleep_until(due.min(now + PACE_SLICE)).await,
+                None => tokio::time::sleep(PACE_SLICE).await,
+            }
         }
-        self.k = self.k.saturating_add(1);
     }
 }
 
 impl Load {
     fn pace(&self) -> Pace {
-        let share = self.rate.map(|r| r / self.connections.max(1) as f64);
         Pace {
-            every: share.and_then(|s| Duration::try_from_secs_f64(1.0 / s).ok()),
+            share: self.rate.map(|r| r / self.connections.max(1) as f64),
+            phase: (seed() >> 11) as f64 / (1u64 << 53) as f64,
             start: tokio::time::Instant::now(),
             k: 0,
         }
@@ -362,8 +382,7 @@ impl Load {
         let mut answer = Answer::default();
         let head_only = self.method == Method::HEAD;
         let mut pace = self.pace();
-        while self.take_one(&budget) {
-            pace.next().await;
+        while pace.next(&self.stop).await && self.take_one(&budget) {
             request.clear();
             let path = self.next_path(&mut random, &mut path);
             let _ = write!(request, "{} {path} HTTP/1.1\r\nHost: load\r\n", self.method);
@@ -604,12 +623,33 @@ mod tests {
                 rate: Some(400.0),
                 ..Load::get(addr, "/a")
             };
-            // 50 requests a connection at 100 a second: the last is due 0.49 s after the start.
+            // 50 requests a connection at 100 a second: the last is due 0.49 s (and at most
+            // 0.5 s) after the start, not sooner, and not at half the rate.
             let start = Instant::now();
             assert_eq!(load.run(200).await.total(), 200, "{client:?}");
             let took = start.elapsed();
-            assert!(took >= Duration::from_millis(480), "{client:?}: {took:?}");
+            assert!(took >= Duration::from_millis(490), "{client:?}: {took:?}");
+            assert!(took < Duration::from_millis(950), "{client:?}: {took:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_a_paced_load_that_is_waiting() {
+        let answer = b"HTTP/1.1 302 Found\r\ncontent-length: 0\r\n\r\n";
+        let (addr, _) = canned(answer).await;
+        // A request a connection every 100 s: each waits for the stop, before its first or
+        // its second.
+        let load = Load {
+            connections: 2,
+            client: Client::Plain,
+            rate: Some(0.02),
+            ..Load::get(addr, "/a")
+        };
+        let run = load.run_for(Duration::from_millis(300));
+        let (report, _) = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("the stop ends connections waiting for their next request");
+        assert!(report.total() <= 2, "{report:?}");
     }
 
     #[tokio::test]
