@@ -342,6 +342,8 @@ fn sort_in_key_order(keys: &mut [(CompactString, i32, i64)]) {
         bytes[..head.len()].copy_from_slice(head);
         u128::from_be_bytes(bytes) | at as u128
     };
+    // A position fits in the low 32 bits, below `PLACED`: the sums hold what --compact-memory
+    // allows at 40 bytes or more a key, at most 64 GiB, far fewer than 2^32 keys.
     let at = |entry: u128| entry as u32 as usize;
     let mut order: Vec<u128> = (keys.iter().enumerate())
         .map(|(i, (code, ..))| entry(i, code))
