@@ -113,7 +113,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         })?;
     let mirror = config.mirror.clone().map(Mirror::new).transpose();
     let mirror = mirror.map_err(Fatal::Mirror)?;
-    let mut stop = std::pin::pin!(shared::stop_signal().map_err(Fatal::Signals)?);
+    let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
     let upkeep = maintenance_policy(&config);
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, &metrics.upkeep, &shared) => start,
@@ -172,7 +172,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         maintenance::run(db, upkeep, unfolded, metrics.upkeep, shared)
             .instrument(tracing::info_span!("fold")),
     );
-    let stopping = async {
+    let stopping = async move {
         let name = stop.await;
         tracing::info!(
             signal = name,
@@ -180,10 +180,16 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         );
         shared::systemd::notify_or_log("STOPPING=1");
     };
-    let received = receiver
+    // A task, not the main thread's: the worker that polls the socket's readiness runs it,
+    // rather than waking another thread for every datagram.
+    let receive = receiver
         .run(stopping)
-        .instrument(tracing::info_span!("receive"))
-        .await;
+        .instrument(tracing::info_span!("receive"));
+    let received = match tokio::spawn(receive).await {
+        Ok(received) => received,
+        // As if it had run here: nothing cancels it while this waits.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
     // The receiver and its channel ends are gone: the writer ends after the last batch.
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "the database writer failed: {e}");
