@@ -17,6 +17,8 @@ pub(crate) struct Knobs {
     pub(crate) connections: usize,
     /// Requests a second of a redirect run; none: as fast as the connections get answers.
     pub(crate) redirect_rate: Option<u64>,
+    /// The CPU the redirector runs on alone, everything else on the others (`cpus`).
+    pub(crate) redirect_cpu: Option<usize>,
     /// Rows per ingest run.
     pub(crate) clicks: u64,
     /// Clicks per compaction run.
@@ -88,6 +90,9 @@ impl Knobs {
             duration: positive("DURATION", duration)?,
             connections: positive("CONNECTIONS", 50)?,
             redirect_rate: optional_positive("REDIRECT_RATE")?,
+            redirect_cpu: text("REDIRECT_CPU")
+                .map(|v| crate::cpus::parse(&v, crate::cpus::count()))
+                .transpose()?,
             clicks: positive("CLICKS", clicks)?,
             sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags

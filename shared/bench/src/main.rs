@@ -3,6 +3,7 @@
 
 mod charts;
 mod cluster;
+mod cpus;
 mod hosts;
 mod ingest;
 mod knobs;
@@ -63,7 +64,8 @@ processes, exited backends included), read from /proc, and each one's peak memor
 is the tests' generator (testkit): 2 threads, CONNECTIONS keep-alive connections.
 Knobs (environment): ROUNDS (3), DURATION (10, seconds per load run), CONNECTIONS (50),
 REDIRECT_RATE (requests a second of a redirect run, all connections together; unset: as fast
-as they get answers), CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
+as they get answers), REDIRECT_CPU (unset: none; a CPU number: the redirector runs on that
+CPU alone and the load, the collector and PostgreSQL on the others), CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
@@ -261,9 +263,14 @@ fn stop_cluster(knobs: &Knobs) {
 
 /// Every mode but charts; the number of runs whose clicks did not add up.
 async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
+    // Before `setup`, which may take a CPU away from this process (REDIRECT_CPU).
+    let cores = cpus::count();
+    let pinned = match knobs.redirect_cpu {
+        Some(cpu) => format!(" (the redirector alone on CPU {cpu}, REDIRECT_CPU)"),
+        None => String::new(),
+    };
     let mut bench = setup(knobs).await?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("# scripts/bench {what}, {}, {cores} cores", today());
+    println!("# scripts/bench {what}, {}, {cores} cores{pinned}", today());
     println!();
     let all = what == "all";
     if all || what == "redirect" || what == "quick" {
@@ -329,6 +336,9 @@ async fn setup(knobs: Knobs) -> Res<Bench> {
     let repo = std::env::current_dir()?;
     let cluster = cluster::Cluster::start(&repo, &out).await?;
     let postmaster = cluster.postmaster()?;
+    if let Some(cpu) = knobs.redirect_cpu {
+        cpus::keep_off(cpu, cpus::count(), postmaster)?;
+    }
     let bench = Bench {
         knobs,
         out,

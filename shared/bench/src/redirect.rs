@@ -79,7 +79,10 @@ fn final_counts(log: &str) -> Option<(u64, u64, u64)> {
 /// The redirector's command line for a mode.
 fn redirector(bench: &Bench, variant: Variant, clicks: &str) -> std::process::Command {
     let bin = bench.bin(variant, "redirector");
-    let mut cmd = std::process::Command::new(&bin);
+    let mut cmd = match bench.knobs.redirect_cpu {
+        Some(cpu) => crate::cpus::on(cpu, &bin),
+        None => std::process::Command::new(&bin),
+    };
     cmd.args(["--clicks", clicks, "--database-url", &bench.url(variant)])
         .arg("--socket")
         .arg(bench.path("collector.sock"))
