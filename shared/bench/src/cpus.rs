@@ -51,7 +51,9 @@ pub(crate) fn keep_off(cpu: usize, count: usize, postmaster: i32) -> Res<()> {
             .args(["-a", "-p", "-c", &list, &pid.to_string()])
             .output()
             .map_err(|e| format!("taskset: {e}"))?;
-        if !out.status.success() {
+        // A backend that exited meanwhile (autovacuum's, say) has nothing left to move.
+        let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !out.status.success() && !gone {
             return Err(format!(
                 "taskset -a -p -c {list} {pid}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
