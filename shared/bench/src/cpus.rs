@@ -1,7 +1,7 @@
 //! REDIRECT_CPU: the redirector on a CPU of its own and everything else the bench runs (the
-//! load, the collector, PostgreSQL) on the others. On shared cores the redirector's CPU a
-//! request moves with what PostgreSQL and the load do beside it, by more than the host-cost
-//! goal's margin; production has PostgreSQL on another machine.
+//! load, the collector, PostgreSQL) on the others, so that the host's cost is measured without
+//! PostgreSQL and the load on the redirector's core (production has PostgreSQL on another
+//! machine). CPUs are numbered from 0 to the count this process may use, less one.
 
 use std::process::Command;
 
