@@ -180,8 +180,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         );
         shared::systemd::notify_or_log("STOPPING=1");
     };
-    // A task, not the main thread's: the worker that polls the socket's readiness runs it,
-    // rather than waking another thread for every datagram.
+    // A task, not the main thread's: the worker that sees the socket's readiness runs it,
+    // rather than waking the main thread whenever a datagram comes while it waits.
     let receive = receiver
         .run(stopping)
         .instrument(tracing::info_span!("receive"));
