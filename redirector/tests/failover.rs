@@ -37,7 +37,8 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
     let db = test_db_on(&pair.primary).await;
     let primary = testkit::pgtest::connect(&db.url).await;
     add_link(&primary, "before", "https://example.com/before").await;
-    pair.await_replayed().await;
+    let visible = "SELECT count(*) = 1 FROM links WHERE code = 'before'";
+    pair.await_on_standby(&db.name, visible).await;
     let dir = tempfile::tempdir().unwrap();
     let on_standby = pair.standby.url(&db.name);
     let r = redirector(

@@ -271,7 +271,6 @@ impl Cluster {
     }
 }
 
-/// Connects to `url`, panicking with the reason if it cannot; for tests.
 /// The first column of every row `sql` returns, as text.
 pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     let rows = client.query(sql, &[]).await;
@@ -279,6 +278,7 @@ pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> 
     rows.iter().map(|r| r.get(0)).collect()
 }
 
+/// Connects to `url`, panicking with the reason if it cannot; for tests.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
     shared::db::connect(&config)
@@ -435,20 +435,22 @@ impl Pair {
         )
     }
 
-    /// Waits until the standby has replayed everything the primary has written so far.
-    pub async fn await_replayed(&self) {
-        let primary = self.primary.connect("postgres").await;
-        let standby = self.standby.connect("postgres").await;
-        let lsn = strings(&primary, "SELECT pg_current_wal_lsn()::text").await;
-        let sql = format!(
-            "SELECT (pg_last_wal_replay_lsn() >= '{}'::pg_lsn)::text",
-            lsn[0]
-        );
-        crate::eventually(
-            "the standby to replay the primary's WAL",
-            crate::LIMIT,
-            || async { (strings(&standby, &sql).await == ["true"]).then_some(()) },
-        )
+    /// Waits until `sql` (one boolean) is true in database `db` on the standby: for a test
+    /// that needs a write of the primary readable there, the condition itself rather than a
+    /// WAL position. With `synchronous_commit=off` ([`SERVER_OPTIONS`]) a commit returns while
+    /// its record may still be in the primary's WAL buffers, past `pg_current_wal_lsn()`: a
+    /// wait for that position returned once before the commit was replayed.
+    pub async fn await_on_standby(&self, db: &str, sql: &str) {
+        let url = self.standby.url(db);
+        let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+        let query = format!("SELECT ({sql})::text");
+        let what = format!("the standby to answer true to {sql} in database {db}");
+        crate::eventually(&what, crate::LIMIT, || async {
+            // Connected each time: the database itself may not be replayed yet.
+            let standby = shared::db::connect(&config).await.ok()?;
+            let rows = standby.query(&query, &[]).await.ok()?;
+            (rows.first()?.get::<_, &str>(0) == "true").then_some(())
+        })
         .await;
     }
 }
