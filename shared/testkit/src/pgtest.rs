@@ -437,10 +437,12 @@ impl Pair {
 
     /// Waits until `sql` (one boolean) is true in database `db` on the standby: for a test
     /// that needs a write of the primary readable there, the condition itself rather than a
-    /// WAL position. With `synchronous_commit=off` ([`SERVER_OPTIONS`]) a commit returns while
-    /// its record may still be in the primary's WAL buffers, past `pg_current_wal_lsn()`: a
-    /// wait for that position returned once before the commit was replayed.
+    /// WAL position. With `synchronous_commit=off` (the clusters' `SERVER_OPTIONS`) a commit
+    /// returns while its record may still be in the primary's WAL buffers, past
+    /// `pg_current_wal_lsn()`: a wait for that position returned once before the commit was
+    /// replayed. A database or table not replayed yet is waited for; any other error fails.
     pub async fn await_on_standby(&self, db: &str, sql: &str) {
+        use tokio_postgres::error::SqlState;
         let url = self.standby.url(db);
         let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
         let query = format!("SELECT ({sql})::text");
@@ -448,8 +450,11 @@ impl Pair {
         crate::eventually(&what, crate::LIMIT, || async {
             // Connected each time: the database itself may not be replayed yet.
             let standby = shared::db::connect(&config).await.ok()?;
-            let rows = standby.query(&query, &[]).await.ok()?;
-            (rows.first()?.get::<_, &str>(0) == "true").then_some(())
+            match standby.query_one(&query, &[]).await {
+                Ok(row) => (row.get::<_, Option<&str>>(0) == Some("true")).then_some(()),
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => None,
+                Err(e) => panic!("{query} on the standby: {}", shared::db::describe(&e)),
+            }
         })
         .await;
     }
