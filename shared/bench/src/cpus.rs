@@ -15,13 +15,15 @@ pub(crate) fn count() -> usize {
 /// Which CPU the redirector gets: REDIRECT_CPU's value, checked against the CPUs this process
 /// may use (at least one must be left for the rest).
 pub(crate) fn parse(value: &str, count: usize) -> Res<usize> {
-    match value.trim().parse::<usize>() {
-        Ok(cpu) if cpu < count && count >= 2 => Ok(cpu),
-        _ if count < 2 => Err(format!(
+    if count < 2 {
+        return Err(format!(
             "REDIRECT_CPU: this machine lets the bench use {count} CPU, none would be left for \
              the rest"
         )
-        .into()),
+        .into());
+    }
+    match value.trim().parse::<usize>() {
+        Ok(cpu) if cpu < count => Ok(cpu),
         _ => Err(format!(
             "REDIRECT_CPU must be a CPU number from 0 to {}, not {value:?}",
             count - 1
