@@ -221,6 +221,9 @@ impl Ring {
                         let slot = unsafe { &mut *cell.slot.get() };
                         slot.write(at_us, bytes, dimensions);
                         cell.stamp.store(published(pos), Ordering::Release);
+                        // The next push most likely takes the next cell, which the ring's
+                        // size has long put out of cache: asked for now, it is in by then.
+                        shared::hash_index::prefetch(self.cell(pos + 1));
                         return Ok(());
                     }
                     Err(now) => pos = now,

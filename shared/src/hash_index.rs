@@ -188,11 +188,17 @@ fn slots_for(n: usize, (num, den): (usize, usize)) -> usize {
     (n * den / num + 1).next_power_of_two()
 }
 
-/// Asks the CPU to bring `value` in, to be read soon: the cache lines of its first and its last
-/// byte (an entry of a few words may straddle two). A hint only: it neither reads nor faults.
+/// Asks the CPU to bring `value` in, to be read or written soon: every cache line it spans
+/// (an entry of a few words may straddle two, a ring cell takes three or four). A hint only:
+/// it neither reads nor faults.
 pub fn prefetch<T>(value: &T) {
+    const LINE: usize = 64;
     let first = (value as *const T).cast::<i8>();
-    for line in [first, first.wrapping_add(size_of::<T>().saturating_sub(1))] {
+    let size = size_of::<T>();
+    // Steps of a line from the first byte land in every line the value spans but perhaps the
+    // last; `size` is a constant, so the loop unrolls (two hints for a value within a line).
+    let steps = (0..size.div_ceil(LINE)).map(|k| first.wrapping_add(k * LINE));
+    for line in steps.chain([first.wrapping_add(size.saturating_sub(1))]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `_mm_prefetch` only hints at an address (here within a valid reference's
         // value); it does not dereference it.
