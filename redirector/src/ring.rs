@@ -222,7 +222,8 @@ impl Ring {
                         slot.write(at_us, bytes, dimensions);
                         cell.stamp.store(published(pos), Ordering::Release);
                         // The next push most likely takes the next cell, which the ring's
-                        // size has long put out of cache: asked for now, it is in by then.
+                        // size has long put out of cache: asked for now, its lines are on
+                        // their way (to the shared cache, if that push runs on another core).
                         shared::hash_index::prefetch(self.cell(pos + 1));
                         return Ok(());
                     }
