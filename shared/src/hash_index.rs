@@ -194,21 +194,30 @@ fn slots_for(n: usize, (num, den): (usize, usize)) -> usize {
 pub fn prefetch<T>(value: &T) {
     const LINE: usize = 64;
     let first = (value as *const T).cast::<i8>();
-    let size = size_of::<T>();
-    // Steps of a line from the first byte land in every line the value spans but perhaps the
-    // last; `size` is a constant, so the loop unrolls (two hints for a value within a line).
-    let steps = (0..size.div_ceil(LINE)).map(|k| first.wrapping_add(k * LINE));
-    for line in steps.chain([first.wrapping_add(size.saturating_sub(1))]) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `_mm_prefetch` only hints at an address (here within a valid reference's
-        // value); it does not dereference it.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(line);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
+    hint(first);
+    // Steps of a line from the first byte land in every line between the first byte's and
+    // the last's. The size is a constant: for a value within a line or two (the collector's
+    // entries) this loop compiles away, leaving the two hints.
+    let mut step = LINE;
+    while step < size_of::<T>() {
+        hint(first.wrapping_add(step));
+        step += LINE;
     }
+    hint(first.wrapping_add(size_of::<T>().saturating_sub(1)));
+}
+
+/// The CPU's prefetch of the cache line holding `at`, where there is one.
+#[inline(always)]
+fn hint(at: *const i8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints at an address (here within a valid reference's
+    // value); it does not dereference it.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(at);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
 #[cfg(test)]
