@@ -185,7 +185,11 @@ impl Ring {
     }
 
     fn cell(&self, pos: u64) -> &Cell {
-        &self.cells[(pos % self.cells.len() as u64) as usize]
+        &self.cells[self.index(pos)]
+    }
+
+    fn index(&self, pos: u64) -> usize {
+        (pos % self.cells.len() as u64) as usize
     }
 
     /// Queues a click without blocking.
@@ -207,7 +211,8 @@ impl Ring {
         }
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         loop {
-            let cell = self.cell(pos);
+            let index = self.index(pos);
+            let cell = &self.cells[index];
             let stamp = cell.stamp.load(Ordering::Acquire);
             if stamp == free(pos) {
                 match self.tail.0.compare_exchange_weak(
@@ -224,7 +229,8 @@ impl Ring {
                         // The next push most likely takes the next cell, which the ring's
                         // size has long put out of cache: asked for now, its lines are on
                         // their way (to the shared cache, if that push runs on another core).
-                        shared::hash_index::prefetch(self.cell(pos + 1));
+                        let next = self.cells.get(index + 1).unwrap_or(&self.cells[0]);
+                        shared::cache::prefetch(next);
                         return Ok(());
                     }
                     Err(now) => pos = now,

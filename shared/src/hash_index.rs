@@ -160,12 +160,12 @@ impl HashIndex {
     /// Asks the CPU to bring in the slot where a probe for `hash` starts, to be read soon.
     pub fn prefetch(&self, hash: u64) {
         if let Some(slot) = self.slots.get(self.home(hash)) {
-            prefetch(slot);
+            crate::cache::prefetch(slot);
         }
     }
 
     /// The position in the first slot of a probe for `hash` whose tag matches: the likely
-    /// entry of `hash`, for a caller to [`prefetch`] before it looks the key up (once the
+    /// entry of `hash`, for a caller to [`prefetch`](crate::cache::prefetch) before it looks the key up (once the
     /// slots are in: this reads them).
     pub fn likely(&self, hash: u64) -> Option<u32> {
         if self.slots.is_empty() {
@@ -186,38 +186,6 @@ impl HashIndex {
 /// Slots for `n` positions: a power of two, at most `fill` full.
 fn slots_for(n: usize, (num, den): (usize, usize)) -> usize {
     (n * den / num + 1).next_power_of_two()
-}
-
-/// Asks the CPU to bring `value` in, to be read or written soon: every cache line it spans
-/// (an entry of a few words may straddle two, a ring cell takes three or four). A hint only:
-/// it neither reads nor faults.
-pub fn prefetch<T>(value: &T) {
-    const LINE: usize = 64;
-    let first = (value as *const T).cast::<i8>();
-    hint(first);
-    // Steps of a line from the first byte land in every line between the first byte's and
-    // the last's. The size is a constant: for a value within a line or two (the collector's
-    // entries) this loop compiles away, leaving the two hints.
-    let mut step = LINE;
-    while step < size_of::<T>() {
-        hint(first.wrapping_add(step));
-        step += LINE;
-    }
-    hint(first.wrapping_add(size_of::<T>().saturating_sub(1)));
-}
-
-/// The CPU's prefetch of the cache line holding `at`, where there is one.
-#[inline(always)]
-fn hint(at: *const i8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` only hints at an address (here within a valid reference's
-    // value); it does not dereference it.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(at);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
 }
 
 #[cfg(test)]

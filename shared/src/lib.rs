@@ -1,9 +1,10 @@
 //! What the redirector, the collector and `clicktap` have in common around the protocol
 //! (crate `protocol`): the socket and systemd plumbing, database connections, flags, metrics,
-//! the admin listener, and the hash index of their maps keyed by code.
+//! the admin listener, the hash index of their maps keyed by code, and cache hints.
 
 pub mod admin;
 pub mod backoff;
+pub mod cache;
 pub mod db;
 pub mod flags;
 pub mod hash_index;

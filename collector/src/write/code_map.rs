@@ -143,7 +143,7 @@ impl<V> CodeMap<V> {
             .likely(hash)
             .and_then(|at| self.entries.get(at as usize))
         {
-            hash_index::prefetch(entry);
+            shared::cache::prefetch(entry);
         }
     }
 
