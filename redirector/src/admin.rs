@@ -1,8 +1,9 @@
 //! What the admin listener serves: every component's metrics (the registry they registered
-//! into), with the gauges read from the ring when `/metrics` is asked for, and health judged
+//! into), with the gauges and the queued clicks read from the ring when `/metrics` is asked for, and health judged
 //! from the link table. Apart from `metrics`, so that the components counting into `Common`
 //! (the link loader among them) and the view of them do not import each other.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shared::metrics::Registry;
@@ -22,10 +23,11 @@ pub(crate) struct AdminView {
 impl shared::admin::Admin for AdminView {
     fn metrics(&self) -> String {
         let m = &self.common;
-        let (depth, capacity) = self
-            .ring
-            .as_ref()
-            .map_or((0, 0), |r| (r.len() as i64, r.capacity() as i64));
+        let (pushed, depth, capacity) = self.ring.as_ref().map_or((0, 0, 0), |r| {
+            (r.pushed(), r.len() as i64, r.capacity() as i64)
+        });
+        // `fetch_max`, as scrapes may run at once: the counter rises to what the ring says.
+        m.clicks_queued.inner().fetch_max(pushed, Ordering::Relaxed);
         m.ring_depth.set(depth);
         m.ring_capacity.set(capacity);
         shared::metrics::encode(&self.registry)

@@ -37,7 +37,7 @@ pub(crate) use visitor::Classifier;
 use watched::Watched;
 
 shared::metrics! {
-    /// What serving redirects counts: requests by answer, the clicks queued, client connections.
+    /// What serving redirects counts: requests by answer, client connections.
     pub struct Metrics {
         /// Each one is a click, sent or dropped.
         redirects: Counter = "redirects", "GET requests redirected (each one a click).";
@@ -51,7 +51,6 @@ shared::metrics! {
         method_not_allowed: Counter = "method_not_allowed",
             "Methods other than GET or HEAD (405).";
         not_ready: Counter = "not_ready", "Answered 503 before the first link table load.";
-        clicks_queued: Counter = "clicks_queued", "Clicks pushed into the ring.";
         connections: Gauge = "connections", "Client connections open.";
         connections_limit: Gauge = "connections_limit",
             "Client connections allowed at once (--max-connections, fitted under the descriptor limit).";
@@ -150,10 +149,9 @@ impl App {
         m.redirects_by_agent.inc(dimensions.agent);
         match &self.clicks {
             Clicks::Pipeline(ring) => {
+                // Queued clicks are counted by the ring (`Ring::pushed`).
                 match ring.push(code, protocol::now_us(), dimensions) {
-                    Ok(()) => {
-                        m.clicks_queued.inc();
-                    }
+                    Ok(()) => {}
                     Err(PushError::Full) => self.common.clicks_dropped.inc(Dropped::RingFull),
                     Err(PushError::CodeTooLong | PushError::ReferrerTooLong) => {
                         self.common.clicks_dropped.inc(Dropped::Invalid)
@@ -337,10 +335,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_click_the_full_ring_refuses_is_ring_full() {
-        let (app, _ring) = pipeline(1);
+        let (app, ring) = pipeline(1);
         app.record("a", &HUMAN).await;
         app.record("b", &HUMAN).await;
-        assert_eq!(app.metrics.clicks_queued.get(), 1);
+        assert_eq!(ring.pushed(), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 0);
     }

@@ -51,6 +51,8 @@ shared::metrics! {
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
         clicks_dropped: LabeledCounter<Dropped> = "clicks_dropped",
             "Clicks served but not sent, by reason.";
+        /// Set when `/metrics` is read, from `Ring::pushed`.
+        clicks_queued: Counter = "clicks_queued", "Clicks pushed into the ring.";
         /// Set when `/metrics` is read.
         ring_depth: Gauge = "ring_depth", "Clicks waiting in the ring.";
         /// Set when `/metrics` is read.

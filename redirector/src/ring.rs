@@ -149,6 +149,8 @@ pub struct Ring {
     head: &'static Position,
     tail: &'static Position,
     cells: &'static [Cell],
+    /// `tail` when this process opened the ring: what it pushes itself starts there.
+    opened_at: u64,
     _memory: Memory,
 }
 
@@ -173,6 +175,7 @@ impl Ring {
             head,
             tail,
             cells,
+            opened_at: tail.0.load(Ordering::Acquire),
             _memory: memory,
         }
     }
@@ -317,6 +320,12 @@ impl Ring {
     /// The next position a push claims.
     pub fn tail(&self) -> u64 {
         self.tail.0.load(Ordering::Acquire)
+    }
+
+    /// Clicks this process pushed: the redirects' count of queued clicks, kept by `tail`
+    /// rather than by a second locked add a click.
+    pub fn pushed(&self) -> u64 {
+        self.tail() - self.opened_at
     }
 
     /// Clicks pushed and not released.

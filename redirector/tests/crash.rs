@@ -37,6 +37,11 @@ async fn all_written_by_the_next(
     await_rows_settled(&f.client, Some(CODE), n, &[r.admin, collector_admin]).await;
     let recovered = r.metric("redirector_clicks_recovered_total").await;
     assert_eq!(recovered, n as f64, "clicks adopted from the state region");
+    let queued = r.metric("redirector_clicks_queued_total").await;
+    assert_eq!(
+        queued, 0.0,
+        "adopted clicks are not counted as this process's pushes"
+    );
     r
 }
 
@@ -60,6 +65,7 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     r.ready().await;
     let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
     assert_eq!(served.count(302), N, "{served:?}");
+    assert_eq!(r.metric("redirector_clicks_queued_total").await, N as f64);
     r.kill().await;
 
     let cmd = redirector_command(&f.db.url, &f.socket, &flags);
