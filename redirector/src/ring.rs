@@ -322,8 +322,8 @@ impl Ring {
         self.tail.0.load(Ordering::Acquire)
     }
 
-    /// Clicks this process pushed: the redirects' count of queued clicks, kept by `tail`
-    /// rather than by a second locked add a click.
+    /// Clicks this process pushed (a push under way counts once it has claimed its cell): the
+    /// count of queued clicks, kept by `tail` rather than by a second locked add a click.
     pub fn pushed(&self) -> u64 {
         self.tail() - self.opened_at
     }

@@ -565,6 +565,13 @@ mod tests {
         assert_eq!((region.window.len(), region.window.clicks()), (1, 2));
         assert_eq!((region.recovered, region.torn), (3, 0));
         assert_eq!(region.kept, Kept::File(path));
+        assert_eq!(
+            region.ring.pushed(),
+            0,
+            "adopted clicks are not this process's pushes"
+        );
+        region.ring.push("d", 1, &Dimensions::default()).unwrap();
+        assert_eq!(region.ring.pushed(), 1);
     }
 
     #[test]
