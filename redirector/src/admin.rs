@@ -1,7 +1,8 @@
 //! What the admin listener serves: every component's metrics (the registry they registered
-//! into), with the gauges and the queued clicks read from the ring when `/metrics` is asked for, and health judged
-//! from the link table. Apart from `metrics`, so that the components counting into `Common`
-//! (the link loader among them) and the view of them do not import each other.
+//! into), with the gauges and the queued clicks read from the ring when `/metrics` is asked
+//! for, and health judged from the link table. Apart from `metrics`, so that the components
+//! counting into `Common` (the link loader among them) and the view of them do not import
+//! each other.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

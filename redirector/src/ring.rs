@@ -324,7 +324,7 @@ impl Ring {
 
     /// Clicks this process pushed (a push under way counts once it has claimed its cell): the
     /// count of queued clicks, kept by `tail` rather than by a second locked add a click.
-    pub fn pushed(&self) -> u64 {
+    pub(crate) fn pushed(&self) -> u64 {
         self.tail() - self.opened_at
     }
 

@@ -165,8 +165,8 @@ impl HashIndex {
     }
 
     /// The position in the first slot of a probe for `hash` whose tag matches: the likely
-    /// entry of `hash`, for a caller to [`prefetch`](crate::cache::prefetch) before it looks the key up (once the
-    /// slots are in: this reads them).
+    /// entry of `hash`, for a caller to [`prefetch`](crate::cache::prefetch) before it looks
+    /// the key up (once the slots are in: this reads them).
     pub fn likely(&self, hash: u64) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
