@@ -75,6 +75,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "breakdowns",
         include_str!("../migrations/0014_breakdowns.sql"),
     ),
+    (
+        15,
+        "prune_by_id",
+        include_str!("../migrations/0015_prune_by_id.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -1,4 +1,4 @@
-//! Migration 4: the change log of `links` the redirectors follow.
+//! Migration 4: the change log of `links` the redirectors follow (pruned by id since 15).
 
 use testkit::pgtest;
 
@@ -19,6 +19,15 @@ async fn state(client: &tokio_postgres::Client) -> (i64, i64, i64) {
         .await
         .unwrap();
     (row.get(0), row.get(1), row.get(2))
+}
+
+/// Calls prune_link_changes(keep) on `client`: how many rows it deleted.
+async fn prune(client: &impl tokio_postgres::GenericClient, keep: &str) -> i64 {
+    client
+        .query_one("SELECT prune_link_changes($1::text::interval)", &[&keep])
+        .await
+        .unwrap()
+        .get(0)
 }
 
 #[tokio::test]
@@ -54,11 +63,7 @@ async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
     client.batch_execute("TRUNCATE links").await.unwrap();
     assert_eq!(state(&client).await.2, 1);
 
-    let kept: i64 = client
-        .query_one("SELECT prune_link_changes('1 hour')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let kept = prune(&client, "1 hour").await;
     assert_eq!(kept, 0, "nothing is an hour old");
     let top: (i64, i64) = client
         .query_one(
@@ -68,11 +73,7 @@ async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
         .await
         .map(|r| (r.get(0), r.get(1)))
         .unwrap();
-    let pruned: i64 = client
-        .query_one("SELECT prune_link_changes('0 s')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pruned = prune(&client, "0 s").await;
     assert_eq!(pruned, 2);
     assert!(logged(&client).await.is_empty());
     assert_eq!(state(&client).await, (top.0, top.1, 1));
@@ -96,4 +97,69 @@ async fn a_role_that_may_only_change_links_still_logs_its_changes() {
         .unwrap_or_else(|e| panic!("{}", shared::db::describe(&e)));
     assert_eq!(logged(&client).await, ["mine"]);
     assert_eq!(state(&client).await.2, 1);
+}
+
+/// Migration 15: a prune reads the rows it deletes through the primary key, not the whole log
+/// (which at 100 changes a second holds millions of rows a day), and an old row logged after
+/// one it keeps waits for a later prune rather than going early.
+#[tokio::test]
+async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "INSERT INTO links (code, url)
+                 SELECT 'c' || n, 'https://x/' || n FROM generate_series(1, 10000) AS n;
+             UPDATE link_changes SET changed_at = now() - interval '2 hours'
+              WHERE id < (SELECT min(id) + 100 FROM link_changes)
+                 OR id = (SELECT max(id) FROM link_changes);
+             ANALYZE link_changes;",
+        )
+        .await
+        .unwrap();
+    let last: i64 = client
+        .query_one("SELECT max(id) FROM link_changes", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    // A session of its own: pg_stat_xact_user_tables counts what it has done and not flushed.
+    let mut fresh = pgtest::connect(&db.url).await;
+    let tx = fresh.transaction().await.unwrap();
+    let pruned = prune(&tx, "1 hour").await;
+    let read = tx
+        .query_one(
+            "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables
+             WHERE relname = 'link_changes'",
+            &[],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        pruned, 100,
+        "the hundred oldest rows, not the old one logged last"
+    );
+    let (scans, fetched): (i64, i64) = (read.get(0), read.get(1));
+    assert_eq!(scans, 0, "a prune read the whole change log");
+    assert!(
+        fetched <= 2 * 101,
+        "a prune fetched {fetched} rows to delete 100"
+    );
+    assert_eq!(
+        state(&client).await.0,
+        last - 9900,
+        "pruned_id is the last one deleted"
+    );
+
+    client
+        .batch_execute("UPDATE link_changes SET changed_at = now() - interval '2 hours'")
+        .await
+        .unwrap();
+    let pruned = prune(&client, "1 hour").await;
+    assert_eq!(
+        pruned, 9900,
+        "once every row is old, the one that waited goes too"
+    );
+    assert_eq!(state(&client).await.0, last);
 }
