@@ -4,11 +4,12 @@
 -- minute for the few thousand it deletes (BENCHMARKS.md, "Pruning the change log").
 -- The rows it deletes are the log's oldest, and ids are handed out in time order give or take
 -- a transaction's length, so it now finds the oldest row it keeps through the primary key
--- and deletes by id below it: the rows it deletes and one more. A row older than `keep` but
+-- and deletes by id below it: it reads the rows it deletes, one more, and (until autovacuum
+-- passes) the index entries of rows earlier calls deleted. A row older than `keep` but
 -- with an id above a row it keeps (a transaction that ran long) waits for a later call; it is
 -- never deleted early, so pruned_id and pruned_xid mean what they meant.
--- The DELETE is planned with its bound as a literal (EXECUTE): a cached generic plan would
--- take `id < $1` for a third of the table and read it all.
+-- The DELETE is planned with its bound at each call (EXECUTE), never from a cached generic
+-- plan, which would have to guess `id < $2` at a third of the table.
 CREATE OR REPLACE FUNCTION prune_link_changes(keep interval) RETURNS bigint LANGUAGE plpgsql
 SET search_path = public, pg_temp AS $$
 DECLARE
@@ -19,11 +20,11 @@ DECLARE
     top_xid xid8;
 BEGIN
     SELECT id INTO kept FROM link_changes WHERE changed_at >= cutoff ORDER BY id LIMIT 1;
-    EXECUTE format('WITH gone AS (DELETE FROM link_changes WHERE changed_at < $1 %s
-                                  RETURNING id, xid)
-                    SELECT count(*), max(id), max(xid) FROM gone',
-                   CASE WHEN kept IS NULL THEN '' ELSE format('AND id < %s', kept) END)
-        INTO deleted, top_id, top_xid USING cutoff;
+    EXECUTE 'WITH gone AS (DELETE FROM link_changes
+                           WHERE changed_at < $1 AND ($2 IS NULL OR id < $2)
+                           RETURNING id, xid)
+             SELECT count(*), max(id), max(xid) FROM gone'
+        INTO deleted, top_id, top_xid USING cutoff, kept;
     IF deleted > 0 THEN
         UPDATE link_changes_state
            SET pruned_id = GREATEST(pruned_id, top_id),

@@ -126,7 +126,12 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
     // A session of its own: pg_stat_xact_user_tables counts what it has done and not flushed.
     let mut fresh = pgtest::connect(&db.url).await;
     let tx = fresh.transaction().await.unwrap();
-    let pruned = prune(&tx, "1 hour").await;
+    // Six calls: PL/pgSQL plans a statement anew for its first five, then may keep a generic
+    // plan, which must not read the log either. Only the first finds anything due.
+    let mut pruned = Vec::new();
+    for _ in 0..6 {
+        pruned.push(prune(&tx, "1 hour").await);
+    }
     let read = tx
         .query_one(
             "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables
@@ -137,14 +142,17 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        pruned, 100,
+        pruned,
+        [100, 0, 0, 0, 0, 0],
         "the hundred oldest rows, not the old one logged last"
     );
     let (scans, fetched): (i64, i64) = (read.get(0), read.get(1));
     assert_eq!(scans, 0, "a prune read the whole change log");
+    // The first call: the 100 rows and the one kept, each fetched twice (the search, the
+    // DELETE); each call after it: the row kept.
     assert!(
-        fetched <= 2 * 101,
-        "a prune fetched {fetched} rows to delete 100"
+        fetched <= 2 * 101 + 5,
+        "six prunes fetched {fetched} rows to delete 100"
     );
     assert_eq!(
         state(&client).await.0,
