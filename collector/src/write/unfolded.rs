@@ -37,7 +37,9 @@ pub const DEFAULT_MEMORY: usize = 64 << 20;
 
 /// Keys a fold sends in one statement: the parameters of a statement are encoded whole before
 /// they are sent (at 64-byte codes, 5 MiB for this many), so the sums go in statements of this
-/// size, all in the fold's one transaction.
+/// size, all in the fold's one transaction. Much larger ones can also tip the planner into
+/// hashing the whole of a large click_counts for each statement instead of probing its index
+/// (BENCHMARKS.md, "The fold in a database with history").
 pub const CHUNK_KEYS: usize = 65_536;
 
 /// This writer's committed, unfolded counts.

@@ -11,7 +11,7 @@ use crate::knobs::CODES;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
 use crate::redirect::{start_collector, Written};
 use crate::services::{metrics, Proc};
-use crate::table::{append, column, g10, median, num, ratio, rotated, rows};
+use crate::table::{append, column, g10, median, num, order_balanced, ratio, rotated, rows};
 use crate::{addr, log, Bench, Res, Variant, COLLECTOR_ADMIN};
 
 /// A fresh database for a variant: migrated by its own collector, seeded with the links.
@@ -501,6 +501,12 @@ pub(crate) async fn bench_totals(bench: &mut Bench) -> Res<()> {
         "(the run with the median PostgreSQL figure); every run in {}.",
         bench.path("totals.tsv").display()
     );
+    if let [this, base] = variants.as_slice() {
+        for (what, field) in [("collector", 3), ("PostgreSQL", 4)] {
+            let split = order_balanced(&all, this.name(), base.name(), field);
+            println!("{what}, current / baseline per round: {split}.");
+        }
+    }
     Ok(())
 }
 

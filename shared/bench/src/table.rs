@@ -44,14 +44,18 @@ pub(crate) fn median(values: &[String]) -> String {
     if numbers.len() < values.len() || numbers.is_empty() {
         return values.first().cloned().unwrap_or_default();
     }
+    g10(median_of(&mut numbers))
+}
+
+/// The median of numbers (NaN if none).
+fn median_of(numbers: &mut [f64]) -> f64 {
     numbers.sort_by(f64::total_cmp);
     let n = numbers.len();
-    let m = if n % 2 == 1 {
-        numbers[n / 2]
-    } else {
-        (numbers[n / 2 - 1] + numbers[n / 2]) / 2.0
-    };
-    g10(m)
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => numbers[n / 2],
+        _ => (numbers[n / 2 - 1] + numbers[n / 2]) / 2.0,
+    }
 }
 
 /// A number as printf's `%.10g` writes it.
@@ -94,6 +98,47 @@ pub(crate) fn rotated<T: Clone>(by: usize, items: &[T]) -> Vec<T> {
         .collect()
 }
 
+/// `this` over `base` in field `field` (1-based) of a TSV whose rows start with the variant
+/// and the round, in the order the runs ran, round by round, split by which of the two ran
+/// first in its round: a run pays for what the run before it left, which moves a round's ratio
+/// one way or the other as the order turns, by more than many a change. With as many rounds
+/// each way, the median of all is balanced; with one more one way, it leans that way, so this
+/// gives each side's median and their geometric mean.
+pub(crate) fn order_balanced(rows: &[Vec<String>], this: &str, base: &str, field: usize) -> String {
+    let mut sides: [Vec<f64>; 2] = Default::default();
+    let rounds = rows.iter().filter_map(|r| r.get(1));
+    let mut seen = Vec::new();
+    for round in rounds {
+        if seen.contains(round) {
+            continue;
+        }
+        seen.push(round.clone());
+        let of = |variant| column(rows, &[variant, round.as_str()], field);
+        let (Some(a), Some(b)) = (
+            of(this).first().map(|v| num(v)),
+            of(base).first().map(|v| num(v)),
+        ) else {
+            continue;
+        };
+        let this_first = rows
+            .iter()
+            .find(|r| r.get(1) == Some(round))
+            .is_some_and(|r| r[0] == this);
+        if b != 0.0 {
+            sides[usize::from(!this_first)].push(a / b);
+        }
+    }
+    let [(first, m1), (second, m2)] = sides.map(|mut ratios| {
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+        (listed.join(", "), median_of(&mut ratios))
+    });
+    format!(
+        "{this} first: {first} (median {m1:.3}); {base} first: {second} (median {m2:.3}); \
+         balanced: {:.3}",
+        (m1 * m2).sqrt()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +156,25 @@ mod tests {
     fn rotation_starts_at_the_round() {
         assert_eq!(rotated(1, &["a", "b", "c"]), ["b", "c", "a"]);
         assert_eq!(rotated(3, &["a", "b", "c"]), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn ratios_split_by_who_ran_first() {
+        let rows: Vec<Vec<String>> = [
+            "current 1 0.9",
+            "baseline 1 1.0",
+            "baseline 2 1.0",
+            "current 2 1.1",
+            "current 3 0.8",
+            "baseline 3 1.0",
+        ]
+        .iter()
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect();
+        assert_eq!(
+            order_balanced(&rows, "current", "baseline", 3),
+            "current first: 0.900, 0.800 (median 0.850); baseline first: 1.100 (median 1.100); \
+             balanced: 0.967"
+        );
     }
 }

@@ -148,8 +148,8 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
     );
     let (scans, fetched): (i64, i64) = (read.get(0), read.get(1));
     assert_eq!(scans, 0, "a prune read the whole change log");
-    // The first call: the 100 rows and the one kept, each fetched twice (the search, the
-    // DELETE); each call after it: the row kept.
+    // The first call fetches the 100 rows twice (the search passes them, the DELETE takes
+    // them) and the row kept once; each call after it, the row kept.
     assert!(
         fetched <= 2 * 101 + 5,
         "six prunes fetched {fetched} rows to delete 100"
