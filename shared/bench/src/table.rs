@@ -100,43 +100,53 @@ pub(crate) fn rotated<T: Clone>(by: usize, items: &[T]) -> Vec<T> {
 
 /// `this` over `base` in field `field` (1-based) of a TSV whose rows start with the variant
 /// and the round, in the order the runs ran, round by round, split by which of the two ran
-/// first in its round: a run pays for what the run before it left, which moves a round's ratio
-/// one way or the other as the order turns, by more than many a change. With as many rounds
-/// each way, the median of all is balanced; with one more one way, it leans that way, so this
-/// gives each side's median and their geometric mean.
+/// first in its round (the round's first row): a run pays for what the run before it left,
+/// which moves a round's ratio one way or the other as the order turns, by more than many a
+/// change. With as many rounds each way the median of all is balanced; with one more one way
+/// it leans that way, so this gives each side's median and their geometric mean. A round
+/// without a number for both, or with 0 for `base`, is left out; of duplicate rows, the first
+/// counts.
 pub(crate) fn order_balanced(rows: &[Vec<String>], this: &str, base: &str, field: usize) -> String {
-    let mut sides: [Vec<f64>; 2] = Default::default();
-    let rounds = rows.iter().filter_map(|r| r.get(1));
+    let (mut this_first, mut base_first) = (Vec::new(), Vec::new());
     let mut seen = Vec::new();
-    for round in rounds {
-        if seen.contains(round) {
-            continue;
-        }
-        seen.push(round.clone());
-        let of = |variant| column(rows, &[variant, round.as_str()], field);
-        let (Some(a), Some(b)) = (
-            of(this).first().map(|v| num(v)),
-            of(base).first().map(|v| num(v)),
-        ) else {
+    for row in rows {
+        let Some(round) = row.get(1).filter(|r| !seen.contains(*r)) else {
             continue;
         };
-        let this_first = rows
-            .iter()
-            .find(|r| r.get(1) == Some(round))
-            .is_some_and(|r| r[0] == this);
-        if b != 0.0 {
-            sides[usize::from(!this_first)].push(a / b);
+        seen.push(round.clone());
+        let value = |variant| {
+            let values = column(rows, &[variant, round.as_str()], field);
+            values.first().and_then(|v| v.parse::<f64>().ok())
+        };
+        if let (Some(a), Some(b)) = (value(this), value(base).filter(|&b| b != 0.0)) {
+            let side = if row[0] == this {
+                &mut this_first
+            } else {
+                &mut base_first
+            };
+            side.push(a / b);
         }
     }
-    let [(first, m1), (second, m2)] = sides.map(|mut ratios| {
+    let describe = |mut ratios: Vec<f64>| {
         let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
-        (listed.join(", "), median_of(&mut ratios))
-    });
-    format!(
-        "{this} first: {first} (median {m1:.3}); {base} first: {second} (median {m2:.3}); \
-         balanced: {:.3}",
-        (m1 * m2).sqrt()
-    )
+        let median = median_of(&mut ratios);
+        if listed.is_empty() {
+            ("none".to_owned(), median)
+        } else {
+            (
+                format!("{} (median {median:.3})", listed.join(", ")),
+                median,
+            )
+        }
+    };
+    let ((first, m1), (second, m2)) = (describe(this_first), describe(base_first));
+    let balanced = (m1 * m2).sqrt();
+    let balanced = if balanced.is_nan() {
+        "-".to_owned()
+    } else {
+        format!("{balanced:.3}")
+    };
+    format!("{this} first: {first}; {base} first: {second}; balanced: {balanced}")
 }
 
 #[cfg(test)]
@@ -167,6 +177,12 @@ mod tests {
             "current 2 1.1",
             "current 3 0.8",
             "baseline 3 1.0",
+            // Left out: a round with one variant, one with base 0, one without a number.
+            "current 4 0.5",
+            "baseline 5 0",
+            "current 5 0.5",
+            "current 6 -",
+            "baseline 6 1.0",
         ]
         .iter()
         .map(|l| l.split(' ').map(str::to_owned).collect())
@@ -175,6 +191,10 @@ mod tests {
             order_balanced(&rows, "current", "baseline", 3),
             "current first: 0.900, 0.800 (median 0.850); baseline first: 1.100 (median 1.100); \
              balanced: 0.967"
+        );
+        assert_eq!(
+            order_balanced(&rows[..2], "current", "baseline", 3),
+            "current first: 0.900 (median 0.900); baseline first: none; balanced: -"
         );
     }
 }
