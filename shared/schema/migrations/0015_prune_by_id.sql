@@ -1,6 +1,6 @@
 -- prune_link_changes() read the whole change log at every call (a filter on changed_at, which
 -- has no index), and the collector calls it with every fold and at least once a
--- --compact-interval: with a day of changes kept at 100 a second, 8.6 M rows read each
+-- --compact-interval: with a day of changes kept at 100 a second, millions of rows read each
 -- minute for the few thousand it deletes (BENCHMARKS.md, "Pruning the change log").
 -- The rows it deletes are the log's oldest, and ids are handed out in time order give or take
 -- a transaction's length, so it now finds the oldest row it keeps through the primary key
