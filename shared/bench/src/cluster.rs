@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use crate::Res;
 
@@ -91,6 +92,29 @@ pub(crate) fn stop_at(out: &Path) -> Res<()> {
         return Ok(());
     }
     cluster.stop()
+}
+
+/// Waits until no autovacuum worker runs, then checkpoints: a run measured from here pays for
+/// nothing a run before it left (its tables' vacuum, its dirty pages), whichever ran before.
+pub(crate) async fn settle(admin: &tokio_postgres::Client, log: &Path) -> Res<()> {
+    let workers = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'";
+    let idle = || async { number(admin, workers).await.is_ok_and(|n| n == 0) };
+    crate::services::until(Duration::from_secs(300), "autovacuum at rest", log, idle).await?;
+    execute(admin, "CHECKPOINT").await
+}
+
+/// Room for a run's WAL (`on`), or the default back: a run writes about as much WAL as the
+/// default max_wal_size lets pass before PostgreSQL checkpoints on its own, which then fell
+/// inside some runs and not others. With room, the checkpoints the bench asks for are the only
+/// ones.
+pub(crate) async fn room_for_wal(admin: &tokio_postgres::Client, on: bool) -> Res<()> {
+    let set = if on {
+        "ALTER SYSTEM SET max_wal_size = '4GB'"
+    } else {
+        "ALTER SYSTEM RESET max_wal_size"
+    };
+    execute(admin, set).await?;
+    execute(admin, "SELECT pg_reload_conf()").await
 }
 
 pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::cluster::{column, execute};
+use crate::cluster::{column, room_for_wal, settle};
 use crate::ingest::reset_tables;
 use crate::procfs::{clk_tck, pg_ticks, ticks};
 use crate::redirect::MIXES;
@@ -147,18 +147,14 @@ pub(crate) async fn bench_hosts(bench: &mut Bench) -> Res<()> {
         variants.push(Variant::Baseline);
     }
     let admin_db = bench.cluster.connect("postgres").await?;
-    // A run writes about as much WAL as the default max_wal_size lets pass before PostgreSQL
-    // checkpoints on its own, which then fell inside some runs and not others. With room for
-    // a run's WAL, the CHECKPOINT before each run is the only one.
-    execute(&admin_db, "ALTER SYSTEM SET max_wal_size = '4GB'").await?;
-    execute(&admin_db, "SELECT pg_reload_conf()").await?;
+    room_for_wal(&admin_db, true).await?;
     for round in 1..=bench.knobs.rounds {
         for mix in MIXES {
             for k in rotated(round as usize, &COUNTS) {
                 // The variants take turns going first, round by round, in every cell alike.
                 for variant in rotated(round as usize - 1, &variants) {
                     reset_tables(bench, variant).await?;
-                    execute(&admin_db, "CHECKPOINT").await?;
+                    settle(&admin_db, &bench.path("postgres.log")).await?;
                     log(&format!(
                         "hosts round {round}, {mix} codes: {k} collectors of {}",
                         variant.name()
@@ -168,8 +164,7 @@ pub(crate) async fn bench_hosts(bench: &mut Bench) -> Res<()> {
             }
         }
     }
-    execute(&admin_db, "ALTER SYSTEM RESET max_wal_size").await?;
-    execute(&admin_db, "SELECT pg_reload_conf()").await?;
+    room_for_wal(&admin_db, false).await?;
     print_table(bench, &variants);
     Ok(())
 }

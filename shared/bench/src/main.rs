@@ -33,9 +33,11 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
-                            TOTALS_SECS, the collector folding at its default interval
-                            (with BASELINE: beside BASELINE's collector, interleaved,
-                            the ratios split by which went first in each round)
+                            TOTALS_SECS, the collector folding at its default interval, each
+                            run from a settled cluster (no autovacuum running, checkpointed)
+                            until its fold and its own checkpoint are done (with BASELINE:
+                            beside BASELINE's collector, interleaved, the ratios split by
+                            which went first in each round)
   scripts/bench hosts       aggregate ingest into one database from 1, 2 and 4 collectors
                             (CLICKS per run split over them)
   scripts/bench links       the link table at 1 M and 10 M links: time to ready, RSS, and
