@@ -20,7 +20,9 @@
 //!   them, and the datagram records where it ends in the ring (its tag): a process killed in
 //!   between has the next one release them, never send them twice;
 //! - a new sender id (after a day idle) is journalled: `renewing` set, the id written, the
-//!   window restarted, `renewing` cleared; found set, the adoption takes another new id.
+//!   window restarted, `renewing` cleared; found set, the adoption takes another new id;
+//! - a new region's cells are laid out first, then the header's sizes, then its magic: a
+//!   header without magic that holds no more than sizes is a layout cut short, laid out again.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -456,8 +458,14 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
     if len < HEADER_SIZE || nix::sys::uio::pread(fd.as_fd(), &mut h, 0).map_err(io)? < HEADER_SIZE {
         return Err(Error::NotState(what.into(), "shorter than a header"));
     }
-    if h[..8] == [0; 8] && h.iter().all(|&b| b == 0) {
-        // Sized and never laid out (a process killed in `format`): a new region.
+    let version = u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes"));
+    let after_sizes = std::mem::offset_of!(Header, sender);
+    if h[..8] == [0; 8]
+        && matches!(version, 0 | LAYOUT_VERSION)
+        && h[after_sizes..].iter().all(|&b| b == 0)
+    {
+        // Sized and never laid out: a process killed in `format`, which writes the header's
+        // sizes after the cells and its magic last. A new region.
         return Ok(None);
     }
     if h[..8] != MAGIC {
@@ -470,7 +478,7 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
     let in_ring = u64_at(std::mem::offset_of!(Header, tail))
         .saturating_sub(u64_at(std::mem::offset_of!(Header, head)));
     let held = in_ring + in_window;
-    match u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes")) {
+    match version {
         LAYOUT_VERSION => {}
         1 if held == 0 => return Ok(None),
         version => return Err(Error::Version(what.into(), version)),
@@ -496,16 +504,18 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
 /// Lays out a zeroed region: the header, and the ring's cells free for the first lap. The
 /// window's slots and bounds start at zero; the sender id is set at adoption.
 fn format(map: &Mapping, geometry: Geometry) {
+    // SAFETY: as in `Region::adopt`.
+    Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
+    // The header after the cells, and its magic last, after everything it vouches for: a
+    // process killed before then leaves a header of zeros, or of its sizes alone, which
+    // `read_header` takes for a new region and the next process lays out again.
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
     // SAFETY: a freshly sized, zeroed mapping nothing else refers to yet.
     let header = unsafe { &mut *map.base.cast::<Header>() };
     header.version = LAYOUT_VERSION;
     header.ring = geometry.ring;
     header.window = geometry.window;
     header.slot_size = geometry.slot_size;
-    // SAFETY: as in `Region::adopt`.
-    Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
-    // The magic last, after everything it vouches for: a process killed before it leaves a
-    // header of zeros, which the next one lays out again.
     std::sync::atomic::compiler_fence(Ordering::SeqCst);
     header.magic = MAGIC;
 }
@@ -702,6 +712,24 @@ mod tests {
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(region.geometry, GEOMETRY, "zeros: a new region");
+        drop(region);
+        // Killed between the header's sizes and its magic: the sizes of an earlier
+        // configuration, no magic, nothing else.
+        let mut header = vec![0u8; 8192];
+        header[8..12].copy_from_slice(&LAYOUT_VERSION.to_ne_bytes());
+        for (field, value) in [
+            (std::mem::offset_of!(Header, ring), 16u64),
+            (std::mem::offset_of!(Header, window), 3),
+            (std::mem::offset_of!(Header, slot_size), GEOMETRY.slot_size),
+        ] {
+            header[field..field + 8].copy_from_slice(&value.to_ne_bytes());
+        }
+        std::fs::write(&path, header).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(
+            region.geometry, GEOMETRY,
+            "sizes without magic: a new region"
+        );
         region.ring.push("a", 1, &Dimensions::default()).unwrap();
         drop(region);
         let window = std::mem::offset_of!(Header, window) as i64;
