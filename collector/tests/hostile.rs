@@ -383,6 +383,43 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
     );
 }
 
+/// A late click of yesterday whose partition is gone (retention dropped it while the click
+/// waited for its write) is refused as a row, set aside, and does not hold the stream: the
+/// batch holds nothing else, and a batch refused whole is otherwise held as a broken table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    let yesterday =
+        "SELECT 'clicks_p' || to_char((now() AT TIME ZONE 'UTC')::date - 1, 'YYYYMMDD')";
+    let yesterday: String = p.client.query_one(yesterday, &[]).await.unwrap().get(0);
+    // The collector made it at start, and its first round of partitions saw to it (logged
+    // once the round is done); the next round is a minute away.
+    c.service
+        .wait_for_log(&format!("indexed partition {yesterday}"), LIMIT)
+        .await;
+    p.client
+        .batch_execute(&format!("DROP TABLE {yesterday}"))
+        .await
+        .unwrap();
+    let now = protocol::now_us();
+    let day_us = 86_400_000_000;
+    let late = now - now.rem_euclid(day_us) - 1;
+    let mut enc = Encoder::new(12, DEFAULT_DATAGRAM).unwrap();
+    enc.push_with("late", late, &Default::default()).unwrap();
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
+        .await;
+    let aside = "SELECT code || ' ' || (error LIKE '%no partition%')::text FROM clicks_set_aside";
+    let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
+    assert_eq!(aside, "late true");
+    send_all(&p.path, vec![datagram(13, 0, "after", 5)]).await;
+    await_rows(&p.client, None, 5).await;
+    assert_eq!(c.health().await, 200);
+    let gone = format!("SELECT count(*) FROM pg_class WHERE relname = '{yesterday}'");
+    assert_eq!(count(&p.client, &gone).await, 0, "still no partition");
+}
+
 /// Functions in `schema` that shadow two the collector calls by name, each recording its call
 /// in `audit.shadow_calls` and then doing what the real one does: `to_char(date, text)`, a
 /// better match than the catalog's `to_char(timestamp, text)` for the partitions' names

@@ -110,8 +110,9 @@ pub(crate) enum Stored {
     Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
     AlreadyCommitted,
-    /// PostgreSQL refused every click of the batch (this error, the first): not taken as bad
-    /// clicks but as a table that refuses everything; nothing was committed.
+    /// PostgreSQL refused every click of the batch (this error, the first), some of them dated
+    /// today or later: not taken as bad clicks but as a table that refuses everything;
+    /// nothing was committed. (A batch of earlier days' clicks alone is set aside instead.)
     AllRefused(String),
 }
 
@@ -221,7 +222,11 @@ impl Conn {
                 dimensions.resize(rows_in.len() + day_rows.len(), None);
                 rows_in.extend(day_rows);
             }
-            if !rows_in.is_empty() && refused.len() == rows_in.len() {
+            // Judged on today's clicks and later ones: a day before today may have lost its
+            // partition to retention while its late clicks waited, and a batch of those
+            // alone, held, would hold the stream for good.
+            let current = clicks.iter().any(|(_, day)| day.day >= today);
+            if current && !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
