@@ -423,15 +423,20 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.forgotten.push(sender);
     }
 
-    /// Once a minute: forgets ids idle for `IDLE`, and the least recently seen tenth while
-    /// there are more than `MAX_SENDERS`.
+    /// Once a minute: forgets ids idle for `IDLE` with nothing waiting for its commit, and the
+    /// least recently seen tenth while there are more than `MAX_SENDERS`. (A sender whose
+    /// datagrams wait for a database that is away is not idle: forgotten, its commit would go
+    /// unacknowledged, and its resend be written twice.)
     fn sweep(&mut self, now: Instant) {
         if now - self.swept < SWEEP_EVERY && self.map.len() <= MAX_SENDERS {
             return;
         }
         self.swept = now;
-        let mut by_age: Vec<(Instant, u64)> =
-            self.map.iter().map(|(&id, s)| (s.seen, id)).collect();
+        let mut by_age: Vec<(Instant, u64, bool)> = self
+            .map
+            .iter()
+            .map(|(&id, s)| (s.seen, id, s.accepted == s.committed))
+            .collect();
         by_age.sort_unstable();
         let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
         let excess = if self.map.len() > MAX_SENDERS {
@@ -439,19 +444,21 @@ impl<A: Copy + PartialEq> Senders<A> {
         } else {
             0
         };
-        for (i, (seen, id)) in by_age.into_iter().enumerate() {
-            if i < excess || now - seen >= IDLE {
+        for (i, (seen, id, settled)) in by_age.into_iter().enumerate() {
+            if i < excess || (settled && now - seen >= IDLE) {
                 self.forget(id);
             }
         }
     }
 
     /// Records that `sender`'s datagrams up to `seq` are committed; the acknowledgement to
-    /// send, if the sender expects one.
+    /// send, if the sender expects one. Its idle time starts again: its datagrams may have
+    /// waited long for the database, and the sender with them.
     pub fn commit(&mut self, sender: u64, seq: u64, now: Instant) -> Option<Reply<A>> {
         let s = self.map.get_mut(&sender)?;
         let committed = s.committed.map_or(seq, |c| c.max(seq));
         s.committed = Some(committed);
+        s.seen = now;
         s.tell(Ack::new(sender, Some(committed), None), now, true)
     }
 
@@ -823,11 +830,28 @@ mod tests {
         let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
         let start = Instant::now();
         s.judge(2, (0, 1), None, creds(3), start);
+        s.commit(2, 0, start);
         let later = start + IDLE;
         s.judge(4, (0, 1), None, creds(5), later);
         assert_eq!(s.len(), 1);
         let mut forgotten = s.forgotten();
         forgotten.sort();
         assert_eq!(forgotten, [1, 2]);
+    }
+
+    /// A database away for days holds the datagrams accepted before it went: their senders
+    /// are kept until the commit, which counts as seen, and then acknowledged.
+    #[test]
+    fn a_sender_waiting_for_its_commit_is_not_forgotten_however_long_it_waits() {
+        let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
+        let start = Instant::now();
+        s.judge(2, (0, 1), None, creds(3), start);
+        let back = start + 2 * IDLE;
+        s.judge(4, (0, 1), None, creds(5), back);
+        assert_eq!(s.forgotten(), [1], "the idle one only");
+        s.commit(2, 0, back);
+        s.judge(6, (0, 1), None, creds(7), back + IDLE - SWEEP_EVERY);
+        assert!(s.forgotten().is_empty(), "seen at its commit");
+        assert_eq!(s.len(), 3);
     }
 }
