@@ -113,6 +113,56 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     assert_eq!(metrics.write.clicks_written.get(), 3_000);
 }
 
+/// A batch that forgets a sender commits, but its answer is lost (the attempt times out in
+/// COMMIT): the retry's new session finds the sender's row gone, as the batch meant, and counts
+/// nothing unaccounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_forgotten_by_a_commit_whose_answer_was_lost_is_not_counted_lost() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (mut handoff, metrics) = impatient_writer(&db.url).await;
+    let forgotten = 61;
+    write(
+        &mut handoff,
+        batch_of(&datagrams(forgotten, &clicks(500, 20, start_us(), 1_000))),
+    )
+    .await;
+    client.batch_execute(SLOW_COMMIT).await.unwrap();
+    let mut batch = batch_of(&datagrams(62, &clicks(300, 20, start_us(), 1_000)));
+    batch.forget_senders(vec![forgotten]);
+    write(&mut handoff, batch).await;
+    assert!(
+        metrics.shared.counts.db_errors.get() >= 1,
+        "the attempt timed out in its COMMIT"
+    );
+    testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
+        (count(&client, BUSY_SESSIONS).await == 0).then_some(())
+    })
+    .await;
+    let row = format!("SELECT count(*) FROM click_senders WHERE sender = {forgotten}");
+    assert_eq!(
+        count(&client, &row).await,
+        0,
+        "forgotten, as the batch said"
+    );
+    assert_eq!(metrics.shared.counts.clicks_unaccounted.get(), 0);
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 800);
+}
+
+/// An id forgotten and seen again within one batch (a sender back after two days, or pushed
+/// out by a flood, while the batch filled) keeps the row its datagrams advance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_forgotten_and_seen_again_in_one_batch_keeps_its_row() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let (mut handoff, _metrics) = impatient_writer(&db.url).await;
+    let mut batch = batch_of(&datagrams(63, &clicks(100, 20, start_us(), 1_000)));
+    batch.forget_senders(vec![63]);
+    write(&mut handoff, batch).await;
+    let row = "SELECT count(*) FROM click_senders WHERE sender = 63";
+    assert_eq!(count(&client, row).await, 1);
+}
+
 /// What another session (as an abandoned attempt of the writer's would) did with the claim of
 /// the writer's second batch.
 enum Orphan {

@@ -281,6 +281,15 @@ pub struct Committed {
 }
 
 impl Committed {
+    /// `batch` is about to be written: the senders it forgets are not checked from now on.
+    /// Their rows go with its commit, which may land even though its answer is lost: the
+    /// retry's check must not take them for rows a failover lost.
+    pub fn forget(&mut self, batch: &Batch) {
+        for sender in batch.forgotten_column() {
+            self.senders.remove(&(sender as u64));
+        }
+    }
+
     /// `batch` committed.
     pub fn add(&mut self, batch: &Batch) {
         let [senders, seqs, clicks] = batch.sender_columns();
@@ -289,9 +298,6 @@ impl Committed {
             if seq as u64 >= entry.0 {
                 *entry = (seq as u64, clicks as u64);
             }
-        }
-        for sender in batch.forgotten_column() {
-            self.senders.remove(&(sender as u64));
         }
     }
 

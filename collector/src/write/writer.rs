@@ -97,6 +97,7 @@ impl Writer {
             // Its lines carry the batch's number, the one click_writers records.
             let span = tracing::info_span!("batch", number = number.batch);
             self.watch.writing();
+            self.committed.forget(&batch);
             let written = self.write(&batch, &rows, &number).instrument(span).await;
             self.watch.written();
             self.committed.add(&batch);
