@@ -284,10 +284,16 @@ impl Drain {
     }
 
     fn left(&self) -> Left {
-        // The datagram being built is still in the ring (from its head to the cursor).
         let (unsent, unacked) = self.window.unsent_and_unacked();
+        // The ring holds the datagram being built (its clicks, between the head and the
+        // cursor, beside cells skipped there: torn, or dropped as invalid) and what the cursor
+        // has not reached, where torn cells are passed over: each was counted once already,
+        // when the region was adopted or the cell skipped.
+        let ahead = (self.cursor..self.ring.tail())
+            .filter(|&pos| !matches!(self.ring.read(pos), Read::Torn))
+            .count();
         Left {
-            unsent: unsent + self.ring.len() as u64,
+            unsent: unsent + (self.encoder.len() + ahead) as u64,
             unacked,
         }
     }
@@ -649,6 +655,56 @@ fn seconds(d: Duration) -> humantime::FormattedDuration {
 mod tests {
     use super::*;
     use nix::libc;
+
+    /// Torn cells behind a window that still holds unsent datagrams (so the drain has not
+    /// passed over them) are not counted again in what a stop leaves.
+    #[tokio::test]
+    async fn a_stop_leaves_the_clicks_not_the_torn_cells() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let geometry = crate::state::Geometry {
+            ring: 16,
+            window: 4,
+            slot_size: protocol::wire::DEFAULT_DATAGRAM as u64,
+        };
+        let drain = |region, n: u32| {
+            let settings = Settings {
+                collector: dir.path().join("nobody.sock"),
+                ack_socket: dir.path().join(format!("ack-{n}.sock")),
+                ack_socket_mode: 0o600,
+                flush_every: Duration::from_millis(5),
+                ack_timeout: Duration::from_secs(3600),
+            };
+            Drain::new(region, Arc::default(), Arc::default(), settings).unwrap()
+        };
+        let human = Default::default();
+        let mut first = drain(Region::file(&path, geometry).unwrap(), 1);
+        first.ring.push("a", 1, &human).unwrap();
+        first.ring.push("b", 2, &human).unwrap();
+        first.fill();
+        first.ring.push("c", 3, &human).unwrap();
+        first.fill();
+        assert_eq!(
+            first.left(),
+            Left {
+                unsent: 3,
+                unacked: 0
+            }
+        );
+        drop(first);
+        crate::state::claim_unpublished(&path);
+        let region = Region::file(&path, geometry).unwrap();
+        assert_eq!((region.recovered, region.torn), (3, 1));
+        let mut second = drain(region, 2);
+        second.fill();
+        assert_eq!(
+            second.left(),
+            Left {
+                unsent: 3,
+                unacked: 0
+            }
+        );
+    }
 
     #[test]
     fn only_eagain_retries_soon_enobufs_waits_out_the_backoff() {

@@ -520,6 +520,22 @@ fn format(map: &Mapping, geometry: Geometry) {
     header.magic = MAGIC;
 }
 
+/// What a push killed after it claimed the ring's next cell (moved the tail) and before it
+/// published it leaves, done to the region in the file at `path`.
+#[cfg(test)]
+pub(crate) fn claim_unpublished(path: &Path) {
+    let tail = std::mem::offset_of!(Header, tail) as i64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut bytes = [0; 8];
+    nix::sys::uio::pread(&file, &mut bytes, tail).unwrap();
+    let next = u64::from_ne_bytes(bytes) + 1;
+    nix::sys::uio::pwrite(&file, &next.to_ne_bytes(), tail).unwrap();
+}
+
 fn page_size() -> usize {
     nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
@@ -593,10 +609,8 @@ mod tests {
             region.ring.push("a", 1, &Dimensions::default()).unwrap();
             region.ring.push("b", 2, &Dimensions::default()).unwrap();
         }
-        // A push that claimed position 2 (moved the tail) and died before it published.
-        let tail = std::mem::offset_of!(Header, tail) as u64;
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &3u64.to_ne_bytes(), tail as i64).unwrap();
+        // A push that claimed position 2 and died before it published.
+        claim_unpublished(&path);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.recovered, region.torn), (2, 1));
         assert_eq!(codes(&region.ring), ["a", "b", "torn"]);
