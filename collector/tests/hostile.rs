@@ -357,7 +357,8 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         .await
         .unwrap();
     let c = start_collector(&p.db, &p.path, &[]).await;
-    send_all(&p.path, vec![datagram(11, 0, "held", 20)]).await;
+    // Yesterday's: refused by the constraint, not for want of a partition, they are held too.
+    send_all(&p.path, vec![late_clicks(11, "held", 20)]).await;
     c.service
         .wait_for_log("every click of a batch of 20 refused", LIMIT)
         .await;
@@ -390,9 +391,13 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
 async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {
     let p = place().await;
     let c = start_collector(&p.db, &p.path, &[]).await;
-    let yesterday =
-        "SELECT 'clicks_p' || to_char((now() AT TIME ZONE 'UTC')::date - 1, 'YYYYMMDD')";
-    let yesterday: String = p.client.query_one(yesterday, &[]).await.unwrap().get(0);
+    let late = late_clicks(12, "late", 1);
+    let d = protocol::wire::decode(&late).unwrap();
+    let at = d.base_us + d.clicks[0].offset_us as i64;
+    let yesterday = format!(
+        "SELECT 'clicks_p' || to_char(to_timestamp({at} / 1e6) AT TIME ZONE 'UTC', 'YYYYMMDD')"
+    );
+    let yesterday: String = p.client.query_one(&yesterday, &[]).await.unwrap().get(0);
     // The collector made it at start, and its first round of partitions saw to it (logged
     // once the round is done); the next round is a minute away.
     c.service
@@ -402,12 +407,7 @@ async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {
         .batch_execute(&format!("DROP TABLE {yesterday}"))
         .await
         .unwrap();
-    let now = protocol::now_us();
-    let day_us = 86_400_000_000;
-    let late = now - now.rem_euclid(day_us) - 1;
-    let mut enc = Encoder::new(12, DEFAULT_DATAGRAM).unwrap();
-    enc.push_with("late", late, &Default::default()).unwrap();
-    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    send_all(&p.path, vec![late]).await;
     c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
         .await;
     let aside = "SELECT code || ' ' || (error LIKE '%no partition%')::text FROM clicks_set_aside";
@@ -418,6 +418,19 @@ async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {
     assert_eq!(c.health().await, 200);
     let gone = format!("SELECT count(*) FROM pg_class WHERE relname = '{yesterday}'");
     assert_eq!(count(&p.client, &gone).await, 0, "still no partition");
+}
+
+/// A datagram of `sender` (seq 0) of `n` clicks of `code` dated in the last millisecond of
+/// yesterday (UTC): within the collector's default window, on a day before today.
+fn late_clicks(sender: u64, code: &str, n: usize) -> Vec<u8> {
+    let now = protocol::now_us();
+    let late = now - now.rem_euclid(86_400_000_000) - 1_000;
+    let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+    for i in 0..n {
+        enc.push_with(code, late + i as i64, &Default::default())
+            .unwrap();
+    }
+    enc.datagram().to_vec()
 }
 
 /// Functions in `schema` that shadow two the collector calls by name, each recording its call

@@ -459,10 +459,18 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         return Err(Error::NotState(what.into(), "shorter than a header"));
     }
     let version = u32::from_ne_bytes(h[8..12].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_ne_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let geometry = Geometry {
+        ring: u64_at(std::mem::offset_of!(Header, ring)),
+        window: u64_at(std::mem::offset_of!(Header, window)),
+        slot_size: u64_at(std::mem::offset_of!(Header, slot_size)),
+    };
     let after_sizes = std::mem::offset_of!(Header, sender);
+    let sizes_only =
+        matches!(version, 1 | LAYOUT_VERSION) && h[12..16] == [0; 4] && geometry.is_valid();
     if h[..8] == [0; 8]
-        && matches!(version, 0 | LAYOUT_VERSION)
         && h[after_sizes..].iter().all(|&b| b == 0)
+        && (sizes_only || h.iter().all(|&b| b == 0))
     {
         // Sized and never laid out: a process killed in `format`, which writes the header's
         // sizes after the cells and its magic last. A new region.
@@ -471,7 +479,6 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
     if h[..8] != MAGIC {
         return Err(Error::NotState(what.into(), "no magic number"));
     }
-    let u64_at = |at: usize| u64::from_ne_bytes(h[at..at + 8].try_into().expect("8 bytes"));
     // `Marks` is `first` then `end`.
     let marks = std::mem::offset_of!(Header, marks);
     let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
@@ -483,11 +490,6 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         1 if held == 0 => return Ok(None),
         version => return Err(Error::Version(what.into(), version)),
     }
-    let geometry = Geometry {
-        ring: u64_at(std::mem::offset_of!(Header, ring)),
-        window: u64_at(std::mem::offset_of!(Header, window)),
-        slot_size: u64_at(std::mem::offset_of!(Header, slot_size)),
-    };
     if !geometry.is_valid() {
         return Err(Error::NotState(
             what.into(),
@@ -738,12 +740,22 @@ mod tests {
         ] {
             header[field..field + 8].copy_from_slice(&value.to_ne_bytes());
         }
-        std::fs::write(&path, header).unwrap();
+        std::fs::write(&path, &header).unwrap();
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(
             region.geometry, GEOMETRY,
             "sizes without magic: a new region"
         );
+        drop(region);
+        // Not sizes a redirector lays out: some other file, refused and left alone.
+        let window = std::mem::offset_of!(Header, window);
+        header[window..window + 8].copy_from_slice(&0u64.to_ne_bytes());
+        std::fs::write(&path, &header).unwrap();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(err.to_string().contains("no magic number"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), header, "untouched");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
         region.ring.push("a", 1, &Dimensions::default()).unwrap();
         drop(region);
         let window = std::mem::offset_of!(Header, window) as i64;

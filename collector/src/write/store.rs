@@ -110,9 +110,9 @@ pub(crate) enum Stored {
     Written { refused: u64 },
     /// An earlier attempt had committed it: not written again.
     AlreadyCommitted,
-    /// PostgreSQL refused every click of the batch (this error, the first), some of them dated
-    /// today or later: not taken as bad clicks but as a table that refuses everything;
-    /// nothing was committed. (A batch of earlier days' clicks alone is set aside instead.)
+    /// PostgreSQL refused every click of the batch (this error, the first): not taken as bad
+    /// clicks but as a table that refuses everything; nothing was committed. (Unless every
+    /// click is of a day before today without a partition: those are set aside.)
     AllRefused(String),
 }
 
@@ -213,9 +213,12 @@ impl Conn {
             let mut rows_in = Vec::new();
             let mut dimensions = Vec::new();
             let mut refused = Vec::new();
+            let mut unroutable = true;
             for (statement, day) in &clicks {
                 let day_rows = copy::click_rows(&day.rows);
-                let day_refused = sift_in(&mut tx, statement, &day.rows, &day_rows).await?;
+                let (day_refused, day_unroutable) =
+                    sift_in(&mut tx, statement, &day.rows, &day_rows).await?;
+                unroutable &= day_unroutable;
                 refused.extend(day_refused.into_iter().map(|(i, e)| (rows_in.len() + i, e)));
                 // Logged click by click with the rows: as many, in the same order. (Were one
                 // missing, its click would be left out of the breakdowns, never misfiled.)
@@ -224,11 +227,11 @@ impl Conn {
                 dimensions.resize(rows_in.len() + day_rows.len(), None);
                 rows_in.extend(day_rows);
             }
-            // Judged on today's clicks and later ones: a day before today may have lost its
-            // partition to retention while its late clicks waited, and a batch of those
-            // alone, held, would hold the stream for good.
-            let current = clicks.iter().any(|(_, day)| day.day >= today);
-            if current && !rows_in.is_empty() && refused.len() == rows_in.len() {
+            // Not when each was refused for want of a partition of a day before today: late
+            // clicks of a day that retention dropped while they waited, which held would hold
+            // the stream for good.
+            let late = unroutable && clicks.iter().all(|(_, day)| day.day < today);
+            if !late && !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
@@ -301,14 +304,16 @@ impl Conn {
 
 /// COPYs the click rows `clicks` of `buf`, each range under a savepoint, halving a range that
 /// PostgreSQL refuses for good until single rows are left: those are returned, by index, with
-/// the error. Any other error ends the attempt.
+/// the error, and whether each was refused for want of a partition. Any other error ends the
+/// attempt.
 async fn sift_in(
     tx: &mut tokio_postgres::Transaction<'_>,
     statement: &Statement,
     buf: &Bytes,
     clicks: &[copy::ClickRow<'_>],
-) -> Result<Vec<(usize, String)>, tokio_postgres::Error> {
+) -> Result<(Vec<(usize, String)>, bool), tokio_postgres::Error> {
     let mut refused = Vec::new();
+    let mut unroutable = true;
     // A stack of ranges still to try, the whole batch first.
     let mut ranges = Vec::new();
     ranges.push(0..clicks.len());
@@ -323,6 +328,7 @@ async fn sift_in(
             Err(e) if refuses_rows(&e) => {
                 savepoint.rollback().await?;
                 if range.len() == 1 {
+                    unroutable &= no_partition(&e);
                     refused.push((range.start, describe(&e)));
                 } else {
                     let mid = range.start + range.len() / 2;
@@ -333,7 +339,15 @@ async fn sift_in(
             Err(e) => return Err(e),
         }
     }
-    Ok(refused)
+    Ok((refused, unroutable))
+}
+
+/// Whether PostgreSQL found no partition to route a row to: a check violation that names no
+/// constraint (a CHECK constraint's violation names it).
+fn no_partition(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION && db.constraint().is_none()
+    })
 }
 
 /// What a batch with refused clicks writes besides its clicks.
