@@ -207,6 +207,25 @@ async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_b
     assert!(c.metric("collector_senders_evicted_total").await >= 999_990.0);
 }
 
+/// A sender pushed out by fresh ids of its own process and then seen again, all while one
+/// batch fills, keeps its row: the batch deletes only the ids still forgotten when it is handed
+/// over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_pushed_out_and_seen_again_within_a_batch_keeps_its_row() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &["--flush-interval", "2s"]).await;
+    let per_process = protocol::senders::PER_PROCESS as u64;
+    let mut grams = vec![datagram(70, 0, "first", 1)];
+    grams.extend((71..71 + per_process).map(|id| datagram(id, 0, "fresh", 1)));
+    grams.push(datagram(70, 1, "again", 1));
+    send_all(&p.path, grams).await;
+    await_rows(&p.client, None, 2 + per_process).await;
+    assert_eq!(c.metric("collector_batches_total").await, 1.0, "one batch");
+    let rows = "SELECT string_agg(sender::text, ' ' ORDER BY sender) FROM click_senders";
+    let rows: String = p.client.query_one(rows, &[]).await.unwrap().get(0);
+    assert_eq!(rows, "70 72 73 74", "71 pushed out in turn");
+}
+
 /// A fixed stream of garbage.
 struct Noise(XorShift);
 

@@ -149,20 +149,6 @@ async fn a_sender_forgotten_by_a_commit_whose_answer_was_lost_is_not_counted_los
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 800);
 }
 
-/// An id forgotten and seen again within one batch (a sender back after two days, or pushed
-/// out by a flood, while the batch filled) keeps the row its datagrams advance.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sender_forgotten_and_seen_again_in_one_batch_keeps_its_row() {
-    let db = testkit::pgtest::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let (mut handoff, _metrics) = impatient_writer(&db.url).await;
-    let mut batch = batch_of(&datagrams(63, &clicks(100, 20, start_us(), 1_000)));
-    batch.forget_senders(vec![63]);
-    write(&mut handoff, batch).await;
-    let row = "SELECT count(*) FROM click_senders WHERE sender = 63";
-    assert_eq!(count(&client, row).await, 1);
-}
-
 /// What another session (as an abandoned attempt of the writer's would) did with the claim of
 /// the writer's second batch.
 enum Orphan {

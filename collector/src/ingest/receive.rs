@@ -218,9 +218,11 @@ impl Receiver {
 
     /// Sends the current batch to the writer and goes on with the spare one, if it is back.
     fn hand_over(&mut self) -> Result<(), WriterGone> {
-        let Some(batch) = self.current.take() else {
+        let Some(mut batch) = self.current.take() else {
             return Ok(());
         };
+        let senders = self.intake.senders();
+        batch.forget_only(|id| !senders.knows(id));
         // Only two batches exist and the channel holds two: it never is full.
         self.handoff.full.try_send(batch).map_err(|_| WriterGone)?;
         self.current = self.spare.take();

@@ -272,6 +272,12 @@ impl Batch {
         self.forgotten.extend(ids);
     }
 
+    /// Keeps, of the ids to delete, those `forgotten` still says are: one forgotten and then
+    /// seen again while the batch filled keeps the row its datagrams advance.
+    pub(crate) fn forget_only(&mut self, forgotten: impl Fn(u64) -> bool) {
+        self.forgotten.retain(|&id| forgotten(id));
+    }
+
     /// The forgotten sender ids as a bigint column (the u64 bits reinterpreted).
     pub(crate) fn forgotten_column(&self) -> Vec<i64> {
         self.forgotten.iter().map(|&id| id as i64).collect()

@@ -299,6 +299,8 @@ impl Committed {
                 *entry = (seq as u64, clicks as u64);
             }
         }
+        // Noted and then forgotten while the batch filled: its row went with the batch.
+        self.forget(batch);
     }
 
     /// The writer opened a new session (not its first): check it before writing.

@@ -194,13 +194,6 @@ impl Conn {
             tx.rollback().await?;
             return Ok(Stored::AlreadyCommitted);
         }
-        // Forgotten first: an id forgotten and then seen again within the batch keeps the
-        // row its datagrams advance.
-        let forgotten = batch.forgotten_column();
-        if !forgotten.is_empty() {
-            let forget = [&forgotten as _, &number.instance as _];
-            tx.execute(&self.forget_senders, &forget).await?;
-        }
         let [senders, seqs, sender_clicks] = batch.sender_columns();
         let advance = [
             &senders as _,
@@ -209,6 +202,13 @@ impl Conn {
             &number.instance as _,
         ];
         tx.execute(&self.advance_senders, &advance).await?;
+        // After: an id noted and then pushed out by a flood while the batch filled goes. (One
+        // forgotten and then seen again is not in the list: `Batch::forget_only`.)
+        let forgotten = batch.forgotten_column();
+        if !forgotten.is_empty() {
+            let forget = [&forgotten as _, &number.instance as _];
+            tx.execute(&self.forget_senders, &forget).await?;
+        }
         let (counts, breakdowns, set_aside, refused) = if sift {
             let mut rows_in = Vec::new();
             let mut dimensions = Vec::new();

@@ -59,6 +59,8 @@ pub const MAX_SENDERS: usize = 100_000;
 const IDLE: Duration = Duration::from_secs(2 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// A gap between datagrams after which the next sweep forgets nobody for idleness.
+const PAUSE: Duration = Duration::from_secs(3600);
 
 /// What a datagram is, by its sender's id and seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +206,8 @@ pub struct Senders<A> {
     /// Forgotten since `forgotten` was last called: to delete from click_senders.
     forgotten: Vec<u64>,
     swept: Instant,
+    /// When the last datagram was judged.
+    judged: Instant,
 }
 
 impl<A: Copy + PartialEq> Default for Senders<A> {
@@ -232,6 +236,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             by_process: HashMap::new(),
             forgotten: Vec::new(),
             swept: now,
+            judged: now,
         }
     }
 
@@ -246,6 +251,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         now: Instant,
     ) -> (Verdict, Option<Reply<A>>) {
         self.sweep(now);
+        self.judged = now;
         let owner = Owner::of(creds);
         let Some(s) = self.map.get_mut(&sender) else {
             let (verdict, reply) = self.first(sender, (seq, clicks), from, owner, now);
@@ -360,6 +366,11 @@ impl<A: Copy + PartialEq> Senders<A> {
         }
     }
 
+    /// Whether `sender` is known (not forgotten, or seen again since).
+    pub fn knows(&self, sender: u64) -> bool {
+        self.map.contains_key(&sender)
+    }
+
     /// Clicks in `sender`'s datagrams up to the last one accepted, since its seq 0.
     pub fn clicks_through(&self, sender: u64) -> u64 {
         self.map.get(&sender).map_or(0, |s| s.clicks)
@@ -432,6 +443,10 @@ impl<A: Copy + PartialEq> Senders<A> {
             return;
         }
         self.swept = now;
+        // Nothing judged for this long: the receiver read nothing (both batches with a writer
+        // waiting for the database), or nobody sent. Senders' datagrams queued meanwhile are
+        // read after this sweep, so idleness is judged at the next one.
+        let paused = now - self.judged >= PAUSE;
         let mut by_age: Vec<(Instant, u64, bool)> = self
             .map
             .iter()
@@ -445,7 +460,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             0
         };
         for (i, (seen, id, settled)) in by_age.into_iter().enumerate() {
-            if i < excess || (settled && now - seen >= IDLE) {
+            if i < excess || (!paused && settled && now - seen >= IDLE) {
                 self.forget(id);
             }
         }
@@ -832,26 +847,33 @@ mod tests {
         s.judge(2, (0, 1), None, creds(3), start);
         s.commit(2, 0, start);
         let later = start + IDLE;
+        // Datagrams all along (a minute apart), or the sweep would take it for a pause.
+        s.judge(3, (0, 1), None, creds(3), later - SWEEP_EVERY);
         s.judge(4, (0, 1), None, creds(5), later);
-        assert_eq!(s.len(), 1);
+        assert_eq!(s.len(), 2);
         let mut forgotten = s.forgotten();
         forgotten.sort();
         assert_eq!(forgotten, [1, 2]);
     }
 
-    /// A database away for days holds the datagrams accepted before it went: their senders
-    /// are kept until the commit, which counts as seen, and then acknowledged.
+    /// A database away for days holds the datagrams accepted before it went, and the
+    /// receiver reads nothing meanwhile: the first sweep after forgets nobody for idleness,
+    /// the senders waiting for their commit are kept after it, and a commit counts as seen.
     #[test]
     fn a_sender_waiting_for_its_commit_is_not_forgotten_however_long_it_waits() {
-        let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
+        let mut s = Senders::<Addr>::committed([(1, 5, 0), (8, 5, 0)]);
         let start = Instant::now();
         s.judge(2, (0, 1), None, creds(3), start);
         let back = start + 2 * IDLE;
         s.judge(4, (0, 1), None, creds(5), back);
+        assert!(s.forgotten().is_empty(), "after a pause: nobody yet");
+        // Sender 8's datagram, queued during the pause, is read now.
+        s.judge(8, (6, 1), None, creds(9), back);
+        s.judge(6, (0, 1), None, creds(7), back + SWEEP_EVERY);
         assert_eq!(s.forgotten(), [1], "the idle one only");
         s.commit(2, 0, back);
-        s.judge(6, (0, 1), None, creds(7), back + IDLE - SWEEP_EVERY);
+        s.judge(10, (0, 1), None, creds(11), back + IDLE - SWEEP_EVERY);
         assert!(s.forgotten().is_empty(), "seen at its commit");
-        assert_eq!(s.len(), 3);
+        assert_eq!(s.len(), 5);
     }
 }
