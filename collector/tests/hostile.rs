@@ -220,6 +220,8 @@ async fn a_sender_pushed_out_and_seen_again_within_a_batch_keeps_its_row() {
     grams.push(datagram(70, 1, "again", 1));
     send_all(&p.path, grams).await;
     await_rows(&p.client, None, 2 + per_process).await;
+    // Counted once its commit has returned, a moment after the rows are seen.
+    c.await_metric("collector_batches_total", 1.0).await;
     assert_eq!(c.metric("collector_batches_total").await, 1.0, "one batch");
     let rows = "SELECT string_agg(sender::text, ' ' ORDER BY sender) FROM click_senders";
     let rows: String = p.client.query_one(rows, &[]).await.unwrap().get(0);

@@ -466,8 +466,15 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         slot_size: u64_at(std::mem::offset_of!(Header, slot_size)),
     };
     let after_sizes = std::mem::offset_of!(Header, sender);
+    // Each size as `format` writes it (one store after another): not yet, or one a redirector
+    // lays out.
+    let partial = Geometry {
+        ring: geometry.ring.max(1),
+        window: geometry.window.max(1),
+        slot_size: geometry.slot_size.max(protocol::wire::MIN_DATAGRAM as u64),
+    };
     let sizes_only =
-        matches!(version, 1 | LAYOUT_VERSION) && h[12..16] == [0; 4] && geometry.is_valid();
+        matches!(version, 0 | 1 | LAYOUT_VERSION) && h[12..16] == [0; 4] && partial.is_valid();
     if h[..8] == [0; 8]
         && h[after_sizes..].iter().all(|&b| b == 0)
         && (sizes_only || h.iter().all(|&b| b == 0))
@@ -747,9 +754,15 @@ mod tests {
             "sizes without magic: a new region"
         );
         drop(region);
-        // Not sizes a redirector lays out: some other file, refused and left alone.
+        // Killed between two of the sizes: the window's not written yet.
         let window = std::mem::offset_of!(Header, window);
         header[window..window + 8].copy_from_slice(&0u64.to_ne_bytes());
+        std::fs::write(&path, &header).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.geometry, GEOMETRY, "some sizes: a new region");
+        drop(region);
+        // Not sizes a redirector lays out: some other file, refused and left alone.
+        header[window..window + 8].copy_from_slice(&70_000u64.to_ne_bytes());
         std::fs::write(&path, &header).unwrap();
         let err = Region::file(&path, GEOMETRY).err().unwrap();
         assert!(err.to_string().contains("no magic number"), "{err}");

@@ -847,7 +847,7 @@ mod tests {
         s.judge(2, (0, 1), None, creds(3), start);
         s.commit(2, 0, start);
         let later = start + IDLE;
-        // Datagrams all along (a minute apart), or the sweep would take it for a pause.
+        // A datagram a minute before: that sweep is the one after a pause, this one is not.
         s.judge(3, (0, 1), None, creds(3), later - SWEEP_EVERY);
         s.judge(4, (0, 1), None, creds(5), later);
         assert_eq!(s.len(), 2);
