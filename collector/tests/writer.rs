@@ -86,6 +86,19 @@ const BUSY_SESSIONS: &str = "
     WHERE datname = current_database() AND pid <> pg_backend_pid()
       AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)')";
 
+/// After a write whose first attempt timed out in its COMMIT: checks that it did, and waits
+/// until the abandoned attempts' sessions are done (the COMMIT landed or not).
+async fn await_abandoned_commit(client: &tokio_postgres::Client, metrics: &Counted) {
+    assert!(
+        metrics.shared.counts.db_errors.get() >= 1,
+        "the first attempt timed out in its COMMIT"
+    );
+    testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
+        (count(client, BUSY_SESSIONS).await == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     let db = testkit::pgtest::test_db().await;
@@ -97,14 +110,7 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     // The first attempt times out in COMMIT, which the dropped connection's backend still
     // completes a moment later, while retries are under way.
     write(&mut handoff, batch_of(&datagrams(51, &sent))).await;
-    assert!(
-        metrics.shared.counts.db_errors.get() >= 1,
-        "the first attempt timed out"
-    );
-    testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
-        (count(&client, BUSY_SESSIONS).await == 0).then_some(())
-    })
-    .await;
+    await_abandoned_commit(&client, &metrics).await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 3_000);
     assert_eq!(
         count(&client, "SELECT sum(clicks)::int8 FROM click_totals").await,
@@ -131,14 +137,7 @@ async fn a_sender_forgotten_by_a_commit_whose_answer_was_lost_is_not_counted_los
     let mut batch = batch_of(&datagrams(62, &clicks(300, 20, start_us(), 1_000)));
     batch.forget_senders(vec![forgotten]);
     write(&mut handoff, batch).await;
-    assert!(
-        metrics.shared.counts.db_errors.get() >= 1,
-        "the attempt timed out in its COMMIT"
-    );
-    testkit::eventually("the abandoned attempts to finish", LIMIT, || async {
-        (count(&client, BUSY_SESSIONS).await == 0).then_some(())
-    })
-    .await;
+    await_abandoned_commit(&client, &metrics).await;
     let row = format!("SELECT count(*) FROM click_senders WHERE sender = {forgotten}");
     assert_eq!(
         count(&client, &row).await,
