@@ -423,7 +423,7 @@ async fn totals_once(
         .await?;
     let cpu_folded = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // The run's pages written out, charged to it: left to the next checkpoint, they fell to
-    // whichever run came next (a round's ratio moved by about 9 % each way with the order).
+    // whichever run came next, which moved a round's ratio with the order (BENCHMARKS.md).
     execute(superuser, "CHECKPOINT").await?;
     let cpu_done = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let [_, col_us, pg_us] = cpu_done.per_click(&cpu0, n);
