@@ -24,8 +24,9 @@
 //! replaces, from the acknowledgement socket that only its user can bind. Also refused is
 //! so is a seq further ahead than any sender could have got (from a sender without an address:
 //! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
-//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS`, and ids idle for two
-//! days are forgotten; what is forgotten leaves `click_senders` with the next batch.
+//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides those whose
+//! datagrams wait for their commit), and ids idle for two days are forgotten; what is forgotten
+//! leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
@@ -434,10 +435,12 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.forgotten.push(sender);
     }
 
-    /// Once a minute: forgets ids idle for `IDLE` with nothing waiting for its commit, and the
-    /// least recently seen tenth while there are more than `MAX_SENDERS`. (A sender whose
-    /// datagrams wait for a database that is away is not idle: forgotten, its commit would go
-    /// unacknowledged, and its resend be written twice.)
+    /// Once a minute: forgets ids idle for `IDLE`, and the least recently seen tenth while there
+    /// are more than `MAX_SENDERS`; never one with datagrams waiting for their commit. (A
+    /// sender whose datagrams wait for a database that is away is not idle, and one pushed
+    /// out by a flood of others would be as wronged: forgotten, its commit would go
+    /// unacknowledged, and its resend be written twice. Those are at most the senders of the
+    /// datagrams in the receiver's two batches, so memory stays bounded.)
     fn sweep(&mut self, now: Instant) {
         if now - self.swept < SWEEP_EVERY && self.map.len() <= MAX_SENDERS {
             return;
@@ -454,13 +457,14 @@ impl<A: Copy + PartialEq> Senders<A> {
             .collect();
         by_age.sort_unstable();
         let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
-        let excess = if self.map.len() > MAX_SENDERS {
+        let mut excess = if self.map.len() > MAX_SENDERS {
             over
         } else {
             0
         };
-        for (i, (seen, id, settled)) in by_age.into_iter().enumerate() {
-            if i < excess || (!paused && settled && now - seen >= IDLE) {
+        for (seen, id, _) in by_age.into_iter().filter(|&(.., settled)| settled) {
+            if excess > 0 || (!paused && now - seen >= IDLE) {
+                excess = excess.saturating_sub(1);
                 self.forget(id);
             }
         }
@@ -854,6 +858,22 @@ mod tests {
         let mut forgotten = s.forgotten();
         forgotten.sort();
         assert_eq!(forgotten, [1, 2]);
+    }
+
+    /// A flood of senders past `MAX_SENDERS` pushes out the least recently seen, but not one
+    /// whose datagrams wait for their commit, however long ago it was seen.
+    #[test]
+    fn past_the_most_senders_the_oldest_go_but_not_one_waiting_for_its_commit() {
+        let start = Instant::now();
+        let loaded = (1..=MAX_SENDERS as u64).map(|id| (id, 5, 0));
+        let mut s = Senders::<Addr>::committed(loaded);
+        let waiting = 0;
+        s.judge(waiting, (0, 1), None, creds(3), start);
+        assert!(s.forgotten().is_empty());
+        s.judge(MAX_SENDERS as u64 + 1, (0, 1), None, creds(5), start);
+        let forgotten = s.forgotten();
+        assert_eq!(forgotten.len(), MAX_SENDERS / 10 + 1, "back to nine tenths");
+        assert!(s.knows(waiting), "its datagram waits for its commit");
     }
 
     /// A database away for days holds the datagrams accepted before it went, and the
