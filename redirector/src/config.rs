@@ -125,7 +125,8 @@ pub struct Config {
     pub reload_interval: Duration,
 
     /// The link loader's database connect timeout, statement timeout, and the longest it waits
-    /// for any answer; a session that stays silent longer is dropped and replaced.
+    /// for any answer; a session that stays silent longer is dropped and replaced. Under
+    /// `--clicks direct`, the same for its sessions, whose INSERTs wait at most twice this.
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_LINK_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub link_timeout: Duration,
 

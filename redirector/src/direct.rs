@@ -2,47 +2,103 @@
 //! benchmarks compare the pipeline with, as the reference shortener's per-request INSERT.
 //!
 //! A tokio-postgres `Client` pipelines concurrent queries over its connection, so a few
-//! clients used in turn are the whole pool.
+//! sessions used in turn are the whole pool. A session whose connection fails, or that stays
+//! silent past twice `--link-timeout`, is dropped and opened again in the background (with the
+//! services' backoff); meanwhile its clicks go to the other sessions, or, with none left, are
+//! counted dropped (`direct_failed`) at once. So a database that is away costs a request no
+//! wait, and every INSERT ends within twice `--link-timeout`, and with it a stop.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Notify;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::metrics::{Common, Dropped};
 use shared::metrics::Counter;
+use shared::throttle::Throttle;
+
+/// The `application_name` of the INSERTs' sessions, to find them in `pg_stat_activity`.
+pub(crate) const APPLICATION_NAME: &str = "redirector-clicks";
+
+const INSERT: &str = "INSERT INTO clicks (code, clicked_at) VALUES ($1, $2)";
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DirectError {
+    #[error("{}", shared::db::describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("no answer from the database within {0:?}; the session is opened again")]
+    Silent(Duration),
+    #[error("no session to the database: each is being opened again")]
+    NoSession,
+}
+
+struct Session {
+    client: Client,
+    insert: Statement,
+}
+
+impl Session {
+    /// Connects with the INSERT prepared; the server cancels a statement that runs longer than
+    /// `timeout` (one held by a lock, say), so that an INSERT given up on is not written.
+    async fn open(config: &shared::db::Config, timeout: Duration) -> Result<Session, DirectError> {
+        let open = async {
+            let client = shared::db::connect(config).await?;
+            let limit = format!("SET statement_timeout = {}", timeout.as_millis());
+            client.batch_execute(&limit).await?;
+            let insert = client.prepare(INSERT).await?;
+            Ok::<_, DirectError>(Session { client, insert })
+        };
+        let wait = silent_after(timeout);
+        tokio::time::timeout(wait, open)
+            .await
+            .map_err(|_| DirectError::Silent(wait))?
+    }
+}
+
+/// How long an answer is waited for: past the server's own statement timeout, which answers
+/// first while the server answers at all.
+fn silent_after(timeout: Duration) -> Duration {
+    timeout.saturating_mul(2)
+}
 
 pub(crate) struct Direct {
-    clients: Box<[(Client, Statement)]>,
+    config: shared::db::Config,
+    timeout: Duration,
+    /// `None` while being opened again.
+    sessions: Box<[Mutex<Option<Arc<Session>>>]>,
     next: AtomicUsize,
     /// Clicks being recorded, and the wake-up when the last of them is done.
     recording: AtomicUsize,
     settled: Notify,
+    failed_log: Mutex<Throttle>,
 }
 
 impl Direct {
-    /// Opens `connections` (at least 1) connections to the database, each with the INSERT
-    /// prepared.
+    /// Opens `connections` (at least 1) sessions to the database, each with the INSERT
+    /// prepared; `timeout` is `--link-timeout`.
     pub(crate) async fn connect(
-        config: &shared::db::Config,
+        config: shared::db::Config,
         connections: usize,
-    ) -> Result<Direct, tokio_postgres::Error> {
-        let mut clients = Vec::with_capacity(connections);
+        timeout: Duration,
+    ) -> Result<Direct, DirectError> {
+        let config = crate::links::session_config(config, timeout, APPLICATION_NAME);
+        let mut sessions = Vec::with_capacity(connections.max(1));
         for _ in 0..connections.max(1) {
-            let client = shared::db::connect(config).await?;
-            let insert = client
-                .prepare("INSERT INTO clicks (code, clicked_at) VALUES ($1, $2)")
-                .await?;
-            clients.push((client, insert));
+            let session = Session::open(&config, timeout).await?;
+            sessions.push(Mutex::new(Some(Arc::new(session))));
         }
         Ok(Direct {
-            clients: clients.into(),
+            config,
+            timeout,
+            sessions: sessions.into(),
             next: AtomicUsize::new(0),
             recording: AtomicUsize::new(0),
             settled: Notify::new(),
+            failed_log: Mutex::new(Throttle::default()),
         })
     }
 
@@ -66,8 +122,7 @@ impl Direct {
                 }
                 Err(e) => {
                     common.clicks_dropped.inc(Dropped::DirectFailed);
-                    let why = shared::db::describe(&e);
-                    tracing::warn!(code, error = %why, "direct insert of a {code:?} click: {why}");
+                    direct.failed(&format!("direct insert of a {code:?} click"), &e);
                 }
             }
             redirects.inc();
@@ -92,10 +147,70 @@ impl Direct {
         }
     }
 
-    pub(crate) async fn insert(&self, code: &str) -> Result<(), tokio_postgres::Error> {
-        let i = self.next.fetch_add(1, Relaxed) % self.clients.len();
-        let (client, insert) = &self.clients[i];
-        client.execute(insert, &[&code, &SystemTime::now()]).await?;
-        Ok(())
+    /// One INSERT, on the next open session. Given up on after twice the timeout: the server
+    /// is silent, and may still run it when it wakes (counted dropped, and a row).
+    pub(crate) async fn insert(self: &Arc<Self>, code: &str) -> Result<(), DirectError> {
+        let (i, session) = self.session().ok_or(DirectError::NoSession)?;
+        let now = SystemTime::now();
+        let params: [&(dyn ToSql + Sync); 2] = [&code, &now];
+        let insert = session.client.execute(&session.insert, &params);
+        let wait = silent_after(self.timeout);
+        let error = match tokio::time::timeout(wait, insert).await {
+            Ok(Ok(_)) => return Ok(()),
+            // Refused (or cancelled by the statement timeout): the session itself is sound.
+            Ok(Err(e)) if !session.client.is_closed() => return Err(e.into()),
+            Ok(Err(e)) => e.into(),
+            Err(_) => DirectError::Silent(wait),
+        };
+        self.reopen(i, &session);
+        Err(error)
     }
+
+    /// The next session in turn that is open, and its place.
+    fn session(&self) -> Option<(usize, Arc<Session>)> {
+        let start = self.next.fetch_add(1, Relaxed);
+        let n = self.sessions.len();
+        (0..n).find_map(|k| {
+            let i = (start + k) % n;
+            lock(&self.sessions[i]).clone().map(|s| (i, s))
+        })
+    }
+
+    /// Drops session `i` if it is still `stale`, and opens it again on a task of its own,
+    /// retrying with the services' backoff until the database answers.
+    fn reopen(self: &Arc<Self>, i: usize, stale: &Arc<Session>) {
+        {
+            let mut place = lock(&self.sessions[i]);
+            if !place.as_ref().is_some_and(|s| Arc::ptr_eq(s, stale)) {
+                return;
+            }
+            *place = None;
+        }
+        let direct = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = shared::db::backoff();
+            loop {
+                backoff.wait().await;
+                match Session::open(&direct.config, direct.timeout).await {
+                    Ok(session) => {
+                        *lock(&direct.sessions[i]) = Some(Arc::new(session));
+                        return;
+                    }
+                    Err(e) => direct.failed("opening a session for direct inserts", &e),
+                }
+            }
+        });
+    }
+
+    /// Logs a failure, at most a line a second.
+    fn failed(&self, what: &str, e: &DirectError) {
+        if let Some(held) = lock(&self.failed_log).allow() {
+            tracing::warn!(error = %e, held, "{what}: {e} ({held} more not logged)");
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding one; a poisoned lock still holds consistent data.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -149,7 +149,7 @@ pub fn spawn(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let config = session_config(config, &options);
+    let config = session_config(config, options.timeout, APPLICATION_NAME);
     std::thread::Builder::new()
         .name("link-loader".into())
         .spawn(move || {
@@ -160,18 +160,23 @@ pub fn spawn(
     Ok(())
 }
 
-/// The database settings that keep a session from hanging unnoticed.
-fn session_config(mut config: shared::db::Config, options: &Options) -> shared::db::Config {
+/// The database settings that keep a session from hanging unnoticed (`timeout`:
+/// `--link-timeout`), named `name` in `pg_stat_activity` unless the URL names it.
+pub(crate) fn session_config(
+    mut config: shared::db::Config,
+    timeout: Duration,
+    name: &str,
+) -> shared::db::Config {
     config
         .pg
-        .connect_timeout(options.timeout)
+        .connect_timeout(timeout)
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
-        .tcp_user_timeout(options.timeout * 3);
+        .tcp_user_timeout(timeout * 3);
     if config.pg.get_application_name().is_none() {
-        config.pg.application_name(APPLICATION_NAME);
+        config.pg.application_name(name);
     }
     config
 }

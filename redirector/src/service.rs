@@ -44,8 +44,8 @@ pub enum Error {
     LinksDatabaseUrl(shared::db::ConfigError),
     #[error("starting the link loader thread: {0}")]
     Loader(std::io::Error),
-    #[error("--clicks direct: connecting to the database: {}", shared::db::describe(.0))]
-    Direct(tokio_postgres::Error),
+    #[error("--clicks direct: connecting to the database: {0}")]
+    Direct(String),
     /// Serving on would hand clicks to a ring nobody empties, so the process stops instead.
     #[error("the drain task stopped unexpectedly: {0}")]
     DrainDied(String),
@@ -146,9 +146,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     };
     let direct = match (&ring, cfg.clicks) {
         (None, ClickMode::Direct) => Some(Arc::new(
-            Direct::connect(&db, cfg.direct_connections as usize)
-                .await
-                .map_err(Error::Direct)?,
+            Direct::connect(
+                db.clone(),
+                cfg.direct_connections as usize,
+                cfg.link_timeout,
+            )
+            .await
+            .map_err(|e| Error::Direct(e.to_string()))?,
         )),
         _ => None,
     };

@@ -87,3 +87,97 @@ async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
     assert_eq!(testkit::redirector::final_redirects(&r.service.log()), sent);
     running.await.unwrap();
 }
+
+/// A database that holds an INSERT (a lock), stops answering (its sessions' backends stopped)
+/// or drops the sessions: each such click is answered within twice `--link-timeout` and
+/// counted dropped (`direct_failed`), a row only if the silent server ran it after all; the
+/// sessions are opened again, later clicks are rows, and the books balance at the stop.
+#[tokio::test]
+async fn direct_mode_gives_up_on_a_database_that_does_not_answer_and_opens_its_sessions_again() {
+    let f = fixture(&[("direct", "https://example.com/")]).await;
+    let flags = ["--clicks", "direct", "--link-timeout", "300ms"];
+    let flags = [&flags[..], &["--direct-connections", "2"]].concat();
+    let mut r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    let click = || async {
+        let answered = tokio::time::timeout(LIMIT, Load::get(r.http, "/direct").run(1)).await;
+        answered.expect("a click answered in time").count(302)
+    };
+    let failed = r#"redirector_clicks_dropped_total{reason="direct_failed"}"#;
+    assert_eq!(click().await, 1);
+    assert_eq!(rows(&f.client, Some("direct")).await, 1);
+
+    // Held by a lock: the server's statement timeout cancels each INSERT; nothing is written.
+    let locker = testkit::pgtest::connect(&f.db.url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE clicks IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        assert_eq!(click().await, 1);
+    }
+    assert_eq!(r.metric(failed).await, 4.0);
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        rows(&f.client, Some("direct")).await,
+        1,
+        "cancelled, not written"
+    );
+
+    // Silent: every session's backend stopped. Each click waits out twice the timeout.
+    let sessions = "SELECT pid FROM pg_stat_activity
+                    WHERE application_name = 'redirector-clicks' AND datname = current_database()";
+    let pids: Vec<i32> = f
+        .client
+        .query(sessions, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pids.len(), 2, "the sessions: {pids:?}");
+    let signal = |s| {
+        pids.iter()
+            .for_each(|&p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), s).unwrap())
+    };
+    let before = rows(&f.client, Some("direct")).await;
+    signal(Signal::SIGSTOP);
+    assert_eq!(click().await, 1);
+    assert_eq!(click().await, 1);
+    assert_eq!(r.metric(failed).await, 6.0);
+    signal(Signal::SIGCONT);
+    // Past the two the woken backends may still write.
+    testkit::eventually("clicks written on sessions opened again", LIMIT, || async {
+        click().await;
+        (rows(&f.client, Some("direct")).await > before + 2).then_some(())
+    })
+    .await;
+
+    // Dropped: the database ends the sessions (a restart, an administrator).
+    let written = rows(&f.client, Some("direct")).await;
+    let ended = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE application_name = 'redirector-clicks' AND datname = current_database()";
+    let n: i64 = f.client.query_one(ended, &[]).await.unwrap().get(0);
+    assert!(n >= 1, "sessions to end");
+    testkit::eventually("clicks written after the sessions ended", LIMIT, || async {
+        click().await;
+        (rows(&f.client, Some("direct")).await > written).then_some(())
+    })
+    .await;
+
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    let (sent, dropped) = testkit::redirector::final_counts(&r.service.log());
+    assert!(dropped >= 6, "dropped: {dropped}");
+    // The two INSERTs the stopped backends had been sent ran when they woke: given up on,
+    // counted dropped, and rows all the same (a silent server leaves it unknown).
+    let written = rows(&f.client, Some("direct")).await;
+    assert!(
+        (sent..=sent + 2).contains(&written),
+        "{written} rows, {sent} sent"
+    );
+    assert_eq!(
+        testkit::redirector::final_redirects(&r.service.log()),
+        sent + dropped
+    );
+}
