@@ -107,7 +107,7 @@ pub(crate) async fn settle(admin: &tokio_postgres::Client, log: &Path) -> Res<()
 /// default max_wal_size lets pass before PostgreSQL checkpoints on its own, which then fell
 /// inside some runs and not others. With room, the checkpoints the bench asks for are the only
 /// ones.
-pub(crate) async fn room_for_wal(admin: &tokio_postgres::Client, on: bool) -> Res<()> {
+async fn room_for_wal(admin: &tokio_postgres::Client, on: bool) -> Res<()> {
     let set = if on {
         "ALTER SYSTEM SET max_wal_size = '4GB'"
     } else {
@@ -115,6 +115,18 @@ pub(crate) async fn room_for_wal(admin: &tokio_postgres::Client, on: bool) -> Re
     };
     execute(admin, set).await?;
     execute(admin, "SELECT pg_reload_conf()").await
+}
+
+/// Runs `runs` with room for WAL, given back afterwards whether they succeed or not (else a
+/// failed bench would leave the cluster's `max_wal_size` at 4 GB for the next).
+pub(crate) async fn with_room_for_wal(
+    admin: &tokio_postgres::Client,
+    runs: impl std::future::Future<Output = Res<()>>,
+) -> Res<()> {
+    room_for_wal(admin, true).await?;
+    let ran = runs.await;
+    room_for_wal(admin, false).await?;
+    ran
 }
 
 pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::cluster::{column, room_for_wal, settle};
+use crate::cluster::{column, settle, with_room_for_wal};
 use crate::ingest::reset_tables;
 use crate::procfs::{clk_tck, pg_ticks, ticks};
 use crate::redirect::MIXES;
@@ -147,24 +147,26 @@ pub(crate) async fn bench_hosts(bench: &mut Bench) -> Res<()> {
         variants.push(Variant::Baseline);
     }
     let admin_db = bench.cluster.connect("postgres").await?;
-    room_for_wal(&admin_db, true).await?;
-    for round in 1..=bench.knobs.rounds {
-        for mix in MIXES {
-            for k in rotated(round as usize, &COUNTS) {
-                // The variants take turns going first, round by round, in every cell alike.
-                for variant in rotated(round as usize - 1, &variants) {
-                    reset_tables(bench, variant).await?;
-                    settle(&admin_db, &bench.path("postgres.log")).await?;
-                    log(&format!(
-                        "hosts round {round}, {mix} codes: {k} collectors of {}",
-                        variant.name()
-                    ));
-                    once(bench, variant, mix, k, round).await?;
+    let runs = async {
+        for round in 1..=bench.knobs.rounds {
+            for mix in MIXES {
+                for k in rotated(round as usize, &COUNTS) {
+                    // The variants take turns going first, round by round, in every cell alike.
+                    for variant in rotated(round as usize - 1, &variants) {
+                        reset_tables(bench, variant).await?;
+                        settle(&admin_db, &bench.path("postgres.log")).await?;
+                        log(&format!(
+                            "hosts round {round}, {mix} codes: {k} collectors of {}",
+                            variant.name()
+                        ));
+                        once(bench, variant, mix, k, round).await?;
+                    }
                 }
             }
         }
-    }
-    room_for_wal(&admin_db, false).await?;
+        Ok(())
+    };
+    with_room_for_wal(&admin_db, runs).await?;
     print_table(bench, &variants);
     Ok(())
 }

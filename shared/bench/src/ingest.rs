@@ -6,7 +6,7 @@ use std::io::{BufWriter, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{execute, number, room_for_wal, scalar, settle};
+use crate::cluster::{execute, number, scalar, settle, with_room_for_wal};
 use crate::knobs::CODES;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
 use crate::redirect::{start_collector, Written};
@@ -464,20 +464,22 @@ pub(crate) async fn bench_totals(bench: &mut Bench) -> Res<()> {
     }
     let k = bench.knobs.clone();
     let admin = bench.cluster.connect("postgres").await?;
-    room_for_wal(&admin, true).await?;
-    for round in 1..=k.rounds {
-        // The variants take turns going first, should a run still pay for the one before it.
-        for variant in rotated(round as usize - 1, &variants) {
-            log(&format!(
-                "totals round {round}: {}, {} clicks/s for {} s",
-                variant.name(),
-                k.rate,
-                k.totals_secs
-            ));
-            totals_once(bench, &admin, variant, round).await?;
+    let runs = async {
+        for round in 1..=k.rounds {
+            // The variants take turns going first, should a run still pay for the one before it.
+            for variant in rotated(round as usize - 1, &variants) {
+                log(&format!(
+                    "totals round {round}: {}, {} clicks/s for {} s",
+                    variant.name(),
+                    k.rate,
+                    k.totals_secs
+                ));
+                totals_once(bench, &admin, variant, round).await?;
+            }
         }
-    }
-    room_for_wal(&admin, false).await?;
+        Ok(())
+    };
+    with_room_for_wal(&admin, runs).await?;
     println!("| collector | CPU us per click: collector | PostgreSQL | the same until written + after: collector; PostgreSQL, + its checkpoint | folds per run | collector peak MiB | commit lag p50 / p99 s |");
     println!("|---|---|---|---|---|---|---|");
     let all = rows(&bench.path("totals.tsv"));
