@@ -187,7 +187,11 @@ impl Receiver {
         self.acknowledge(&batch);
         batch.clear();
         match self.current {
-            None => self.current = Some(batch),
+            None => {
+                // It reads again: what queued meanwhile is not judged yet.
+                self.intake.senders().resumed(std::time::Instant::now());
+                self.current = Some(batch);
+            }
             Some(_) => self.spare = Some(batch),
         }
     }

@@ -60,8 +60,10 @@ pub const MAX_SENDERS: usize = 100_000;
 const IDLE: Duration = Duration::from_secs(2 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-/// A gap between datagrams after which the next sweep forgets nobody for idleness.
-const PAUSE: Duration = Duration::from_secs(3600);
+/// How long the receiver reads, after it last stopped reading, before anyone is forgotten for
+/// idleness: long enough for it to have read what queued meanwhile, and for senders to have
+/// sent again what the full queue refused (they retry within a second).
+const CAUGHT_UP: Duration = SWEEP_EVERY;
 
 /// What a datagram is, by its sender's id and seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,8 +209,8 @@ pub struct Senders<A> {
     /// Forgotten since `forgotten` was last called: to delete from click_senders.
     forgotten: Vec<u64>,
     swept: Instant,
-    /// When the last datagram was judged.
-    judged: Instant,
+    /// Since when the receiver has been reading (see [`Senders::resumed`]).
+    reading_since: Instant,
 }
 
 impl<A: Copy + PartialEq> Default for Senders<A> {
@@ -237,7 +239,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             by_process: HashMap::new(),
             forgotten: Vec::new(),
             swept: now,
-            judged: now,
+            reading_since: now,
         }
     }
 
@@ -252,7 +254,6 @@ impl<A: Copy + PartialEq> Senders<A> {
         now: Instant,
     ) -> (Verdict, Option<Reply<A>>) {
         self.sweep(now);
-        self.judged = now;
         let owner = Owner::of(creds);
         let Some(s) = self.map.get_mut(&sender) else {
             let (verdict, reply) = self.first(sender, (seq, clicks), from, owner, now);
@@ -446,10 +447,9 @@ impl<A: Copy + PartialEq> Senders<A> {
             return;
         }
         self.swept = now;
-        // Nothing judged for this long: the receiver read nothing (both batches with a writer
-        // waiting for the database), or nobody sent. Senders' datagrams queued meanwhile are
-        // read after this sweep, so idleness is judged at the next one.
-        let paused = now - self.judged >= PAUSE;
+        // Datagrams that queued while the receiver was not reading are not judged yet: their
+        // senders are not idle, whatever their `seen` says.
+        let caught_up = now - self.reading_since >= CAUGHT_UP;
         let mut by_age: Vec<(Instant, u64, bool)> = self
             .map
             .iter()
@@ -463,7 +463,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             0
         };
         for (seen, id, _) in by_age.into_iter().filter(|&(.., settled)| settled) {
-            if excess > 0 || (!paused && now - seen >= IDLE) {
+            if excess > 0 || (caught_up && now - seen >= IDLE) {
                 excess = excess.saturating_sub(1);
                 self.forget(id);
             }
@@ -479,6 +479,12 @@ impl<A: Copy + PartialEq> Senders<A> {
         s.committed = Some(committed);
         s.seen = now;
         s.tell(Ack::new(sender, Some(committed), None), now, true)
+    }
+
+    /// The receiver reads again, after it stopped (both batches with a writer waiting for the
+    /// database): nobody is forgotten for idleness until it has read for [`CAUGHT_UP`].
+    pub fn resumed(&mut self, now: Instant) {
+        self.reading_since = now;
     }
 
     /// The ids forgotten since the last call, to delete from click_senders.
@@ -851,8 +857,14 @@ mod tests {
         s.judge(2, (0, 1), None, creds(3), start);
         s.commit(2, 0, start);
         let later = start + IDLE;
-        // A datagram a minute before: that sweep is the one after a pause, this one is not.
-        s.judge(3, (0, 1), None, creds(3), later - SWEEP_EVERY);
+        // Datagrams hours apart, the receiver reading all along.
+        s.judge(
+            3,
+            (0, 1),
+            None,
+            creds(3),
+            later - Duration::from_secs(2 * 3600),
+        );
         s.judge(4, (0, 1), None, creds(5), later);
         assert_eq!(s.len(), 2);
         let mut forgotten = s.forgotten();
@@ -877,19 +889,21 @@ mod tests {
     }
 
     /// A database away for days holds the datagrams accepted before it went, and the
-    /// receiver reads nothing meanwhile: the first sweep after forgets nobody for idleness,
-    /// the senders waiting for their commit are kept after it, and a commit counts as seen.
+    /// receiver reads nothing meanwhile: for a while after it reads again nobody is forgotten
+    /// for idleness, the senders waiting for their commit are kept after that, and a commit
+    /// counts as seen.
     #[test]
     fn a_sender_waiting_for_its_commit_is_not_forgotten_however_long_it_waits() {
         let mut s = Senders::<Addr>::committed([(1, 5, 0), (8, 5, 0)]);
         let start = Instant::now();
         s.judge(2, (0, 1), None, creds(3), start);
         let back = start + 2 * IDLE;
+        s.resumed(back);
         s.judge(4, (0, 1), None, creds(5), back);
-        assert!(s.forgotten().is_empty(), "after a pause: nobody yet");
-        // Sender 8's datagram, queued during the pause, is read now.
-        s.judge(8, (6, 1), None, creds(9), back);
-        s.judge(6, (0, 1), None, creds(7), back + SWEEP_EVERY);
+        assert!(s.forgotten().is_empty(), "reading again: nobody yet");
+        // Sender 8's datagram, queued during the pause, is read a moment later.
+        s.judge(8, (6, 1), None, creds(9), back + Duration::from_millis(1));
+        s.judge(6, (0, 1), None, creds(7), back + CAUGHT_UP);
         assert_eq!(s.forgotten(), [1], "the idle one only");
         s.commit(2, 0, back);
         s.judge(10, (0, 1), None, creds(11), back + IDLE - SWEEP_EVERY);
