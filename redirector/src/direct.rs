@@ -3,10 +3,13 @@
 //!
 //! A tokio-postgres `Client` pipelines concurrent queries over its connection, so a few
 //! sessions used in turn are the whole pool. A session whose connection fails, or that stays
-//! silent past twice `--link-timeout`, is dropped and opened again in the background (with the
-//! services' backoff); meanwhile its clicks go to the other sessions, or, with none left, are
-//! counted dropped (`direct_failed`) at once. So a database that is away costs a request no
-//! wait, and every INSERT ends within twice `--link-timeout`, and with it a stop.
+//! silent past twice `--link-timeout` (a commit waiting for a synchronous standby, which no
+//! statement timeout covers), is dropped and opened again in the background (with the
+//! services' backoff); a silent one's query is cancelled and its connection closed, so that
+//! its server process ends rather than pile up. Meanwhile its clicks go to the other
+//! sessions, or, with none left, are counted dropped (`direct_failed`) at once. So a database
+//! that is away costs a request no wait, and every INSERT ends within twice `--link-timeout`,
+//! and with it a stop.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -17,6 +20,7 @@ use tokio::sync::Notify;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
+use crate::links::AbortOnDrop;
 use crate::metrics::{Common, Dropped};
 use shared::metrics::Counter;
 use shared::throttle::Throttle;
@@ -39,6 +43,8 @@ pub(crate) enum DirectError {
 struct Session {
     client: Client,
     insert: Statement,
+    /// The connection, closed once the last click using the session is done with it.
+    _driver: AbortOnDrop<()>,
 }
 
 impl Session {
@@ -46,11 +52,22 @@ impl Session {
     /// `timeout` (one held by a lock, say), so that an INSERT given up on is not written.
     async fn open(config: &shared::db::Config, timeout: Duration) -> Result<Session, DirectError> {
         let open = async {
-            let client = shared::db::connect(config).await?;
-            let limit = format!("SET statement_timeout = {}", timeout.as_millis());
-            client.batch_execute(&limit).await?;
+            let (client, connection) = config.connect_raw().await?;
+            let driver = AbortOnDrop(tokio::spawn(async move {
+                let _ = connection.await;
+            }));
+            let setup = format!(
+                "{}; {}",
+                shared::db::SET_SEARCH_PATH,
+                shared::db::set_statement_timeout(timeout)
+            );
+            client.batch_execute(&setup).await?;
             let insert = client.prepare(INSERT).await?;
-            Ok::<_, DirectError>(Session { client, insert })
+            Ok::<_, DirectError>(Session {
+                client,
+                insert,
+                _driver: driver,
+            })
         };
         let wait = silent_after(timeout);
         tokio::time::timeout(wait, open)
@@ -158,12 +175,32 @@ impl Direct {
         let error = match tokio::time::timeout(wait, insert).await {
             Ok(Ok(_)) => return Ok(()),
             // Refused (or cancelled by the statement timeout): the session itself is sound.
-            Ok(Err(e)) if !session.client.is_closed() => return Err(e.into()),
+            Ok(Err(e)) if !session_lost(&session.client, &e) => return Err(e.into()),
             Ok(Err(e)) => e.into(),
-            Err(_) => DirectError::Silent(wait),
+            Err(_) => {
+                self.cancel(&session);
+                DirectError::Silent(wait)
+            }
         };
         self.reopen(i, &session);
         Err(error)
+    }
+
+    /// Asks the server, on a connection of its own, to cancel what a silent session runs: its
+    /// process then finds the session closed, and ends.
+    fn cancel(self: &Arc<Self>, session: &Session) {
+        let (direct, token) = (self.clone(), session.client.cancel_token());
+        tokio::spawn(async move {
+            let cancel = shared::db::cancel(&direct.config, &token);
+            match tokio::time::timeout(direct.timeout, cancel).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => direct.failed("cancelling a silent INSERT", &e.into()),
+                Err(_) => direct.failed(
+                    "cancelling a silent INSERT",
+                    &DirectError::Silent(direct.timeout),
+                ),
+            }
+        });
     }
 
     /// The next session in turn that is open, and its place.
@@ -208,6 +245,18 @@ impl Direct {
             tracing::warn!(error = %e, held, "{what}: {e} ({held} more not logged)");
         }
     }
+}
+
+/// Whether `e` ended the session: its connection is closed, or the server is ending it (the
+/// error can reach the query before the connection's end does).
+fn session_lost(client: &Client, e: &tokio_postgres::Error) -> bool {
+    let ending = e.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        matches!(db.severity(), "FATAL" | "PANIC")
+            || code.starts_with("08")
+            || code.starts_with("57P")
+    });
+    ending || client.is_closed()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

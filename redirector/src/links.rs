@@ -416,9 +416,9 @@ impl Loader {
         // The search path pinned first, as in every session of the services. Each read is
         // planned for its own position: a generic plan would guess at `id > $1`.
         let setup = format!(
-            "{}; SET statement_timeout = {}; SET plan_cache_mode = force_custom_plan",
+            "{}; {}; SET plan_cache_mode = force_custom_plan",
             shared::db::SET_SEARCH_PATH,
-            self.options.timeout.as_millis()
+            shared::db::set_statement_timeout(self.options.timeout)
         );
         if let Err(e) = self.timed(client.batch_execute(&setup)).await {
             return e;
@@ -693,7 +693,9 @@ async fn drive(mut connection: shared::db::Connection, changed: Arc<Notify>) {
 }
 
 /// A spawned task that is aborted when its owner goes away.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+/// A task that ends with its handle: a session's connection, which tokio-postgres would
+/// otherwise keep open while an answer is still due.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

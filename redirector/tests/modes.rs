@@ -45,16 +45,11 @@ async fn off_mode_redirects_and_records_nothing() {
 /// INSERT and its count run on a task of their own, which a dropped request does not cancel).
 #[tokio::test]
 async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
-    let f = fixture(&[("cutoff", "https://example.com/")]).await;
     // Slow INSERTs: at the stop, every connection has one under way.
-    f.client
-        .batch_execute(
-            "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
-                 $$ BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
-             CREATE TRIGGER slow BEFORE INSERT ON clicks FOR EACH ROW EXECUTE FUNCTION slow();",
-        )
-        .await
-        .unwrap();
+    let slow = "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS
+                    $$ BEGIN PERFORM pg_sleep(0.05); RETURN NEW; END $$;
+                CREATE TRIGGER slow BEFORE INSERT ON clicks FOR EACH ROW EXECUTE FUNCTION slow();";
+    let f = fixture_with("cutoff", slow).await;
     let flags = ["--clicks", "direct", "--drain-timeout", "1ms"];
     let mut r = redirector(&f.db.url, &f.socket, &flags).await;
     r.ready().await;
@@ -95,7 +90,7 @@ async fn direct_mode_counts_every_row_it_writes_even_for_requests_cut_off() {
 #[tokio::test]
 async fn direct_mode_gives_up_on_a_database_that_does_not_answer_and_opens_its_sessions_again() {
     let f = fixture(&[("direct", "https://example.com/")]).await;
-    let flags = ["--clicks", "direct", "--link-timeout", "300ms"];
+    let flags = ["--clicks", "direct", "--link-timeout", "1s"];
     let flags = [&flags[..], &["--direct-connections", "2"]].concat();
     let mut r = redirector(&f.db.url, &f.socket, &flags).await;
     r.ready().await;
@@ -127,25 +122,18 @@ async fn direct_mode_gives_up_on_a_database_that_does_not_answer_and_opens_its_s
     // Silent: every session's backend stopped. Each click waits out twice the timeout.
     let sessions = "SELECT pid FROM pg_stat_activity
                     WHERE application_name = 'redirector-clicks' AND datname = current_database()";
-    let pids: Vec<i32> = f
-        .client
-        .query(sessions, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(pids.len(), 2, "the sessions: {pids:?}");
-    let signal = |s| {
-        pids.iter()
-            .for_each(|&p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), s).unwrap())
-    };
+    let pids = testkit::eventually("both sessions open", LIMIT, || async {
+        let found = f.client.query(sessions, &[]).await.unwrap();
+        let pids: Vec<i32> = found.iter().map(|r| r.get(0)).collect();
+        (pids.len() == 2).then_some(pids)
+    })
+    .await;
     let before = rows(&f.client, Some("direct")).await;
-    signal(Signal::SIGSTOP);
+    let stopped = Stopped::new(pids);
     assert_eq!(click().await, 1);
     assert_eq!(click().await, 1);
     assert_eq!(r.metric(failed).await, 6.0);
-    signal(Signal::SIGCONT);
+    drop(stopped);
     // Past the two the woken backends may still write.
     testkit::eventually("clicks written on sessions opened again", LIMIT, || async {
         click().await;
@@ -180,4 +168,70 @@ async fn direct_mode_gives_up_on_a_database_that_does_not_answer_and_opens_its_s
         testkit::redirector::final_redirects(&r.service.log()),
         sent + dropped
     );
+}
+
+/// An INSERT given up on is cancelled, not left running: one whose commit outlasts twice
+/// `--link-timeout` (a deferred trigger stands in for a synchronous standby that never answers:
+/// no statement timeout covers a commit) is rolled back, and its server process is free long
+/// before the trigger would have let it commit.
+#[tokio::test]
+async fn direct_mode_cancels_an_insert_it_gave_up_on() {
+    let stall = "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS
+                     $$ BEGIN PERFORM pg_sleep(120); RETURN NULL; END $$;
+                 CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON clicks
+                     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall();";
+    let f = fixture_with("stall", stall).await;
+    let flags = ["--clicks", "direct", "--link-timeout", "1s"];
+    let flags = [&flags[..], &["--direct-connections", "1"]].concat();
+    let r = redirector(&f.db.url, &f.socket, &flags).await;
+    r.ready().await;
+    let answered = tokio::time::timeout(LIMIT, Load::get(r.http, "/stall").run(1)).await;
+    assert_eq!(answered.expect("the click answered in time").count(302), 1);
+    let failed = r#"redirector_clicks_dropped_total{reason="direct_failed"}"#;
+    assert_eq!(r.metric(failed).await, 1.0);
+    let stalled = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND state = 'active'
+                     AND query LIKE 'INSERT INTO clicks%'";
+    let cancelled = std::time::Duration::from_secs(30);
+    testkit::eventually(
+        "the INSERT given up on to be cancelled",
+        cancelled,
+        || async {
+            let n: i64 = f.client.query_one(stalled, &[]).await.unwrap().get(0);
+            (n == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(rows(&f.client, Some("stall")).await, 0, "rolled back");
+}
+
+/// A fixture with the one link `code`, and `sql` run in its database.
+async fn fixture_with(code: &str, sql: &str) -> testkit::redirector::Fixture {
+    let f = fixture(&[(code, "https://example.com/")]).await;
+    f.client.batch_execute(sql).await.unwrap();
+    f
+}
+
+/// Processes stopped (SIGSTOP) until dropped, so that a failed assertion leaves none of the
+/// shared cluster's backends stopped.
+struct Stopped(Vec<i32>);
+
+impl Stopped {
+    fn new(pids: Vec<i32>) -> Stopped {
+        let stopped = Stopped(pids);
+        stopped.signal(Signal::SIGSTOP);
+        stopped
+    }
+
+    fn signal(&self, signal: Signal) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGCONT);
+    }
 }

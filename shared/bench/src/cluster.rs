@@ -125,8 +125,9 @@ pub(crate) async fn with_room_for_wal(
 ) -> Res<()> {
     room_for_wal(admin, true).await?;
     let ran = runs.await;
-    room_for_wal(admin, false).await?;
-    ran
+    // A run's own error first: it is why the cluster may not answer now either.
+    let back = room_for_wal(admin, false).await;
+    ran.and(back)
 }
 
 pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {

@@ -209,6 +209,8 @@ pub struct Senders<A> {
     /// Forgotten since `forgotten` was last called: to delete from click_senders.
     forgotten: Vec<u64>,
     swept: Instant,
+    /// Senders known after the last sweep.
+    swept_len: usize,
     /// Since when the receiver has been reading (see [`Senders::resumed`]).
     reading_since: Instant,
 }
@@ -239,6 +241,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             by_process: HashMap::new(),
             forgotten: Vec::new(),
             swept: now,
+            swept_len: 0,
             reading_since: now,
         }
     }
@@ -443,7 +446,10 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// unacknowledged, and its resend be written twice. Those are at most the senders of the
     /// datagrams in the receiver's two batches, so memory stays bounded.)
     fn sweep(&mut self, now: Instant) {
-        if now - self.swept < SWEEP_EVERY && self.map.len() <= MAX_SENDERS {
+        // Over the bound, a sweep comes once a tenth more are known than after the last: not at
+        // every datagram while the senders waiting for their commit alone are over it.
+        let due = self.map.len() > MAX_SENDERS.max(self.swept_len + MAX_SENDERS / 10);
+        if now - self.swept < SWEEP_EVERY && !due {
             return;
         }
         self.swept = now;
@@ -468,6 +474,7 @@ impl<A: Copy + PartialEq> Senders<A> {
                 self.forget(id);
             }
         }
+        self.swept_len = self.map.len();
     }
 
     /// Records that `sender`'s datagrams up to `seq` are committed; the acknowledgement to

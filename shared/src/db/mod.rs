@@ -90,6 +90,25 @@ impl Config {
     }
 }
 
+/// `SET statement_timeout` to `limit` in whole milliseconds, within what PostgreSQL takes (1 ms
+/// to 2^31 - 1 ms, about 24.8 days): a flag's `500us` must not mean no limit (0), nor `30days`
+/// an error that fails every session.
+pub fn set_statement_timeout(limit: std::time::Duration) -> String {
+    let ms = limit.as_millis().clamp(1, i32::MAX as u128);
+    format!("SET statement_timeout = {ms}")
+}
+
+/// Asks the server to cancel what the session of `token` runs (`config`: the session's, for
+/// its TLS settings).
+pub async fn cancel(
+    config: &Config,
+    token: &tokio_postgres::CancelToken,
+) -> Result<(), tokio_postgres::Error> {
+    token
+        .cancel_query(tls::MakeTls::new(config.client.clone(), config.tls.mode))
+        .await
+}
+
 /// The search path of every session of both services, set first thing: `public`, the schema
 /// the migrations make, and nothing else. PostgreSQL searches the system catalog before a path
 /// that does not name it (its functions and operators win any tie), and creates new objects
@@ -137,4 +156,18 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 pub fn backoff() -> crate::backoff::Backoff {
     let first = std::time::Duration::from_millis(100);
     crate::backoff::Backoff::new(first, std::time::Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_statement_timeout_is_kept_within_what_postgresql_takes() {
+        let set = |d| super::set_statement_timeout(d);
+        assert_eq!(set(Duration::from_secs(5)), "SET statement_timeout = 5000");
+        assert_eq!(set(Duration::from_micros(500)), "SET statement_timeout = 1");
+        let month = Duration::from_secs(30 * 24 * 3600);
+        assert_eq!(set(month), "SET statement_timeout = 2147483647");
+    }
 }
