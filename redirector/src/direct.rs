@@ -20,8 +20,8 @@ use tokio::sync::Notify;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use crate::links::AbortOnDrop;
 use crate::metrics::{Common, Dropped};
+use crate::session::AbortOnDrop;
 use shared::metrics::Counter;
 use shared::throttle::Throttle;
 
@@ -102,7 +102,7 @@ impl Direct {
         connections: usize,
         timeout: Duration,
     ) -> Result<Direct, DirectError> {
-        let config = crate::links::session_config(config, timeout, APPLICATION_NAME);
+        let config = crate::session::session_config(config, timeout, APPLICATION_NAME);
         let mut sessions = Vec::with_capacity(connections.max(1));
         for _ in 0..connections.max(1) {
             let session = Session::open(&config, timeout).await?;
@@ -192,14 +192,12 @@ impl Direct {
         let (direct, token) = (self.clone(), session.client.cancel_token());
         tokio::spawn(async move {
             let cancel = shared::db::cancel(&direct.config, &token);
-            match tokio::time::timeout(direct.timeout, cancel).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => direct.failed("cancelling a silent INSERT", &e.into()),
-                Err(_) => direct.failed(
-                    "cancelling a silent INSERT",
-                    &DirectError::Silent(direct.timeout),
-                ),
-            }
+            let why = match tokio::time::timeout(direct.timeout, cancel).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => shared::db::describe(&e),
+                Err(_) => format!("no answer within {:?}", direct.timeout),
+            };
+            direct.failed("cancelling a silent INSERT", &why);
         });
     }
 
@@ -240,7 +238,7 @@ impl Direct {
     }
 
     /// Logs a failure, at most a line a second.
-    fn failed(&self, what: &str, e: &DirectError) {
+    fn failed(&self, what: &str, e: &dyn std::fmt::Display) {
         if let Some(held) = lock(&self.failed_log).allow() {
             tracing::warn!(error = %e, held, "{what}: {e} ({held} more not logged)");
         }

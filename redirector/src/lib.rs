@@ -12,6 +12,7 @@ pub mod links;
 pub mod metrics;
 pub mod ring;
 pub mod service;
+pub(crate) mod session;
 pub mod state;
 pub mod table;
 pub mod target;

@@ -28,6 +28,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
+use crate::session::{session_config, AbortOnDrop};
 use crate::table::{usable, Table, Unusable};
 use crate::target::{self, Answer, LinkOptions};
 use apply::{Batch, Seen};
@@ -158,27 +159,6 @@ pub fn spawn(
             runtime.block_on(loader.run(&config));
         })?;
     Ok(())
-}
-
-/// The database settings that keep a session from hanging unnoticed (`timeout`:
-/// `--link-timeout`), named `name` in `pg_stat_activity` unless the URL names it.
-pub(crate) fn session_config(
-    mut config: shared::db::Config,
-    timeout: Duration,
-    name: &str,
-) -> shared::db::Config {
-    config
-        .pg
-        .connect_timeout(timeout)
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .keepalives_interval(Duration::from_secs(5))
-        .keepalives_retries(3)
-        .tcp_user_timeout(timeout * 3);
-    if config.pg.get_application_name().is_none() {
-        config.pg.application_name(name);
-    }
-    config
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -689,17 +669,6 @@ async fn drive(mut connection: shared::db::Connection, changed: Arc<Notify>) {
             }
             None => return,
         }
-    }
-}
-
-/// A spawned task that is aborted when its owner goes away.
-/// A task that ends with its handle: a session's connection, which tokio-postgres would
-/// otherwise keep open while an answer is still due.
-pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
