@@ -13,6 +13,12 @@ pub(crate) mod userns;
 use protocol::RejectReason;
 use shared::metrics::{Counter, Gauge, LabeledCounter};
 
+/// The most senders a batch holds (each a row of click_senders, and entries in the batch): a
+/// batch is handed over at this many, as at `--batch-rows` clicks. Those count no datagram
+/// without clicks, so a flood of such from fresh ids would otherwise grow a batch with the rate
+/// the receiver reads them at. A host runs a few redirectors, each under one id at a time.
+pub const SENDERS_PER_BATCH: usize = 4_096;
+
 shared::label! {
     /// What a sender's resync did.
     pub(crate) enum Resync: "outcome" {
@@ -34,7 +40,7 @@ shared::metrics! {
             "Datagrams rejected whole, by reason.";
         senders: Gauge = "senders", "Sender ids known (each redirector process has one).";
         senders_evicted: Counter = "senders_evicted",
-            "Sender ids forgotten: idle for a day, or past the bounds of a flood of fresh ids.";
+            "Sender ids forgotten: idle for 30 days, or past the bounds of a flood of fresh ids.";
         datagrams_duplicate: Counter = "datagrams_duplicate",
             "Datagrams skipped because their sender's seq was already accepted.";
         datagrams_lost: Counter = "datagrams_lost",

@@ -201,6 +201,15 @@ async fn a_flood_of_a_million_fresh_sender_ids_leaves_memory_and_click_senders_b
         after <= before + 8 * 1024,
         "RSS grew from {before} KiB to {after} KiB over 900,000 fresh sender ids"
     );
+    // What bounds a batch here, in any build: its senders, not the time it fills for (which
+    // holds more of these empty datagrams the faster the receiver reads them).
+    let batches = c.metric("collector_batches_total").await;
+    let fewest = (1_000_000 / collector::ingest::SENDERS_PER_BATCH) as f64;
+    assert!(
+        batches >= fewest,
+        "{batches} batches, not at most {} senders each",
+        collector::ingest::SENDERS_PER_BATCH
+    );
     let senders = count(&p.client, "SELECT count(*) FROM click_senders").await;
     assert!(senders <= 2 * 4 + 1, "{senders} rows in click_senders");
     assert!(c.metric("collector_senders").await <= 9.0);

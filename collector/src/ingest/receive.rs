@@ -60,8 +60,8 @@ enum Event {
     Received(io::Result<Option<Datagram>>),
 }
 
-/// When a batch is handed to the writer: at `batch_rows` clicks, or `flush_interval` after
-/// its first datagram, whichever comes first.
+/// When a batch is handed to the writer: at `batch_rows` clicks, at [`super::SENDERS_PER_BATCH`]
+/// senders, or `flush_interval` after its first datagram, whichever comes first.
 pub(crate) struct Settings {
     pub(crate) batch_rows: usize,
     pub(crate) flush_interval: Duration,
@@ -209,7 +209,8 @@ impl Receiver {
             .expect("take runs only with a batch to fill");
         let (now, now_us) = (std::time::Instant::now(), protocol::now_us());
         let (outcome, reply) = self.intake.take(bytes, &datagram, batch, now, now_us);
-        let full = batch.received() >= self.batch_rows;
+        let full =
+            batch.received() >= self.batch_rows || batch.senders_len() >= super::SENDERS_PER_BATCH;
         if let Some(reply) = reply {
             self.reply(&reply, now);
         }

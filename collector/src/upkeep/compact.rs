@@ -168,8 +168,8 @@ const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)
 /// Pruned with each fold and at least once an interval: the link change log past a day (a
 /// redirector away longer loads the table whole), and bookkeeping rows nobody has touched for
 /// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
-/// (one per process start); without this both tables grow with every restart. A redirector
-/// idle that long comes back under a new sender id.
+/// (one per process start); without this both tables grow with every restart. The collector's
+/// memory forgets a sender as long idle (`protocol::senders::IDLE`).
 pub(crate) const PRUNE: &str = "
     SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
@@ -371,4 +371,16 @@ async fn fold_taken(
         .query_one(FOLD_ROWS, &[&writer, &stray_upto, &orphaned])
         .await?;
     Ok(moved + row.get::<_, i64>(0))
+}
+
+#[cfg(test)]
+mod tests {
+    /// click_senders keeps an idle sender's row as long as the collector's memory keeps it.
+    #[test]
+    fn an_idle_senders_row_goes_when_memory_forgets_it() {
+        let days = protocol::senders::IDLE.as_secs() / 86_400;
+        let prune =
+            format!("DELETE FROM click_senders WHERE updated_at < now() - interval '{days} days'");
+        assert!(super::PRUNE.contains(&prune), "{}", super::PRUNE);
+    }
 }

@@ -291,6 +291,11 @@ impl Batch {
         *last = (*last).max((seq, clicks));
     }
 
+    /// Distinct senders of the batch's datagrams.
+    pub(crate) fn senders_len(&self) -> usize {
+        self.senders.len()
+    }
+
     /// Each click's time, in Unix microseconds.
     pub(crate) fn clicked_at(&self) -> &[i64] {
         &self.clicked_at

@@ -25,7 +25,7 @@
 //! so is a seq further ahead than any sender could have got (from a sender without an address:
 //! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
 //! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides those whose
-//! datagrams wait for their commit), and ids idle for two days are forgotten; what is forgotten
+//! datagrams wait for their commit), and ids idle for 30 days are forgotten; what is forgotten
 //! leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
@@ -54,10 +54,12 @@ const MAX_CLICKS_PER_DATAGRAM: u64 = crate::wire::MAX_DATAGRAM as u64 / 3;
 const MAX_ASKED: usize = 4_096;
 /// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
 pub const MAX_SENDERS: usize = 100_000;
-/// An id not seen for this long is forgotten: its redirector, if alive, went on under a new id
-/// after a day idle (twice that here, so that a datagram sent just before the redirector's day
-/// is up still finds its sender known).
-const IDLE: Duration = Duration::from_secs(2 * 24 * 3600);
+/// An id not seen for this long is forgotten, as its click_senders row is pruned (the
+/// collector's `PRUNE`, checked against this): a redirector idle for a day with nothing
+/// waiting goes on under a new id, but one stopped on its state region with datagrams in its
+/// window comes back with its old one. Forgotten, it would be asked to resend from seq 0, and
+/// its resync would count every click acknowledged before its window as unaccounted.
+pub const IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long the receiver reads, after it last stopped reading, before anyone is forgotten for
@@ -858,7 +860,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_idle_for_two_days_are_forgotten() {
+    fn ids_idle_for_thirty_days_are_forgotten() {
         let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
         let start = Instant::now();
         s.judge(2, (0, 1), None, creds(3), start);
@@ -877,6 +879,23 @@ mod tests {
         let mut forgotten = s.forgotten();
         forgotten.sort();
         assert_eq!(forgotten, [1, 2]);
+    }
+
+    /// A redirector stopped for weeks on its state region, datagrams still in its window, comes
+    /// back to a collector that still knows it: its next seq is taken as it comes, with no
+    /// resend from seq 0, nor a resync that would count its acknowledged clicks as unaccounted.
+    #[test]
+    fn a_sender_back_after_weeks_away_is_still_known() {
+        let mut s = Senders::<Addr>::committed([(1, 5, 40)]);
+        let start = Instant::now();
+        let back = start + Duration::from_secs(21 * 24 * 3600);
+        // Another sender's datagram a moment before: the receiver has been reading.
+        s.judge(2, (0, 1), addr(), creds(3), back - CAUGHT_UP);
+        let (verdict, reply) = s.judge(1, (6, 1), addr(), creds(5), back);
+        assert_eq!(verdict, Verdict::Accept { lost: 0 });
+        assert_eq!(reply, None, "no resend asked for");
+        assert!(s.forgotten().is_empty());
+        assert_eq!(s.clicks_through(1), 41);
     }
 
     /// A flood of senders past `MAX_SENDERS` pushes out the least recently seen, but not one
