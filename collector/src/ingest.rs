@@ -40,7 +40,7 @@ shared::metrics! {
             "Datagrams rejected whole, by reason.";
         senders: Gauge = "senders", "Sender ids known (each redirector process has one).";
         senders_evicted: Counter = "senders_evicted",
-            "Sender ids forgotten: idle for 30 days, or past the bounds of a flood of fresh ids.";
+            "Sender ids forgotten: idle for 29 days, or past the bounds of a flood of fresh ids.";
         datagrams_duplicate: Counter = "datagrams_duplicate",
             "Datagrams skipped because their sender's seq was already accepted.";
         datagrams_lost: Counter = "datagrams_lost",

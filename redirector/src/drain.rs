@@ -56,7 +56,7 @@ const QUEUE_FULL_CAP: Duration = Duration::from_millis(20);
 /// hold a runtime thread that request handlers are waiting for.
 const SENDS_PER_YIELD: u32 = 32;
 /// A sender with nothing unacknowledged that has sent nothing for this long goes on under a
-/// new sender id, from seq 0, well within the 30 days a collector keeps an idle sender
+/// new sender id, from seq 0, well within the 29 days a collector keeps an idle sender
 /// (`protocol::senders::IDLE`): one that forgot it must not wait for seqs it cannot know were
 /// committed. One stopped with datagrams in its window comes back under its id.
 const NEW_SENDER_AFTER_IDLE: Duration = Duration::from_secs(24 * 3600);

@@ -169,7 +169,7 @@ const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)
 /// redirector away longer loads the table whole), and bookkeeping rows nobody has touched for
 /// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
 /// (one per process start); without this both tables grow with every restart. The collector's
-/// memory forgets a sender as long idle (`protocol::senders::IDLE`).
+/// memory forgets an idle sender a day before (`protocol::senders::IDLE`).
 pub(crate) const PRUNE: &str = "
     SELECT prune_link_changes(interval '1 day');
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
@@ -375,10 +375,11 @@ async fn fold_taken(
 
 #[cfg(test)]
 mod tests {
-    /// click_senders keeps an idle sender's row as long as the collector's memory keeps it.
+    /// click_senders keeps an idle sender's row a day longer than the collector's memory keeps
+    /// the sender (see `protocol::senders::IDLE`).
     #[test]
-    fn an_idle_senders_row_goes_when_memory_forgets_it() {
-        let days = protocol::senders::IDLE.as_secs() / 86_400;
+    fn an_idle_senders_row_is_pruned_a_day_after_memory_forgets_it() {
+        let days = protocol::senders::IDLE.as_secs() / 86_400 + 1;
         let prune =
             format!("DELETE FROM click_senders WHERE updated_at < now() - interval '{days} days'");
         assert!(super::PRUNE.contains(&prune), "{}", super::PRUNE);

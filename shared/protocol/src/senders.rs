@@ -25,7 +25,7 @@
 //! so is a seq further ahead than any sender could have got (from a sender without an address:
 //! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
 //! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides those whose
-//! datagrams wait for their commit), and ids idle for 30 days are forgotten; what is forgotten
+//! datagrams wait for their commit), and ids idle for 29 days are forgotten; what is forgotten
 //! leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
@@ -54,12 +54,16 @@ const MAX_CLICKS_PER_DATAGRAM: u64 = crate::wire::MAX_DATAGRAM as u64 / 3;
 const MAX_ASKED: usize = 4_096;
 /// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
 pub const MAX_SENDERS: usize = 100_000;
-/// An id not seen for this long is forgotten, as its click_senders row is pruned (the
-/// collector's `PRUNE`, checked against this): a redirector idle for a day with nothing
-/// waiting goes on under a new id, but one stopped on its state region with datagrams in its
-/// window comes back with its old one. Forgotten, it would be asked to resend from seq 0, and
-/// its resync would count every click acknowledged before its window as unaccounted.
-pub const IDLE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// An id not seen for this long is forgotten: a redirector idle for a day with nothing waiting
+/// goes on under a new id, but one stopped on its state region with datagrams in its window
+/// comes back with its old one. Forgotten, it would be asked to resend from seq 0, and its
+/// resync would count every click acknowledged before its window as unaccounted. A day short
+/// of the age at which click_senders rows are pruned (the collector's `PRUNE`, checked against
+/// this): a sender is seen last when a datagram of it was accepted or committed, at most a
+/// commit's time after its row was last written, so memory forgets it before its row goes (a
+/// sender this collector committed whose row was gone would be taken, on the writer's next
+/// session, for a record a failover lost).
+pub const IDLE: Duration = Duration::from_secs(29 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long the receiver reads, after it last stopped reading, before anyone is forgotten for
@@ -526,9 +530,8 @@ fn judge_known<A: Copy>(
     if from.is_none() && seq.saturating_sub(expected) > MAX_JUMP {
         return (Verdict::Refused(Refusal::SeqJump), None);
     }
-    s.seen = now;
     s.reply = from;
-    match (from, s.accepted) {
+    let (verdict, reply) = match (from, s.accepted) {
         (None, accepted) => match crate::seq::judge(accepted, seq, true) {
             crate::seq::Seen::Again => (Verdict::Duplicate, None),
             crate::seq::Seen::New { lost } => (Verdict::Accept { lost }, None),
@@ -549,7 +552,13 @@ fn judge_known<A: Copy>(
             let ask = Ack::new(sender, s.committed, Some(expected));
             (Verdict::Ahead, s.tell(ask, now, false))
         }
+    };
+    // Only what will be committed, and so write the sender's row, counts as seen (see `IDLE`):
+    // a repeat or a datagram ahead of its turn from a sender that then stops writes nothing.
+    if let Verdict::Accept { .. } = verdict {
+        s.seen = now;
     }
+    (verdict, reply)
 }
 
 #[cfg(test)]
@@ -860,7 +869,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_idle_for_thirty_days_are_forgotten() {
+    fn ids_idle_for_29_days_are_forgotten() {
         let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
         let start = Instant::now();
         s.judge(2, (0, 1), None, creds(3), start);
@@ -896,6 +905,26 @@ mod tests {
         assert_eq!(reply, None, "no resend asked for");
         assert!(s.forgotten().is_empty());
         assert_eq!(s.clicks_through(1), 41);
+    }
+
+    /// A sender seen since its last commit only in repeats of what is committed (a redirector
+    /// that missed its last acknowledgement, back weeks later, then renewing its id) or ahead
+    /// of its turn is idle since that commit, which last wrote its row: it is forgotten a day
+    /// before that row is pruned.
+    #[test]
+    fn only_datagrams_accepted_count_as_seen() {
+        let mut s = Senders::<Addr>::default();
+        let start = Instant::now();
+        s.judge(1, (0, 1), addr(), creds(3), start);
+        s.commit(1, 0, start);
+        let back = start + Duration::from_secs(20 * 24 * 3600);
+        assert_eq!(
+            s.judge(1, (0, 1), addr(), creds(3), back).0,
+            Verdict::Duplicate
+        );
+        assert_eq!(s.judge(1, (5, 1), addr(), creds(3), back).0, Verdict::Ahead);
+        s.judge(2, (0, 1), addr(), creds(5), start + IDLE);
+        assert_eq!(s.forgotten(), [1]);
     }
 
     /// A flood of senders past `MAX_SENDERS` pushes out the least recently seen, but not one
