@@ -275,7 +275,9 @@ impl Watch {
 /// database against: one that lacks them lost acknowledged commits in a failover.
 #[derive(Debug, Default)]
 pub struct Committed {
-    senders: HashMap<u64, (u64, u64)>,
+    /// Each sender's last commit: its seq, its clicks, and when its batch began (before the
+    /// transaction that wrote the row, whose `updated_at` the prune goes by).
+    senders: HashMap<u64, Commit>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
@@ -293,10 +295,15 @@ impl Committed {
     /// `batch` committed.
     pub fn add(&mut self, batch: &Batch) {
         let [senders, seqs, clicks] = batch.sender_columns();
+        let at = batch.started().map_or_else(Instant::now, |t| t.into_std());
         for ((sender, seq), clicks) in senders.into_iter().zip(seqs).zip(clicks) {
-            let entry = self.senders.entry(sender as u64).or_insert((0, 0));
-            if seq as u64 >= entry.0 {
-                *entry = (seq as u64, clicks as u64);
+            let (seq, clicks) = (seq as u64, clicks as u64);
+            let entry = self
+                .senders
+                .entry(sender as u64)
+                .or_insert(Commit { seq, clicks, at });
+            if seq >= entry.seq {
+                *entry = Commit { seq, clicks, at };
             }
         }
         // Noted and then forgotten while the batch filled: its row went with the batch.
@@ -333,17 +340,11 @@ impl Committed {
                 (column(0), (column(1), column(2)))
             })
             .collect();
-        let mut behind = Vec::new();
-        let (mut datagrams, mut clicks) = (0u64, 0u64);
-        for (&sender, &(seq, sent)) in &self.senders {
-            let (db_seq, db_clicks) = there.get(&sender).copied().unwrap_or((0, 0));
-            let missing = !there.contains_key(&sender) || db_seq < seq;
-            if missing {
-                datagrams += seq.saturating_sub(db_seq) + u64::from(!there.contains_key(&sender));
-                clicks += sent.saturating_sub(db_clicks);
-                behind.push((sender, seq, sent));
-            }
-        }
+        let Behind {
+            senders: behind,
+            datagrams,
+            clicks,
+        } = self.behind(&there, Instant::now());
         if !behind.is_empty() {
             let column = |f: fn(&(u64, u64, u64)) -> u64| -> Vec<i64> {
                 behind.iter().map(|b| f(b) as i64).collect()
@@ -368,11 +369,67 @@ impl Committed {
         self.check = false;
         Ok(clicks)
     }
+
+    /// What the database's rows (`there`) lack of this process's commits. A sender last
+    /// committed longer ago than the collector's memory keeps an idle one may have had its row
+    /// pruned (a day later than that, by `updated_at`): its missing row is no sign of a failover.
+    fn behind(&self, there: &HashMap<u64, (u64, u64)>, now: Instant) -> Behind {
+        let mut behind = Behind::default();
+        for (&sender, c) in &self.senders {
+            if now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
+                continue;
+            }
+            let (db_seq, db_clicks) = there.get(&sender).copied().unwrap_or((0, 0));
+            let missing = !there.contains_key(&sender);
+            if missing || db_seq < c.seq {
+                behind.datagrams += c.seq.saturating_sub(db_seq) + u64::from(missing);
+                behind.clicks += c.clicks.saturating_sub(db_clicks);
+                behind.senders.push((sender, c.seq, c.clicks));
+            }
+        }
+        behind
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Commit {
+    seq: u64,
+    clicks: u64,
+    at: Instant,
+}
+
+/// Senders whose rows lack commits of this process: (sender, seq, clicks) to put back, and the
+/// datagrams and clicks missing.
+#[derive(Debug, Default)]
+struct Behind {
+    senders: Vec<(u64, u64, u64)>,
+    datagrams: u64,
+    clicks: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a new session's rows lack of this process's commits is lost to a failover, except
+    /// for a sender committed longer ago than memory keeps an idle one, whose row the prune
+    /// may have taken.
+    #[test]
+    fn a_row_missing_or_behind_counts_as_lost_unless_it_may_have_been_pruned() {
+        let start = Instant::now();
+        let hour_later = start + Duration::from_secs(3600);
+        let commit = |seq, clicks, at| Commit { seq, clicks, at };
+        let mut c = Committed::default();
+        c.senders.insert(1, commit(4, 40, start));
+        c.senders.insert(2, commit(9, 90, hour_later));
+        c.senders.insert(3, commit(5, 50, hour_later));
+        c.senders.insert(4, commit(7, 70, hour_later));
+        let there = HashMap::from([(3, (5, 50)), (4, (5, 52))]);
+        let mut behind = c.behind(&there, start + protocol::senders::IDLE);
+        behind.senders.sort();
+        assert_eq!(behind.senders, [(2, 9, 90), (4, 7, 70)]);
+        assert_eq!((behind.datagrams, behind.clicks), (10 + 2, 90 + 18));
+    }
 
     #[test]
     fn synchronous_only_with_a_standby_name_and_a_waiting_commit() {

@@ -59,10 +59,10 @@ pub const MAX_SENDERS: usize = 100_000;
 /// comes back with its old one. Forgotten, it would be asked to resend from seq 0, and its
 /// resync would count every click acknowledged before its window as unaccounted. A day short
 /// of the age at which click_senders rows are pruned (the collector's `PRUNE`, checked against
-/// this): a sender is seen last when a datagram of it was accepted or committed, at most a
-/// commit's time after its row was last written, so memory forgets it before its row goes (a
-/// sender this collector committed whose row was gone would be taken, on the writer's next
-/// session, for a record a failover lost).
+/// this), and only a datagram accepted or a commit counts as seen, so that memory mostly lets
+/// a sender go before its row does; where not (a commit answered days late, rows loaded at a
+/// start), the writer's check of a new session passes over a sender committed longer ago than
+/// this, whose missing row is no sign of a failover (`Committed::behind`).
 pub const IDLE: Duration = Duration::from_secs(29 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
