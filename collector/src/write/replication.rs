@@ -15,7 +15,8 @@
 //! - With asynchronous replication, a standby promoted after its primary died may lack
 //!   commits this collector made and acknowledged: the senders have forgotten those clicks.
 //!   On every new connection the writer compares `click_senders` there with what it
-//!   committed itself ([`Committed`]); what is missing is counted in
+//!   committed itself ([`Committed`]; a row missing for a sender last committed 29 days ago
+//!   or more may have been pruned, and is passed over); what is missing is counted in
 //!   `collector_clicks_unaccounted_total` (as a resync counts it after a restart) and the
 //!   record put back, so that nothing is counted twice and no sender is asked for what it no
 //!   longer holds.
@@ -275,8 +276,8 @@ impl Watch {
 /// database against: one that lacks them lost acknowledged commits in a failover.
 #[derive(Debug, Default)]
 pub struct Committed {
-    /// Each sender's last commit: its seq, its clicks, and when its batch began (before the
-    /// transaction that wrote the row, whose `updated_at` the prune goes by).
+    /// Each sender's last commit: its seq, its clicks, and when the attempt that stored it
+    /// began (no later than the transaction's `updated_at`, which the prune goes by).
     senders: HashMap<u64, Commit>,
     /// Set by a new connection: check before the next write.
     check: bool,
@@ -292,10 +293,9 @@ impl Committed {
         }
     }
 
-    /// `batch` committed.
-    pub fn add(&mut self, batch: &Batch) {
+    /// `batch` committed, by an attempt that began `at`.
+    pub fn add(&mut self, batch: &Batch, at: Instant) {
         let [senders, seqs, clicks] = batch.sender_columns();
-        let at = batch.started().map_or_else(Instant::now, |t| t.into_std());
         for ((sender, seq), clicks) in senders.into_iter().zip(seqs).zip(clicks) {
             let (seq, clicks) = (seq as u64, clicks as u64);
             let entry = self
@@ -373,14 +373,15 @@ impl Committed {
     /// What the database's rows (`there`) lack of this process's commits. A sender last
     /// committed longer ago than the collector's memory keeps an idle one may have had its row
     /// pruned (a day later than that, by `updated_at`): its missing row is no sign of a failover.
+    /// A row behind is, at any age: the prune deletes rows, and a row never goes back.
     fn behind(&self, there: &HashMap<u64, (u64, u64)>, now: Instant) -> Behind {
         let mut behind = Behind::default();
         for (&sender, c) in &self.senders {
-            if now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
-                continue;
-            }
             let (db_seq, db_clicks) = there.get(&sender).copied().unwrap_or((0, 0));
             let missing = !there.contains_key(&sender);
+            if missing && now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
+                continue;
+            }
             if missing || db_seq < c.seq {
                 behind.datagrams += c.seq.saturating_sub(db_seq) + u64::from(missing);
                 behind.clicks += c.clicks.saturating_sub(db_clicks);
@@ -412,23 +413,33 @@ mod tests {
     use super::*;
 
     /// What a new session's rows lack of this process's commits is lost to a failover, except
-    /// for a sender committed longer ago than memory keeps an idle one, whose row the prune
-    /// may have taken.
+    /// for the missing row of a sender last committed longer ago than memory keeps an idle
+    /// one, which the prune may have taken.
     #[test]
     fn a_row_missing_or_behind_counts_as_lost_unless_it_may_have_been_pruned() {
         let start = Instant::now();
         let hour_later = start + Duration::from_secs(3600);
-        let commit = |seq, clicks, at| Commit { seq, clicks, at };
+        let batch = |senders: &[(u64, u64, u64)]| {
+            let mut batch = Batch::default();
+            for &(sender, seq, clicks) in senders {
+                batch.note_sender(sender, seq, clicks);
+            }
+            batch
+        };
         let mut c = Committed::default();
-        c.senders.insert(1, commit(4, 40, start));
-        c.senders.insert(2, commit(9, 90, hour_later));
-        c.senders.insert(3, commit(5, 50, hour_later));
-        c.senders.insert(4, commit(7, 70, hour_later));
-        let there = HashMap::from([(3, (5, 50)), (4, (5, 52))]);
+        c.add(&batch(&[(1, 2, 20), (5, 3, 30), (6, 8, 80)]), start);
+        c.add(&batch(&[(1, 4, 40)]), start);
+        let recent = [(2, 9, 90), (3, 5, 50), (4, 7, 70), (5, 6, 60)];
+        c.add(&batch(&recent), hour_later);
+        let there = HashMap::from([(3, (5, 50)), (4, (5, 52)), (6, (3, 30))]);
         let mut behind = c.behind(&there, start + protocol::senders::IDLE);
         behind.senders.sort();
-        assert_eq!(behind.senders, [(2, 9, 90), (4, 7, 70)]);
-        assert_eq!((behind.datagrams, behind.clicks), (10 + 2, 90 + 18));
+        // 1: old and missing, maybe pruned. 3: as committed. 5: committed again since.
+        // 6: old, but behind rather than missing.
+        let lost = [(2, 9, 90), (4, 7, 70), (5, 6, 60), (6, 8, 80)];
+        assert_eq!(behind.senders, lost);
+        assert_eq!(behind.datagrams, 10 + 2 + 7 + 5);
+        assert_eq!(behind.clicks, 90 + 18 + 60 + 50);
     }
 
     #[test]

@@ -98,9 +98,9 @@ impl Writer {
             let span = tracing::info_span!("batch", number = number.batch);
             self.watch.writing();
             self.committed.forget(&batch);
-            let written = self.write(&batch, &rows, &number).instrument(span).await;
+            let (written, began) = self.write(&batch, &rows, &number).instrument(span).await;
             self.watch.written();
-            self.committed.add(&batch);
+            self.committed.add(&batch, began);
             drop(rows);
             match written {
                 Stored::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
@@ -135,11 +135,19 @@ impl Writer {
     /// waits (capped exponential backoff), reconnects and writes the same batch again. Once
     /// PostgreSQL refuses a row for good (`store::refuses_rows`), the attempts sift the rows
     /// to set the refused ones aside. Returns how it went in: written (with how many refused),
-    /// or already committed by an attempt whose answer was lost.
-    async fn write(&mut self, batch: &Batch, rows: &Rows, number: &BatchNumber) -> Stored {
+    /// or already committed by an attempt whose answer was lost; and when the attempt that
+    /// stored it began (the first, if that answer was lost), no later than its transaction.
+    async fn write(
+        &mut self,
+        batch: &Batch,
+        rows: &Rows,
+        number: &BatchNumber,
+    ) -> (Stored, Instant) {
         let mut backoff = db::backoff();
         let mut sift = false;
+        let first = Instant::now();
         loop {
+            let began = Instant::now();
             match self.attempt(batch, rows, number, sift).await {
                 Ok(Stored::Written { refused }) => {
                     if refused > 0 {
@@ -152,7 +160,7 @@ impl Writer {
                         );
                     }
                     self.shared.health.db_reachable.store(true, Relaxed);
-                    return Stored::Written { refused };
+                    return (Stored::Written { refused }, began);
                 }
                 Ok(Stored::AlreadyCommitted) => {
                     tracing::info!(
@@ -162,7 +170,8 @@ impl Writer {
                         batch.len()
                     );
                     self.shared.health.db_reachable.store(true, Relaxed);
-                    return Stored::AlreadyCommitted;
+                    // Committed by an earlier attempt: the first began no later.
+                    return (Stored::AlreadyCommitted, first);
                 }
                 Ok(Stored::AllRefused(error)) => {
                     tracing::warn!(

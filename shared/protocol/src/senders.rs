@@ -60,9 +60,9 @@ pub const MAX_SENDERS: usize = 100_000;
 /// resync would count every click acknowledged before its window as unaccounted. A day short
 /// of the age at which click_senders rows are pruned (the collector's `PRUNE`, checked against
 /// this), and only a datagram accepted or a commit counts as seen, so that memory mostly lets
-/// a sender go before its row does; where not (a commit answered days late, rows loaded at a
-/// start), the writer's check of a new session passes over a sender committed longer ago than
-/// this, whose missing row is no sign of a failover (`Committed::behind`).
+/// a sender go before its row does; where not (a commit answered days after it began), the
+/// writer's check of a new session passes over a sender committed longer ago than this, whose
+/// missing row is no sign of a failover (`Committed::behind`).
 pub const IDLE: Duration = Duration::from_secs(29 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
