@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::hash::BuildHasher;
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use hyper::header::{HeaderMap, HeaderName, REFERER, USER_AGENT};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, REFERER, USER_AGENT};
 use protocol::dimensions::{referrer_host, Agent, Country, Device, Dimensions, MAX_REFERRER_LEN};
 use regex::bytes::Regex;
 
@@ -21,6 +21,17 @@ pub(crate) struct Classified<'b> {
     /// The country header was there but held no assigned ISO 3166 alpha-2 code (the proxy or
     /// CDN sent `XX`, `T1` or garbage): the caller counts it, the click carries no country.
     pub(crate) country_rejected: bool,
+}
+
+/// The headers a classification reads (`Classifier::relevant`).
+#[derive(Default)]
+struct Relevant<'h> {
+    user_agent: Option<&'h HeaderValue>,
+    referer: Option<&'h HeaderValue>,
+    /// The country header, when the country is recorded.
+    country: Option<&'h HeaderValue>,
+    /// A purpose header says the request is made ahead of any click.
+    ahead_of_a_click: bool,
 }
 
 /// Link unfurlers of chat and social apps, as regex fragments matched against the user agent
@@ -136,6 +147,7 @@ impl Verdict {
 /// Classifies requests: the bot and unfurler lists compiled once, shared by every handler.
 pub(crate) struct Classifier {
     recorded: Recorded,
+    /// The header the fronting proxy names the country in, if the country is recorded.
     country_header: Option<HeaderName>,
     unfurlers: Regex,
     /// The `isbot` crate: the omrilotan/isbot list (maintained, and kept free of browsers) as
@@ -162,7 +174,7 @@ impl Classifier {
             .expect("the device tokens");
         Classifier {
             recorded,
-            country_header,
+            country_header: country_header.filter(|_| recorded.country),
             unfurlers,
             bots: isbot::Bots::default(),
             devices,
@@ -176,34 +188,57 @@ impl Classifier {
         headers: &HeaderMap,
         buf: &'b mut [u8; MAX_REFERRER_LEN],
     ) -> Classified<'b> {
-        let verdict = self.verdict(headers);
-        let (country, country_rejected) = self.country(headers);
+        let found = self.relevant(headers);
+        let verdict = if found.ahead_of_a_click {
+            // Before the user agent: a browser's prefetch carries a browser's.
+            Verdict {
+                agent: Agent::Preview,
+                device: Device::Other,
+            }
+        } else {
+            // Every browser sends a user agent: a request without one is a tool's.
+            found
+                .user_agent
+                .map_or(Verdict::TOOL, |ua| self.cached(ua.as_bytes()))
+        };
+        // A country header that holds no assigned code: the caller counts it.
+        let country = found.country.map(|value| Country::parse(value.as_bytes()));
+        let referrer = match found.referer {
+            Some(referer) if self.recorded.referrer => referrer_host(referer.as_bytes(), buf),
+            _ => "",
+        };
         let dimensions = Dimensions {
             agent: verdict.agent,
-            referrer: self.recorded.referrer.then(|| referrer(headers, buf)),
+            referrer: self.recorded.referrer.then_some(referrer),
             device: self.recorded.device.then_some(verdict.device),
-            country,
+            country: country.flatten(),
         };
         Classified {
             dimensions,
-            country_rejected,
+            country_rejected: country.is_some_and(|c| c.is_none()),
         }
     }
 
-    /// A preview by its headers first (a browser's prefetch carries a browser's user agent),
-    /// then by its user agent. Every browser sends a user agent: a request without one is a
-    /// tool's.
-    fn verdict(&self, headers: &HeaderMap) -> Verdict {
-        if ahead_of_a_click(headers) {
-            return Verdict {
-                agent: Agent::Preview,
-                device: Device::Other,
-            };
+    /// The headers a classification reads, in one pass over the request's, rather than a
+    /// `get` apiece (each hashes its name and probes the map: seven a request): comparing
+    /// each name (a byte, for a standard one) costs less, even for a browser's dozen or more
+    /// headers (BENCHMARKS.md, "The redirector's share"). Each header's first value, as `get`
+    /// gives it, but any value of a purpose header; the country header only when the country
+    /// is recorded.
+    fn relevant<'h>(&self, headers: &'h HeaderMap) -> Relevant<'h> {
+        let mut found = Relevant::default();
+        for (name, value) in headers {
+            if name == USER_AGENT {
+                found.user_agent.get_or_insert(value);
+            } else if name == REFERER {
+                found.referer.get_or_insert(value);
+            } else if Some(name) == self.country_header.as_ref() {
+                found.country.get_or_insert(value);
+            } else if PURPOSE_HEADERS.contains(name) {
+                found.ahead_of_a_click |= marks_ahead_of_a_click(value.as_bytes());
+            }
         }
-        match headers.get(USER_AGENT) {
-            Some(ua) => self.cached(ua.as_bytes()),
-            None => Verdict::TOOL,
-        }
+        found
     }
 
     /// The verdict on `ua` from this thread's cache, judged and kept there on a miss.
@@ -262,47 +297,17 @@ impl Classifier {
             Device::Other
         }
     }
-
-    /// The country the fronting proxy named, if recorded and named at all, and whether the
-    /// header was there but held no assigned code.
-    fn country(&self, headers: &HeaderMap) -> (Option<Country>, bool) {
-        let name = match (&self.country_header, self.recorded.country) {
-            (Some(name), true) => name,
-            _ => return (None, false),
-        };
-        match headers.get(name) {
-            Some(value) => match Country::parse(value.as_bytes()) {
-                Some(country) => (Some(country), false),
-                None => (None, true),
-            },
-            None => (None, false),
-        }
-    }
 }
 
-/// Whether a purpose header marks the request as made ahead of a click.
-fn ahead_of_a_click(headers: &HeaderMap) -> bool {
-    PURPOSE_HEADERS
-        .iter()
-        .filter_map(|name| headers.get(name))
-        .any(|value| {
-            let value = value.as_bytes();
-            PURPOSES.iter().any(|p| contains_ignore_case(value, p))
-        })
+/// Whether a purpose header's value marks the request as made ahead of a click.
+fn marks_ahead_of_a_click(value: &[u8]) -> bool {
+    PURPOSES.iter().any(|p| contains_ignore_case(value, p))
 }
 
 fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
     haystack
         .windows(needle.len())
         .any(|w| w.eq_ignore_ascii_case(needle))
-}
-
-/// The referrer's host, `""` when the request has no usable `Referer`.
-fn referrer<'b>(headers: &HeaderMap, buf: &'b mut [u8; MAX_REFERRER_LEN]) -> &'b str {
-    match headers.get(REFERER) {
-        Some(referer) => referrer_host(referer.as_bytes(), buf),
-        None => "",
-    }
 }
 
 // By path, so that the bench that compiles this file finds it too.

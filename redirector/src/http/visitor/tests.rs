@@ -147,6 +147,37 @@ fn a_prefetch_or_a_preview_by_its_purpose_header_is_a_preview() {
 }
 
 #[test]
+fn a_repeated_header_counts_by_its_first_value_a_purpose_by_any() {
+    let chrome = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
+    let c = classifier(ALL);
+    let mut buf = [0; MAX_REFERRER_LEN];
+    let request = headers(&[
+        ("user-agent", chrome),
+        ("user-agent", "curl/8.5.0"),
+        ("referer", "https://first.example/"),
+        ("referer", "https://second.example/"),
+        ("cf-ipcountry", "DE"),
+        ("cf-ipcountry", "XX"),
+    ]);
+    let classified = c.classify(&request, &mut buf);
+    assert_eq!(classified.dimensions.agent, Agent::Human);
+    assert_eq!(classified.dimensions.referrer, Some("first.example"));
+    assert_eq!(
+        classified.dimensions.country.map(|c| c.bytes()),
+        Some(*b"DE")
+    );
+    assert!(!classified.country_rejected);
+    let prefetched = headers(&[
+        ("user-agent", chrome),
+        ("sec-purpose", "something-else"),
+        ("sec-purpose", "prefetch"),
+        ("sec-purpose", "something-else"),
+    ]);
+    let dims = c.classify(&prefetched, &mut buf).dimensions;
+    assert_eq!(dims.agent, Agent::Preview);
+}
+
+#[test]
 fn the_referrer_is_its_host_or_empty() {
     let c = classifier(ALL);
     let mut buf = [0; MAX_REFERRER_LEN];
