@@ -308,12 +308,9 @@ impl Drain {
         if self.window.has_unsent() {
             return;
         }
-        // A handle of its own, so that a slot read in place can be used beside `&mut self`;
-        // each is done with before `seal` releases it.
-        let ring = Arc::clone(&self.ring);
-        let end = ring.tail();
+        let end = self.ring.tail();
         while self.cursor < end && !self.window.is_full() {
-            let slot = match ring.read(self.cursor) {
+            let slot = match self.ring.read(self.cursor) {
                 // A push still writing its slot: the next tick takes it.
                 Read::Empty => break,
                 // Counted when the region was adopted.

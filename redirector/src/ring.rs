@@ -133,11 +133,10 @@ pub enum PushError {
     ReferrerTooLong,
 }
 
-/// What the drain finds at a position: a published slot in place (not copied: most of its
-/// bytes are the unused rest of the code and referrer), valid until `release` frees it.
+/// What the drain finds at a position.
 #[derive(Clone, Copy)]
-pub enum Read<'a> {
-    Click(&'a Slot),
+pub enum Read {
+    Click(Slot),
     /// A push the death of an earlier process cut off: nothing to send.
     Torn,
     /// Nothing published there yet.
@@ -248,17 +247,15 @@ impl Ring {
         }
     }
 
-    /// The drain's read at `pos` (from `head` on): the slot if it is published. The caller
-    /// must be done with it before it releases `pos`, after which a push may write it again.
-    pub fn read(&self, pos: u64) -> Read<'_> {
+    /// The drain's read at `pos` (from `head` on): the slot if it is published.
+    pub fn read(&self, pos: u64) -> Read {
         let cell = self.cell(pos);
         if cell.stamp.load(Ordering::Acquire) != published(pos) {
             return Read::Empty;
         }
         // SAFETY: published (the Acquire above pairs with the push's Release), and no push
-        // writes it again before `release` frees it, which the one consumer does only once it
-        // is done with the slot.
-        let slot = unsafe { &*cell.slot.get() };
+        // writes it again before `release` frees it.
+        let slot = unsafe { *cell.slot.get() };
         match slot.len {
             TORN => Read::Torn,
             _ => Read::Click(slot),
@@ -397,7 +394,7 @@ mod tests {
     fn pop(ring: &Ring) -> Option<Slot> {
         let head = ring.head();
         match ring.read(head) {
-            Read::Click(&slot) => {
+            Read::Click(slot) => {
                 ring.release(head + 1);
                 Some(slot)
             }

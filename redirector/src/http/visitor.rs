@@ -99,17 +99,27 @@ const MOBI: u32 = 1 << 5;
 const MOBILE: u32 = 0b1_1111 << 4;
 const DESKTOP: u32 = 0b1_1111 << 9;
 
-/// Slots of the per-thread verdict cache: a power of two, 8 bytes each.
-const VERDICT_SLOTS: usize = 512;
+/// Sets of the per-thread verdict cache (a power of two), each of [`WAYS`] slots of 8 bytes.
+const VERDICT_SETS: usize = 128;
+/// Slots a set holds: user agents whose hashes pick the same set are all kept, up to this
+/// many. With one (a direct-mapped cache), two of the commonest that happened to pick the
+/// same slot, as two of twenty do in one process in three, took it from each other on every
+/// alternation, each time paying a miss.
+const WAYS: usize = 4;
+
+/// One set of the verdict cache, in half a cache line.
+#[repr(align(32))]
+struct VerdictSet([Cell<u64>; WAYS]);
 
 thread_local! {
-    /// This thread's latest verdicts on user agents, direct-mapped by the user agent's hash:
-    /// a slot holds the hash less its low byte, and in that byte the encoded [`Verdict`] (0:
-    /// empty). Matching the bot list costs several times the rest of a redirect's
-    /// classification, and a few hundred user agents make most of the clicks. No lock (each
-    /// thread has its own), no allocation (a fixed array), no destructor to register.
-    static VERDICTS: [Cell<u64>; VERDICT_SLOTS] =
-        const { [const { Cell::new(0) }; VERDICT_SLOTS] };
+    /// This thread's latest verdicts on user agents, in sets picked by the user agent's
+    /// hash: a slot holds the hash less its low byte, and in that byte the encoded
+    /// [`Verdict`] (0: empty). Matching the bot list costs several times the rest of a
+    /// redirect's classification, and a few hundred user agents make most of the clicks. No
+    /// lock (each thread has its own), no allocation (a fixed array), no destructor to
+    /// register.
+    static VERDICTS: [VerdictSet; VERDICT_SETS] =
+        const { [const { VerdictSet([const { Cell::new(0) }; WAYS]) }; VERDICT_SETS] };
 }
 
 /// What the user agent alone says: who sent it and, for a human, from which device.
@@ -228,12 +238,14 @@ impl Classifier {
     fn relevant<'h>(&self, headers: &'h HeaderMap) -> Relevant<'h> {
         let mut found = Relevant::default();
         for (name, value) in headers {
+            // On its own: the country header may have been named as one of the others.
+            if Some(name) == self.country_header.as_ref() {
+                found.country.get_or_insert(value);
+            }
             if name == USER_AGENT {
                 found.user_agent.get_or_insert(value);
             } else if name == REFERER {
                 found.referer.get_or_insert(value);
-            } else if Some(name) == self.country_header.as_ref() {
-                found.country.get_or_insert(value);
             } else if PURPOSE_HEADERS.contains(name) {
                 found.ahead_of_a_click |= marks_ahead_of_a_click(value.as_bytes());
             }
@@ -241,23 +253,23 @@ impl Classifier {
         found
     }
 
-    /// The verdict on `ua` from this thread's cache, judged and kept there on a miss.
+    /// The verdict on `ua` from this thread's cache, judged and kept there on a miss: first
+    /// in its set, the set's oldest verdict dropped (a hit moves nothing, so it writes
+    /// nothing).
     fn cached(&self, ua: &[u8]) -> Verdict {
-        let hash = self.hasher.hash_one(ua);
-        // The index comes from bits that the tag keeps too, so a slot's tag alone decides.
-        let index = (hash >> 8) as usize % VERDICT_SLOTS;
-        let tag = hash & !0xff;
-        VERDICTS.with(|slots| {
-            let slot = &slots[index];
-            let held = slot.get();
-            match Verdict::decode(held as u8) {
-                Some(verdict) if held & !0xff == tag => verdict,
-                _ => {
-                    let verdict = self.judge(ua);
-                    slot.set(tag | u64::from(verdict.encode()));
-                    verdict
-                }
+        let (set, tag) = verdict_slot(self.hasher.hash_one(ua));
+        VERDICTS.with(|sets| {
+            let slots = &sets[set].0;
+            let held = slots.iter().map(Cell::get).find(|held| held & !0xff == tag);
+            if let Some(verdict) = held.and_then(|held| Verdict::decode(held as u8)) {
+                return verdict;
             }
+            let verdict = self.judge(ua);
+            for way in (1..WAYS).rev() {
+                slots[way].set(slots[way - 1].get());
+            }
+            slots[0].set(tag | u64::from(verdict.encode()));
+            verdict
         })
     }
 
@@ -297,6 +309,12 @@ impl Classifier {
             Device::Other
         }
     }
+}
+
+/// A user agent's set in the verdict cache, and its tag: the set comes from bits that the
+/// tag keeps too, so that the tag alone tells two user agents of one set apart.
+fn verdict_slot(hash: u64) -> (usize, u64) {
+    ((hash >> 8) as usize % VERDICT_SETS, hash & !0xff)
 }
 
 /// Whether a purpose header's value marks the request as made ahead of a click.

@@ -225,6 +225,17 @@ fn the_country_is_an_assigned_code_or_rejected() {
     assert_eq!(country(HeaderMap::new()), (None, false));
     // Another header of that value is not the country's.
     assert_eq!(country(headers(&[("x-country", "DE")])), (None, false));
+    // A country header named as one the classification reads for itself is read for both.
+    let chrome = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
+    for (name, agent) in [("user-agent", None), ("sec-purpose", Some(Agent::Preview))] {
+        let misnamed = Classifier::new(ALL, Some(HeaderName::from_static(name)));
+        let request = headers(&[(name, "prefetch"), ("user-agent", chrome)]);
+        let classified = misnamed.classify(&request, &mut buf);
+        assert!(classified.country_rejected, "{name}: not a country");
+        if let Some(agent) = agent {
+            assert_eq!(classified.dimensions.agent, agent, "{name}");
+        }
+    }
 }
 
 #[test]
@@ -261,4 +272,29 @@ fn verdicts_encode_and_decode() {
         }
     }
     assert_eq!(Verdict::decode(0), None, "an empty slot");
+}
+
+#[test]
+fn four_user_agents_of_one_set_are_all_kept_a_fifth_drops_the_oldest() {
+    let c = classifier(ALL);
+    let slot = |ua: &str| verdict_slot(c.hasher.hash_one(ua.as_bytes()));
+    let (set, _) = slot("agent/0");
+    let agents: Vec<String> = (0..)
+        .map(|n| format!("agent/{n}"))
+        .filter(|ua| slot(ua).0 == set)
+        .take(5)
+        .collect();
+    let held = || VERDICTS.with(|sets| sets[set].0.iter().map(Cell::get).collect::<Vec<_>>());
+    let kept = |ua: &str| held().iter().any(|h| h & !0xff == slot(ua).1);
+    for ua in &agents[..4] {
+        c.cached(ua.as_bytes());
+    }
+    for ua in &agents[..4] {
+        assert!(kept(ua), "{ua} kept beside three others of its set");
+    }
+    c.cached(agents[4].as_bytes());
+    assert!(!kept(&agents[0]), "the oldest makes room");
+    for ua in &agents[1..] {
+        assert!(kept(ua), "{ua} kept");
+    }
 }
