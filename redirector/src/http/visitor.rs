@@ -102,9 +102,9 @@ const DESKTOP: u32 = 0b1_1111 << 9;
 /// Sets of the per-thread verdict cache (a power of two), each of [`WAYS`] slots of 8 bytes.
 const VERDICT_SETS: usize = 128;
 /// Slots a set holds: user agents whose hashes pick the same set are all kept, up to this
-/// many. With one (a direct-mapped cache), two of the commonest that happened to pick the
-/// same slot, as two of twenty do in one process in three, took it from each other on every
-/// alternation, each time paying a miss.
+/// many. With one (a direct-mapped cache of 512 slots), two of the commonest that happened to
+/// pick the same slot, as two of twenty-one do in about one process in three, took it from
+/// each other on every alternation, each time paying a miss.
 const WAYS: usize = 4;
 
 /// One set of the verdict cache, in half a cache line.
@@ -168,7 +168,7 @@ pub(crate) struct Classifier {
     bots: isbot::Bots,
     devices: AhoCorasick,
     /// Keys the verdict cache; seeded at random, so that no one can choose a user agent
-    /// whose hash takes the slot of a browser's.
+    /// whose hashes crowd a browser's out of its set.
     hasher: foldhash::fast::RandomState,
 }
 
@@ -230,7 +230,8 @@ impl Classifier {
     }
 
     /// The headers a classification reads, in one pass over the request's, rather than a
-    /// `get` apiece (each hashes its name and probes the map: seven a request): comparing
+    /// `get` apiece (each hashes its name and probes the map: five to seven a request, by the
+    /// dimensions recorded): comparing
     /// each name (a byte, for a standard one) costs less, even for a browser's dozen or more
     /// headers (BENCHMARKS.md, "The redirector's share"). Each header's first value, as `get`
     /// gives it, but any value of a purpose header; the country header only when the country

@@ -292,6 +292,9 @@ fn four_user_agents_of_one_set_are_all_kept_a_fifth_drops_the_oldest() {
     for ua in &agents[..4] {
         assert!(kept(ua), "{ua} kept beside three others of its set");
     }
+    let before = held();
+    c.cached(agents[1].as_bytes());
+    assert_eq!(held(), before, "a hit, which moves nothing");
     c.cached(agents[4].as_bytes());
     assert!(!kept(&agents[0]), "the oldest makes room");
     for ua in &agents[1..] {
