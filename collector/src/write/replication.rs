@@ -297,13 +297,14 @@ impl Committed {
     pub fn add(&mut self, batch: &Batch, at: Instant) {
         let [senders, seqs, clicks] = batch.sender_columns();
         for ((sender, seq), clicks) in senders.into_iter().zip(seqs).zip(clicks) {
-            let (seq, clicks) = (seq as u64, clicks as u64);
-            let entry = self
-                .senders
-                .entry(sender as u64)
-                .or_insert(Commit { seq, clicks, at });
-            if seq >= entry.seq {
-                *entry = Commit { seq, clicks, at };
+            let commit = Commit {
+                seq: seq as u64,
+                clicks: clicks as u64,
+                at,
+            };
+            let entry = self.senders.entry(sender as u64).or_insert(commit);
+            if commit.seq >= entry.seq {
+                *entry = commit;
             }
         }
         // Noted and then forgotten while the batch filled: its row went with the batch.
@@ -377,8 +378,9 @@ impl Committed {
     fn behind(&self, there: &HashMap<u64, (u64, u64)>, now: Instant) -> Behind {
         let mut behind = Behind::default();
         for (&sender, c) in &self.senders {
-            let (db_seq, db_clicks) = there.get(&sender).copied().unwrap_or((0, 0));
-            let missing = !there.contains_key(&sender);
+            let row = there.get(&sender).copied();
+            let missing = row.is_none();
+            let (db_seq, db_clicks) = row.unwrap_or((0, 0));
             if missing && now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
                 continue;
             }

@@ -136,6 +136,10 @@ impl Verdict {
         agent: Agent::Bot,
         device: Device::Other,
     };
+    const PREVIEW: Verdict = Verdict {
+        agent: Agent::Preview,
+        device: Device::Other,
+    };
 
     /// Never 0 (an empty slot): the high bit is set.
     fn encode(self) -> u8 {
@@ -199,18 +203,7 @@ impl Classifier {
         buf: &'b mut [u8; MAX_REFERRER_LEN],
     ) -> Classified<'b> {
         let found = self.relevant(headers);
-        let verdict = if found.ahead_of_a_click {
-            // Before the user agent: a browser's prefetch carries a browser's.
-            Verdict {
-                agent: Agent::Preview,
-                device: Device::Other,
-            }
-        } else {
-            // Every browser sends a user agent: a request without one is a tool's.
-            found
-                .user_agent
-                .map_or(Verdict::TOOL, |ua| self.cached(ua.as_bytes()))
-        };
+        let verdict = self.verdict(&found);
         // A country header that holds no assigned code: the caller counts it.
         let country = found.country.map(|value| Country::parse(value.as_bytes()));
         let referrer = match found.referer {
@@ -227,6 +220,18 @@ impl Classifier {
             dimensions,
             country_rejected: country.is_some_and(|c| c.is_none()),
         }
+    }
+
+    /// A preview by its headers first (a browser's prefetch carries a browser's user agent),
+    /// then by its user agent. Every browser sends a user agent: a request without one is a
+    /// tool's.
+    fn verdict(&self, found: &Relevant<'_>) -> Verdict {
+        if found.ahead_of_a_click {
+            return Verdict::PREVIEW;
+        }
+        found
+            .user_agent
+            .map_or(Verdict::TOOL, |ua| self.cached(ua.as_bytes()))
     }
 
     /// The headers a classification reads, in one pass over the request's, rather than a
@@ -278,10 +283,7 @@ impl Classifier {
     /// user agent is a tool's, and so is one that is not UTF-8 (browsers send ASCII).
     fn judge(&self, ua: &[u8]) -> Verdict {
         if self.unfurlers.is_match(ua) {
-            return Verdict {
-                agent: Agent::Preview,
-                device: Device::Other,
-            };
+            return Verdict::PREVIEW;
         }
         match std::str::from_utf8(ua) {
             Ok(text) if !text.is_empty() && !self.bots.is_bot(text) => Verdict {
