@@ -21,12 +21,12 @@
 //! of it this collector accepted first; another process's datagram claiming it is refused,
 //! unless it comes from the same user at the same address: a redirector restarted on its state
 //! region (after a crash, a kill or a restart) goes on with the id and seqs of the process it
-//! replaces, from the acknowledgement socket that only its user can bind. Also refused is a
-//! seq further ahead than any sender could have got (from a sender without an address: one
-//! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
-//! process keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides, in
-//! both, those whose datagrams wait for their commit), and ids idle for 29 days are forgotten;
-//! what is forgotten leaves `click_senders` with the next batch.
+//! replaces, from the acknowledgement socket that only its user can bind. Also refused is
+//! so is a seq further ahead than any sender could have got (from a sender without an address:
+//! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
+//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides those whose
+//! datagrams wait for their commit), and ids idle for 29 days are forgotten; what is forgotten
+//! leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
@@ -44,8 +44,7 @@ const REPEAT_AFTER: Duration = Duration::from_millis(200);
 /// forged seq would claim.
 pub const MAX_JUMP: u64 = 100_000;
 /// Sender ids one process keeps: a redirector has one per process start (a new one after a
-/// day idle); a flood of fresh ids from one process replaces its own oldest once they are
-/// committed, nobody else's.
+/// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's.
 pub const PER_PROCESS: usize = 4;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
 /// claiming more per skipped datagram is not believed.
@@ -183,17 +182,6 @@ impl<A: Copy> Sender<A> {
             replaced: None,
             seen: now,
         }
-    }
-
-    /// Whether every datagram of it accepted is committed.
-    fn settled(&self) -> bool {
-        self.accepted == self.committed
-    }
-
-    /// Whether it expects an acknowledgement not sent yet (a sender without an address is
-    /// never acknowledged, and never resends).
-    fn awaits_ack(&self) -> bool {
-        self.reply.is_some() && !self.settled()
     }
 
     /// A reply of `ack`, unless the sender has no address or was told the same just now.
@@ -430,32 +418,15 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.bind(sender, owner);
     }
 
-    /// Records that `sender` belongs to `owner` (see [`Senders::trim`]).
+    /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
+    /// oldest is forgotten.
     fn bind(&mut self, sender: u64, owner: Option<Owner>) {
         let Some(owner) = owner else { return };
-        self.by_process.entry(owner).or_default().push(sender);
-        self.trim(owner);
-    }
-
-    /// Past `PER_PROCESS` ids of `owner`, forgets its oldest, except one that waits for the
-    /// acknowledgement of a datagram not committed yet: forgotten, its commit would go
-    /// unacknowledged and its resend be written twice. That one stays until it is settled, as
-    /// in [`Senders::sweep`]; they are at most the senders of the receiver's two batches.
-    fn trim(&mut self, owner: Owner) {
-        let Some(ids) = self.by_process.get(&owner) else {
-            return;
-        };
-        let Some(excess) = ids.len().checked_sub(PER_PROCESS).filter(|&n| n > 0) else {
-            return;
-        };
-        let settled: Vec<u64> = ids
-            .iter()
-            .copied()
-            .filter(|id| self.map.get(id).is_some_and(|s| !s.awaits_ack()))
-            .take(excess)
-            .collect();
-        for id in settled {
-            self.forget(id);
+        let ids = self.by_process.entry(owner).or_default();
+        ids.push(sender);
+        if ids.len() > PER_PROCESS {
+            let oldest = ids.remove(0);
+            self.forget(oldest);
         }
     }
 
@@ -494,7 +465,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         let mut by_age: Vec<(Instant, u64, bool)> = self
             .map
             .iter()
-            .map(|(&id, s)| (s.seen, id, s.settled()))
+            .map(|(&id, s)| (s.seen, id, s.accepted == s.committed))
             .collect();
         by_age.sort_unstable();
         let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
@@ -520,12 +491,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         let committed = s.committed.map_or(seq, |c| c.max(seq));
         s.committed = Some(committed);
         s.seen = now;
-        let reply = s.tell(Ack::new(sender, Some(committed), None), now, true);
-        // Settled now: it may be one its process kept past its quota.
-        if let Some(owner) = s.owner {
-            self.trim(owner);
-        }
-        reply
+        s.tell(Ack::new(sender, Some(committed), None), now, true)
     }
 
     /// The receiver reads again, after it stopped (both batches with a writer waiting for the
@@ -900,27 +866,6 @@ mod tests {
         assert_eq!(forgotten.len(), 10_000 - PER_PROCESS);
         assert!(!forgotten.contains(&1));
         assert!(s.forgotten().is_empty(), "reported once");
-    }
-
-    /// A process past its quota of ids while their datagrams wait for their commit: none that
-    /// expects an acknowledgement is forgotten, so each commit is acknowledged (forgotten, a
-    /// sender would resend and have its clicks written twice); once committed, its oldest go.
-    #[test]
-    fn a_process_past_its_few_ids_keeps_those_waiting_for_their_commit() {
-        let mut s = Senders::<Addr>::default();
-        let now = Instant::now();
-        let ids = 1..=PER_PROCESS as u64 + 2;
-        for id in ids.clone() {
-            s.judge(id, (0, 1), addr(), creds(66), now);
-        }
-        assert_eq!(s.len(), PER_PROCESS + 2, "all wait for their commit");
-        assert!(s.forgotten().is_empty());
-        for id in ids {
-            let acked = s.commit(id, 0, now).map(|r| r.ack.committed);
-            assert_eq!(acked, Some(Some(0)), "sender {id}'s commit is acknowledged");
-        }
-        assert_eq!(s.len(), PER_PROCESS);
-        assert_eq!(s.forgotten(), [1, 2], "the oldest two, once committed");
     }
 
     #[test]
