@@ -21,16 +21,17 @@
 //! of it this collector accepted first; another process's datagram claiming it is refused,
 //! unless it comes from the same user at the same address: a redirector restarted on its state
 //! region (after a crash, a kill or a restart) goes on with the id and seqs of the process it
-//! replaces, from the acknowledgement socket that only its user can bind. Also refused is
-//! so is a seq further ahead than any sender could have got (from a sender without an address:
-//! one with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a process
-//! keeps at most `PER_PROCESS` ids, all senders at most `MAX_SENDERS` (besides those whose
-//! datagrams wait for their commit), and ids idle for 29 days are forgotten; what is forgotten
-//! leaves `click_senders` with the next batch.
+//! replaces, from the acknowledgement socket that only its user can bind. Also refused is a
+//! seq further ahead than any sender could have got (from a sender without an address: one
+//! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
+//! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
+//! minute or two past their commit), all senders at most `MAX_SENDERS`
+//! (besides those whose datagrams wait for their commit), and ids idle for 29 days are
+//! forgotten; what is forgotten leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::wire::{Ack, Resync};
@@ -44,7 +45,9 @@ const REPEAT_AFTER: Duration = Duration::from_millis(200);
 /// forged seq would claim.
 pub const MAX_JUMP: u64 = 100_000;
 /// Sender ids one process keeps: a redirector has one per process start (a new one after a
-/// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's.
+/// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's
+/// while the others are well under `MAX_SENDERS` (one with an address goes a minute or two
+/// after its commit, so that a repeat after a lost acknowledgement is acknowledged again).
 pub const PER_PROCESS: usize = 4;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
 /// claiming more per skipped datagram is not believed.
@@ -167,6 +170,9 @@ struct Sender<A> {
     /// Whose it was before a later process took it over: never again (a datagram of the dead
     /// one still in flight must not hand it back).
     replaced: Option<Owner>,
+    /// Pushed out of its process's ids, with an address: forgotten a minute or two after its
+    /// datagrams are committed (see [`Senders::bind`]).
+    over_quota: bool,
     seen: Instant,
 }
 
@@ -180,8 +186,14 @@ impl<A: Copy> Sender<A> {
             told: None,
             owner: None,
             replaced: None,
+            over_quota: false,
             seen: now,
         }
+    }
+
+    /// Whether every datagram of it accepted is committed.
+    fn settled(&self) -> bool {
+        self.accepted == self.committed
     }
 
     /// A reply of `ack`, unless the sender has no address or was told the same just now.
@@ -210,8 +222,8 @@ pub struct Senders<A> {
     map: HashMap<u64, Sender<A>>,
     /// The last resend request made to each sender, until a resync answers it.
     asked: HashMap<u64, Asked<A>>,
-    /// Each process's ids, oldest first.
-    by_process: HashMap<Owner, Vec<u64>>,
+    /// Each process's ids, oldest first, at most `PER_PROCESS`.
+    by_process: HashMap<Owner, VecDeque<u64>>,
     /// Forgotten since `forgotten` was last called: to delete from click_senders.
     forgotten: Vec<u64>,
     swept: Instant,
@@ -419,14 +431,24 @@ impl<A: Copy + PartialEq> Senders<A> {
     }
 
     /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
-    /// oldest is forgotten.
+    /// oldest leaves them. It is forgotten, unless it has an address: forgotten then, a commit
+    /// of its datagrams still to come would go unacknowledged, or one just made be lost with
+    /// its acknowledgement, and its resend be written twice. Such a one goes at the first sweep
+    /// a minute after it was last seen, its commit at the latest: long after the repeat that
+    /// follows a lost acknowledgement (see [`Senders::sweep`]). The id bound is the newest,
+    /// never the one pushed out.
     fn bind(&mut self, sender: u64, owner: Option<Owner>) {
         let Some(owner) = owner else { return };
+        if let Some(s) = self.map.get_mut(&sender) {
+            s.over_quota = false;
+        }
         let ids = self.by_process.entry(owner).or_default();
-        ids.push(sender);
-        if ids.len() > PER_PROCESS {
-            let oldest = ids.remove(0);
-            self.forget(oldest);
+        ids.push_back(sender);
+        let oldest = (ids.len() > PER_PROCESS).then(|| ids.pop_front()).flatten();
+        let Some(oldest) = oldest else { return };
+        match self.map.get_mut(&oldest) {
+            Some(s) if s.reply.is_some() => s.over_quota = true,
+            _ => self.forget(oldest),
         }
     }
 
@@ -445,10 +467,11 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.forgotten.push(sender);
     }
 
-    /// Once a minute: forgets ids idle for `IDLE`, and the least recently seen tenth while there
-    /// are more than `MAX_SENDERS`; never one with datagrams waiting for their commit. (A
-    /// sender whose datagrams wait for a database that is away is not idle, and one pushed
-    /// out by a flood of others would be as wronged: forgotten, its commit would go
+    /// Once a minute: forgets ids idle for `IDLE`, ids pushed out of their process's ids and
+    /// not seen for a minute, and the least recently seen tenth while there are more than
+    /// `MAX_SENDERS`, those pushed out first; never one with datagrams waiting for their
+    /// commit. (A sender whose datagrams wait for a database that is away is not idle, and one
+    /// pushed out by a flood of others would be as wronged: forgotten, its commit would go
     /// unacknowledged, and its resend be written twice. Those are at most the senders of the
     /// datagrams in the receiver's two batches, so memory stays bounded.)
     fn sweep(&mut self, now: Instant) {
@@ -462,10 +485,11 @@ impl<A: Copy + PartialEq> Senders<A> {
         // Datagrams that queued while the receiver was not reading are not judged yet: their
         // senders are not idle, whatever their `seen` says.
         let caught_up = now - self.reading_since >= CAUGHT_UP;
-        let mut by_age: Vec<(Instant, u64, bool)> = self
+        let mut by_age: Vec<(bool, Instant, u64)> = self
             .map
             .iter()
-            .map(|(&id, s)| (s.seen, id, s.accepted == s.committed))
+            .filter(|(_, s)| s.settled())
+            .map(|(&id, s)| (!s.over_quota, s.seen, id))
             .collect();
         by_age.sort_unstable();
         let over = self.map.len().saturating_sub(MAX_SENDERS * 9 / 10);
@@ -474,8 +498,10 @@ impl<A: Copy + PartialEq> Senders<A> {
         } else {
             0
         };
-        for (seen, id, _) in by_age.into_iter().filter(|&(.., settled)| settled) {
-            if excess > 0 || (caught_up && now - seen >= IDLE) {
+        for (kept, seen, id) in by_age {
+            let idle = now - seen;
+            let over_quota = !kept && idle >= SWEEP_EVERY;
+            if excess > 0 || (caught_up && (idle >= IDLE || over_quota)) {
                 excess = excess.saturating_sub(1);
                 self.forget(id);
             }
@@ -868,6 +894,125 @@ mod tests {
         assert!(s.forgotten().is_empty(), "reported once");
     }
 
+    /// A process past its quota of ids while their datagrams wait for their commit: none that
+    /// expects an acknowledgement is forgotten before its commit, so each commit is
+    /// acknowledged (forgotten, a sender would resend and have its clicks written twice); once
+    /// committed, the oldest go.
+    #[test]
+    fn a_process_past_its_few_ids_keeps_those_waiting_for_their_commit() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let ids = 1..=PER_PROCESS as u64 + 2;
+        for id in ids.clone() {
+            s.judge(id, (0, 1), addr(), creds(66), now);
+        }
+        assert_eq!(s.len(), PER_PROCESS + 2, "all wait for their commit");
+        assert!(s.forgotten().is_empty());
+        let committed = now + SWEEP_EVERY / 2;
+        for id in ids {
+            let acked = s.commit(id, 0, committed).map(|r| r.ack.committed);
+            assert_eq!(acked, Some(Some(0)), "sender {id}'s commit is acknowledged");
+        }
+        let again = s.judge(1, (0, 1), addr(), creds(66), committed + REPEAT_AFTER);
+        let acked = again.1.map(|r| r.ack.committed);
+        assert_eq!(
+            (again.0, acked),
+            (Verdict::Duplicate, Some(Some(0))),
+            "a resend after a lost acknowledgement is acknowledged again, not written twice"
+        );
+        s.judge(98, (0, 1), addr(), creds(67), now + SWEEP_EVERY);
+        assert!(
+            s.forgotten().is_empty(),
+            "swept half a minute after the commit"
+        );
+        s.judge(99, (0, 1), addr(), creds(67), now + 2 * SWEEP_EVERY);
+        assert_eq!(s.len(), PER_PROCESS + 2);
+        assert_eq!(
+            s.forgotten(),
+            [1, 2],
+            "the oldest two, a minute after their commit"
+        );
+    }
+
+    /// One with an address pushed out just after its commit is kept as one waiting for it
+    /// is: its acknowledgement may be lost, and the repeat that then comes is acknowledged
+    /// again. Nor does it go while the receiver reads what queued while it was not reading.
+    #[test]
+    fn an_id_pushed_out_just_after_its_commit_is_kept_for_a_repeat() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        for id in 1..=PER_PROCESS as u64 {
+            s.judge(id, (0, 1), addr(), creds(66), now);
+            s.commit(id, 0, now);
+        }
+        s.judge(5, (0, 1), addr(), creds(66), now);
+        let (verdict, reply) = s.judge(1, (0, 1), addr(), creds(66), now + REPEAT_AFTER);
+        assert_eq!(verdict, Verdict::Duplicate, "a repeat, not written twice");
+        assert_eq!(reply.map(|r| r.ack.committed), Some(Some(0)));
+        let resumed = now + SWEEP_EVERY;
+        s.resumed(resumed);
+        s.judge(98, (0, 1), addr(), creds(67), resumed + CAUGHT_UP / 2);
+        assert!(s.forgotten().is_empty(), "not caught up yet");
+        s.judge(99, (0, 1), addr(), creds(67), resumed + CAUGHT_UP * 2);
+        assert_eq!(s.forgotten(), [1]);
+    }
+
+    /// The id a datagram binds to its process is never the one its quota pushes out, even when
+    /// every older id of the process waits for its commit: a settled id taken over, and a new
+    /// sender without an address (which, forgotten, would have each datagram counted as lost).
+    #[test]
+    fn the_id_just_bound_stays_when_the_older_ones_all_wait_for_their_commit() {
+        let mut s = Senders::<Addr>::committed([(100, 5, 6)]);
+        let now = Instant::now();
+        let waiting = 1..=PER_PROCESS as u64;
+        for id in waiting.clone() {
+            s.judge(id, (0, 1), addr(), creds(66), now);
+        }
+        s.judge(100, (6, 1), addr(), creds(65), now);
+        s.commit(100, 6, now);
+        assert_eq!(
+            s.judge(100, (7, 1), addr(), creds(66), now).0,
+            Verdict::Accept { lost: 0 },
+            "taken over by the process whose ids all wait"
+        );
+        let acked = s.commit(100, 7, now).map(|r| r.ack.committed);
+        assert_eq!(acked, Some(Some(7)), "the id taken over is acknowledged");
+        assert!(s.knows(100));
+        s.judge(200, (0, 1), None, creds(66), now);
+        assert_eq!(
+            s.judge(200, (1, 1), None, creds(66), now).0,
+            Verdict::Accept { lost: 0 },
+            "the sender without an address is still known"
+        );
+        for id in waiting {
+            let acked = s.commit(id, 0, now).map(|r| r.ack.committed);
+            assert_eq!(acked, Some(Some(0)), "sender {id}'s commit is acknowledged");
+        }
+        s.judge(99, (0, 1), addr(), creds(67), now + SWEEP_EVERY);
+        assert_eq!(s.forgotten(), [1, 2], "pushed out by 100 and 200");
+        assert!(s.knows(100) && s.knows(200));
+    }
+
+    /// An id pushed out of its process's ids while it waited, then taken over by a later
+    /// process: it is that process's now, and its commit does not forget it.
+    #[test]
+    fn an_id_pushed_out_then_taken_over_stays_with_its_new_process() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        for id in 1..=PER_PROCESS as u64 + 1 {
+            s.judge(id, (0, 1), addr(), creds(65), now);
+        }
+        assert_eq!(
+            s.judge(1, (1, 1), addr(), creds(66), now).0,
+            Verdict::Accept { lost: 0 }
+        );
+        let acked = s.commit(1, 1, now).map(|r| r.ack.committed);
+        assert_eq!(acked, Some(Some(1)));
+        s.judge(99, (0, 1), addr(), creds(67), now + SWEEP_EVERY);
+        assert!(s.knows(1), "kept by the process that took it over");
+        assert!(s.forgotten().is_empty());
+    }
+
     #[test]
     fn ids_idle_for_29_days_are_forgotten() {
         let mut s = Senders::<Addr>::committed([(1, 5, 0)]);
@@ -941,6 +1086,30 @@ mod tests {
         let forgotten = s.forgotten();
         assert_eq!(forgotten.len(), MAX_SENDERS / 10 + 1, "back to nine tenths");
         assert!(s.knows(waiting), "its datagram waits for its commit");
+    }
+
+    /// A flood of fresh ids from one process with an address, committed a batch at a time:
+    /// past the most senders, the ids the flood pushed out of its process's while they waited
+    /// go first, not the other senders (older, and so first by age alone).
+    #[test]
+    fn past_the_most_senders_a_flood_with_an_address_forgets_its_own() {
+        let start = Instant::now();
+        let others = MAX_SENDERS as u64 - 20_000;
+        let mut s = Senders::<Addr>::committed((1..=others).map(|id| (id, 5, 0)));
+        let later = start + Duration::from_secs(1);
+        let flood: Vec<u64> = (others + 1..=others + 30_000).collect();
+        for batch in flood.chunks(1_000) {
+            for &id in batch {
+                s.judge(id, (0, 1), addr(), creds(66), later);
+            }
+            for &id in batch {
+                s.commit(id, 0, later);
+            }
+        }
+        let forgotten = s.forgotten();
+        assert!(forgotten.len() >= MAX_SENDERS / 10, "{}", forgotten.len());
+        assert!(forgotten.iter().all(|&id| id > others), "only the flood's");
+        assert!(s.len() <= MAX_SENDERS);
     }
 
     /// A database away for days holds the datagrams accepted before it went, and the
