@@ -31,6 +31,8 @@ pub(crate) struct Knobs {
     pub(crate) modes: Vec<String>,
     /// The `--dimensions` of mode `dimensions`; none: the mode runs without the flag.
     pub(crate) dimensions: Option<String>,
+    /// INSERTs a second of mode `neighbour`'s stand-in for the pipeline's database work.
+    pub(crate) neighbour_rate: u64,
     /// Clicks a second of a totals run, and its length in seconds.
     pub(crate) rate: u64,
     pub(crate) totals_secs: u64,
@@ -48,7 +50,14 @@ pub(crate) struct Knobs {
     pub(crate) distinct: u64,
 }
 
-const REDIRECT_MODES: [&str; 5] = ["off", "pipeline", "direct", "dimensions", "baseline"];
+const REDIRECT_MODES: [&str; 6] = [
+    "off",
+    "pipeline",
+    "direct",
+    "dimensions",
+    "neighbour",
+    "baseline",
+];
 
 /// What `--dimensions` may list.
 const DIMENSIONS: [&str; 3] = ["referrer", "device", "country"];
@@ -75,7 +84,8 @@ impl Knobs {
             .collect();
         if let Some(bad) = modes.iter().find(|m| !REDIRECT_MODES.contains(&m.as_str())) {
             return Err(format!(
-                "MODES: unknown mode {bad:?} (off, pipeline, direct, dimensions, baseline)"
+                "MODES: unknown mode {bad:?} ({})",
+                REDIRECT_MODES.join(", ")
             )
             .into());
         }
@@ -104,6 +114,7 @@ impl Knobs {
             current_rev: text("CURRENT_REV"),
             modes,
             dimensions: dimensions("DIMENSIONS", &DIMENSIONS.join(","))?,
+            neighbour_rate: positive("NEIGHBOUR_RATE", 650)?,
             rate: positive("RATE", 90_000)?,
             totals_secs: positive("TOTALS_SECS", 120)?,
             totals_dimensions: dimensions("TOTALS_DIMENSIONS", "none")?,

@@ -73,7 +73,7 @@ fn change_script(table: &str, one_txn: bool, per_txn: u64) -> String {
 }
 
 /// pgbench: on PATH, or beside initdb (where Debian's postgresql package puts it).
-fn pgbench_bin() -> Res<PathBuf> {
+pub(crate) fn pgbench_bin() -> Res<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -128,7 +128,7 @@ fn pgbench(bench: &Bench, rate: u64, secs: u64, changes: Changes, n: u64, log: &
 }
 
 /// The transactions a second pgbench reached, from its log ("tps = ...").
-fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
+pub(crate) fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
     let text = std::fs::read_to_string(bench.path(log)).unwrap_or_default();
     text.lines()
         .find_map(|l| {
@@ -142,7 +142,7 @@ fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
 }
 
 /// Waits for pgbench; an error with the tail of its log if it failed.
-async fn finish_pgbench(bench: &Bench, changer: Proc, log: &str) -> Res<()> {
+pub(crate) async fn finish_pgbench(bench: &Bench, changer: Proc, log: &str) -> Res<()> {
     changer
         .finish()
         .await

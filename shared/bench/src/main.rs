@@ -10,6 +10,7 @@ mod knobs;
 mod links;
 mod maintenance;
 mod memory;
+mod neighbour;
 mod procfs;
 mod redirect;
 mod services;
@@ -29,7 +30,9 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
   scripts/bench redirect    redirector throughput/latency: --clicks off | pipeline | direct,
                             every request carrying browsers' headers (User-Agent, Referer,
                             X-Country); MODES=\"pipeline dimensions\": the pipeline without
-                            and with --dimensions DIMENSIONS side by side
+                            and with --dimensions DIMENSIONS side by side; mode neighbour:
+                            clicks off beside pgbench making NEIGHBOUR_RATE single-row
+                            INSERTs a second, PostgreSQL busy without the pipeline
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
@@ -73,7 +76,8 @@ BASELINE (a git revision: its binaries run as mode `baseline` beside the current
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
 instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", also
-dimensions, plus baseline with BASELINE), DIMENSIONS (\"referrer,device,country\", the
+dimensions and neighbour, plus baseline with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
+of mode neighbour), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
 10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
 a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), TOTALS_DIMENSIONS (none:

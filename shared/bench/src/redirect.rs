@@ -1,6 +1,7 @@
 //! `redirect`: the redirector's throughput and latency with clicks off, through the pipeline,
-//! one INSERT per request (direct), the pipeline with `--dimensions`, and BASELINE's pipeline;
-//! what each process spends per redirect, and each one's peak memory.
+//! one INSERT per request (direct), the pipeline with `--dimensions`, clicks off beside a busy
+//! PostgreSQL (neighbour), and BASELINE's pipeline; what each process spends per redirect, and
+//! each one's peak memory.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -190,7 +191,8 @@ fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
 }
 
 /// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
-/// `--dimensions`, or baseline: the pipeline of BASELINE's binaries), each request with a
+/// `--dimensions`, neighbour: off beside a busy PostgreSQL, or baseline: the pipeline of
+/// BASELINE's binaries), each request with a
 /// block of `headers` when given. The measured window runs from the load's start until the
 /// collector has written and folded the run's clicks, so compaction is included. Appends a
 /// row to $OUT/redirect.tsv.
@@ -204,6 +206,7 @@ async fn once(
     let (variant, clicks) = match mode {
         "baseline" => (Variant::Baseline, "pipeline"),
         "dimensions" => (Variant::Current, "pipeline"),
+        "neighbour" => (Variant::Current, "off"),
         _ => (Variant::Current, mode),
     };
     let dims = dimensions(bench, mode).map(str::to_owned);
@@ -230,6 +233,13 @@ async fn once(
     };
     let memory = PgMemory::start(bench.postmaster);
     let collector_pid = collector.as_ref().map(Proc::pid);
+    let neighbour = match mode {
+        "neighbour" => {
+            let run = format!("{mix}-{round}");
+            Some(crate::neighbour::start(bench, bench.knobs.duration, &run).await?)
+        }
+        _ => None,
+    };
     let cpu0 = Cpu::now(Some(redirector.pid()), collector_pid, bench.postmaster);
     let load = Load {
         connections: bench.knobs.connections,
@@ -250,6 +260,9 @@ async fn once(
     let red_ticks = crate::procfs::ticks(redirector.pid());
     let red_mib = hwm_mib(redirector.pid());
     redirector.stop().await;
+    if let Some(neighbour) = neighbour {
+        neighbour.finish(bench).await?;
+    }
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
     let (redirects, sent, dropped) = final_counts(&log_text)
         .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
