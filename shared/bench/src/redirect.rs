@@ -260,9 +260,6 @@ async fn once(
     let red_ticks = crate::procfs::ticks(redirector.pid());
     let red_mib = hwm_mib(redirector.pid());
     redirector.stop().await;
-    if let Some(neighbour) = neighbour {
-        neighbour.finish(bench).await?;
-    }
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
     let (redirects, sent, dropped) = final_counts(&log_text)
         .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
@@ -275,6 +272,10 @@ async fn once(
     }
     let mut cpu1 = Cpu::now(None, collector_pid, bench.postmaster);
     cpu1.redirector = red_ticks;
+    // Read first: the neighbour runs on for the half second it started ahead of the load.
+    if let Some(neighbour) = neighbour {
+        neighbour.finish(bench).await?;
+    }
     let pg_mib = memory.peak();
     let per = cpu1.per_click(&cpu0, redirects);
     if let Some(c) = collector {
@@ -420,6 +421,12 @@ fn print_table(bench: &Bench, modes: &[String]) {
             });
         println!("`dimensions`: the pipeline with {flags}.");
     }
+    if k.modes.iter().any(|m| m == "neighbour") {
+        println!(
+            "`neighbour`: clicks off beside pgbench making {} single-row INSERTs a second.",
+            k.neighbour_rate
+        );
+    }
     println!("Every request carries a browser's, a crawler's or a previewer's User-Agent, a Referer or none, and {COUNTRY_HEADER} (testkit's browsers).");
     if let Some(base) = &k.baseline {
         println!(
@@ -456,7 +463,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
         "each load run's latency percentiles: {}/load-MIX-MODE-ROUND.txt.",
         bench.out.display()
     );
-    println!("CPU counts from the load's start until the collector has written and folded the run's clicks.");
+    println!("CPU counts from the load's start until the collector has written and folded the run's clicks (with no collector, until the load ends).");
 }
 
 /// The host's cost of a redirect in `mode` against mode off: the redirector's and the
