@@ -5,7 +5,6 @@
 //! own transaction at a fixed rate, or CHANGE_RATE of them in one transaction a second.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +12,7 @@ use std::time::{Duration, Instant};
 use testkit::redirector::load::{Client, Load, Paths};
 
 use crate::cluster::execute;
+use crate::pgbench::{finish_pgbench, pgbench_bin, pgbench_rate};
 use crate::procfs::{clk_tck, memory_kib, pg_switches, pg_ticks, switches, ticks, Cpu};
 use crate::redirect::stats;
 use crate::services::{metric, Proc};
@@ -72,19 +72,6 @@ fn change_script(table: &str, one_txn: bool, per_txn: u64) -> String {
     }
 }
 
-/// pgbench: on PATH, or beside initdb (where Debian's postgresql package puts it).
-pub(crate) fn pgbench_bin() -> Res<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("pgbench"));
-    let beside = testkit::pgtest::find_bindir().map(|d| d.join("pgbench"));
-    on_path
-        .chain(beside)
-        .find(|p| p.is_file())
-        .ok_or_else(|| "pgbench not found (Debian: apt-get install postgresql)".into())
-}
-
 /// How a run changes links: to links or (control) to links_control, each change its own
 /// transaction (at a rate, `-R`) or `rate` of them in one transaction, then a second's pause
 /// (`one_txn`).
@@ -125,28 +112,6 @@ fn pgbench(bench: &Bench, rate: u64, secs: u64, changes: Changes, n: u64, log: &
     let log = bench.path(log);
     let _ = std::fs::remove_file(&log);
     Proc::spawn("pgbench", cmd, &log)
-}
-
-/// The transactions a second pgbench reached, from its log ("tps = ...").
-pub(crate) fn pgbench_rate(bench: &Bench, log: &str) -> f64 {
-    let text = std::fs::read_to_string(bench.path(log)).unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("tps = ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
-/// Waits for pgbench; an error with the tail of its log if it failed.
-pub(crate) async fn finish_pgbench(bench: &Bench, changer: Proc, log: &str) -> Res<()> {
-    changer
-        .finish()
-        .await
-        .map_err(|e| format!("{e}: {}", crate::services::tail(&bench.path(log), 3)).into())
 }
 
 /// The redirector of `variant` serving the current database's links, clicks off (only the

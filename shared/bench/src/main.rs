@@ -11,6 +11,7 @@ mod links;
 mod maintenance;
 mod memory;
 mod neighbour;
+mod pgbench;
 mod procfs;
 mod redirect;
 mod services;

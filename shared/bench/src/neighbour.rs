@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::knobs::CODES;
-use crate::links::{finish_pgbench, pgbench_bin, pgbench_rate};
+use crate::pgbench::{finish_pgbench, pgbench_bin, pgbench_rate};
 use crate::services::Proc;
 use crate::{log, Bench, Res, Variant};
 
@@ -17,7 +17,7 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS bench_neighbour \
 /// The neighbour under way, and the name of its log in $OUT.
 pub(crate) struct Neighbour {
     pgbench: Proc,
-    log: String,
+    log_file: String,
 }
 
 /// Starts the neighbour for a load run of `secs` seconds, and lets it get under way first.
@@ -39,21 +39,21 @@ pub(crate) async fn start(bench: &Bench, secs: u64, run: &str) -> Res<Neighbour>
         .args(["-T", &(secs + 1).to_string(), "-f"])
         .arg(&script)
         .arg(bench.url(Variant::Current));
-    let log = format!("neighbour-{run}.log");
-    let path = bench.path(&log);
+    let log_file = format!("neighbour-{run}.log");
+    let path = bench.path(&log_file);
     let _ = std::fs::remove_file(&path);
     let pgbench = Proc::spawn("pgbench", cmd, &path)?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    Ok(Neighbour { pgbench, log })
+    Ok(Neighbour { pgbench, log_file })
 }
 
 impl Neighbour {
     /// Waits for the neighbour to end, and logs the rate it reached.
     pub(crate) async fn finish(self, bench: &Bench) -> Res<()> {
-        finish_pgbench(bench, self.pgbench, &self.log).await?;
+        finish_pgbench(bench, self.pgbench, &self.log_file).await?;
         log(&format!(
             "neighbour: {:.0} INSERTs a second (NEIGHBOUR_RATE {})",
-            pgbench_rate(bench, &self.log),
+            pgbench_rate(bench, &self.log_file),
             bench.knobs.neighbour_rate
         ));
         Ok(())

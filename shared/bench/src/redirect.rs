@@ -192,10 +192,9 @@ fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
 
 /// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
 /// `--dimensions`, neighbour: off beside a busy PostgreSQL, or baseline: the pipeline of
-/// BASELINE's binaries), each request with a
-/// block of `headers` when given. The measured window runs from the load's start until the
-/// collector has written and folded the run's clicks, so compaction is included. Appends a
-/// row to $OUT/redirect.tsv.
+/// BASELINE's binaries), each request with a block of `headers` when given. The measured
+/// window runs from the load's start until the collector has written and folded the run's
+/// clicks, so compaction is included. Appends a row to $OUT/redirect.tsv.
 async fn once(
     bench: &mut Bench,
     mix: &str,

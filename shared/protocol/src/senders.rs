@@ -25,9 +25,9 @@
 //! seq further ahead than any sender could have got (from a sender without an address: one
 //! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
 //! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
-//! minute or two past their commit), all senders at most `MAX_SENDERS`
-//! (besides those whose datagrams wait for their commit), and ids idle for 29 days are
-//! forgotten; what is forgotten leaves `click_senders` with the next batch.
+//! minute or two past their commit), all senders at most `MAX_SENDERS` (besides those whose
+//! datagrams wait for their commit), and ids idle for 29 days are forgotten; what is
+//! forgotten leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
@@ -498,10 +498,10 @@ impl<A: Copy + PartialEq> Senders<A> {
         } else {
             0
         };
-        for (kept, seen, id) in by_age {
+        for (in_quota, seen, id) in by_age {
             let idle = now - seen;
-            let over_quota = !kept && idle >= SWEEP_EVERY;
-            if excess > 0 || (caught_up && (idle >= IDLE || over_quota)) {
+            let done = idle >= IDLE || (!in_quota && idle >= SWEEP_EVERY);
+            if excess > 0 || (caught_up && done) {
                 excess = excess.saturating_sub(1);
                 self.forget(id);
             }
