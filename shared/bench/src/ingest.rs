@@ -402,18 +402,9 @@ async fn totals_once(
     }
     send_with(bench, cmd).await?;
     let admin = addr(COLLECTOR_ADMIN);
-    let what = format!("{n} clicks written");
-    crate::services::until(
-        Duration::from_secs(120),
-        &what,
-        &bench.path("collector.log"),
-        || async {
-            crate::services::metric(admin, "collector_clicks_written_total")
-                .await
-                .is_ok_and(|w| w - written.clicks >= n as f64)
-        },
-    )
-    .await?;
+    written
+        .await_written(bench, n as f64, Duration::from_secs(120))
+        .await?;
     let lag1 = lag_buckets().await?;
     let cpu_written = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // Until every count of the run is folded: each variant then carries the whole cost of

@@ -136,18 +136,24 @@ impl Written {
         })
     }
 
+    /// Waits until the collector has written `n` clicks since.
+    pub(crate) async fn await_written(&self, bench: &Bench, n: f64, limit: Duration) -> Res<()> {
+        let admin = addr(COLLECTOR_ADMIN);
+        let what = format!("{n} clicks written");
+        until(limit, &what, &bench.path("collector.log"), || async {
+            metric(admin, "collector_clicks_written_total")
+                .await
+                .is_ok_and(|w| w - self.clicks >= n)
+        })
+        .await
+    }
+
     /// Waits until the collector has written `n` clicks since, and folded them: a compaction
     /// has run since, with no count left pending. The compaction seconds since.
     pub(crate) async fn await_folded(&self, bench: &Bench, n: f64, limit: Duration) -> Res<f64> {
         let admin = addr(COLLECTOR_ADMIN);
         let log = bench.path("collector.log");
-        let what = format!("{n} clicks written");
-        until(limit, &what, &log, || async {
-            metric(admin, "collector_clicks_written_total")
-                .await
-                .is_ok_and(|w| w - self.clicks >= n)
-        })
-        .await?;
+        self.await_written(bench, n, limit).await?;
         // Each look is a scrape of the collector's /metrics, whose CPU the run counts: looked
         // at every 50 ms through the wait for a fold (up to --compact-interval), the scrapes
         // were most of the collector's CPU after the clicks were written (BENCHMARKS.md,
@@ -262,8 +268,16 @@ async fn once(
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
     let (redirects, sent, dropped) = final_counts(&log_text)
         .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
-    let (mut compact, mut col_mib) = (0.0, "0".to_owned());
+    let (mut compact, mut col_mib, mut col_written) = (0.0, "0".to_owned(), "0.000".to_owned());
     if let Some(c) = &collector {
+        // The collector's CPU until the clicks are written, apart: the wait for the fold below
+        // charges the round a whole fold of its counts, however short the round.
+        written
+            .await_written(bench, sent as f64, Duration::from_secs(300))
+            .await?;
+        let [_, until_written, _] =
+            Cpu::now(None, collector_pid, bench.postmaster).per_click(&cpu0, redirects);
+        col_written = until_written;
         compact = written
             .await_folded(bench, sent as f64, Duration::from_secs(300))
             .await?;
@@ -298,7 +312,7 @@ async fn once(
     row.extend([redirects, sent, dropped].map(|n| n.to_string()));
     row.push(format!("{compact:.2}"));
     row.extend(per);
-    row.extend([red_mib, col_mib, pg_mib]);
+    row.extend([red_mib, col_mib, pg_mib, col_written]);
     crate::table::append(&bench.path("redirect.tsv"), &row)
 }
 
@@ -434,7 +448,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
         );
     }
     println!();
-    println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
+    println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector (until written) / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let rows = rows(&bench.path("redirect.tsv"));
     for mix in MIXES {
@@ -444,9 +458,9 @@ fn print_table(bench: &Bench, modes: &[String]) {
             let rps = num(&col(mode, 4));
             let c = |f| col(mode, f);
             println!(
-                "| {mix} | {mode} | {rps:.0} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} / {} / {} |",
+                "| {mix} | {mode} | {rps:.0} | {} | {} | {} | {} | {} | {} / {} ({}) / {} | {} | {} / {} / {} |",
                 ratio(rps, base, 3),
-                c(5), c(6), c(9), c(10), c(11), c(12), c(13),
+                c(5), c(6), c(9), c(10), c(11), c(12), c(17), c(13),
                 host_cost(&rows, mix, mode, bench.knobs.rounds),
                 c(14), c(15), c(16)
             );
@@ -457,12 +471,14 @@ fn print_table(bench: &Bench, modes: &[String]) {
         "Every run: {} (mix, mode, round, req/s, p50 ms, p99 ms, redirects, sent, dropped,",
         bench.path("redirect.tsv").display()
     );
-    println!("compaction s, CPU us per redirect of redirector, collector and PostgreSQL, peak MiB of each);");
+    println!("compaction s, CPU us per redirect of redirector, collector and PostgreSQL, peak MiB of each,");
+    println!("the collector's CPU us per redirect until the clicks were written);");
     println!(
         "each load run's latency percentiles: {}/load-MIX-MODE-ROUND.txt.",
         bench.out.display()
     );
-    println!("CPU counts from the load's start until the collector has written and folded the run's clicks (with no collector, until the load ends).");
+    println!("CPU counts from the load's start until the collector has written and folded the run's clicks (with no collector, until the load ends);");
+    println!("the collector's in brackets until they were written: the rest is the run's fold, a whole one however short the run.");
 }
 
 /// The host's cost of a redirect in `mode` against mode off: the redirector's and the
