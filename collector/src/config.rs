@@ -137,8 +137,8 @@ pub struct Config {
     /// Write a batch at the latest this long after its first click arrived (e.g. `100ms`).
     /// Besides its rows, each batch costs PostgreSQL a few ms of CPU whatever its size (a
     /// transaction, a WAL flush, and in PostgreSQL 15 a COPY that creates and drops 1,000
-    /// tuple slots, each pinned in a resource owner searched linearly): at 90,000 clicks/s,
-    /// 1.32-1.39 us a click in all with `100ms`, 1.12-1.20 with `250ms` (BENCHMARKS.md).
+    /// tuple slots, each pinned in a resource owner searched linearly): a longer interval
+    /// costs it less per click (BENCHMARKS.md, "Totals", has `100ms` against `250ms`).
     #[arg(
         long,
         env = "COLLECTOR_FLUSH_INTERVAL",

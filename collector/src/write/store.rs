@@ -132,8 +132,8 @@ pub struct Conn {
     client: Client,
     copy_clicks: Statement,
     /// COPYs straight into a day's partition, by day; `None`: the day goes through `clicks`.
-    /// PostgreSQL 15 routing each row through the parent took 7 % of the COPY backend's time
-    /// (`perf`: ExecFindPartition) and cut ingest to 0.89-0.92x of an unpartitioned table.
+    /// PostgreSQL 15 routing each row through the parent (`perf`: ExecFindPartition) cost
+    /// ingest a tenth (BENCHMARKS.md, "Ingest, partitioned beside unpartitioned").
     copy_day: HashMap<i32, Option<Statement>>,
     copy_counts: Statement,
     copy_breakdowns: Statement,
