@@ -107,8 +107,10 @@ pub struct Config {
     pub state_file: Option<std::path::PathBuf>,
 
     /// How often the drain task sends what the ring holds, full datagrams or not: the longest a
-    /// click waits in the ring while the collector keeps up.
-    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "10ms", value_parser = shared::flags::duration)]
+    /// click waits in the ring while the collector keeps up. Each send wakes the collector, and
+    /// each tick the drain task: a shorter interval costs the host more CPU a click
+    /// (BENCHMARKS.md, "The redirector's flush interval").
+    #[arg(long, value_name = "DURATION", env = "REDIRECTOR_FLUSH_INTERVAL", default_value = "50ms", value_parser = shared::flags::duration)]
     pub flush_interval: Duration,
 
     /// How long shutdown keeps sending what the ring holds and waiting for the collector to
@@ -254,6 +256,8 @@ mod tests {
         assert_eq!(c.clicks, ClickMode::Pipeline);
         assert_eq!(c.drain_timeout, Duration::from_secs(5));
         assert_eq!(c.flush_interval, Duration::from_millis(250));
+        let d = Config::try_parse_from(["redirector", "--database-url", "x"]).unwrap();
+        assert_eq!(d.flush_interval, Duration::from_millis(50));
         assert_eq!(c.reload_interval, Duration::from_secs(1));
         assert_eq!(c.link_timeout, Duration::from_secs(5));
         assert_eq!(c.max_connections, 10_000);
