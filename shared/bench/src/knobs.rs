@@ -33,6 +33,9 @@ pub(crate) struct Knobs {
     pub(crate) dimensions: Option<String>,
     /// INSERTs a second of mode `neighbour`'s stand-in for the pipeline's database work.
     pub(crate) neighbour_rate: u64,
+    /// The redirector's `--flush-interval`, given to every build alike: a BASELINE from before
+    /// its default changed runs with the same.
+    pub(crate) flush_interval: String,
     /// Clicks a second of a totals run, and its length in seconds.
     pub(crate) rate: u64,
     pub(crate) totals_secs: u64,
@@ -115,6 +118,7 @@ impl Knobs {
             modes,
             dimensions: dimensions("DIMENSIONS", &DIMENSIONS.join(","))?,
             neighbour_rate: positive("NEIGHBOUR_RATE", 650)?,
+            flush_interval: flush_interval()?,
             rate: positive("RATE", 90_000)?,
             totals_secs: positive("TOTALS_SECS", 120)?,
             totals_dimensions: dimensions("TOTALS_DIMENSIONS", "none")?,
@@ -126,6 +130,14 @@ impl Knobs {
             distinct: positive("DISTINCT", 10_000_000)?,
         })
     }
+}
+
+/// REDIRECTOR_FLUSH_INTERVAL: the redirector's own variable, read here to be passed as its
+/// flag to every build; the current default when unset.
+fn flush_interval() -> Res<String> {
+    let value = text("REDIRECTOR_FLUSH_INTERVAL").unwrap_or_else(|| "50ms".to_owned());
+    shared::flags::duration(&value).map_err(|e| format!("REDIRECTOR_FLUSH_INTERVAL: {e}"))?;
+    Ok(value)
 }
 
 /// LINK_COUNTS: table sizes, whole numbers above 0 separated by spaces.

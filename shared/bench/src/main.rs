@@ -78,7 +78,8 @@ database of their own), FLAT (collector: also the current collector into an unpa
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
 instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", also
 dimensions and neighbour, plus baseline with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
-of mode neighbour), DIMENSIONS (\"referrer,device,country\", the
+of mode neighbour), REDIRECTOR_FLUSH_INTERVAL (50ms, the redirector's --flush-interval, given to
+every build alike, BASELINE's too), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
 10000000\"), CHANGE_RATE (100, link changes a second), SOAK (600, s), SOAK_RATE (1000, changes
 a second), RATE (90000, clicks a second of totals), TOTALS_SECS (120), TOTALS_DIMENSIONS (none:

@@ -87,7 +87,8 @@ fn redirector(bench: &Bench, variant: Variant, clicks: &str) -> std::process::Co
     cmd.args(["--clicks", clicks, "--database-url", &bench.url(variant)])
         .arg("--socket")
         .arg(bench.path("collector.sock"))
-        .args(["--listen", HTTP, "--admin-listen", REDIRECTOR_ADMIN]);
+        .args(["--listen", HTTP, "--admin-listen", REDIRECTOR_ADMIN])
+        .args(["--flush-interval", &bench.knobs.flush_interval]);
     if has_flag(&bin, "--ack-socket") {
         cmd.arg("--ack-socket")
             .arg(bench.path("redirector-ack.sock"));
