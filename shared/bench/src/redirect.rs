@@ -441,6 +441,10 @@ fn print_table(bench: &Bench, modes: &[String]) {
             k.neighbour_rate
         );
     }
+    println!(
+        "`--flush-interval {}` for every redirector, BASELINE's too.",
+        k.flush_interval
+    );
     println!("Every request carries a browser's, a crawler's or a previewer's User-Agent, a Referer or none, and {COUNTRY_HEADER} (testkit's browsers).");
     if let Some(base) = &k.baseline {
         println!(
