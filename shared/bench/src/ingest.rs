@@ -409,9 +409,7 @@ async fn totals_once(
     let cpu_written = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // Until every count of the run is folded: each variant then carries the whole cost of
     // its run's totals, however its folds fall in time.
-    written
-        .await_folded(bench, n as f64, Duration::from_secs(300))
-        .await?;
+    written.await_fold(bench).await?;
     let cpu_folded = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // The run's pages written out, charged to it: left to the next checkpoint, they fell to
     // whichever run came next, which moved a round's ratio with the order (BENCHMARKS.md).

@@ -149,12 +149,17 @@ impl Written {
         .await
     }
 
-    /// Waits until the collector has written `n` clicks since, and folded them: a compaction
-    /// has run since, with no count left pending. The compaction seconds since.
+    /// Waits until the collector has written `n` clicks since, and folded them (`await_fold`).
     pub(crate) async fn await_folded(&self, bench: &Bench, n: f64, limit: Duration) -> Res<f64> {
+        self.await_written(bench, n, limit).await?;
+        self.await_fold(bench).await
+    }
+
+    /// Waits until what was written is folded: a compaction has run since, with no count left
+    /// pending. The compaction seconds since.
+    pub(crate) async fn await_fold(&self, bench: &Bench) -> Res<f64> {
         let admin = addr(COLLECTOR_ADMIN);
         let log = bench.path("collector.log");
-        self.await_written(bench, n, limit).await?;
         // Each look is a scrape of the collector's /metrics, whose CPU the run counts: looked
         // at every 50 ms through the wait for a fold (up to --compact-interval), the scrapes
         // were most of the collector's CPU after the clicks were written (BENCHMARKS.md,
@@ -279,9 +284,7 @@ async fn once(
         let [_, until_written, _] =
             Cpu::now(None, collector_pid, bench.postmaster).per_click(&cpu0, redirects);
         col_written = until_written;
-        compact = written
-            .await_folded(bench, sent as f64, Duration::from_secs(300))
-            .await?;
+        compact = written.await_fold(bench).await?;
         col_mib = hwm_mib(c.pid());
     }
     let mut cpu1 = Cpu::now(None, collector_pid, bench.postmaster);
