@@ -53,12 +53,13 @@ pub(crate) struct Knobs {
     pub(crate) distinct: u64,
 }
 
-const REDIRECT_MODES: [&str; 6] = [
+const REDIRECT_MODES: [&str; 7] = [
     "off",
     "pipeline",
     "direct",
     "dimensions",
     "neighbour",
+    "paired",
     "baseline",
 ];
 
@@ -80,8 +81,13 @@ impl Knobs {
             Err(_) => String::new(),
         };
         let baseline = text("BASELINE");
+        // --quick runs paired too, so that the smoke test starts its two redirectors.
+        let default_modes = match quick {
+            true => "off pipeline direct paired",
+            false => "off pipeline direct",
+        };
         let mut modes: Vec<String> = text("MODES")
-            .unwrap_or_else(|| "off pipeline direct".to_owned())
+            .unwrap_or_else(|| default_modes.to_owned())
             .split_whitespace()
             .map(str::to_owned)
             .collect();

@@ -1,7 +1,7 @@
 //! `redirect`: the redirector's throughput and latency with clicks off, through the pipeline,
 //! one INSERT per request (direct), the pipeline with `--dimensions`, clicks off beside a busy
-//! PostgreSQL (neighbour), and BASELINE's pipeline; what each process spends per redirect, and
-//! each one's peak memory.
+//! PostgreSQL (neighbour), BASELINE's pipeline, and the pipeline and clicks off at once (paired);
+//! what each process spends per redirect, and each one's peak memory.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -14,7 +14,10 @@ use crate::knobs::CODES;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
 use crate::services::{await_healthy, has_flag, metric, until, until_every, Proc};
 use crate::table::{column, median, num, ratio, rotated, rows};
-use crate::{addr, log, Bench, Res, Variant, COLLECTOR_ADMIN, HTTP, REDIRECTOR_ADMIN};
+use crate::{
+    addr, log, Bench, Res, Variant, COLLECTOR_ADMIN, HTTP, PAIRED_ADMIN, PAIRED_HTTP,
+    REDIRECTOR_ADMIN,
+};
 
 /// Which codes the requests ask for.
 pub(crate) const MIXES: [&str; 2] = ["zipf", "uniform"];
@@ -77,8 +80,37 @@ fn final_counts(log: &str) -> Option<(u64, u64, u64)> {
     Some((n(5)?, n(0)?, n(3)?))
 }
 
+/// Where a redirector serves, its admin listener, its log and its acknowledgement socket.
+struct Ports {
+    http: &'static str,
+    admin: &'static str,
+    log: &'static str,
+    ack: &'static str,
+}
+
+/// Every mode's redirector.
+const MAIN: Ports = Ports {
+    http: HTTP,
+    admin: REDIRECTOR_ADMIN,
+    log: "redirector.log",
+    ack: "redirector-ack.sock",
+};
+
+/// Mode paired's redirector with clicks off, beside `MAIN`'s with the pipeline.
+const BESIDE: Ports = Ports {
+    http: PAIRED_HTTP,
+    admin: PAIRED_ADMIN,
+    log: "redirector-off.log",
+    ack: "redirector-off-ack.sock",
+};
+
 /// The redirector's command line for a mode.
-fn redirector(bench: &Bench, variant: Variant, clicks: &str) -> std::process::Command {
+fn redirector(
+    bench: &Bench,
+    variant: Variant,
+    clicks: &str,
+    ports: &Ports,
+) -> std::process::Command {
     let bin = bench.bin(variant, "redirector");
     let mut cmd = match bench.knobs.redirect_cpu {
         Some(cpu) => crate::cpus::on(cpu, &bin),
@@ -87,13 +119,49 @@ fn redirector(bench: &Bench, variant: Variant, clicks: &str) -> std::process::Co
     cmd.args(["--clicks", clicks, "--database-url", &bench.url(variant)])
         .arg("--socket")
         .arg(bench.path("collector.sock"))
-        .args(["--listen", HTTP, "--admin-listen", REDIRECTOR_ADMIN])
+        .args(["--listen", ports.http, "--admin-listen", ports.admin])
         .args(["--flush-interval", &bench.knobs.flush_interval]);
     if has_flag(&bin, "--ack-socket") {
-        cmd.arg("--ack-socket")
-            .arg(bench.path("redirector-ack.sock"));
+        cmd.arg("--ack-socket").arg(bench.path(ports.ack));
     }
     cmd
+}
+
+/// Starts a redirector with its log emptied, and waits until it is healthy.
+async fn start_redirector(
+    bench: &Bench,
+    variant: Variant,
+    clicks: &str,
+    ports: &Ports,
+    extra: &[&str],
+) -> Res<Proc> {
+    let log_path = bench.path(ports.log);
+    let _ = std::fs::remove_file(&log_path);
+    let mut cmd = redirector(bench, variant, clicks, ports);
+    cmd.args(extra);
+    let proc = Proc::spawn("redirector", cmd, &log_path)?;
+    await_healthy(addr(ports.admin), "redirector", &log_path).await?;
+    Ok(proc)
+}
+
+/// A redirector stopped after its load: its CPU ticks and peak memory, read while it ran,
+/// and its final counts (redirects, sent, dropped).
+struct Stopped {
+    ticks: u64,
+    mib: String,
+    counts: (u64, u64, u64),
+}
+
+impl Stopped {
+    async fn stop(bench: &Bench, proc: Proc, ports: &Ports) -> Res<Stopped> {
+        let (ticks, mib) = (crate::procfs::ticks(proc.pid()), hwm_mib(proc.pid()));
+        proc.stop().await;
+        let log_path = bench.path(ports.log);
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let counts = final_counts(&text)
+            .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
+        Ok(Stopped { ticks, mib, counts })
+    }
 }
 
 /// Starts the variant's collector on $OUT/collector.sock with COLLECTOR_FLAGS (and `extra`),
@@ -203,10 +271,12 @@ fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
 }
 
 /// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
-/// `--dimensions`, neighbour: off beside a busy PostgreSQL, or baseline: the pipeline of
-/// BASELINE's binaries), each request with a block of `headers` when given. The measured
-/// window runs from the load's start until the collector has written and folded the run's
-/// clicks, so compaction is included. Appends a row to $OUT/redirect.tsv.
+/// `--dimensions`, neighbour: off beside a busy PostgreSQL, baseline: the pipeline of
+/// BASELINE's binaries, or paired: the pipeline and, at the same time, a second redirector with
+/// clicks off, each given half the load), each request with a block of `headers` when given.
+/// The measured window runs from the load's start until the collector has written and folded
+/// the run's clicks, so compaction is included. Appends a row to $OUT/redirect.tsv (mode
+/// paired two: `paired`, and `paired-off` for the redirector beside it).
 async fn once(
     bench: &mut Bench,
     mix: &str,
@@ -216,7 +286,7 @@ async fn once(
 ) -> Res<()> {
     let (variant, clicks) = match mode {
         "baseline" => (Variant::Baseline, "pipeline"),
-        "dimensions" => (Variant::Current, "pipeline"),
+        "dimensions" | "paired" => (Variant::Current, "pipeline"),
         "neighbour" => (Variant::Current, "off"),
         _ => (Variant::Current, mode),
     };
@@ -230,14 +300,15 @@ async fn once(
         "pipeline" => Some(start_collector(bench, variant, &[]).await?),
         _ => None,
     };
-    let log_path = bench.path("redirector.log");
-    let _ = std::fs::remove_file(&log_path);
-    let mut cmd = redirector(bench, variant, clicks);
-    if let Some(dims) = &dims {
-        cmd.args(["--dimensions", dims, "--country-header", COUNTRY_HEADER]);
-    }
-    let redirector = Proc::spawn("redirector", cmd, &log_path)?;
-    await_healthy(addr(REDIRECTOR_ADMIN), "redirector", &log_path).await?;
+    let dims_flags = match &dims {
+        Some(dims) => vec!["--dimensions", dims, "--country-header", COUNTRY_HEADER],
+        None => Vec::new(),
+    };
+    let redirector = start_redirector(bench, variant, clicks, &MAIN, &dims_flags).await?;
+    let beside = match mode {
+        "paired" => Some(start_redirector(bench, variant, "off", &BESIDE, &[]).await?),
+        _ => None,
+    };
     let written = match collector {
         Some(_) => Written::now().await?,
         None => Written::default(),
@@ -252,28 +323,38 @@ async fn once(
         _ => None,
     };
     let cpu0 = Cpu::now(Some(redirector.pid()), collector_pid, bench.postmaster);
-    let load = Load {
+    let beside_cpu0 = beside.as_ref().map(|b| Cpu {
+        redirector: crate::procfs::ticks(b.pid()),
+        ..Cpu::default()
+    });
+    let lanes = if beside.is_some() { 2.0 } else { 1.0 };
+    let load = |http| Load {
         connections: bench.knobs.connections,
         paths: Some(paths(mix)),
-        headers,
+        headers: headers.clone(),
         client: Client::Plain,
-        rate: bench.knobs.redirect_rate.map(|r| r as f64),
-        ..Load::get(addr(HTTP), "/")
+        rate: bench.knobs.redirect_rate.map(|r| r as f64 / lanes),
+        ..Load::get(addr(http), "/")
     };
-    let (report, elapsed) = load
-        .run_for(Duration::from_secs(bench.knobs.duration))
-        .await;
+    let duration = Duration::from_secs(bench.knobs.duration);
+    let ((report, elapsed), beside_run) = match &beside {
+        Some(_) => {
+            let (main, other) = (load(HTTP), load(PAIRED_HTTP));
+            let (main, other) = tokio::join!(main.run_for(duration), other.run_for(duration));
+            (main, Some(other))
+        }
+        None => (load(HTTP).run_for(duration).await, None),
+    };
     let summary_file = bench.path(&format!("load-{mix}-{mode}-{round}.txt"));
     std::fs::write(
         &summary_file,
         summary(&report, elapsed, bench.knobs.connections),
     )?;
-    let red_ticks = crate::procfs::ticks(redirector.pid());
-    let red_mib = hwm_mib(redirector.pid());
-    redirector.stop().await;
-    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let (redirects, sent, dropped) = final_counts(&log_text)
-        .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
+    let main = Stopped::stop(bench, redirector, &MAIN).await?;
+    let (redirects, sent, dropped) = main.counts;
+    if let (Some(b), Some(cpu0), Some(run)) = (beside, beside_cpu0, beside_run) {
+        finish_beside(bench, mix, round, b, cpu0, run).await?;
+    }
     let (mut compact, mut col_mib, mut col_written) = (0.0, "0".to_owned(), "0.000".to_owned());
     if let Some(c) = &collector {
         // The collector's CPU until the clicks are written, apart: the wait for the fold below
@@ -288,7 +369,7 @@ async fn once(
         col_mib = hwm_mib(c.pid());
     }
     let mut cpu1 = Cpu::now(None, collector_pid, bench.postmaster);
-    cpu1.redirector = red_ticks;
+    cpu1.redirector = main.ticks;
     // Read first: the neighbour runs on for the half second it started ahead of the load.
     if let Some(neighbour) = neighbour {
         neighbour.finish(bench).await?;
@@ -316,7 +397,32 @@ async fn once(
     row.extend([redirects, sent, dropped].map(|n| n.to_string()));
     row.push(format!("{compact:.2}"));
     row.extend(per);
-    row.extend([red_mib, col_mib, pg_mib, col_written]);
+    row.extend([main.mib, col_mib, pg_mib, col_written]);
+    crate::table::append(&bench.path("redirect.tsv"), &row)
+}
+
+/// Mode paired's redirector with clicks off, after its load `run`: stopped, and its row
+/// (`paired-off`) appended, with its CPU since `cpu0`.
+async fn finish_beside(
+    bench: &Bench,
+    mix: &str,
+    round: u32,
+    proc: Proc,
+    cpu0: Cpu,
+    (report, elapsed): (Report, Duration),
+) -> Res<()> {
+    let off = Stopped::stop(bench, proc, &BESIDE).await?;
+    let cpu1 = Cpu {
+        redirector: off.ticks,
+        ..cpu0
+    };
+    let mut row = vec![mix.to_owned(), "paired-off".to_owned(), round.to_string()];
+    let (rps, p50, p99) = stats(&report, elapsed);
+    row.extend([rps, p50, p99]);
+    row.extend([off.counts.0, 0, 0].map(|n| n.to_string()));
+    row.push("0.00".to_owned());
+    row.extend(cpu1.per_click(&cpu0, off.counts.0));
+    row.extend([off.mib, "0".to_owned(), "0".to_owned(), "0.000".to_owned()]);
     crate::table::append(&bench.path("redirect.tsv"), &row)
 }
 
@@ -459,10 +565,14 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector (until written) / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let rows = rows(&bench.path("redirect.tsv"));
+    let shown = modes.iter().flat_map(|m| match m.as_str() {
+        "paired" => vec!["paired-off", "paired"],
+        m => vec![m],
+    });
     for mix in MIXES {
         let col = |mode: &str, field| median(&column(&rows, &[mix, mode], field));
-        let base = num(&col("off", 4));
-        for mode in modes {
+        for mode in shown.clone() {
+            let base = num(&col(off_of(mode), 4));
             let rps = num(&col(mode, 4));
             let c = |f| col(mode, f);
             println!(
@@ -489,9 +599,19 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("the collector's in brackets until they were written: the rest is the run's fold, a whole one however short the run.");
 }
 
-/// The host's cost of a redirect in `mode` against mode off: the redirector's and the
-/// collector's CPU per redirect (PostgreSQL's left out: it usually runs on another machine)
-/// over the redirector's with clicks off, in the same round; the median of the rounds.
+/// The mode whose redirector has clicks off that `mode` is compared with: `paired-off`, run at
+/// the same time, for `paired`; mode `off`, run in turn, for the others.
+fn off_of(mode: &str) -> &'static str {
+    match mode {
+        "paired" | "paired-off" => "paired-off",
+        _ => "off",
+    }
+}
+
+/// The host's cost of a redirect in `mode` against its clicks off ([`off_of`]): the
+/// redirector's and the collector's CPU per redirect (PostgreSQL's left out: it usually runs on
+/// another machine) over the redirector's with clicks off, in the same round; the median of
+/// the rounds.
 fn host_cost(rows: &[Vec<String>], mix: &str, mode: &str, rounds: u32) -> String {
     let cpu =
         |mode: &str, round: &str, field| num(&median(&column(rows, &[mix, mode, round], field)));
@@ -499,7 +619,7 @@ fn host_cost(rows: &[Vec<String>], mix: &str, mode: &str, rounds: u32) -> String
         .map(|round| {
             let round = round.to_string();
             let host = cpu(mode, &round, 11) + cpu(mode, &round, 12);
-            ratio(host, cpu("off", &round, 11), 3)
+            ratio(host, cpu(off_of(mode), &round, 11), 3)
         })
         .collect();
     median(&per_round)
@@ -564,6 +684,27 @@ mod tests {
         assert!(adds_up(10, 2, 12));
         assert!(!adds_up(9, 2, 12));
         assert!(!adds_up(11, 2, 12));
+    }
+
+    #[test]
+    fn paired_is_compared_with_the_redirector_beside_it_and_the_others_with_off() {
+        // mix, mode, round, then fields 3-9, redirector us (10) and collector us (11).
+        let row = |mode: &str, round: &str, red: &str, col: &str| {
+            let mut r = vec!["zipf".to_owned(), mode.to_owned(), round.to_owned()];
+            r.extend(std::iter::repeat_n("0".to_owned(), 7));
+            r.extend([red.to_owned(), col.to_owned()]);
+            r
+        };
+        let rows = [
+            row("off", "1", "10", "0"),
+            row("pipeline", "1", "10.5", "0.5"),
+            row("paired-off", "1", "8", "0"),
+            row("paired", "1", "8.4", "0.4"),
+        ];
+        // Each as the median of its rounds' ratios prints it.
+        assert_eq!(host_cost(&rows, "zipf", "pipeline", 1), "1.1");
+        assert_eq!(host_cost(&rows, "zipf", "paired", 1), "1.1");
+        assert_eq!(host_cost(&rows, "zipf", "paired-off", 1), "1");
     }
 
     #[test]
