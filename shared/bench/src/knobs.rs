@@ -82,9 +82,10 @@ impl Knobs {
         };
         let baseline = text("BASELINE");
         // --quick runs paired too, so that the smoke test starts its two redirectors.
-        let default_modes = match quick {
-            true => "off pipeline direct paired",
-            false => "off pipeline direct",
+        let default_modes = if quick {
+            "off pipeline direct paired"
+        } else {
+            "off pipeline direct"
         };
         let mut modes: Vec<String> = text("MODES")
             .unwrap_or_else(|| default_modes.to_owned())
@@ -103,6 +104,11 @@ impl Knobs {
         }
         if baseline.is_none() && modes.iter().any(|m| m == "baseline") {
             return Err("MODES has baseline but BASELINE (a git revision) is not set".into());
+        }
+        if text("REDIRECT_CPU").is_some() && modes.iter().any(|m| m == "paired") {
+            // Both redirectors would share the one CPU, which is then no longer the
+            // redirector's alone.
+            return Err("REDIRECT_CPU cannot be used with mode paired (two redirectors)".into());
         }
         Ok(Knobs {
             rounds: positive("ROUNDS", rounds)?,

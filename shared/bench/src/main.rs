@@ -35,8 +35,10 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
                             clicks off beside pgbench making NEIGHBOUR_RATE single-row
                             INSERTs a second, PostgreSQL busy without the pipeline; mode
                             paired: the pipeline and a second redirector with clicks off
-                            (on 127.0.0.1:18081) at the same time, each given half the
-                            load, so that both meet the machine in the same state
+                            (on 127.0.0.1:18081) at the same time, each under a load of
+                            its own (CONNECTIONS connections, half of REDIRECT_RATE), so
+                            that both meet the machine in the same state (not with
+                            REDIRECT_CPU)
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
@@ -79,8 +81,9 @@ CPU alone and the load, the collector and PostgreSQL on the others), CLICKS (200
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
-instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", also
-dimensions, neighbour and paired, plus baseline with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
+instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", with
+--quick \"off pipeline direct paired\", also dimensions, neighbour and paired, plus baseline
+with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
 of mode neighbour), REDIRECTOR_FLUSH_INTERVAL (50ms, the redirector's --flush-interval, given to
 every build alike, BASELINE's too), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000
@@ -97,9 +100,9 @@ const USAGE: &str = "usage: scripts/bench [--quick] \
 pub(crate) const HTTP: &str = "127.0.0.1:18080";
 pub(crate) const REDIRECTOR_ADMIN: &str = "127.0.0.1:19180";
 pub(crate) const COLLECTOR_ADMIN: &str = "127.0.0.1:19181";
-/// Mode paired's second redirector, with clicks off.
-pub(crate) const PAIRED_HTTP: &str = "127.0.0.1:18081";
-pub(crate) const PAIRED_ADMIN: &str = "127.0.0.1:19182";
+/// Mode paired's redirector with clicks off, serving at the same time as the pipeline's.
+pub(crate) const PAIRED_OFF_HTTP: &str = "127.0.0.1:18081";
+pub(crate) const PAIRED_OFF_ADMIN: &str = "127.0.0.1:19182";
 
 pub(crate) fn addr(a: &str) -> SocketAddr {
     a.parse()

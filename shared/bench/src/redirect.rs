@@ -15,7 +15,7 @@ use crate::procfs::{hwm_mib, Cpu, PgMemory};
 use crate::services::{await_healthy, has_flag, metric, until, until_every, Proc};
 use crate::table::{column, median, num, ratio, rotated, rows};
 use crate::{
-    addr, log, Bench, Res, Variant, COLLECTOR_ADMIN, HTTP, PAIRED_ADMIN, PAIRED_HTTP,
+    addr, log, Bench, Res, Variant, COLLECTOR_ADMIN, HTTP, PAIRED_OFF_ADMIN, PAIRED_OFF_HTTP,
     REDIRECTOR_ADMIN,
 };
 
@@ -80,28 +80,29 @@ fn final_counts(log: &str) -> Option<(u64, u64, u64)> {
     Some((n(5)?, n(0)?, n(3)?))
 }
 
-/// Where a redirector serves, its admin listener, its log and its acknowledgement socket.
-struct Ports {
+/// One redirector of a run: where it serves, its admin listener, its log and its
+/// acknowledgement socket.
+struct Instance {
     http: &'static str,
     admin: &'static str,
     log: &'static str,
     ack: &'static str,
 }
 
-/// Every mode's redirector.
-const MAIN: Ports = Ports {
+/// Every mode's redirector (mode paired's with the pipeline).
+const MAIN: Instance = Instance {
     http: HTTP,
     admin: REDIRECTOR_ADMIN,
     log: "redirector.log",
     ack: "redirector-ack.sock",
 };
 
-/// Mode paired's redirector with clicks off, beside `MAIN`'s with the pipeline.
-const BESIDE: Ports = Ports {
-    http: PAIRED_HTTP,
-    admin: PAIRED_ADMIN,
-    log: "redirector-off.log",
-    ack: "redirector-off-ack.sock",
+/// Mode paired's redirector with clicks off, serving at the same time as `MAIN`.
+const PAIRED_OFF: Instance = Instance {
+    http: PAIRED_OFF_HTTP,
+    admin: PAIRED_OFF_ADMIN,
+    log: "redirector-paired-off.log",
+    ack: "redirector-paired-off-ack.sock",
 };
 
 /// The redirector's command line for a mode.
@@ -109,7 +110,7 @@ fn redirector(
     bench: &Bench,
     variant: Variant,
     clicks: &str,
-    ports: &Ports,
+    instance: &Instance,
 ) -> std::process::Command {
     let bin = bench.bin(variant, "redirector");
     let mut cmd = match bench.knobs.redirect_cpu {
@@ -119,10 +120,10 @@ fn redirector(
     cmd.args(["--clicks", clicks, "--database-url", &bench.url(variant)])
         .arg("--socket")
         .arg(bench.path("collector.sock"))
-        .args(["--listen", ports.http, "--admin-listen", ports.admin])
+        .args(["--listen", instance.http, "--admin-listen", instance.admin])
         .args(["--flush-interval", &bench.knobs.flush_interval]);
     if has_flag(&bin, "--ack-socket") {
-        cmd.arg("--ack-socket").arg(bench.path(ports.ack));
+        cmd.arg("--ack-socket").arg(bench.path(instance.ack));
     }
     cmd
 }
@@ -132,36 +133,112 @@ async fn start_redirector(
     bench: &Bench,
     variant: Variant,
     clicks: &str,
-    ports: &Ports,
+    instance: &Instance,
     extra: &[&str],
 ) -> Res<Proc> {
-    let log_path = bench.path(ports.log);
+    let log_path = bench.path(instance.log);
     let _ = std::fs::remove_file(&log_path);
-    let mut cmd = redirector(bench, variant, clicks, ports);
+    let mut cmd = redirector(bench, variant, clicks, instance);
     cmd.args(extra);
     let proc = Proc::spawn("redirector", cmd, &log_path)?;
-    await_healthy(addr(ports.admin), "redirector", &log_path).await?;
+    await_healthy(addr(instance.admin), "redirector", &log_path).await?;
     Ok(proc)
 }
 
-/// A redirector stopped after its load: its CPU ticks and peak memory, read while it ran,
-/// and its final counts (redirects, sent, dropped).
-struct Stopped {
+/// What a redirector used through its load, read while it still runs: a stop drains its ring
+/// and waits for acknowledgements, which is not the load's work. Mode paired reads both of its
+/// redirectors before stopping either, so that their windows end together.
+struct Used {
     ticks: u64,
     mib: String,
-    counts: (u64, u64, u64),
 }
 
-impl Stopped {
-    async fn stop(bench: &Bench, proc: Proc, ports: &Ports) -> Res<Stopped> {
-        let (ticks, mib) = (crate::procfs::ticks(proc.pid()), hwm_mib(proc.pid()));
-        proc.stop().await;
-        let log_path = bench.path(ports.log);
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let counts = final_counts(&text)
-            .ok_or_else(|| format!("no final counts in {}", log_path.display()))?;
-        Ok(Stopped { ticks, mib, counts })
+impl Used {
+    fn of(proc: &Proc) -> Used {
+        Used {
+            ticks: crate::procfs::ticks(proc.pid()),
+            mib: hwm_mib(proc.pid()),
+        }
     }
+}
+
+/// Stops a redirector: its final counts (redirects, sent, dropped).
+async fn stop_redirector(bench: &Bench, proc: Proc, instance: &Instance) -> Res<(u64, u64, u64)> {
+    proc.stop().await;
+    let log_path = bench.path(instance.log);
+    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    final_counts(&text).ok_or_else(|| format!("no final counts in {}", log_path.display()).into())
+}
+
+/// A row of $OUT/redirect.tsv, in the columns `print_table` reads: mix, mode, round, req/s,
+/// p50 and p99 ms, redirects, sent, dropped, compaction s, CPU us a redirect of the redirector,
+/// the collector and PostgreSQL, peak MiB of each, and the collector's CPU until written.
+struct Row<'a> {
+    mix: &'a str,
+    mode: &'a str,
+    round: u32,
+    load: &'a (Report, Duration),
+    counts: (u64, u64, u64),
+    compact: f64,
+    per: [String; 3],
+    mib: [String; 3],
+    col_written: String,
+}
+
+impl Row<'_> {
+    fn fields(self) -> Vec<String> {
+        let (rps, p50, p99) = stats(&self.load.0, self.load.1);
+        let (redirects, sent, dropped) = self.counts;
+        let mut row = vec![self.mix.to_owned(), self.mode.to_owned()];
+        row.extend([self.round.to_string(), rps, p50, p99]);
+        row.extend([redirects, sent, dropped].map(|n| n.to_string()));
+        row.push(format!("{:.2}", self.compact));
+        row.extend(self.per);
+        row.extend(self.mib);
+        row.push(self.col_written);
+        row
+    }
+}
+
+/// The `paired-off` row of a round: its redirector's CPU from `cpu0` to `used`; no collector,
+/// no rows of its own, and PostgreSQL's CPU is in the pipeline's row.
+fn paired_off_row(
+    mix: &str,
+    round: u32,
+    load: &(Report, Duration),
+    redirects: u64,
+    cpu0: &Cpu,
+    used: Used,
+) -> Vec<String> {
+    let cpu1 = Cpu {
+        redirector: used.ticks,
+        ..*cpu0
+    };
+    Row {
+        mix,
+        mode: "paired-off",
+        round,
+        load,
+        counts: (redirects, 0, 0),
+        compact: 0.0,
+        per: cpu1.per_click(cpu0, redirects),
+        mib: [used.mib, "0".to_owned(), "0".to_owned()],
+        col_written: "0.000".to_owned(),
+    }
+    .fields()
+}
+
+/// Writes a load run's summary to $OUT/load-MIX-MODE-ROUND.txt.
+fn write_summary(
+    bench: &Bench,
+    mix: &str,
+    mode: &str,
+    round: u32,
+    load: &(Report, Duration),
+) -> Res<()> {
+    let file = bench.path(&format!("load-{mix}-{mode}-{round}.txt"));
+    std::fs::write(&file, summary(&load.0, load.1, bench.knobs.connections))?;
+    Ok(())
 }
 
 /// Starts the variant's collector on $OUT/collector.sock with COLLECTOR_FLAGS (and `extra`),
@@ -273,10 +350,10 @@ fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
 /// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
 /// `--dimensions`, neighbour: off beside a busy PostgreSQL, baseline: the pipeline of
 /// BASELINE's binaries, or paired: the pipeline and, at the same time, a second redirector with
-/// clicks off, each given half the load), each request with a block of `headers` when given.
-/// The measured window runs from the load's start until the collector has written and folded
-/// the run's clicks, so compaction is included. Appends a row to $OUT/redirect.tsv (mode
-/// paired two: `paired`, and `paired-off` for the redirector beside it).
+/// clicks off, each under a load of its own), each request with a block of `headers` when
+/// given. The measured window runs from the load's start until the collector has written and
+/// folded the run's clicks, so compaction is included. Appends a row to $OUT/redirect.tsv
+/// (mode paired two: `paired-off` for the redirector with clicks off, then `paired`).
 async fn once(
     bench: &mut Bench,
     mix: &str,
@@ -305,8 +382,8 @@ async fn once(
         None => Vec::new(),
     };
     let redirector = start_redirector(bench, variant, clicks, &MAIN, &dims_flags).await?;
-    let beside = match mode {
-        "paired" => Some(start_redirector(bench, variant, "off", &BESIDE, &[]).await?),
+    let paired_off = match mode {
+        "paired" => Some(start_redirector(bench, variant, "off", &PAIRED_OFF, &[]).await?),
         _ => None,
     };
     let written = match collector {
@@ -323,37 +400,23 @@ async fn once(
         _ => None,
     };
     let cpu0 = Cpu::now(Some(redirector.pid()), collector_pid, bench.postmaster);
-    let beside_cpu0 = beside.as_ref().map(|b| Cpu {
-        redirector: crate::procfs::ticks(b.pid()),
-        ..Cpu::default()
+    let paired_off = paired_off.map(|proc| {
+        let cpu0 = Cpu {
+            redirector: crate::procfs::ticks(proc.pid()),
+            ..Cpu::default()
+        };
+        (proc, cpu0)
     });
-    let lanes = if beside.is_some() { 2.0 } else { 1.0 };
-    let load = |http| Load {
-        connections: bench.knobs.connections,
-        paths: Some(paths(mix)),
-        headers: headers.clone(),
-        client: Client::Plain,
-        rate: bench.knobs.redirect_rate.map(|r| r as f64 / lanes),
-        ..Load::get(addr(http), "/")
-    };
-    let duration = Duration::from_secs(bench.knobs.duration);
-    let ((report, elapsed), beside_run) = match &beside {
-        Some(_) => {
-            let (main, other) = (load(HTTP), load(PAIRED_HTTP));
-            let (main, other) = tokio::join!(main.run_for(duration), other.run_for(duration));
-            (main, Some(other))
-        }
-        None => (load(HTTP).run_for(duration).await, None),
-    };
-    let summary_file = bench.path(&format!("load-{mix}-{mode}-{round}.txt"));
-    std::fs::write(
-        &summary_file,
-        summary(&report, elapsed, bench.knobs.connections),
-    )?;
-    let main = Stopped::stop(bench, redirector, &MAIN).await?;
-    let (redirects, sent, dropped) = main.counts;
-    if let (Some(b), Some(cpu0), Some(run)) = (beside, beside_cpu0, beside_run) {
-        finish_beside(bench, mix, round, b, cpu0, run).await?;
+    let (load, paired_off_load) = run_loads(bench, mix, headers, paired_off.is_some()).await;
+    write_summary(bench, mix, mode, round, &load)?;
+    let used = Used::of(&redirector);
+    let paired_off = paired_off.map(|(proc, cpu0)| (Used::of(&proc), proc, cpu0));
+    let (redirects, sent, dropped) = stop_redirector(bench, redirector, &MAIN).await?;
+    if let (Some((used, proc, cpu0)), Some(load)) = (paired_off, paired_off_load) {
+        let (off_redirects, ..) = stop_redirector(bench, proc, &PAIRED_OFF).await?;
+        write_summary(bench, mix, "paired-off", round, &load)?;
+        let row = paired_off_row(mix, round, &load, off_redirects, &cpu0, used);
+        crate::table::append(&bench.path("redirect.tsv"), &row)?;
     }
     let (mut compact, mut col_mib, mut col_written) = (0.0, "0".to_owned(), "0.000".to_owned());
     if let Some(c) = &collector {
@@ -369,7 +432,7 @@ async fn once(
         col_mib = hwm_mib(c.pid());
     }
     let mut cpu1 = Cpu::now(None, collector_pid, bench.postmaster);
-    cpu1.redirector = main.ticks;
+    cpu1.redirector = used.ticks;
     // Read first: the neighbour runs on for the half second it started ahead of the load.
     if let Some(neighbour) = neighbour {
         neighbour.finish(bench).await?;
@@ -385,45 +448,45 @@ async fn once(
             check_breakdown(bench, mode, dims, &breakdown0, recorded).await?;
         }
     }
-    let (rps, p50, p99) = stats(&report, elapsed);
-    let mut row = vec![
-        mix.to_owned(),
-        mode.to_owned(),
-        round.to_string(),
-        rps,
-        p50,
-        p99,
-    ];
-    row.extend([redirects, sent, dropped].map(|n| n.to_string()));
-    row.push(format!("{compact:.2}"));
-    row.extend(per);
-    row.extend([main.mib, col_mib, pg_mib, col_written]);
-    crate::table::append(&bench.path("redirect.tsv"), &row)
+    let row = Row {
+        mix,
+        mode,
+        round,
+        load: &load,
+        counts: (redirects, sent, dropped),
+        compact,
+        per,
+        mib: [used.mib, col_mib, pg_mib],
+        col_written,
+    };
+    crate::table::append(&bench.path("redirect.tsv"), &row.fields())
 }
 
-/// Mode paired's redirector with clicks off, after its load `run`: stopped, and its row
-/// (`paired-off`) appended, with its CPU since `cpu0`.
-async fn finish_beside(
+/// The load of a run against `MAIN`, and with `paired` at the same time one against
+/// `PAIRED_OFF`, each with the bench's CONNECTIONS and half of REDIRECT_RATE (without a rate,
+/// each as fast as its connections get answers). Each load's report and length.
+async fn run_loads(
     bench: &Bench,
     mix: &str,
-    round: u32,
-    proc: Proc,
-    cpu0: Cpu,
-    (report, elapsed): (Report, Duration),
-) -> Res<()> {
-    let off = Stopped::stop(bench, proc, &BESIDE).await?;
-    let cpu1 = Cpu {
-        redirector: off.ticks,
-        ..cpu0
+    headers: Option<Arc<Headers>>,
+    paired: bool,
+) -> ((Report, Duration), Option<(Report, Duration)>) {
+    let share = if paired { 2.0 } else { 1.0 };
+    let load = |http| Load {
+        connections: bench.knobs.connections,
+        paths: Some(paths(mix)),
+        headers: headers.clone(),
+        client: Client::Plain,
+        rate: bench.knobs.redirect_rate.map(|r| r as f64 / share),
+        ..Load::get(addr(http), "/")
     };
-    let mut row = vec![mix.to_owned(), "paired-off".to_owned(), round.to_string()];
-    let (rps, p50, p99) = stats(&report, elapsed);
-    row.extend([rps, p50, p99]);
-    row.extend([off.counts.0, 0, 0].map(|n| n.to_string()));
-    row.push("0.00".to_owned());
-    row.extend(cpu1.per_click(&cpu0, off.counts.0));
-    row.extend([off.mib, "0".to_owned(), "0".to_owned(), "0.000".to_owned()]);
-    crate::table::append(&bench.path("redirect.tsv"), &row)
+    let duration = Duration::from_secs(bench.knobs.duration);
+    if !paired {
+        return (load(MAIN.http).run_for(duration).await, None);
+    }
+    let (main, off) = (load(MAIN.http), load(PAIRED_OFF.http));
+    let (main, off) = tokio::join!(main.run_for(duration), off.run_for(duration));
+    (main, Some(off))
 }
 
 /// Every redirect served is a row or a counted drop: rows the run added plus its drops must
@@ -543,6 +606,11 @@ fn print_table(bench: &Bench, modes: &[String]) {
                 format!("`--dimensions {d} --country-header {COUNTRY_HEADER}`")
             });
         println!("`dimensions`: the pipeline with {flags}.");
+    }
+    if k.modes.iter().any(|m| m == "paired") {
+        println!(
+            "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own; its \"vs off\" columns are against `paired-off`."
+        );
     }
     if k.modes.iter().any(|m| m == "neighbour") {
         println!(
@@ -686,20 +754,39 @@ mod tests {
         assert!(!adds_up(11, 2, 12));
     }
 
+    /// A row of `mode` whose redirector and collector took `red` and `col` us a redirect.
+    fn row_of(mode: &str, red: &str, col: &str) -> Vec<String> {
+        Row {
+            mix: "zipf",
+            mode,
+            round: 1,
+            load: &(Report::default(), Duration::from_secs(1)),
+            counts: (1_000_000, 0, 0),
+            compact: 0.0,
+            per: [red.to_owned(), col.to_owned(), "0".to_owned()],
+            mib: Default::default(),
+            col_written: "0".to_owned(),
+        }
+        .fields()
+    }
+
     #[test]
-    fn paired_is_compared_with_the_redirector_beside_it_and_the_others_with_off() {
-        // mix, mode, round, then fields 3-9, redirector us (10) and collector us (11).
-        let row = |mode: &str, round: &str, red: &str, col: &str| {
-            let mut r = vec!["zipf".to_owned(), mode.to_owned(), round.to_owned()];
-            r.extend(std::iter::repeat_n("0".to_owned(), 7));
-            r.extend([red.to_owned(), col.to_owned()]);
-            r
+    fn paired_is_compared_with_paired_off_and_the_others_with_off() {
+        // 800 ticks over a million redirects, in us a redirect.
+        let off_us = 800.0 * 1e6 / crate::procfs::clk_tck() / 1e6;
+        let used = Used {
+            ticks: 800,
+            mib: "0".to_owned(),
         };
+        let load = (Report::default(), Duration::from_secs(1));
+        let paired_off = paired_off_row("zipf", 1, &load, 1_000_000, &Cpu::default(), used);
+        assert_eq!(paired_off.len(), row_of("paired", "0", "0").len());
+        let paired = (off_us * 1.05).to_string();
         let rows = [
-            row("off", "1", "10", "0"),
-            row("pipeline", "1", "10.5", "0.5"),
-            row("paired-off", "1", "8", "0"),
-            row("paired", "1", "8.4", "0.4"),
+            row_of("off", "10", "0"),
+            row_of("pipeline", "10.5", "0.5"),
+            paired_off,
+            row_of("paired", &paired, &(off_us * 0.05).to_string()),
         ];
         // Each as the median of its rounds' ratios prints it.
         assert_eq!(host_cost(&rows, "zipf", "pipeline", 1), "1.1");
