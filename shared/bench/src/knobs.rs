@@ -81,8 +81,9 @@ impl Knobs {
             Err(_) => String::new(),
         };
         let baseline = text("BASELINE");
-        // --quick runs paired too, so that the smoke test starts its two redirectors.
-        let default_modes = if quick {
+        // --quick runs paired too, so that the smoke test starts its two redirectors (unless
+        // REDIRECT_CPU is set, which paired cannot share).
+        let default_modes = if quick && text("REDIRECT_CPU").is_none() {
             "off pipeline direct paired"
         } else {
             "off pipeline direct"

@@ -609,7 +609,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
     }
     if k.modes.iter().any(|m| m == "paired") {
         println!(
-            "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own; its \"vs off\" columns are against `paired-off`."
+            "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own at half the rate; its \"vs off\" columns are against `paired-off`."
         );
     }
     if k.modes.iter().any(|m| m == "neighbour") {
@@ -780,7 +780,11 @@ mod tests {
         };
         let load = (Report::default(), Duration::from_secs(1));
         let paired_off = paired_off_row("zipf", 1, &load, 1_000_000, &Cpu::default(), used);
-        assert_eq!(paired_off.len(), row_of("paired", "0", "0").len());
+        assert_eq!(
+            paired_off[10],
+            format!("{off_us:.3}"),
+            "field 11: the redirector's us"
+        );
         let paired = (off_us * 1.05).to_string();
         let rows = [
             row_of("off", "10", "0"),
