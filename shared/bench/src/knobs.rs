@@ -81,9 +81,12 @@ impl Knobs {
             Err(_) => String::new(),
         };
         let baseline = text("BASELINE");
+        let redirect_cpu = text("REDIRECT_CPU")
+            .map(|v| crate::cpus::parse(&v, crate::cpus::count()))
+            .transpose()?;
         // --quick runs paired too, so that the smoke test starts its two redirectors (unless
         // REDIRECT_CPU is set, which paired cannot share).
-        let default_modes = if quick && text("REDIRECT_CPU").is_none() {
+        let default_modes = if quick && redirect_cpu.is_none() {
             "off pipeline direct paired"
         } else {
             "off pipeline direct"
@@ -106,7 +109,7 @@ impl Knobs {
         if baseline.is_none() && modes.iter().any(|m| m == "baseline") {
             return Err("MODES has baseline but BASELINE (a git revision) is not set".into());
         }
-        if text("REDIRECT_CPU").is_some() && modes.iter().any(|m| m == "paired") {
+        if redirect_cpu.is_some() && modes.iter().any(|m| m == "paired") {
             // Both redirectors would share the one CPU, which is then no longer the
             // redirector's alone.
             return Err("REDIRECT_CPU cannot be used with mode paired (two redirectors)".into());
@@ -116,9 +119,7 @@ impl Knobs {
             duration: positive("DURATION", duration)?,
             connections: positive("CONNECTIONS", 50)?,
             redirect_rate: optional_positive("REDIRECT_RATE")?,
-            redirect_cpu: text("REDIRECT_CPU")
-                .map(|v| crate::cpus::parse(&v, crate::cpus::count()))
-                .transpose()?,
+            redirect_cpu,
             clicks: positive("CLICKS", clicks)?,
             sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags
