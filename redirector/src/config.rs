@@ -132,8 +132,12 @@ pub struct Config {
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_LINK_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub link_timeout: Duration,
 
-    /// Size limit of one datagram to the collector, in bytes (at most 61440).
-    #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = protocol::wire::DEFAULT_DATAGRAM)]
+    /// Size limit of one datagram to the collector, in bytes (at most 61440, at least what one
+    /// click of the longest code and referrer takes). Checked here, before the state region is
+    /// laid out with it: refused later, it would leave a region no later start could adopt.
+    #[arg(long, value_name = "BYTES", env = "REDIRECTOR_DATAGRAM_SIZE", default_value_t = protocol::wire::DEFAULT_DATAGRAM,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(protocol::wire::MIN_DATAGRAM as u64..=protocol::wire::MAX_DATAGRAM as u64))]
     pub datagram_size: usize,
 
     /// A client that has not sent its request head within this time is disconnected: the whole
@@ -338,6 +342,17 @@ mod tests {
         assert!(parse("--max-connections", "-1").is_err());
         assert!(parse("--max-connections", "many").is_err());
         assert!(parse("--max-connections", "1000000").is_ok());
+        use protocol::wire::{MAX_DATAGRAM, MIN_DATAGRAM};
+        for size in [0, MIN_DATAGRAM - 1, MAX_DATAGRAM + 1] {
+            let err = parse("--datagram-size", &size.to_string()).unwrap_err();
+            assert!(
+                err.contains(&format!("{MIN_DATAGRAM}..={MAX_DATAGRAM}")),
+                "{err}"
+            );
+        }
+        for size in [MIN_DATAGRAM, MAX_DATAGRAM] {
+            assert!(parse("--datagram-size", &size.to_string()).is_ok());
+        }
         for flag in ["--idle-timeout", "--write-timeout"] {
             assert!(parse(flag, "0s").unwrap_err().contains("more than zero"));
             assert!(parse(flag, "400days").is_err());

@@ -127,6 +127,29 @@ async fn a_second_redirector_on_the_same_state_file_refuses_to_start() {
     );
 }
 
+/// A datagram size no encoder takes is refused before the state region is laid out with it:
+/// laid out, the region would be refused by every later start, whatever its flags.
+#[tokio::test]
+async fn a_datagram_size_out_of_range_is_refused_and_leaves_the_state_file_as_it_was() {
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let flags = ["--state-file", state.to_str().unwrap()];
+    let mut first = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    first.ready().await;
+    first.service.signal(Signal::SIGTERM);
+    assert!(first.service.wait_exit(LIMIT).await.success());
+
+    let size = (protocol::wire::MIN_DATAGRAM - 1).to_string();
+    let bad = [&flags[..], &["--datagram-size", &size]].concat();
+    let mut refused = Service::spawn("redirector", redirector_command(&f.db.url, &f.socket, &bad));
+    assert!(!refused.wait_exit(LIMIT).await.success());
+    let log = refused.log().join("\n");
+    assert!(log.contains("--datagram-size"), "{log}");
+
+    let next = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    next.ready().await;
+}
+
 /// Where the test holds the redirector's listeners, as systemd's socket units do.
 struct Held {
     http: TcpListener,
