@@ -165,7 +165,8 @@ pub struct Drain {
     failing: Option<SendErrorKind>,
     /// Those failures, so that a streak is not logged per attempt.
     failures: Throttle,
-    /// When the last acknowledgement freed the window (or the wait for one began).
+    /// When the last acknowledgement freed the window, or the first datagram it waits for was
+    /// sent (a rewind leaves none waiting: the next send starts the wait).
     progress: Instant,
     /// When a datagram last entered the window.
     last_datagram: Instant,
@@ -364,10 +365,6 @@ impl Drain {
     /// ring: in that order, so that a process killed in between has them in one or the other
     /// (the window's tag says how far the ring is consumed).
     fn seal(&mut self) {
-        if !self.window.awaits_ack() {
-            // The acknowledgement timeout counts from the first datagram it waits for.
-            self.progress = Instant::now();
-        }
         let clicks = self.encoder.len() as u32;
         let seq = self.encoder.seq();
         self.window
@@ -399,6 +396,12 @@ impl Drain {
     }
 
     fn sent(&mut self) {
+        if !self.window.awaits_ack() {
+            // The acknowledgement timeout counts from the send of the first datagram it waits
+            // for: not from when it was sealed, nor from the last wait, which a collector away
+            // for longer than the timeout would leave past (and the whole window sent twice).
+            self.progress = Instant::now();
+        }
         match self.window.mark_sent() {
             Some(clicks) => {
                 self.common.clicks_sent.inc_by(u64::from(clicks));
@@ -460,7 +463,6 @@ impl Drain {
                         "connected to {}: resending {again} unacknowledged datagrams",
                         path.display()
                     );
-                    self.progress = Instant::now();
                 }
             }
             Err(err) => self.send_failed(&err),
@@ -470,7 +472,6 @@ impl Drain {
     /// No acknowledgement for `--ack-timeout`: go back to the oldest unacknowledged datagram.
     fn resend_unacked(&mut self) {
         let again = self.window.rewind();
-        self.progress = Instant::now();
         tracing::debug!(
             datagrams = again,
             "no acknowledgement for {:?}: resending {again} datagrams",
@@ -583,7 +584,6 @@ impl Drain {
         let fd = self.socket.as_raw_fd();
         let sent = nix::sys::socket::sendto(fd, &resync, &self.collector, MsgFlags::MSG_DONTWAIT);
         self.metrics.resyncs.inc();
-        self.progress = Instant::now();
         match sent {
             Ok(_) => tracing::warn!(
                 asked,

@@ -324,6 +324,37 @@ async fn without_an_acknowledgement_in_time_everything_unacknowledged_is_sent_ag
     assert_eq!(rig.metrics.unacked_clicks.get(), 0);
 }
 
+/// The acknowledgement timeout counts from the send a datagram waits on, not from when the
+/// last wait began: a collector away for longer than the timeout, then back, is sent what was
+/// not acknowledged once, not at once a second time.
+#[tokio::test]
+async fn a_collector_back_after_a_long_absence_is_sent_the_unacknowledged_once() {
+    const ACK_TIMEOUT: Duration = Duration::from_millis(500);
+    let rig = rig_with(10_000, 512, ACK_TIMEOUT);
+    let first = collector(&rig, false);
+    rig.push("absent", 3_000);
+    let mut got = Received::default();
+    got.until(&first, 3_000, "absent").await;
+    std::fs::remove_file(&rig.path).unwrap();
+    drop(first);
+    // The timeout goes back to the oldest datagram, and its send finds nobody.
+    rig.await_error(SendErrorKind::NotFound).await;
+    let held = rig.metrics.datagrams_sent.get();
+    let resent = rig.metrics.resends.get();
+    // The absence is what the test is about: it must outlast the timeout.
+    tokio::time::sleep(3 * ACK_TIMEOUT).await;
+    let second = collector(&rig, true);
+    let mut again = Received::default();
+    again.until(&second, 3_000, "absent").await;
+    await_acked(&rig, 3_000).await;
+    assert_eq!(
+        rig.metrics.resends.get() - resent,
+        held,
+        "each held datagram is sent to the collector that came back once"
+    );
+    assert_eq!(rig.stop(Duration::from_secs(1)).await, Left::default());
+}
+
 #[tokio::test]
 async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
     let rig = rig(10_000);
