@@ -43,8 +43,13 @@ impl Shared {
 pub struct Health {
     /// The socket is open and the database was reached at start.
     pub(crate) started: AtomicBool,
-    /// The writer's or the maintenance task's last attempt reached the database.
-    pub db_reachable: AtomicBool,
+    /// The writer's last attempt did not fail (one that waited for the instance lock held by
+    /// another session did not). Apart from `upkeep`: the maintenance task's light queries
+    /// working every second must not hide a writer that keeps failing.
+    pub writes: AtomicBool,
+    /// The maintenance task's last round (folding, pruning, the gauges) reached the database:
+    /// what says so while no batch is being written.
+    pub(crate) upkeep: AtomicBool,
 }
 
 impl Health {
@@ -52,8 +57,11 @@ impl Health {
         if !self.started.load(Relaxed) {
             return Err("starting: socket or database not ready".into());
         }
-        if !self.db_reachable.load(Relaxed) {
-            return Err("the database is unreachable; batches are kept and retried".into());
+        if !self.writes.load(Relaxed) {
+            return Err("writing batches fails; they are kept and retried".into());
+        }
+        if !self.upkeep.load(Relaxed) {
+            return Err("the database's periodic work (folding, pruning) fails; retried".into());
         }
         Ok(())
     }

@@ -127,7 +127,8 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
     metrics.upkeep.deltas_pending.set(start.deltas_pending);
-    shared.health.db_reachable.store(true, Relaxed);
+    shared.health.writes.store(true, Relaxed);
+    shared.health.upkeep.store(true, Relaxed);
     shared.health.started.store(true, Relaxed);
     tracing::info!(
         instance = %config.instance,

@@ -396,6 +396,16 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         (testkit::http::get(c.admin, "/healthz").await.ok()?.0 == 503).then_some(())
     })
     .await;
+    // And to go on saying it while the writer keeps failing, through the rounds of the
+    // maintenance task, which reach the database every second between its attempts: five
+    // more attempts wait out a backoff (doubling from 100 ms) of 1.6 s at least.
+    let failed = c.metric("collector_db_errors_total").await;
+    testkit::eventually("five more failed attempts", LIMIT, || async {
+        let (status, body) = testkit::http::get(c.admin, "/healthz").await.ok()?;
+        assert_eq!(status, 503, "/healthz while every write fails: {body}");
+        (c.metric("collector_db_errors_total").await >= failed + 5.0).then_some(())
+    })
+    .await;
     assert_eq!(
         count(&p.client, "SELECT count(*) FROM clicks_set_aside").await,
         0

@@ -87,7 +87,7 @@ pub(crate) async fn run(
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
-                shared.health.db_reachable.store(true, Relaxed);
+                shared.health.upkeep.store(true, Relaxed);
                 if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
                 }
@@ -95,7 +95,7 @@ pub(crate) async fn run(
             Err(failure) => {
                 conn = None;
                 shared.counts.db_errors.inc();
-                shared.health.db_reachable.store(false, Relaxed);
+                shared.health.upkeep.store(false, Relaxed);
                 if outage.hit().is_some() {
                     tracing::warn!(error = %failure, "folding or pruning: {failure}; retrying");
                 } else {

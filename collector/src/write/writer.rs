@@ -159,7 +159,7 @@ impl Writer {
                             batch.len()
                         );
                     }
-                    self.shared.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.writes.store(true, Relaxed);
                     return (Stored::Written { refused }, began);
                 }
                 Ok(Stored::AlreadyCommitted) => {
@@ -169,7 +169,7 @@ impl Writer {
                          not writing it again",
                         batch.len()
                     );
-                    self.shared.health.db_reachable.store(true, Relaxed);
+                    self.shared.health.writes.store(true, Relaxed);
                     // Committed by an earlier attempt: the first began no later.
                     return (Stored::AlreadyCommitted, first);
                 }
@@ -182,7 +182,7 @@ impl Writer {
                         batch.len()
                     );
                     self.shared.counts.db_errors.inc();
-                    self.shared.health.db_reachable.store(false, Relaxed);
+                    self.shared.health.writes.store(false, Relaxed);
                 }
                 Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
                     let error = describe(&e);
@@ -218,7 +218,7 @@ impl Writer {
                         batch.len()
                     );
                     self.shared.counts.db_errors.inc();
-                    self.shared.health.db_reachable.store(false, Relaxed);
+                    self.shared.health.writes.store(false, Relaxed);
                 }
                 Err(failure) => {
                     tracing::warn!(
@@ -228,7 +228,7 @@ impl Writer {
                         batch.len(),
                     );
                     self.shared.counts.db_errors.inc();
-                    self.shared.health.db_reachable.store(false, Relaxed);
+                    self.shared.health.writes.store(false, Relaxed);
                 }
             }
             self.conn = None;
