@@ -114,9 +114,10 @@ pub struct Config {
     pub flush_interval: Duration,
 
     /// How long shutdown keeps sending what the ring holds and waiting for the collector to
-    /// acknowledge it; what was not sent by then is counted as dropped (`shutdown`), and so is
-    /// what was sent and not acknowledged (`unacknowledged`). (Requests in flight get as long
-    /// to finish before that.)
+    /// acknowledge it. What is left then is kept for the next start where the state region
+    /// outlives the process (a --state-file); otherwise what was not sent is counted as
+    /// dropped (`shutdown`), and so is what was sent and not acknowledged (`unacknowledged`).
+    /// (Requests in flight get as long to finish before that.)
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_DRAIN_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub drain_timeout: Duration,
 

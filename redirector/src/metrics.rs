@@ -10,7 +10,7 @@ shared::label! {
         /// Still in the ring or the unsent datagram when the drain timeout ran out at shutdown.
         Shutdown = "shutdown",
         /// The encoder refused the click (a bad timestamp: the clock is outside years 1 to
-        /// 9999), or the ring refused its code as longer than `MAX_CODE_LEN`.
+        /// 9999), or the ring or the encoder refused its code or referrer as too long.
         Invalid = "invalid",
         /// `--clicks direct`: the INSERT failed.
         DirectFailed = "direct_failed",
@@ -50,7 +50,7 @@ shared::metrics! {
             "Clicks an earlier process left in the state region (ring and resend window), adopted at start.";
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
         clicks_dropped: LabeledCounter<Dropped> = "clicks_dropped",
-            "Clicks served but not sent, by reason.";
+            "Clicks lost, by reason: served and not sent, sent and never acknowledged (unacknowledged), or cut off mid-push by a kill (torn, never answered).";
         /// Set when `/metrics` is read, from `Ring::pushed`.
         clicks_queued: Counter = "clicks_queued", "Clicks pushed into the ring.";
         /// Set when `/metrics` is read.

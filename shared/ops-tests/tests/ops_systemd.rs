@@ -250,6 +250,18 @@ fn services_take_their_listeners_from_socket_units_and_keep_to_unix_sockets() {
     }
 }
 
+/// Both services report READY=1 only once the database answered (the collector's migrations
+/// run before it): systemd's default start timeout would kill them at every attempt while it
+/// is away, or a migration longer than 90 s at every attempt.
+#[test]
+fn services_ready_after_the_database_have_no_start_timeout() {
+    for service in ["redirector.service", "collector.service"] {
+        let svc = settings(&unit_dir().join(service));
+        assert_eq!(setting(&svc, "Type"), "notify", "{service}");
+        assert_eq!(setting(&svc, "TimeoutStartSec"), "infinity", "{service}");
+    }
+}
+
 /// Whether a unit's boolean setting is on, as systemd reads it.
 fn is_on(value: &str) -> bool {
     matches!(value, "yes" | "true" | "on" | "1")
