@@ -223,8 +223,9 @@ pub struct Config {
 
     /// Give up on one attempt to write a batch (connect, writer lock, COPY, commit: one deadline
     /// for all of it) after this long; the connection is dropped and the same batch is retried
-    /// on a new one. A stop waits for the last batches, so it can take longer than this (see
-    /// Stopping below).
+    /// on a new one. The same deadline bounds each round of the periodic work (a fold, pruning)
+    /// and connecting at start. A stop waits for the last batches, so it can take longer than
+    /// this (see Stopping below).
     #[arg(
         long,
         env = "COLLECTOR_WRITE_TIMEOUT",

@@ -20,13 +20,13 @@ impl Db {
     }
 
     /// Names the collector's sessions in `pg_stat_activity` (`collector <instance>`), unless
-    /// the URL names them already.
-    pub(crate) fn for_instance(mut self, instance: &str) -> Db {
-        if self.config.pg.get_application_name().is_none() {
-            self.config
-                .pg
-                .application_name(format!("collector {instance}"));
-        }
+    /// the URL names them already, and keeps them from hanging unnoticed (`timeout`:
+    /// `--write-timeout`): start-up, whose steps have no deadline of their own (a migration
+    /// may take long), once waited on a server that accepted and never answered for good.
+    pub(crate) fn for_instance(mut self, instance: &str, timeout: Duration) -> Db {
+        self.config = self
+            .config
+            .guarded(timeout, &format!("collector {instance}"));
         self
     }
 

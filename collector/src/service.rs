@@ -95,7 +95,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     check_allowed_uids(&config)?;
     let db = Db::parse(database_url)
         .map_err(Fatal::Url)?
-        .for_instance(&config.instance);
+        .for_instance(&config.instance, config.write_timeout);
     let mut registry = Registry::with_prefix("collector");
     let shared = Arc::new(Shared::register(&mut registry));
     let metrics = Metrics::register(&mut registry);
@@ -315,9 +315,8 @@ async fn prepare(
     loop {
         match try_prepare(db, instance, upkeep, metrics).await {
             Ok(start) => return start,
-            Err(e) => {
+            Err(error) => {
                 shared.counts.db_errors.inc();
-                let error = describe(&e);
                 tracing::warn!(%error, "database not ready: {error}; retrying");
                 backoff.wait().await;
             }
@@ -330,8 +329,11 @@ async fn try_prepare(
     instance: &str,
     upkeep: &maintenance::Policy,
     metrics: &upkeep::Metrics,
-) -> Result<Start, tokio_postgres::Error> {
-    let mut client = db.connect().await?;
+) -> Result<Start, db::Failure> {
+    // Connecting has a deadline (--write-timeout; tokio-postgres' connect_timeout bounds the
+    // socket's connect, not the startup): a server that accepts and never answers is tried
+    // again. The steps after it have none, as a migration may take long.
+    let mut client = db::timed(upkeep.timeout, db.connect()).await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
     let today = copy::pg_day(protocol::now_us());

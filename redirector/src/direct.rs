@@ -102,7 +102,7 @@ impl Direct {
         connections: usize,
         timeout: Duration,
     ) -> Result<Direct, DirectError> {
-        let config = crate::session::session_config(config, timeout, APPLICATION_NAME);
+        let config = config.guarded(timeout, APPLICATION_NAME);
         let mut sessions = Vec::with_capacity(connections.max(1));
         for _ in 0..connections.max(1) {
             let session = Session::open(&config, timeout).await?;

@@ -28,7 +28,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
-use crate::session::{session_config, AbortOnDrop};
+use crate::session::AbortOnDrop;
 use crate::table::{usable, Table, Unusable};
 use crate::target::{self, Answer, LinkOptions};
 use apply::{Batch, Seen};
@@ -150,7 +150,7 @@ pub fn spawn(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let config = session_config(config, options.timeout, APPLICATION_NAME);
+    let config = config.guarded(options.timeout, APPLICATION_NAME);
     std::thread::Builder::new()
         .name("link-loader".into())
         .spawn(move || {

@@ -1,29 +1,6 @@
-//! What every database session of the redirector has: settings that keep it from hanging
-//! unnoticed, and a connection task that ends with its owner. The link loader's sessions and
-//! `--clicks direct`'s use them alike.
-
-use std::time::Duration;
-
-/// The database settings that keep a session from hanging unnoticed (`timeout`:
-/// `--link-timeout`), named `name` in `pg_stat_activity` unless the URL names it.
-pub(crate) fn session_config(
-    mut config: shared::db::Config,
-    timeout: Duration,
-    name: &str,
-) -> shared::db::Config {
-    config
-        .pg
-        .connect_timeout(timeout)
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .keepalives_interval(Duration::from_secs(5))
-        .keepalives_retries(3)
-        .tcp_user_timeout(timeout * 3);
-    if config.pg.get_application_name().is_none() {
-        config.pg.application_name(name);
-    }
-    config
-}
+//! What every database session of the redirector has besides its settings
+//! (`shared::db::Config::guarded`, with `--link-timeout`): a connection task that ends with
+//! its owner. The link loader's sessions and `--clicks direct`'s use it alike.
 
 /// A spawned task that is aborted when its owner goes away: a session's connection, which
 /// tokio-postgres would otherwise keep open while an answer is still due.

@@ -61,6 +61,25 @@ impl Config {
         &self.tls
     }
 
+    /// With the settings that keep a session from hanging unnoticed: `timeout` to connect
+    /// (a server that accepts and never answers included), TCP keepalives and a user timeout
+    /// of three times `timeout`, which find a peer gone from the network long before the
+    /// kernel's retransmissions would (about 15 minutes); named `name` in
+    /// `pg_stat_activity` unless the URL names it.
+    pub fn guarded(mut self, timeout: std::time::Duration, name: &str) -> Config {
+        self.pg
+            .connect_timeout(timeout)
+            .keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(10))
+            .keepalives_interval(std::time::Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(timeout * 3);
+        if self.pg.get_application_name().is_none() {
+            self.pg.application_name(name);
+        }
+        self
+    }
+
     /// The settings to hand tokio-postgres, with its own `sslmode`: ours but `verify-*` are
     /// `require` (the verifier does the rest), and none over Unix sockets.
     fn connect_config(&self) -> tokio_postgres::Config {
