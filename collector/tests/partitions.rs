@@ -75,6 +75,57 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
     assert_eq!(stored.len(), 2_000);
 }
 
+/// Creating a day's partition takes the strongest lock on `clicks`, which waits for every
+/// transaction that read it (a long report, a `pg_dump`), and every later request for a lock
+/// on it queues behind that wait, a batch's COPY too: so the creation gives up after a short
+/// wait (and is tried again next round, days ahead), rather than hold ingest up behind the
+/// reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let mut handoff = writer(&db.url, "reader", LIMIT, Arc::new(Counted::default())).await;
+    let reader = pgtest::connect(&db.url).await;
+    reader
+        .batch_execute("BEGIN; SELECT 1 FROM clicks LIMIT 1")
+        .await
+        .unwrap();
+    // Thirty days on: days to create.
+    let later = midnight() + 30 * DAY_US;
+    let creating = {
+        let url = db.url.clone();
+        tokio::spawn(async move {
+            let client = pgtest::connect(&url).await;
+            let metrics = Metrics::default();
+            maintenance::keep_partitions(&client, &policy(None), &metrics, later).await
+        })
+    };
+    let waiting = "SELECT count(*) FROM pg_locks
+                   WHERE relation = 'clicks'::regclass AND mode = 'AccessExclusiveLock'
+                     AND NOT granted";
+    testkit::eventually("the creation waiting for its lock", LIMIT, || async {
+        (count(&client, waiting).await > 0).then_some(())
+    })
+    .await;
+    let sent = clicks(100, 5, start_us(), 1_000);
+    write(&mut handoff, batch_of(&datagrams(3, &sent))).await;
+    assert_eq!(stored_clicks(&client).await.len(), 100);
+    let refused = creating
+        .await
+        .unwrap()
+        .expect_err("given up behind the reader");
+    assert!(
+        shared::db::describe(&refused).contains("lock timeout"),
+        "{refused}"
+    );
+    reader.batch_execute("COMMIT").await.unwrap();
+    let metrics = Metrics::default();
+    maintenance::keep_partitions(&client, &policy(None), &metrics, later)
+        .await
+        .unwrap();
+    assert!(metrics.partitions_created.get() > 0);
+}
+
 /// A partition as its day's end leaves it: autovacuum kept off, an index by code, pages all
 /// all-visible out of pages in all, and the statistics rows ANALYZE left.
 #[derive(Debug, PartialEq)]

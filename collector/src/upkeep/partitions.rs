@@ -4,9 +4,10 @@
 //!
 //! Days are PostgreSQL's day numbers (days since 2000-01-01, as `copy::pg_day` gives them), so
 //! that a test can pass any "today" and watch days go by. Every statement is idempotent:
-//! creating is serialized in `ensure_click_partition`; dropping and indexing use the
-//! `CONCURRENTLY` forms and vacuuming a plain VACUUM, none of which takes a lock that would
-//! stop a batch from being written (and so they run outside any transaction). All but
+//! creating is serialized in `ensure_click_partition`, and waits for its lock, which does stop
+//! batches, only briefly (`CREATE_LOCK_WAIT`); dropping and indexing use the `CONCURRENTLY`
+//! forms and vacuuming a plain VACUUM, none of which takes a lock that would stop a batch from
+//! being written (and so they run outside any transaction). All but
 //! creating would block each other between collectors: `maintenance::run_partitions` runs
 //! them in one collector at a time.
 
@@ -60,8 +61,17 @@ pub(crate) struct Done {
     pub(crate) settled: Vec<String>,
 }
 
+/// How long creating a partition waits for its lock on `clicks`. `CREATE TABLE ... PARTITION
+/// OF` takes the strongest lock there is on it, which waits for every transaction that read
+/// it (a long report, a `pg_dump`), and every later request for a lock on `clicks` queues
+/// behind that wait, a batch's COPY too: past this it gives up, to be tried again next round
+/// (days are created `SPARE_DAYS` ahead), rather than hold ingest up behind the reader.
+const CREATE_LOCK_WAIT: &str = "2s";
+
+/// The lock wait is set for this statement's transaction alone (`set_config(..., true)`, the
+/// function scan run before any row reaches the filter).
 const ENSURE: &str = "SELECT count(*) FILTER (WHERE ensure_click_partition(date '2000-01-01' + d))
-                      FROM generate_series($1::int, $2::int) AS d";
+                      FROM set_config('lock_timeout', $3, true), generate_series($1::int, $2::int) AS d";
 
 /// Partitions wholly before day $1 (a number of days since 2000-01-01): the daily ones by name,
 /// and the one holding everything from before partitioning by where it ends.
@@ -126,7 +136,9 @@ const UNSETTLED: &str = "
 
 /// Creates the partitions `plan` lacks; how many.
 pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
-    let created = client.query_one(ENSURE, &[&plan.first, &plan.last]).await?;
+    let created = client
+        .query_one(ENSURE, &[&plan.first, &plan.last, &CREATE_LOCK_WAIT])
+        .await?;
     Ok(created.get::<_, i64>(0) as u64)
 }
 
