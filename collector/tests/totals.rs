@@ -251,6 +251,60 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     );
 }
 
+/// A backlog that only the SQL way folds goes a slice a fold, oldest first: a fold's round has a
+/// deadline, and one that took a large backlog whole outlasted it at every round, so that it
+/// was never folded. Other writers' orphaned counts and the breakdown lists, each in rows of
+/// 0.6 of a slice (so one row a fold), exact once all is folded.
+#[tokio::test]
+async fn a_large_backlog_of_others_counts_and_of_breakdowns_goes_a_slice_a_fold() {
+    const CODES: i64 = 1_000;
+    let db = pgtest::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    let per_row = compact::SLICE_ENTRIES * 6 / 10;
+    let lists = "
+        WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
+        INSERT INTO click_count_lists
+            (day, entries, code_list, count_list, writer, batch, written_at)
+        SELECT current_date, count(*), string_agg(code, ' '), string_agg('1', ' '), 999, $1,
+               now() - $1::int8 * interval '1 hour'
+        FROM g";
+    let breakdowns = "
+        WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
+        INSERT INTO click_breakdown_lists (day, dimension, entries, code_list, value_list,
+                                           count_list, writer, batch, written_at)
+        SELECT current_date, 'country', count(*), string_agg(code, ' '), string_agg('DE', ' '),
+               string_agg('1', ' '), 999, $1, now() - $1::int8 * interval '1 hour'
+        FROM g";
+    for hours in 1..=4i64 {
+        for sql in [lists, breakdowns] {
+            client
+                .execute(sql, &[&hours, &per_row, &CODES])
+                .await
+                .unwrap();
+        }
+    }
+    let waiting = "SELECT (SELECT count(*) FROM click_count_lists)
+                        + (SELECT count(*) FROM click_breakdown_lists)";
+    let own = Unfolded::new(1);
+    let breakdowns_left = "SELECT count(*) FROM click_breakdown_lists";
+    let mut folds = Vec::new();
+    while count(&client, waiting).await > 0 {
+        assert!(folds.len() < 8, "still waiting after folds of {folds:?}");
+        let moved = fold_all(&mut client, &own).await.unwrap().expect("a fold");
+        folds.push((moved, count(&client, breakdowns_left).await));
+    }
+    let one_row_a_fold = [(per_row, 3), (per_row, 2), (per_row, 1), (per_row, 0)];
+    assert_eq!(
+        folds, one_row_a_fold,
+        "(counts moved, breakdown lists left) by each fold"
+    );
+    let each = 4 * per_row / CODES;
+    for table in ["click_counts", "click_breakdown_counts"] {
+        let sql = format!("SELECT count(*) FROM {table} WHERE clicks = {each}");
+        assert_eq!(count(&client, &sql).await, CODES, "{table}");
+    }
+}
+
 /// The fold of collectors of migration 9's version (`git show cbafdf2:collector/src/compact.rs`),
 /// which may still run during a rolling upgrade: it reads only click_count_batches' arrays.
 const FOLD_ROWS_OF_VERSION_9: &str = "

@@ -12,8 +12,8 @@
 //! exact whatever the backlog (it adds the unfolded counts); the backlog bounds what a reader
 //! of it has to add up.
 //!
-//! The breakdowns (migration 14) are folded in the same transaction, always the SQL way
-//! (`FOLD_BREAKDOWNS`), and `click_breakdown` is exact at every moment as `click_totals` is.
+//! The breakdowns (migration 14) are folded in the same transaction, always the SQL way and a
+//! slice at a time (`FOLD_BREAKDOWNS`), and `click_breakdown` is exact at every moment as `click_totals` is.
 //!
 //! Every collector of a database runs this task; one folds at a time (a transaction-level
 //! advisory lock taken with `try`), and the others skip that turn. The fold only deletes
@@ -25,18 +25,46 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::write::unfolded::{Taken, Unfolded};
+use protocol::dimensions::Dimension;
+
+/// A subquery for FOLD_ROWS and FOLD_BREAKDOWNS: the time up to which the oldest of `$rows`
+/// (a table and its condition) hold at most `$entries` entries, or the oldest rows' alone if
+/// they hold more; null if there are none. A fold's round has a deadline (--write-timeout)
+/// and the SQL way costs the database per entry: a large backlog taken whole in one statement
+/// outlasted it at every round, and so was never folded.
+macro_rules! slice {
+    ($rows:literal, $entries:literal) => {
+        concat!(
+            "(SELECT coalesce(max(written_at) FILTER (WHERE through <= ",
+            $entries,
+            "), min(written_at))
+              FROM (SELECT written_at, sum(entries) OVER (ORDER BY written_at) AS through
+                    FROM ",
+            $rows,
+            ") AS o)"
+        )
+    };
+}
 
 /// One statement: moves the committed counts the collector does not hold in memory (the rows
 /// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
 /// seconds, which a live collector would have folded itself: those of a previous life or of a
-/// host gone; and what collectors of earlier versions write, during a rolling upgrade: rows
-/// of click_count_batches (arrays, before migration 10) and of click_count_deltas (before
-/// migration 5)), sums per key, upserts in key order, and returns how many counts it moved.
-const FOLD_ROWS: &str = "
+/// host gone, the oldest of them up to $4 entries (`slice!`); and what collectors of earlier
+/// versions write, during a rolling upgrade: rows of click_count_batches (arrays, before
+/// migration 10) and of click_count_deltas (before migration 5)), sums per key, upserts in
+/// key order, and returns how many counts it moved.
+const FOLD_ROWS: &str = concat!(
+    "
     WITH lists AS (
         DELETE FROM click_count_lists
         WHERE (writer = $1 AND batch <= $2)
-           OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
+           OR (writer <> $1 AND written_at <= ",
+    slice!(
+        "click_count_lists
+                WHERE writer <> $1 AND written_at < now() - $3::float8 * interval '1 second'",
+        "$4"
+    ),
+    ")
         RETURNING day, code_list, count_list, entries),
     batches AS (
         DELETE FROM click_count_batches
@@ -59,18 +87,23 @@ const FOLD_ROWS: &str = "
         SELECT code, day, sum(clicks) FROM moved GROUP BY code, day ORDER BY code, day
         ON CONFLICT (code, day) DO UPDATE SET clicks = click_counts.clicks + EXCLUDED.clicks)
     SELECT (SELECT coalesce(sum(entries), 0) FROM lists)::int8
-         + (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)";
+         + (SELECT coalesce(sum(entries), 0) FROM batches)::int8 + (SELECT count(*) FROM rows)"
+);
 
-/// One statement: moves every committed breakdown list (migration 14) into
-/// click_breakdown_counts, summed per key and upserted in key order, and returns how many
-/// entries it moved. Always the SQL way: breakdowns are not summed in memory (their keys are
-/// several per click, and the lists are read only here and by the view), so whichever
-/// collector folds takes every writer's, and a list committed after the statement's snapshot
-/// waits for the next fold. In the fold's transaction, so the view sees the lists and the
-/// counts they went into, never both nor neither.
-const FOLD_BREAKDOWNS: &str = "
+/// One statement: moves the committed breakdown lists (migration 14), the oldest up to $4
+/// entries (`slice!`), into click_breakdown_counts, summed per key and upserted in key order,
+/// and returns how many entries it moved. Always the SQL way: breakdowns are not summed in
+/// memory (their keys are several per click, and the lists are read only here and by the
+/// view), so whichever collector folds takes every writer's; a list committed after the
+/// statement's snapshot, or past the slice, waits for the next fold (still due). In the fold's
+/// transaction, so the view sees the lists and the counts they went into, never both nor
+/// neither.
+const FOLD_BREAKDOWNS: &str = concat!(
+    "
     WITH lists AS (
-        DELETE FROM click_breakdown_lists
+        DELETE FROM click_breakdown_lists WHERE written_at <= ",
+    slice!("click_breakdown_lists", "$1"),
+    "
         RETURNING day, dimension, code_list, value_list, count_list, entries),
     folded AS (
         INSERT INTO click_breakdown_counts (code, day, dimension, value, clicks)
@@ -81,24 +114,26 @@ const FOLD_BREAKDOWNS: &str = "
         GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
         ON CONFLICT (code, day, dimension, value)
            DO UPDATE SET clicks = click_breakdown_counts.clicks + EXCLUDED.clicks)
-    SELECT coalesce(sum(entries), 0)::int8 FROM lists";
+    SELECT coalesce(sum(entries), 0)::int8 FROM lists"
+);
 
 /// The rows of batches $2..=$3 of writer $1, whose sums the collector holds: how many went.
 const DELETE_OWN: &str = "
     DELETE FROM click_count_lists WHERE writer = $1 AND batch BETWEEN $2 AND $3";
 
-/// Stray batches are folded in slices: the last of writer $1's batches up to $2 whose rows,
-/// with those of the batches before it, hold at most $3 entries (the first batch if it alone
-/// holds more; none if there are no rows). A fold's round has a deadline (--write-timeout), and
-/// the SQL way costs the database per entry: sums dropped under a flood of distinct codes left
-/// millions of entries stray, which no round could fold in time, so none ever did.
+/// Stray batches are folded in slices, as `slice!` has other writers' rows folded: the last of writer
+/// $1's batches up to $2 whose rows, with those of the batches before it, hold at most $3
+/// entries (the first batch if it alone holds more; none if there are no rows). Sums dropped
+/// under a flood of distinct codes left millions of entries stray.
 const STRAY_SLICE: &str = "
     SELECT coalesce(max(batch) FILTER (WHERE through <= $3), min(batch))
     FROM (SELECT batch, sum(entries) OVER (ORDER BY batch) AS through
           FROM click_count_lists WHERE writer = $1 AND batch <= $2) AS l";
 
-/// The most entries of stray batches one fold takes the SQL way.
-const STRAY_ENTRIES: i64 = 1_000_000;
+/// The most entries one fold takes the SQL way from each of this collector's stray batches and
+/// other writers' orphaned rows (the oldest rows' alone, if more); the breakdown lists have a
+/// slice of their own (`Policy::breakdown_slice`), at least this.
+pub const SLICE_ENTRIES: i64 = 1_000_000;
 
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers), on PostgreSQL 15
 /// and later: one join of the sums with click_counts, each key updated or inserted. A join
@@ -192,6 +227,16 @@ impl Policy {
     pub(crate) fn orphaned_after(&self) -> Duration {
         3 * self.interval
     }
+
+    /// The most breakdown entries one fold takes: a fold due by its counts finds up to one
+    /// entry a dimension per count in the breakdown lists, and takes them all, as it always
+    /// did; only a backlog beyond that (folds failing for a while) goes in slices. A slice of
+    /// them at each fold would otherwise keep the breakdowns due, and so fold the sums far more
+    /// often than their interval.
+    fn breakdown_slice(&self) -> i64 {
+        let most = self.backlog.saturating_mul(Dimension::ALL.len() as i64);
+        most.max(SLICE_ENTRIES)
+    }
 }
 
 /// The counts waiting to be folded, and the age of the oldest, in seconds.
@@ -258,7 +303,7 @@ impl Apply {
     }
 }
 
-/// One fold (the counts, then every breakdown list) and the pruning of idle bookkeeping rows,
+/// One fold (the counts, then the breakdown lists, the oldest up to a slice) and the pruning of idle bookkeeping rows,
 /// in one transaction, unless another collector is folding (`None`); the counts it moved (not
 /// the breakdown entries, which it logs).
 pub async fn fold(
@@ -289,7 +334,10 @@ pub async fn fold_with(
         committed: false,
     };
     let moved = fold_taken(&mut tx, policy, own.writer(), &mut taking.taken, apply).await?;
-    let breakdowns: i64 = tx.query_one(FOLD_BREAKDOWNS, &[]).await?.get(0);
+    let breakdowns: i64 = tx
+        .query_one(FOLD_BREAKDOWNS, &[&policy.breakdown_slice()])
+        .await?
+        .get(0);
     tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
     tx.batch_execute(PRUNE).await?;
     tx.commit().await?;
@@ -360,7 +408,7 @@ async fn fold_taken(
         }
     }
     if stray_upto > 0 {
-        let slice = [&writer as _, &stray_upto as _, &STRAY_ENTRIES as _];
+        let slice = [&writer as _, &stray_upto as _, &SLICE_ENTRIES as _];
         let upto: Option<i64> = tx.query_one(STRAY_SLICE, &slice).await?.get(0);
         if let Some(upto) = upto.filter(|&upto| upto < stray_upto) {
             taken.left = Some(stray_upto);
@@ -369,13 +417,31 @@ async fn fold_taken(
     }
     let orphaned = policy.orphaned_after().as_secs_f64();
     let row = tx
-        .query_one(FOLD_ROWS, &[&writer, &stray_upto, &orphaned])
+        .query_one(
+            FOLD_ROWS,
+            &[&writer, &stray_upto, &orphaned, &SLICE_ENTRIES],
+        )
         .await?;
     Ok(moved + row.get::<_, i64>(0))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A fold due by its counts takes every breakdown entry its counts' batches wrote (one a
+    /// dimension per count); a smaller backlog still gets a whole slice.
+    #[test]
+    fn a_breakdown_slice_holds_what_a_fold_due_by_its_counts_finds() {
+        let policy = |backlog| Policy {
+            interval: Duration::from_secs(60),
+            backlog,
+        };
+        assert_eq!(policy(5_000_000).breakdown_slice(), 20_000_000);
+        assert_eq!(policy(1).breakdown_slice(), SLICE_ENTRIES);
+        assert_eq!(policy(i64::MAX).breakdown_slice(), i64::MAX);
+    }
+
     /// click_senders keeps an idle sender's row a day longer than the collector's memory keeps
     /// the sender (see `protocol::senders::IDLE`).
     #[test]
