@@ -127,7 +127,7 @@ pg_running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }
 pg_start() { # LOG; extra server settings in $PG_OPTIONS
     pg_access || return 1
     as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
-        -o "-k $PGDIR -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
+        -o "-k '$PGDIR' -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
         start >/dev/null
 }
 
@@ -137,5 +137,6 @@ pg_reload_access() { pg_access && as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" reload 
 
 pg_stop() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast -w -t 60 stop >/dev/null; }
 
-# The libpq key=value connection string for database $1 as the superuser postgres.
-pg_url() { echo "host=$PGDIR user=postgres dbname=$1"; }
+# The libpq key=value connection string for database $1 as the superuser postgres (the path
+# quoted: it may hold spaces; pg_ctl's -o above is read by a shell, hence its quotes too).
+pg_url() { echo "host='$PGDIR' user=postgres dbname=$1"; }

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
@@ -54,9 +54,16 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
     let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
     socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)
         .map_err(|e| io_err("bind", path)(e.into()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io_err("set mode of", path))?;
+    set_mode(path, mode).map_err(io_err("set mode of", path))?;
     Ok(UnixDatagram::from(fd))
+}
+
+/// Sets the mode of the file at `path` itself: a symlink put there since (by anyone who may
+/// write to the directory) is refused, where chmod would set the mode of what it points to.
+fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    let mode = nix::sys::stat::Mode::from_bits_truncate(mode);
+    let flag = nix::sys::stat::FchmodatFlags::NoFollowSymlink;
+    nix::sys::stat::fchmodat(None, path, mode, flag).map_err(io::Error::from)
 }
 
 /// Removes `path` if it is a datagram socket nobody is bound to; fails on anything else.
@@ -320,6 +327,7 @@ impl crate::metrics::Label for SendErrorKind {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn binds_creates_directory_and_sets_mode() {
@@ -331,6 +339,24 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o660);
         let passcred: bool = socket::getsockopt(&_sock, sockopt::PassCred).unwrap();
         assert!(passcred);
+    }
+
+    /// What the mode is set on after bind: the file at the path, never what a symlink put
+    /// there in the meantime points to.
+    #[test]
+    fn the_mode_goes_on_the_path_itself_not_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("c.sock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(set_mode(&link, 0o666).is_err(), "a symlink is refused");
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the target keeps its mode");
+        set_mode(&target, 0o640).unwrap();
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
     }
 
     #[test]

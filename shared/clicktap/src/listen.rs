@@ -156,8 +156,11 @@ impl Totals {
         self.bytes += len as u64;
     }
 
+    /// Held at `u64::MAX`: a sender may jump to any seq (a hostile one to the last).
     fn gap_total(&self) -> u64 {
-        self.gaps.values().sum()
+        self.gaps
+            .values()
+            .fold(0, |total, &n| total.saturating_add(n))
     }
 
     fn summary(&self) -> String {
@@ -206,7 +209,8 @@ impl Tally {
         for totals in [&mut self.second, &mut self.all] {
             totals.add(len, batch.clicks.len());
             if note.missing > 0 {
-                *totals.gaps.entry(batch.sender).or_default() += note.missing;
+                let gap = totals.gaps.entry(batch.sender).or_default();
+                *gap = gap.saturating_add(note.missing);
             }
         }
         note
@@ -321,5 +325,19 @@ mod tests {
         assert_eq!(tally.all.gaps, BTreeMap::from([(1, 2)]));
         let line = stats_line(&tally.second, Duration::from_secs(1), false);
         assert!(line.ends_with("rejects=0 gaps=2 (sender 1: 2)"), "{line}");
+    }
+
+    #[test]
+    fn gaps_as_large_as_a_seq_can_jump_are_held_at_the_most() {
+        let mut tally = Tally::default();
+        tally.batch(&batch(1, 0), 10);
+        tally.batch(&batch(1, u64::MAX), 10);
+        tally.batch(&batch(2, 0), 10);
+        tally.batch(&batch(2, 5), 10);
+        assert_eq!(tally.all.gap_total(), u64::MAX);
+        assert!(tally
+            .all
+            .summary()
+            .contains(&format!("{} missing", u64::MAX)));
     }
 }

@@ -239,6 +239,11 @@ fn send_clicks(
     let pace = args.rate.map(Pace::new);
     let mut pushed = 0;
     while pushed < args.count {
+        // Also here, not only where it waits (on the pace, or on a full queue): a receiver
+        // that keeps up never makes it wait.
+        if signals::stopping(link.stop) {
+            return Err(TapError::Interrupted);
+        }
         let first = pushed;
         while encoder.len() < args.batch as usize && pushed < args.count {
             if pace.as_ref().is_some_and(|p| p.flush_before(first, pushed)) {

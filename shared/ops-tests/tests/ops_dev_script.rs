@@ -157,11 +157,14 @@ fn psql() -> PathBuf {
 
 /// `SELECT current_user` on the dev cluster in `dev_dir` as the superuser `postgres`, by
 /// `user` (or this process): what psql printed, or why it failed.
+/// The libpq connection string of database `clicks` on the cluster whose socket is in `dir`
+/// (quoted: the test's directories hold a space).
+fn clicks_url(dir: &Path) -> String {
+    format!("host='{}' user=postgres dbname=clicks", dir.display())
+}
+
 fn connect_as(user: Option<&str>, dev_dir: &Path) -> Result<String, String> {
-    let url = format!(
-        "host={} user=postgres dbname=clicks",
-        dev_dir.join("pg").display()
-    );
+    let url = clicks_url(&dev_dir.join("pg"));
     let mut cmd = Command::new(psql());
     cmd.args(["-X", "-tA", "-d", &url, "-c", "SELECT current_user"])
         .env("HOME", dev_dir)
@@ -299,8 +302,9 @@ impl DevDir {
         DevDir { temp }
     }
 
+    /// With a space: the script quotes every path it builds.
     fn path(&self) -> PathBuf {
-        self.temp.path().join("dev")
+        self.temp.path().join("dev dir")
     }
 }
 
@@ -392,11 +396,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         "the second run seeded the links again"
     );
     assert_eq!(clicks_shown(&ready.psql), Some(1), "the first run's click");
-    let db = testkit::pgtest::connect(&format!(
-        "host={} user=postgres dbname=clicks",
-        dev_dir.join("pg").display()
-    ))
-    .await;
+    let db = testkit::pgtest::connect(&clicks_url(&dev_dir.join("pg"))).await;
     let links: i64 = db
         .query_one("SELECT count(*) FROM links", &[])
         .await
@@ -437,10 +437,7 @@ async fn dev_script_with_a_standby_commits_on_both_and_stops_both() {
     .await;
     assert_eq!(shown, 1, "one redirect, one click");
 
-    let url = |dir: &str| {
-        let host = dev_dir.join(dir);
-        format!("host={} user=postgres dbname=clicks", host.display())
-    };
+    let url = |dir: &str| clicks_url(&dev_dir.join(dir));
     let primary = testkit::pgtest::connect(&url("pg")).await;
     let sync =
         testkit::pgtest::strings(&primary, "SELECT sync_state FROM pg_stat_replication").await;

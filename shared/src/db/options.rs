@@ -165,7 +165,9 @@ fn split_url(url: &str) -> Result<Split, OptionsError> {
     let (mut mode, mut root, mut rest) = (None, None, Vec::new());
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
+        // Decoded as tokio-postgres and libpq decode it: `ssl%6Dode` is `sslmode`, and left
+        // for them it would be overridden by the default mode, `prefer`.
+        match percent_decode(key)?.as_str() {
             "sslmode" => mode = Some(percent_decode(value)?),
             "sslrootcert" => root = Some(percent_decode(value)?),
             _ => rest.push(pair),
@@ -243,6 +245,9 @@ mod tests {
         assert_eq!(rest, "postgresql://u:p@h:5433/db?application_name=x");
         let (o, rest) = split("postgres://h/db?sslmode=disable").unwrap();
         assert_eq!(o, opts(SslMode::Disable, None));
+        assert_eq!(rest, "postgres://h/db");
+        let (o, rest) = split("postgres://h/db?ssl%6Dode=require&ssl%72ootcert=ca.pem").unwrap();
+        assert_eq!(o, opts(SslMode::Require, Some("ca.pem")), "keys decoded");
         assert_eq!(rest, "postgres://h/db");
     }
 
