@@ -251,6 +251,44 @@ async fn a_fold_cut_off_midway_leaves_the_totals_exact() {
     );
 }
 
+/// A fold that runs for other writers' rows or for the breakdown lists leaves this collector's
+/// sums until they are due by their own rule: a backlog of breakdowns, a slice a fold, would
+/// otherwise fold them at every look, upserting each key as often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
+    let mut f = folding("not-due").await;
+    f.policy = compact::Policy {
+        interval: std::time::Duration::from_secs(3600),
+        backlog: 1_000_000,
+    };
+    let list = "INSERT INTO click_breakdown_lists
+                    (day, dimension, entries, code_list, value_list, count_list, writer, batch)
+                VALUES (current_date, 'country', 2, 'a b', 'DE FR', '1 2', 999, 1)";
+    f.client.execute(list, &[]).await.unwrap();
+    let sent = clicks(2_000, 200, start_us(), 1_000);
+    let moved = f
+        .write_two_and_fold(3, sent.split_at(1_000), Apply::Merge)
+        .await;
+    assert_eq!(moved, Some(0), "no count moved");
+    let own = "SELECT count(*) FROM click_count_lists";
+    assert!(count(&f.client, own).await > 0, "its batches' counts wait");
+    let breakdowns = "SELECT count(*) FROM click_breakdown_lists";
+    assert_eq!(count(&f.client, breakdowns).await, 0, "the breakdowns went");
+    let folded = "SELECT count(*) FROM click_breakdown_counts";
+    assert_eq!(
+        count(&f.client, folded).await,
+        2,
+        "into click_breakdown_counts"
+    );
+    assert_eq!(count(&f.client, DISAGREEING).await, 0);
+    // Due (any age, any size): they go.
+    f.policy.interval = std::time::Duration::ZERO;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    assert!(moved.unwrap().is_some_and(|keys| keys > 0));
+    assert_eq!(count(&f.client, own).await, 0);
+    assert_eq!(count(&f.client, DISAGREEING).await, 0);
+}
+
 /// A backlog that only the SQL way folds goes a slice a fold, oldest first: a fold's round has a
 /// deadline, and one that took a large backlog whole outlasted it at every round, so that it
 /// was never folded. Other writers' orphaned counts and the breakdown lists, each in rows of

@@ -25,7 +25,6 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::write::unfolded::{Taken, Unfolded};
-use protocol::dimensions::Dimension;
 
 /// A subquery for FOLD_ROWS and FOLD_BREAKDOWNS: the time up to which the oldest of `$rows`
 /// (a table and its condition) hold at most `$entries` entries, or the oldest rows' alone if
@@ -130,9 +129,8 @@ const STRAY_SLICE: &str = "
     FROM (SELECT batch, sum(entries) OVER (ORDER BY batch) AS through
           FROM click_count_lists WHERE writer = $1 AND batch <= $2) AS l";
 
-/// The most entries one fold takes the SQL way from each of this collector's stray batches and
-/// other writers' orphaned rows (the oldest rows' alone, if more); the breakdown lists have a
-/// slice of their own (`Policy::breakdown_slice`), at least this.
+/// The most entries one fold takes the SQL way from each of: this collector's stray batches,
+/// other writers' orphaned rows, and the breakdown lists (the oldest rows' alone, if more).
 pub const SLICE_ENTRIES: i64 = 1_000_000;
 
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers), on PostgreSQL 15
@@ -183,8 +181,9 @@ const BACKLOG: &str = "
 /// Whether FOLD_ROWS would find anything but this collector's own batches, or breakdown
 /// lists are due by the policy's rule: the oldest written $3 seconds ago, or $4 entries
 /// waiting. (A batch writes its breakdowns with its counts, so they are mostly due together;
-/// a batch's breakdowns hold up to four entries per count, which the in-memory rule of the
-/// counts does not see.)
+/// a batch's breakdowns hold an entry per code and value of each dimension, often more than
+/// its counts, which the in-memory rule of the counts does not see. A fold due for them alone
+/// leaves this collector's sums until they are due.)
 const OTHERS_DUE: &str = "
     SELECT EXISTS (SELECT FROM click_count_lists
                    WHERE writer <> $1 AND written_at < now() - $2::float8 * interval '1 second')
@@ -226,16 +225,6 @@ impl Policy {
     /// a collector that stopped (a previous life of this one, or a host gone).
     pub(crate) fn orphaned_after(&self) -> Duration {
         3 * self.interval
-    }
-
-    /// The most breakdown entries one fold takes: a fold due by its counts finds up to one
-    /// entry a dimension per count in the breakdown lists, and takes them all, as it always
-    /// did; only a backlog beyond that (folds failing for a while) goes in slices. A slice of
-    /// them at each fold would otherwise keep the breakdowns due, and so fold the sums far more
-    /// often than their interval.
-    fn breakdown_slice(&self) -> i64 {
-        let most = self.backlog.saturating_mul(Dimension::ALL.len() as i64);
-        most.max(SLICE_ENTRIES)
     }
 }
 
@@ -303,7 +292,8 @@ impl Apply {
     }
 }
 
-/// One fold (the counts, then the breakdown lists, the oldest up to a slice) and the pruning of idle bookkeeping rows,
+/// One fold (its own sums if due, the counts only the SQL way folds, then the breakdown lists,
+/// each of those the oldest up to a slice) and the pruning of idle bookkeeping rows,
 /// in one transaction, unless another collector is folding (`None`); the counts it moved (not
 /// the breakdown entries, which it logs).
 pub async fn fold(
@@ -328,14 +318,18 @@ pub async fn fold_with(
     if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
         return Ok(None);
     }
+    // This collector's sums only once they are due by their own rule: a fold due for other
+    // writers' rows or for the breakdown lists (a slice a fold, while a backlog of them lasts)
+    // must not fold them far more often than their interval, upserting each key as often.
+    let due = own.due(policy.backlog as usize, policy.interval);
     let mut taking = Taking {
         own,
-        taken: own.take(),
+        taken: if due { own.take() } else { Taken::default() },
         committed: false,
     };
     let moved = fold_taken(&mut tx, policy, own.writer(), &mut taking.taken, apply).await?;
     let breakdowns: i64 = tx
-        .query_one(FOLD_BREAKDOWNS, &[&policy.breakdown_slice()])
+        .query_one(FOLD_BREAKDOWNS, &[&SLICE_ENTRIES])
         .await?
         .get(0);
     tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
@@ -427,21 +421,6 @@ async fn fold_taken(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    /// A fold due by its counts takes every breakdown entry its counts' batches wrote (one a
-    /// dimension per count); a smaller backlog still gets a whole slice.
-    #[test]
-    fn a_breakdown_slice_holds_what_a_fold_due_by_its_counts_finds() {
-        let policy = |backlog| Policy {
-            interval: Duration::from_secs(60),
-            backlog,
-        };
-        assert_eq!(policy(5_000_000).breakdown_slice(), 20_000_000);
-        assert_eq!(policy(1).breakdown_slice(), SLICE_ENTRIES);
-        assert_eq!(policy(i64::MAX).breakdown_slice(), i64::MAX);
-    }
-
     /// click_senders keeps an idle sender's row a day longer than the collector's memory keeps
     /// the sender (see `protocol::senders::IDLE`).
     #[test]
