@@ -78,8 +78,8 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
 /// Creating a day's partition takes the strongest lock on `clicks`, which waits for every
 /// transaction that read it (a long report, a `pg_dump`), and every later request for a lock
 /// on it queues behind that wait, a batch's COPY too: so the creation gives up after a short
-/// wait (and is tried again next round, days ahead), rather than hold ingest up behind the
-/// reader.
+/// wait, and the round goes on without it (the next round, days ahead, tries again), rather
+/// than hold ingest up behind the reader, or retry at once and hold it up again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
     let db = testkit::pgtest::test_db().await;
@@ -97,7 +97,8 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
         tokio::spawn(async move {
             let client = pgtest::connect(&url).await;
             let metrics = Metrics::default();
-            maintenance::keep_partitions(&client, &policy(None), &metrics, later).await
+            let round = maintenance::keep_partitions(&client, &policy(None), &metrics, later).await;
+            (round, metrics.partitions_created.get())
         })
     };
     let waiting = "SELECT count(*) FROM pg_locks
@@ -110,14 +111,9 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
     let sent = clicks(100, 5, start_us(), 1_000);
     write(&mut handoff, batch_of(&datagrams(3, &sent))).await;
     assert_eq!(stored_clicks(&client).await.len(), 100);
-    let refused = creating
-        .await
-        .unwrap()
-        .expect_err("given up behind the reader");
-    assert!(
-        shared::db::describe(&refused).contains("lock timeout"),
-        "{refused}"
-    );
+    let (round, created) = creating.await.unwrap();
+    round.expect("the round goes on without the creation");
+    assert_eq!(created, 0, "given up behind the reader");
     reader.batch_execute("COMMIT").await.unwrap();
     let metrics = Metrics::default();
     maintenance::keep_partitions(&client, &policy(None), &metrics, later)

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
@@ -61,9 +61,19 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
 /// Sets the mode of the file at `path` itself: a symlink put there since (by anyone who may
 /// write to the directory) is refused, where chmod would set the mode of what it points to.
 fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
-    let mode = nix::sys::stat::Mode::from_bits_truncate(mode);
+    let bits = nix::sys::stat::Mode::from_bits_truncate(mode);
     let flag = nix::sys::stat::FchmodatFlags::NoFollowSymlink;
-    nix::sys::stat::fchmodat(None, path, mode, flag).map_err(io::Error::from)
+    match nix::sys::stat::fchmodat(None, path, bits, flag) {
+        // What glibc answers for a symlink, and for anything before 2.32 or without /proc:
+        // there, look first (a window the call above closes where it can).
+        Err(nix::errno::Errno::EOPNOTSUPP) => {
+            if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+                return Err(io::Error::other("a symlink: its target's mode is not set"));
+            }
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        }
+        other => other.map_err(io::Error::from),
+    }
 }
 
 /// Removes `path` if it is a datagram socket nobody is bound to; fails on anything else.
@@ -327,7 +337,6 @@ impl crate::metrics::Label for SendErrorKind {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn binds_creates_directory_and_sets_mode() {

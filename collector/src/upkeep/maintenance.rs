@@ -263,6 +263,12 @@ pub async fn keep_partitions(
             done.breakdowns_expired
         );
     }
+    if done.creation_deferred {
+        tracing::warn!(
+            "creating partitions of clicks waited for its lock on clicks and gave up (a long \
+             transaction reads clicks): tried again next round"
+        );
+    }
     for name in &done.indexed {
         tracing::info!(partition = %name, "indexed partition {name} by code: its day is over");
     }

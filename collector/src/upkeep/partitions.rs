@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 /// Days created ahead beyond the window's last: a batch never finds its day missing, even
@@ -52,6 +53,8 @@ impl Plan {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Done {
     pub(crate) created: u64,
+    /// Creating waited `CREATE_LOCK_WAIT` for its lock and gave up: tried again next round.
+    pub(crate) creation_deferred: bool,
     /// Each table dropped, and how long detaching and dropping it took.
     pub(crate) dropped: Vec<(String, Duration)>,
     /// Rows of click_breakdown_counts and click_breakdown_lists deleted by retention.
@@ -65,7 +68,8 @@ pub(crate) struct Done {
 /// OF` takes the strongest lock there is on it, which waits for every transaction that read
 /// it (a long report, a `pg_dump`), and every later request for a lock on `clicks` queues
 /// behind that wait, a batch's COPY too: past this it gives up, to be tried again next round
-/// (days are created `SPARE_DAYS` ahead), rather than hold ingest up behind the reader.
+/// (days are created `SPARE_DAYS` ahead; `maintain`), rather than hold ingest up behind the
+/// reader.
 const CREATE_LOCK_WAIT: &str = "2s";
 
 /// The lock wait is set for this statement's transaction alone (`set_config(..., true)`, the
@@ -149,7 +153,14 @@ pub(crate) async fn maintain(
     plan: &Plan,
     today: i32,
 ) -> Result<Done, tokio_postgres::Error> {
-    let created = create(client, plan).await?;
+    // A creation that gave up on its lock is no failure of the round: the rest of it goes on,
+    // and the next round (a minute on, days ahead still) tries again, rather than the round
+    // being retried at once and queueing every batch behind the lock again and again.
+    let (created, creation_deferred) = match create(client, plan).await {
+        Ok(created) => (created, false),
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => (0, true),
+        Err(e) => return Err(e),
+    };
     let (dropped, breakdowns_expired) = match plan.drop_before {
         Some(day) => {
             let dropped = drop_before(client, day).await?;
@@ -162,6 +173,7 @@ pub(crate) async fn maintain(
     let indexed = index_closed_days(client, today).await?;
     Ok(Done {
         created,
+        creation_deferred,
         dropped,
         breakdowns_expired,
         indexed,

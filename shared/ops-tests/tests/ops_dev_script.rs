@@ -155,14 +155,14 @@ fn psql() -> PathBuf {
         .unwrap_or_else(|| "psql".into())
 }
 
-/// `SELECT current_user` on the dev cluster in `dev_dir` as the superuser `postgres`, by
-/// `user` (or this process): what psql printed, or why it failed.
 /// The libpq connection string of database `clicks` on the cluster whose socket is in `dir`
 /// (quoted: the test's directories hold a space).
 fn clicks_url(dir: &Path) -> String {
     format!("host='{}' user=postgres dbname=clicks", dir.display())
 }
 
+/// `SELECT current_user` on the dev cluster in `dev_dir` as the superuser `postgres`, by
+/// `user` (or this process): what psql printed, or why it failed.
 fn connect_as(user: Option<&str>, dev_dir: &Path) -> Result<String, String> {
     let url = clicks_url(&dev_dir.join("pg"));
     let mut cmd = Command::new(psql());
