@@ -337,7 +337,7 @@ async fn try_prepare(
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
     let today = copy::pg_day(protocol::now_us());
-    let created = partitions::create(&client, &upkeep.partitions(today)).await?;
+    let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);
     Ok(Start {
         senders: senders::load(&client).await?,

@@ -122,6 +122,37 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
     assert!(metrics.partitions_created.get() > 0);
 }
 
+/// A start behind a long reader: when only a spare day ahead lacks its partition, giving up
+/// on creating it does not keep the collector from starting (the partitions task tries
+/// again); it did, retried every few seconds, each attempt holding batches up behind the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_behind_a_long_reader_lacking_only_a_spare_day_is_ready() {
+    let p = place().await;
+    let mut first = start_collector(&p.db, &p.path, &[]).await;
+    first.service.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(first.service.wait_exit(LIMIT).await.success());
+    let last = partitions(&p.client).await.pop().expect("partitions ahead");
+    p.client
+        .batch_execute(&format!("DROP TABLE {last}"))
+        .await
+        .unwrap();
+    let reader = pgtest::connect(&p.db.url).await;
+    reader
+        .batch_execute("BEGIN; SELECT 1 FROM clicks LIMIT 1")
+        .await
+        .unwrap();
+    let next = start_collector(&p.db, &p.path, &[]).await;
+    next.service
+        .wait_for_log(
+            "creating the spare partitions of clicks ahead waited",
+            LIMIT,
+        )
+        .await;
+    send_all(&p.path, datagrams(1, &clicks(10, 2, start_us(), 1))).await;
+    await_rows(&p.client, None, 10).await;
+    reader.batch_execute("COMMIT").await.unwrap();
+}
+
 /// A partition as its day's end leaves it: autovacuum kept off, an index by code, pages all
 /// all-visible out of pages in all, and the statistics rows ANALYZE left.
 #[derive(Debug, PartialEq)]

@@ -65,7 +65,8 @@ fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
     let flag = nix::sys::stat::FchmodatFlags::NoFollowSymlink;
     match nix::sys::stat::fchmodat(None, path, bits, flag) {
         // What glibc answers for a symlink, and for anything before 2.32 or without /proc:
-        // there, look first (a window the call above closes where it can).
+        // there, look first. Between the look and chmod a symlink could still be put in place
+        // (as before this check); glibc 2.32 and later with /proc, the call above, has no gap.
         Err(nix::errno::Errno::EOPNOTSUPP) => {
             if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
                 return Err(io::Error::other("a symlink: its target's mode is not set"));

@@ -357,6 +357,11 @@ impl Taking<'_> {
 
 impl Drop for Taking<'_> {
     fn drop(&mut self) {
+        let t = &self.taken;
+        if t.sums.is_none() && t.stray_upto.is_none() && t.left.is_none() {
+            // Nothing taken (the sums not due): nothing to give back, nor memory to trim.
+            return;
+        }
         if !self.committed {
             self.own.give_back(&self.taken);
         }

@@ -138,6 +138,41 @@ const UNSETTLED: &str = "
       AND 'autovacuum_enabled=false' = ANY (c.reloptions)
     ORDER BY 1";
 
+/// Days of $1..=$2 (numbers of days since 2000-01-01) without their partition, leaving out
+/// those wholly before partitioning began, which have none (as `ensure_click_partition` does).
+const MISSING: &str = "
+    SELECT count(*) FROM generate_series($1::int, $2::int) AS d
+    WHERE to_regclass('clicks_p' || to_char(date '2000-01-01' + d, 'YYYYMMDD')) IS NULL
+      AND ((date '2000-01-01' + d + 1)::timestamp AT TIME ZONE 'UTC')
+          > (SELECT start FROM click_partitions_start)";
+
+/// At start: creates what `plan` lacks, as [`create`] does. A creation that gave up on its
+/// lock fails the start only if a day a click may be dated lacks its partition: when only
+/// the spare days are missing, the partitions task (whose first round is at once) tries again,
+/// rather than the start retrying, never ready, each attempt holding batches up behind the
+/// lock.
+pub(crate) async fn create_at_start(
+    client: &Client,
+    plan: &Plan,
+) -> Result<u64, tokio_postgres::Error> {
+    match create(client, plan).await {
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            let last = plan.last - SPARE_DAYS;
+            let window: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&plan.first, &last];
+            let missing: i64 = client.query_one(MISSING, &window).await?.get(0);
+            if missing > 0 {
+                return Err(e);
+            }
+            tracing::warn!(
+                "creating the spare partitions of clicks ahead waited for its lock on clicks \
+                 and gave up (a long transaction reads clicks): the partitions task tries again"
+            );
+            Ok(0)
+        }
+        created => created,
+    }
+}
+
 /// Creates the partitions `plan` lacks; how many.
 pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
     let created = client
