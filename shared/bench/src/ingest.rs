@@ -169,7 +169,7 @@ pub(crate) fn send_command(bench: &Bench, dist: &str, count: u64, rate: Option<u
 async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u32) -> Res<()> {
     let clicks = bench.knobs.clicks;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now().await?;
+    let written = Written::now(variant).await?;
     let memory = PgMemory::start(bench.postmaster);
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let t0 = Instant::now();
@@ -393,7 +393,7 @@ async fn totals_once(
     reset_tables(bench, variant).await?;
     settle(superuser, &bench.path("postgres.log")).await?;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now().await?;
+    let written = Written::now(variant).await?;
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let lag0 = lag_buckets().await?;
     let mut cmd = send_command(bench, "uniform", n, Some(bench.knobs.rate));

@@ -49,7 +49,7 @@ fn word_after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
 async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
     let sustain = bench.knobs.sustain;
     let collector = start_collector(bench, Variant::Current, &[]).await?;
-    let written = Written::now().await?;
+    let written = Written::now(Variant::Current).await?;
     let skip = log_lines(bench);
     let t0 = Instant::now();
     let mut sender = Proc::spawn(

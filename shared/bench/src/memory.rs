@@ -49,7 +49,7 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     let n = bench.knobs.distinct;
     let collector = start_collector(bench, variant, &[]).await?;
     let bound = bound(bench, variant);
-    let written = Written::now().await?;
+    let written = Written::now(variant).await?;
     let admin = addr(COLLECTOR_ADMIN);
     let dropped0 = metric(admin, "collector_unfolded_dropped_total").await.ok();
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
@@ -73,7 +73,7 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     // finding, not a failed run; click_totals is exact either way.
     let f0 = Instant::now();
     let folded = loop {
-        if written.folded().await {
+        if written.folded(bench).await {
             break format!("{:.0}", f0.elapsed().as_secs_f64());
         }
         if f0.elapsed() > FOLD_WAIT {

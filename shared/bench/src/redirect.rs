@@ -265,17 +265,19 @@ pub(crate) async fn start_collector(bench: &Bench, variant: Variant, extra: &[&s
 }
 
 /// The collector's counters a run starts from: clicks written, compactions, their seconds.
-#[derive(Default)]
 pub(crate) struct Written {
+    /// Whose database the collector writes to: its breakdown lists are part of the fold.
+    variant: Variant,
     pub(crate) clicks: f64,
     pub(crate) compactions: f64,
     pub(crate) compaction_s: f64,
 }
 
 impl Written {
-    pub(crate) async fn now() -> Res<Written> {
+    pub(crate) async fn now(variant: Variant) -> Res<Written> {
         let admin = addr(COLLECTOR_ADMIN);
         Ok(Written {
+            variant,
             clicks: metric(admin, "collector_clicks_written_total").await?,
             compactions: metric(admin, "collector_compactions_total").await?,
             compaction_s: metric(admin, "collector_compaction_seconds_sum").await?,
@@ -314,14 +316,15 @@ impl Written {
             Duration::from_secs(300),
             "the run's counts folded",
             &log,
-            || self.folded(),
+            || self.folded(bench),
         )
         .await?;
         Ok(metric(admin, "collector_compaction_seconds_sum").await? - self.compaction_s)
     }
 
-    /// Whether a compaction has run since, with no count left pending.
-    pub(crate) async fn folded(&self) -> bool {
+    /// Whether a compaction has run since, with no count left pending, nor a breakdown list:
+    /// those go a slice a fold, so a run with more of them than a slice is folded later.
+    pub(crate) async fn folded(&self, bench: &Bench) -> bool {
         let admin = addr(COLLECTOR_ADMIN);
         let compacted = metric(admin, "collector_compactions_total")
             .await
@@ -330,6 +333,18 @@ impl Written {
             && metric(admin, "collector_deltas_pending")
                 .await
                 .is_ok_and(|p| p == 0.0)
+            && self.no_breakdown_lists(bench).await.unwrap_or(false)
+    }
+
+    /// No breakdown list waits (nor is there a table of them: a BASELINE from before them).
+    async fn no_breakdown_lists(&self, bench: &Bench) -> Res<bool> {
+        let client = bench.client(self.variant).await?;
+        let table = "SELECT to_regclass('click_breakdown_lists') IS NOT NULL";
+        if crate::cluster::scalar(&client, table).await? != "t" {
+            return Ok(true);
+        }
+        let waiting = "SELECT count(*) FROM click_breakdown_lists";
+        Ok(crate::cluster::number(&client, waiting).await? == 0)
     }
 }
 
@@ -387,8 +402,8 @@ async fn once(
         _ => None,
     };
     let written = match collector {
-        Some(_) => Written::now().await?,
-        None => Written::default(),
+        Some(_) => Some(Written::now(variant).await?),
+        None => None,
     };
     let memory = PgMemory::start(bench.postmaster);
     let collector_pid = collector.as_ref().map(Proc::pid);
@@ -419,7 +434,7 @@ async fn once(
         crate::table::append(&bench.path("redirect.tsv"), &row)?;
     }
     let (mut compact, mut col_mib, mut col_written) = (0.0, "0".to_owned(), "0.000".to_owned());
-    if let Some(c) = &collector {
+    if let (Some(c), Some(written)) = (&collector, &written) {
         // The collector's CPU until the clicks are written, apart: the wait for the fold below
         // charges the round a whole fold of its counts, however short the round.
         written
