@@ -341,8 +341,15 @@ async fn a_collector_back_after_a_long_absence_is_sent_the_unacknowledged_once()
     rig.await_error(SendErrorKind::NotFound).await;
     let held = rig.metrics.datagrams_sent.get();
     let resent = rig.metrics.resends.get();
-    // The absence is what the test is about: it must outlast the timeout.
-    tokio::time::sleep(3 * ACK_TIMEOUT).await;
+    // The absence is what the test is about: it must outlast the timeout. Attempts to reach
+    // the collector back off from 50 ms, doubling: five more span over 1.5 s, three timeouts.
+    let away = rig.errors(SendErrorKind::NotFound);
+    eventually(
+        "five more attempts to reach the collector",
+        LIMIT,
+        || async { (rig.errors(SendErrorKind::NotFound) >= away + 5).then_some(()) },
+    )
+    .await;
     let second = collector(&rig, true);
     let mut again = Received::default();
     again.until(&second, 3_000, "absent").await;
