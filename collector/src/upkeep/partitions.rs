@@ -155,30 +155,41 @@ pub(crate) async fn create_at_start(
     client: &Client,
     plan: &Plan,
 ) -> Result<u64, tokio_postgres::Error> {
-    match create(client, plan).await {
-        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-            let last = plan.last - SPARE_DAYS;
-            let window: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&plan.first, &last];
-            let missing: i64 = client.query_one(MISSING, &window).await?.get(0);
-            if missing > 0 {
-                return Err(e);
-            }
-            tracing::warn!(
-                "creating the spare partitions of clicks ahead waited for its lock on clicks \
-                 and gave up (a long transaction reads clicks): the partitions task tries again"
-            );
-            Ok(0)
-        }
-        created => created,
+    let waited = match create(client, plan).await? {
+        Created::Made(created) => return Ok(created),
+        Created::Deferred(waited) => waited,
+    };
+    let last = plan.last - SPARE_DAYS;
+    let missing: i64 = client
+        .query_one(MISSING, &[&plan.first, &last])
+        .await?
+        .get(0);
+    if missing > 0 {
+        return Err(waited);
     }
+    tracing::warn!(
+        "creating the spare partitions of clicks ahead waited for its lock on clicks and gave \
+         up (a long transaction reads clicks): the partitions task tries again"
+    );
+    Ok(0)
 }
 
-/// Creates the partitions `plan` lacks; how many.
-pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<u64, tokio_postgres::Error> {
-    let created = client
-        .query_one(ENSURE, &[&plan.first, &plan.last, &CREATE_LOCK_WAIT])
-        .await?;
-    Ok(created.get::<_, i64>(0) as u64)
+/// What [`create`] did.
+pub(crate) enum Created {
+    /// Created so many partitions (0: none lacked).
+    Made(u64),
+    /// Gave up waiting `CREATE_LOCK_WAIT` for its lock on `clicks` (the lock timeout's error).
+    Deferred(tokio_postgres::Error),
+}
+
+/// Creates the partitions `plan` lacks.
+pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<Created, tokio_postgres::Error> {
+    let bounds = [&plan.first as _, &plan.last as _, &CREATE_LOCK_WAIT as _];
+    match client.query_one(ENSURE, &bounds).await {
+        Ok(created) => Ok(Created::Made(created.get::<_, i64>(0) as u64)),
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(Created::Deferred(e)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Creates what is missing of `plan`, drops what it expires (partitions and breakdowns), and
@@ -191,10 +202,9 @@ pub(crate) async fn maintain(
     // A creation that gave up on its lock is no failure of the round: the rest of it goes on,
     // and the next round (a minute on, days ahead still) tries again, rather than the round
     // being retried at once and queueing every batch behind the lock again and again.
-    let (created, creation_deferred) = match create(client, plan).await {
-        Ok(created) => (created, false),
-        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => (0, true),
-        Err(e) => return Err(e),
+    let (created, creation_deferred) = match create(client, plan).await? {
+        Created::Made(created) => (created, false),
+        Created::Deferred(_) => (0, true),
     };
     let (dropped, breakdowns_expired) = match plan.drop_before {
         Some(day) => {
