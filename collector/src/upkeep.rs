@@ -15,6 +15,9 @@ shared::metrics! {
             "Daily partitions of clicks created ahead.";
         partitions_dropped: Counter = "partitions_dropped",
             "Partitions of clicks dropped for being older than --retention.";
+        partitions_deferred: Counter = "partitions_deferred",
+            "Rounds of the partitions task whose creation of partitions ahead gave up waiting \
+             for its lock on clicks (a long transaction reads clicks): tried again next round.";
         compactions: Counter = "compactions", "Folds of the per-batch counts into click_counts.";
         compaction_seconds: Histogram = "compaction_seconds", "Time one fold took.";
         deltas_pending: Gauge = "deltas_pending",

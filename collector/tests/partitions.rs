@@ -98,7 +98,8 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
             let client = pgtest::connect(&url).await;
             let metrics = Metrics::default();
             let round = maintenance::keep_partitions(&client, &policy(None), &metrics, later).await;
-            (round, metrics.partitions_created.get())
+            let counted = metrics.partitions_deferred.get();
+            (round, metrics.partitions_created.get(), counted)
         })
     };
     let waiting = "SELECT count(*) FROM pg_locks
@@ -111,15 +112,17 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
     let sent = clicks(100, 5, start_us(), 1_000);
     write(&mut handoff, batch_of(&datagrams(3, &sent))).await;
     assert_eq!(stored_clicks(&client).await.len(), 100);
-    let (round, created) = creating.await.unwrap();
+    let (round, created, deferred) = creating.await.unwrap();
     round.expect("the round goes on without the creation");
     assert_eq!(created, 0, "given up behind the reader");
+    assert_eq!(deferred, 1, "the round that gave up is counted");
     reader.batch_execute("COMMIT").await.unwrap();
     let metrics = Metrics::default();
     maintenance::keep_partitions(&client, &policy(None), &metrics, later)
         .await
         .unwrap();
     assert!(metrics.partitions_created.get() > 0);
+    assert_eq!(metrics.partitions_deferred.get(), 0);
 }
 
 /// A start behind a long reader: when only a spare day ahead lacks its partition, giving up

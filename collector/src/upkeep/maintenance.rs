@@ -264,6 +264,7 @@ pub async fn keep_partitions(
         );
     }
     if done.creation_deferred {
+        metrics.partitions_deferred.inc();
         tracing::warn!(
             "creating partitions of clicks waited for its lock on clicks and gave up (a long \
              transaction reads clicks): tried again next round"
