@@ -102,6 +102,8 @@ pub enum Error {
     AckSocket(#[from] shared::socket::BindError),
     #[error("--ack-socket: {0}")]
     Io(#[from] io::Error),
+    #[error("--datagram-size: {0}")]
+    SendBuffer(#[from] shared::socket::SendBufferError),
 }
 
 /// Tells the drain task to stop: the deadline of its final flush.
@@ -194,6 +196,7 @@ impl Drain {
         encoder.resume_as(sender.id(), window.next_seq());
         let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
         socket.set_nonblocking(true)?;
+        shared::socket::fit_send_buffer(socket.as_fd(), geometry.slot_size as usize)?;
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
         Ok(Drain {

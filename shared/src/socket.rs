@@ -101,6 +101,44 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
     }
 }
 
+/// What the kernel keeps of a Unix datagram socket's send buffer beyond a datagram's bytes:
+/// a datagram longer than SO_SNDBUF less this is refused (EMSGSIZE) every time it is sent.
+const SEND_BUFFER_OVERHEAD: usize = 32;
+/// Datagrams a send buffer is asked to hold, when it holds not even one.
+const SEND_BUFFER_DATAGRAMS: usize = 8;
+
+/// Why a send buffer cannot hold a datagram of the size asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum SendBufferError {
+    #[error(
+        "a datagram of {size} bytes does not fit the socket's send buffer, which holds {held} \
+         bytes at most here (raise net.core.wmem_max, or lower the datagram size)"
+    )]
+    TooSmall { size: usize, held: usize },
+    #[error("SO_SNDBUF: {0}")]
+    Io(#[from] nix::errno::Errno),
+}
+
+/// Makes sure `fd`'s send buffer holds a datagram of `size` bytes: on a host whose
+/// `net.core.wmem_default` is smaller, every such datagram would be refused for good. A buffer
+/// too small is asked for room for [`SEND_BUFFER_DATAGRAMS`] of them (the kernel allows up to
+/// `net.core.wmem_max`); one that still holds none is an error.
+pub fn fit_send_buffer(fd: BorrowedFd<'_>, size: usize) -> Result<(), SendBufferError> {
+    let needed = size.saturating_add(SEND_BUFFER_OVERHEAD);
+    if socket::getsockopt(&fd, sockopt::SndBuf)? >= needed {
+        return Ok(());
+    }
+    socket::setsockopt(
+        &fd,
+        sockopt::SndBuf,
+        &needed.saturating_mul(SEND_BUFFER_DATAGRAMS),
+    )?;
+    match socket::getsockopt(&fd, sockopt::SndBuf)? {
+        held if held >= needed => Ok(()),
+        held => Err(SendBufferError::TooSmall { size, held }),
+    }
+}
+
 /// The most file descriptors one datagram can carry (Linux's `SCM_MAX_FD`). Any sender may
 /// attach that many to any datagram, so [`recv`] has room for them all.
 pub const SCM_MAX_FD: usize = 253;
@@ -338,6 +376,31 @@ impl crate::metrics::Label for SendErrorKind {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A host whose `net.core.wmem_default` is under the datagram size (here a buffer set that
+    /// small) refuses every such datagram for good: the buffer is made to hold them.
+    #[test]
+    fn a_send_buffer_too_small_for_a_datagram_is_made_to_hold_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sock");
+        let receiver = bind_datagram(&path, 0o600).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        socket::setsockopt(&sender, sockopt::SndBuf, &4096).unwrap();
+        let datagram = vec![7; 16 * 1024];
+        let refused = sender.send_to(&datagram, &path).unwrap_err();
+        assert_eq!(SendErrorKind::of(&refused), SendErrorKind::TooLarge);
+        fit_send_buffer(sender.as_fd(), datagram.len()).unwrap();
+        assert_eq!(sender.send_to(&datagram, &path).unwrap(), datagram.len());
+        let mut buf = vec![0; datagram.len() + 1];
+        assert_eq!(receiver.recv(&mut buf).unwrap(), datagram.len());
+        // One the host's net.core.wmem_max (4 MiB or less here) cannot hold is an error.
+        let absurd = 64 << 20;
+        let err = fit_send_buffer(sender.as_fd(), absurd).unwrap_err();
+        assert!(
+            matches!(err, SendBufferError::TooSmall { size, held } if size == absurd && held < absurd),
+            "{err}"
+        );
+    }
 
     #[test]
     fn binds_creates_directory_and_sets_mode() {
