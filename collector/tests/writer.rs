@@ -119,6 +119,29 @@ async fn a_commit_outliving_the_timeout_is_not_written_again_by_the_retry() {
     assert_eq!(metrics.write.clicks_written.get(), 3_000);
 }
 
+/// A batch with a click PostgreSQL refuses for good is sifted, and the sifting attempt times
+/// out in its COMMIT, which lands: the retry finds the batch committed, and counts the refused
+/// click set aside, not written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sifted_batch_whose_commit_answer_was_lost_counts_what_it_wrote() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute("ALTER TABLE clicks ADD CONSTRAINT no_poison CHECK (code <> 'poison')")
+        .await
+        .unwrap();
+    client.batch_execute(SLOW_COMMIT).await.unwrap();
+    let mut sent = clicks(300, 20, start_us(), 1_000);
+    sent.push(("poison".into(), start_us()));
+    let (mut handoff, metrics) = impatient_writer(&db.url).await;
+    write(&mut handoff, batch_of(&datagrams(63, &sent))).await;
+    await_abandoned_commit(&client, &metrics).await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 300);
+    let aside = "SELECT count(*) FROM clicks_set_aside WHERE reason = 'refused'";
+    assert_eq!(count(&client, aside).await, 1);
+    assert_eq!(metrics.write.clicks_written.get(), 300);
+}
+
 /// A batch that forgets a sender commits, but its answer is lost (the attempt times out in
 /// COMMIT): the retry's new session finds the sender's row gone, as the batch meant, and counts
 /// nothing unaccounted.

@@ -108,8 +108,9 @@ pub(crate) struct Rows {
 pub(crate) enum Stored {
     /// Committed; `refused` clicks PostgreSQL refused for good were set aside instead.
     Written { refused: u64 },
-    /// An earlier attempt had committed it: not written again.
-    AlreadyCommitted,
+    /// An earlier attempt had committed it, `refused` clicks set aside (the count of the last
+    /// attempt to reach its COMMIT, the one that landed): not written again.
+    AlreadyCommitted { refused: u64 },
     /// PostgreSQL refused every click of the batch (this error, the first): not taken as bad
     /// clicks but as a table that refuses everything; nothing was committed. (Unless every
     /// click is of a day before today without a partition: those are set aside.)
@@ -124,6 +125,15 @@ pub(crate) enum Stored {
 pub(crate) fn refuses_rows(e: &tokio_postgres::Error) -> bool {
     e.code()
         .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
+}
+
+/// The attempts at one batch: whether they sift its rows (see [`Conn::write`]), and how many
+/// clicks the last one to reach its COMMIT refused. A later attempt that finds the batch
+/// committed (that COMMIT's answer lost) counts those set aside, not written.
+#[derive(Debug, Default)]
+pub(crate) struct Attempts {
+    pub(crate) sift: bool,
+    refused_at_commit: u64,
 }
 
 /// The writer's connection, with its statements prepared once when it opens. Its session
@@ -169,7 +179,7 @@ impl Conn {
 
     /// One transaction: the claim of batch `number`, senders, clicks, counts, breakdowns,
     /// commit; unless the claim shows that this batch is in already. Dropping it midway rolls
-    /// it back. With `sift`, the clicks go in halves until the rows PostgreSQL refuses for good
+    /// it back. With `attempts.sift`, the clicks go in halves until the rows PostgreSQL refuses for good
     /// are found (`refuses_rows`), which are set aside with their error, their counts and
     /// breakdowns left out.
     pub(crate) async fn write(
@@ -177,7 +187,7 @@ impl Conn {
         batch: &Batch,
         rows: &Rows,
         number: &BatchNumber,
-        sift: bool,
+        attempts: &mut Attempts,
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
         let mut clicks = Vec::with_capacity(rows.clicks.len());
@@ -192,7 +202,8 @@ impl Conn {
         ];
         if tx.query_opt(&self.claim_batch, &claim).await?.is_none() {
             tx.rollback().await?;
-            return Ok(Stored::AlreadyCommitted);
+            let refused = attempts.refused_at_commit;
+            return Ok(Stored::AlreadyCommitted { refused });
         }
         let [senders, seqs, sender_clicks] = batch.sender_columns();
         let advance = [
@@ -209,7 +220,7 @@ impl Conn {
             let forget = [&forgotten as _, &number.instance as _];
             tx.execute(&self.forget_senders, &forget).await?;
         }
-        let (counts, breakdowns, set_aside, refused) = if sift {
+        let (counts, breakdowns, set_aside, refused) = if attempts.sift {
             let mut rows_in = Vec::new();
             let mut dimensions = Vec::new();
             let mut refused = Vec::new();
@@ -265,6 +276,8 @@ impl Conn {
         if !breakdowns.is_empty() {
             copy_in(&tx, &self.copy_breakdowns, breakdowns).await?;
         }
+        // Before: an attempt given up on in its COMMIT may still have landed.
+        attempts.refused_at_commit = refused;
         tx.commit().await?;
         Ok(Stored::Written { refused })
     }

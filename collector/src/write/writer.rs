@@ -14,7 +14,7 @@ use crate::write::batch::SetAside;
 use crate::write::batch::{Batch, WriterEnds};
 use crate::write::lock;
 use crate::write::replication::{Committed, Watch};
-use crate::write::store::{refuses_rows, BatchNumber, Conn, Rows, Stored};
+use crate::write::store::{refuses_rows, Attempts, BatchNumber, Conn, Rows, Stored};
 use crate::write::unfolded::Unfolded;
 use crate::write::Metrics;
 
@@ -108,8 +108,8 @@ impl Writer {
                 _ => self.unfolded.lose(number.batch),
             }
             let refused = match written {
-                Stored::Written { refused } => refused,
-                _ => 0,
+                Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
+                Stored::AllRefused(_) => 0,
             };
             let m = &self.metrics;
             let now = protocol::now_us();
@@ -144,11 +144,11 @@ impl Writer {
         number: &BatchNumber,
     ) -> (Stored, Instant) {
         let mut backoff = db::backoff();
-        let mut sift = false;
+        let mut attempts = Attempts::default();
         let first = Instant::now();
         loop {
             let began = Instant::now();
-            match self.attempt(batch, rows, number, sift).await {
+            match self.attempt(batch, rows, number, &mut attempts).await {
                 Ok(Stored::Written { refused }) => {
                     if refused > 0 {
                         tracing::warn!(
@@ -162,7 +162,7 @@ impl Writer {
                     self.shared.health.writes.store(true, Relaxed);
                     return (Stored::Written { refused }, began);
                 }
-                Ok(Stored::AlreadyCommitted) => {
+                Ok(Stored::AlreadyCommitted { refused }) => {
                     tracing::info!(
                         clicks = batch.len(),
                         "a batch of {} clicks was committed by an attempt whose answer was lost; \
@@ -171,7 +171,7 @@ impl Writer {
                     );
                     self.shared.health.writes.store(true, Relaxed);
                     // Committed by an earlier attempt: the first began no later.
-                    return (Stored::AlreadyCommitted, first);
+                    return (Stored::AlreadyCommitted { refused }, first);
                 }
                 Ok(Stored::AllRefused(error)) => {
                     tracing::warn!(
@@ -184,7 +184,7 @@ impl Writer {
                     self.shared.counts.db_errors.inc();
                     self.shared.health.writes.store(false, Relaxed);
                 }
-                Err(Failure::Db(e)) if !sift && refuses_rows(&e) => {
+                Err(Failure::Db(e)) if !attempts.sift && refuses_rows(&e) => {
                     let error = describe(&e);
                     tracing::warn!(
                         clicks = batch.len(),
@@ -193,7 +193,7 @@ impl Writer {
                         batch.len(),
                     );
                     self.shared.counts.db_errors.inc();
-                    sift = true;
+                    attempts.sift = true;
                     continue;
                 }
                 Err(waiting @ Failure::LockHeld(_)) => match self.watch.cause() {
@@ -244,7 +244,7 @@ impl Writer {
         batch: &Batch,
         rows: &Rows,
         number: &BatchNumber,
-        sift: bool,
+        attempts: &mut Attempts,
     ) -> Result<Stored, Failure> {
         // Kept outside the attempt, which a timeout drops: it tells a lock held by another
         // session from a database that does not answer.
@@ -268,7 +268,7 @@ impl Writer {
                     slot.insert(conn)
                 }
             };
-            conn.write(batch, rows, number, sift).await
+            conn.write(batch, rows, number, attempts).await
         };
         let result = timed(self.timeout, attempt).await;
         match result {
