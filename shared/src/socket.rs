@@ -2,10 +2,11 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
 use protocol::Creds;
 
@@ -18,6 +19,11 @@ pub enum BindError {
     InUse(PathBuf),
     #[error("{0} is a socket of another type (not a datagram socket); refusing to remove it")]
     WrongType(PathBuf),
+    #[error(
+        "directory {0} stayed locked (flock) by another process for {DIRECTORY_LOCK_WAIT:?}: \
+         a bind there holds its lock for a moment only"
+    )]
+    DirectoryLocked(PathBuf),
     #[error("{action} {path}: {source}")]
     Io {
         action: &'static str,
@@ -36,11 +42,15 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 
 /// Binds a datagram socket at `path` with SO_PASSCRED set before bind and the file mode set to
 /// `mode`. Creates the parent directory. A leftover socket file that nobody is bound to (a
-/// killed process's) is removed; anything else at the path is an error, never removed.
+/// killed process's) is removed; anything else at the path is an error, never removed. The
+/// look, the removal and the bind hold the directory's lock (`flock`), so that of processes
+/// binding one path at once, one does and the others find it in use.
 pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
         std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
     }
+    let _locked = lock_directory(dir.unwrap_or(Path::new(".")))?;
     remove_stale(path)?;
     let fd: OwnedFd = socket::socket(
         AddressFamily::Unix,
@@ -56,6 +66,38 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
         .map_err(|e| io_err("bind", path)(e.into()))?;
     set_mode(path, mode).map_err(io_err("set mode of", path))?;
     Ok(UnixDatagram::from(fd))
+}
+
+/// How long a bind waits for its directory's lock: a binder holds it for a moment, so only
+/// something else locking the directory holds it longer, and that is an error, not a hang.
+const DIRECTORY_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Holds `dir`'s lock until dropped. A directory this process may not read (write and search
+/// alone let it bind there) cannot be opened to lock: bound without the lock, as before it.
+fn lock_directory(dir: &Path) -> Result<Option<Flock<std::fs::File>>, BindError> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY)
+        .open(dir);
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Ok(None),
+        Err(e) => return Err(io_err("open directory", dir)(e)),
+    };
+    let until = std::time::Instant::now() + DIRECTORY_LOCK_WAIT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(Some(locked)),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < until => {
+                file = back;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(BindError::DirectoryLocked(dir.to_owned()))
+            }
+            Err((_, e)) => return Err(io_err("lock directory", dir)(e.into())),
+        }
+    }
 }
 
 /// Sets the mode of the file at `path` itself: a symlink put there since (by anyone who may
@@ -447,6 +489,52 @@ mod tests {
             Err(BindError::InUse(_))
         ));
         drop(live);
+    }
+
+    /// Processes binding one path at once (two collectors given the same --socket): one gets
+    /// it, the others are told it is in use. Without the directory's lock, one could take the
+    /// stale socket for gone after another had replaced it, remove the new one and bind: both
+    /// bound, one at a path nobody can reach.
+    #[test]
+    fn of_binds_racing_on_a_stale_socket_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        for round in 0..200 {
+            drop(bind_datagram(&path, 0o600).unwrap());
+            let start = std::sync::Barrier::new(4);
+            let bound: Vec<UnixDatagram> = std::thread::scope(|s| {
+                let racers: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            bind_datagram(&path, 0o600)
+                        })
+                    })
+                    .collect();
+                let results = racers.into_iter().map(|r| r.join().unwrap());
+                results
+                    .filter_map(|r| match r {
+                        Ok(socket) => Some(socket),
+                        Err(BindError::InUse(_)) => None,
+                        Err(e) => panic!("round {round}: {e}"),
+                    })
+                    .collect()
+            });
+            assert_eq!(bound.len(), 1, "round {round}: bound at once");
+        }
+    }
+
+    /// Something else holding the directory's lock for good is an error, not a hang.
+    #[test]
+    fn a_directory_locked_for_good_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Flock::lock(
+            std::fs::File::open(dir.path()).unwrap(),
+            FlockArg::LockShared,
+        );
+        let _held = held.map_err(|(_, e)| e).unwrap();
+        let err = bind_datagram(&dir.path().join("c.sock"), 0o600).unwrap_err();
+        assert!(matches!(err, BindError::DirectoryLocked(_)), "{err}");
     }
 
     #[test]
