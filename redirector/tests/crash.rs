@@ -45,6 +45,14 @@ async fn all_written_by_the_next(
     r
 }
 
+/// Asks `r` for the test's code `n` times: how many were redirected.
+async fn redirected(r: &Redirector, n: u64) -> u64 {
+    Load::get(r.http, &format!("/{CODE}"))
+        .run(n)
+        .await
+        .count(302)
+}
+
 /// Every drop reason's count in the redirector's `/metrics`, those above zero.
 async fn drops(r: &Redirector) -> Vec<String> {
     let (_, text) = testkit::http::get(r.admin, "/metrics").await.unwrap();
@@ -71,6 +79,46 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     let cmd = redirector_command(&f.db.url, &f.socket, &flags);
     let r = all_written_by_the_next(&f, N, start_redirector(cmd)).await;
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+}
+
+/// A redirector killed while the collector holds its datagrams unread, started again on its
+/// state region with another `--ack-socket`: the collector had taken the sender id for the
+/// first process's, acknowledged at its address, and refused the next process's claim from
+/// elsewhere for good. Nobody listens at the old address any more, so the claim is the
+/// successor's: what it resends is acknowledged, and what it serves next is written.
+#[tokio::test]
+async fn a_redirector_restarted_with_another_ack_socket_goes_on_under_its_id() {
+    const N: u64 = 300;
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let state = f.socket.with_file_name("redirector.state");
+    let flags = ["--state-file", state.to_str().unwrap()];
+    let (collector, collector_admin) = start_collector(&f).await;
+    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    assert_eq!(redirected(&r, N).await, N);
+    await_rows_settled(&f.client, Some(CODE), N, &[r.admin, collector_admin]).await;
+    collector.signal(Signal::SIGSTOP);
+    assert_eq!(redirected(&r, N).await, N);
+    eventually(
+        "the clicks sent to the stopped collector",
+        LIMIT,
+        || async {
+            let sent = r.metric("redirector_clicks_sent_total").await;
+            (sent == 2.0 * N as f64).then_some(())
+        },
+    )
+    .await;
+    r.kill().await;
+    // redirector_command gives each process an --ack-socket of its own.
+    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    collector.signal(Signal::SIGCONT);
+    assert_eq!(redirected(&r, N).await, N);
+    await_rows_settled(&f.client, Some(CODE), 3 * N, &[r.admin, collector_admin]).await;
+    assert_eq!(
+        r.metric("redirector_clicks_recovered_total").await,
+        N as f64
+    );
 }
 
 #[tokio::test]

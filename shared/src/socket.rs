@@ -129,8 +129,8 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
     if !meta.file_type().is_socket() {
         return Err(BindError::NotASocket(path.to_owned()));
     }
-    let probe = UnixDatagram::unbound().map_err(io_err("create probe for", path))?;
-    match probe.connect(path) {
+    let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
+    match probe(&addr) {
         Ok(()) => Err(BindError::InUse(path.to_owned())),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
             tracing::info!("removing stale socket {}", path.display());
@@ -179,6 +179,26 @@ pub fn fit_send_buffer(fd: BorrowedFd<'_>, size: usize) -> Result<(), SendBuffer
         held if held >= needed => Ok(()),
         held => Err(SendBufferError::TooSmall { size, held }),
     }
+}
+
+/// Connects a new datagram socket to `addr`: fine if one is bound there; ECONNREFUSED for a
+/// socket file nobody is bound to, ENOENT for no file, EPROTOTYPE for a socket of another type.
+fn probe(addr: &UnixAddr) -> io::Result<()> {
+    let flags = SockFlag::SOCK_CLOEXEC;
+    let fd = socket::socket(AddressFamily::Unix, SockType::Datagram, flags, None)?;
+    socket::connect(fd.as_raw_fd(), addr)?;
+    Ok(())
+}
+
+/// Whether a datagram socket is bound at `addr` (a sender's own address): not if its file is
+/// gone or nobody is bound to it, as when its process ended. Anything else (no permission to
+/// look, say) counts as bound.
+pub fn listening(addr: &UnixAddr) -> bool {
+    let gone = [nix::libc::ECONNREFUSED, nix::libc::ENOENT];
+    probe(addr).map_or_else(
+        |e| !e.raw_os_error().is_some_and(|c| gone.contains(&c)),
+        |()| true,
+    )
 }
 
 /// The most file descriptors one datagram can carry (Linux's `SCM_MAX_FD`). Any sender may
@@ -522,6 +542,21 @@ mod tests {
             });
             assert_eq!(bound.len(), 1, "round {round}: bound at once");
         }
+    }
+
+    /// A sender's address is listened at while its socket is bound; not once its process let
+    /// it go (the file left behind), nor when the file is gone.
+    #[test]
+    fn an_address_is_listened_at_while_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sock");
+        let addr = UnixAddr::new(&path).unwrap();
+        let bound = bind_datagram(&path, 0o600).unwrap();
+        assert!(listening(&addr));
+        drop(bound);
+        assert!(!listening(&addr), "a socket file nobody is bound to");
+        std::fs::remove_file(&path).unwrap();
+        assert!(!listening(&addr), "no file");
     }
 
     /// Something else holding the directory's lock for good is an error, not a hang.

@@ -157,9 +157,11 @@ impl Intake {
         };
         let (sender, seq) = (datagram.sender, datagram.seq);
         let clicks = datagram.clicks.len() as u64;
-        let (verdict, reply) =
-            self.senders
-                .judge(sender, (seq, clicks), meta.from, meta.creds, now);
+        let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
+        let (mut verdict, mut reply) = judge(&mut self.senders);
+        if verdict == Verdict::Refused(Refusal::SenderMismatch) && self.follow_move(sender, meta) {
+            (verdict, reply) = judge(&mut self.senders);
+        }
         let outcome = match verdict {
             Verdict::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
             Verdict::Duplicate => Outcome::Duplicate,
@@ -180,6 +182,30 @@ impl Intake {
             }
         };
         (outcome, reply)
+    }
+
+    /// Whether `sender`, claimed by a later process of its owner's user from another address
+    /// than the one its acknowledgements go to, moved there: nobody listens at that one any
+    /// more (a redirector restarted on its state region with another `--ack-socket`). A copy
+    /// of the state beside a live original is still refused.
+    fn follow_move(&mut self, sender: u64, meta: &Received) -> bool {
+        let (Some(from), Some(old)) = (
+            meta.from,
+            self.senders
+                .claimed_from_elsewhere(sender, meta.from, meta.creds),
+        ) else {
+            return false;
+        };
+        if shared::socket::listening(&old) {
+            return false;
+        }
+        tracing::info!(
+            sender,
+            "sender {sender} is claimed from {from} by a later process of its user, and \
+             nobody listens at {old} any more: acknowledged there from now on"
+        );
+        self.senders.moved(sender, from);
+        true
     }
 
     /// A resync: what it skipped is committed with the batch, as if accepted.

@@ -21,7 +21,10 @@
 //! of it this collector accepted first; another process's datagram claiming it is refused,
 //! unless it comes from the same user at the same address: a redirector restarted on its state
 //! region (after a crash, a kill or a restart) goes on with the id and seqs of the process it
-//! replaces, from the acknowledgement socket that only its user can bind. Also refused is a
+//! replaces, from the acknowledgement socket that only its user can bind. From another address
+//! of the same user, it moves there once the transport finds nobody listening at the first
+//! ([`Senders::claimed_from_elsewhere`], [`Senders::moved`]): a restart with another
+//! acknowledgement socket, not a copy of the state beside a live original. Also refused is a
 //! seq further ahead than any sender could have got (from a sender without an address: one
 //! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
 //! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
@@ -418,6 +421,37 @@ impl<A: Copy + PartialEq> Senders<A> {
                     && s.replaced != Some(claimed)
             }
             (Some(_), None) => false,
+        }
+    }
+
+    /// Where the known `sender`'s acknowledgements go, if a later process of its owner's user
+    /// claims it from another address of its own, which it may not take over from there: a
+    /// redirector restarted on its state region with another `--ack-socket`, or a copy of the
+    /// state running beside the original. The transport looks whether anyone still listens
+    /// at the address returned: nobody does after a restart, and the claim then [`moved`] it.
+    ///
+    /// [`moved`]: Senders::moved
+    pub fn claimed_from_elsewhere(
+        &self,
+        sender: u64,
+        from: Option<A>,
+        creds: Option<Creds>,
+    ) -> Option<A> {
+        let s = self.map.get(&sender)?;
+        let (known, claimed) = (s.owner?, Owner::of(creds)?);
+        let elsewhere = from.is_some() && s.reply.is_some() && s.reply != from;
+        let successor = known != claimed && known.uid == claimed.uid;
+        (elsewhere && successor && s.replaced != Some(claimed))
+            .then_some(s.reply)
+            .flatten()
+    }
+
+    /// `sender`'s acknowledgements go to `to` from now on, so that the process claiming it from
+    /// there takes it over: nobody listens at the address where they went (the transport
+    /// looked, after [`Senders::claimed_from_elsewhere`]), so its owner is gone.
+    pub fn moved(&mut self, sender: u64, to: A) {
+        if let Some(s) = self.map.get_mut(&sender) {
+            s.reply = Some(to);
         }
     }
 
@@ -862,6 +896,53 @@ mod tests {
         );
         let successor = Owner::of(creds(11)).unwrap();
         assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);
+    }
+
+    /// A later process of the same user, at another address: the address it replaces is
+    /// named, so that the transport can look whether anyone still listens there; once moved,
+    /// the claim takes the id over from its own address, and the process replaced cannot
+    /// take it back from the old one.
+    #[test]
+    fn a_later_process_of_the_same_user_elsewhere_takes_the_id_over_once_moved() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let (first, next, elsewhere) = (creds(10), creds(11), Some("elsewhere"));
+        s.judge(7, (0, 1), addr(), first, now);
+        assert_eq!(
+            s.claimed_from_elsewhere(7, addr(), next),
+            None,
+            "the same address"
+        );
+        assert_eq!(
+            s.claimed_from_elsewhere(7, elsewhere, first),
+            None,
+            "its owner"
+        );
+        let other_uid = Some(Creds {
+            uid: 0,
+            ..next.unwrap()
+        });
+        assert_eq!(
+            s.claimed_from_elsewhere(7, elsewhere, other_uid),
+            None,
+            "another user"
+        );
+        assert_eq!(
+            s.claimed_from_elsewhere(8, elsewhere, next),
+            None,
+            "unknown"
+        );
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, next), addr());
+        let mismatch = Verdict::Refused(Refusal::SenderMismatch);
+        assert_eq!(s.judge(7, (1, 1), elsewhere, next, now).0, mismatch);
+        s.moved(7, "elsewhere");
+        assert_eq!(
+            s.judge(7, (1, 1), elsewhere, next, now).0,
+            Verdict::Accept { lost: 0 },
+            "the successor goes on from its own address"
+        );
+        assert_eq!(s.claimed_from_elsewhere(7, addr(), first), None, "replaced");
+        assert_eq!(s.judge(7, (2, 1), addr(), first, now).0, mismatch);
     }
 
     #[test]
