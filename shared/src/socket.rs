@@ -201,6 +201,23 @@ pub fn listening(addr: &UnixAddr) -> bool {
     )
 }
 
+/// Whether whoever may bind at `new` may bind at `old` too, once nobody is bound there (by
+/// removing its file first): both are absolute paths in one directory, and that directory has
+/// no sticky bit (in one that has, anyone may add a name but only its owner remove one). Not
+/// for abstract addresses, which anyone may bind, nor relative paths, whose directory depends
+/// on the binder's.
+pub fn same_binders(old: &UnixAddr, new: &UnixAddr) -> bool {
+    let dir = |a: &UnixAddr| {
+        let path = a.path().filter(|p| p.is_absolute())?;
+        path.parent().map(Path::to_owned)
+    };
+    match (dir(old), dir(new)) {
+        (Some(old), Some(new)) if old == new => std::fs::metadata(&old)
+            .is_ok_and(|m| m.is_dir() && m.permissions().mode() & nix::libc::S_ISVTX == 0),
+        _ => false,
+    }
+}
+
 /// The most file descriptors one datagram can carry (Linux's `SCM_MAX_FD`). Any sender may
 /// attach that many to any datagram, so [`recv`] has room for them all.
 pub const SCM_MAX_FD: usize = 253;
@@ -557,6 +574,27 @@ mod tests {
         assert!(!listening(&addr), "a socket file nobody is bound to");
         std::fs::remove_file(&path).unwrap();
         assert!(!listening(&addr), "no file");
+    }
+
+    /// Who may bind a new name in a directory may replace a stale socket there too, unless the
+    /// directory is sticky; paths elsewhere, relative or abstract are not alike.
+    #[test]
+    fn binders_are_the_same_in_one_directory_without_the_sticky_bit() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| UnixAddr::new(&dir.path().join(name)).unwrap();
+        assert!(same_binders(&at("a.sock"), &at("b.sock")));
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let elsewhere = UnixAddr::new(&sub.join("b.sock")).unwrap();
+        assert!(!same_binders(&at("a.sock"), &elsewhere));
+        let relative = UnixAddr::new("b.sock").unwrap();
+        assert!(!same_binders(&relative, &UnixAddr::new("a.sock").unwrap()));
+        assert!(!same_binders(
+            &at("a.sock"),
+            &UnixAddr::new_abstract(b"b").unwrap()
+        ));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(!same_binders(&at("a.sock"), &at("b.sock")), "sticky");
     }
 
     /// Something else holding the directory's lock for good is an error, not a hang.

@@ -186,8 +186,10 @@ impl Intake {
 
     /// Whether `sender`, claimed by a later process of its owner's user from another address
     /// than the one its acknowledgements go to, moved there: nobody listens at that one any
-    /// more (a redirector restarted on its state region with another `--ack-socket`). A copy
-    /// of the state beside a live original is still refused.
+    /// more (a redirector restarted on its state region with another `--ack-socket`), and the
+    /// claim's is one that only who may bind at the old one may bind (in the same directory:
+    /// `same_binders`). The address remains what proves a successor: under `PrivateUsers=`
+    /// every uid reads the same. A copy of the state beside a live original is still refused.
     fn follow_move(&mut self, sender: u64, meta: &Received) -> bool {
         let (Some(from), Some(old)) = (
             meta.from,
@@ -196,7 +198,7 @@ impl Intake {
         ) else {
             return false;
         };
-        if shared::socket::listening(&old) {
+        if !shared::socket::same_binders(&old, &from) || shared::socket::listening(&old) {
             return false;
         }
         tracing::info!(
@@ -249,6 +251,7 @@ impl Intake {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::socket::UnixAddr;
     use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
     use protocol::Creds;
 
@@ -271,6 +274,52 @@ mod tests {
             enc.push("abc", 1_000_000 + i as i64).unwrap();
         }
         enc.datagram().to_vec()
+    }
+
+    /// A later process of the same user claims an id from another address while nobody is
+    /// bound at the first: it moves there only from the same directory (where binding takes
+    /// what binding the first did), and not while the first is bound.
+    #[test]
+    fn an_id_moves_to_a_successor_in_the_same_directory_once_the_first_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let at = |d: &tempfile::TempDir, name| UnixAddr::new(&d.path().join(name)).unwrap();
+        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
+        let mut batch = Batch::default();
+        let now = Instant::now();
+        let mut take = |seq: u64, pid: i32, from: UnixAddr| {
+            let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
+            enc.resume_as(5, seq);
+            enc.push("abc", 1_000_000).unwrap();
+            let bytes = enc.datagram();
+            let m = Received {
+                from: Some(from),
+                ..meta(pid, 1000, bytes.len())
+            };
+            intake.take(bytes, &m, &mut batch, now, 0).0
+        };
+        assert!(matches!(
+            take(0, 10, at(&dir, "a")),
+            Outcome::Accepted { .. }
+        ));
+        let live = shared::socket::bind_datagram(&dir.path().join("a"), 0o600).unwrap();
+        let mismatch = Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
+        assert_eq!(
+            take(1, 11, at(&dir, "b")),
+            mismatch,
+            "the first still bound"
+        );
+        drop(live);
+        assert_eq!(take(1, 11, at(&other, "b")), mismatch, "another directory");
+        assert!(matches!(
+            take(1, 11, at(&dir, "b")),
+            Outcome::Accepted { .. }
+        ));
+        assert_eq!(
+            take(2, 10, at(&dir, "a")),
+            mismatch,
+            "the first does not take it back"
+        );
     }
 
     #[test]

@@ -22,9 +22,10 @@
 //! unless it comes from the same user at the same address: a redirector restarted on its state
 //! region (after a crash, a kill or a restart) goes on with the id and seqs of the process it
 //! replaces, from the acknowledgement socket that only its user can bind. From another address
-//! of the same user, it moves there once the transport finds nobody listening at the first
-//! ([`Senders::claimed_from_elsewhere`], [`Senders::moved`]): a restart with another
-//! acknowledgement socket, not a copy of the state beside a live original. Also refused is a
+//! of the same user, it moves there once the transport finds nobody listening at the first,
+//! and the new one as hard to bind as the first ([`Senders::claimed_from_elsewhere`],
+//! [`Senders::moved`]): a restart with another acknowledgement socket, not a copy of the state
+//! beside a live original. Also refused is a
 //! seq further ahead than any sender could have got (from a sender without an address: one
 //! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
 //! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
@@ -428,7 +429,8 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// claims it from another address of its own, which it may not take over from there: a
     /// redirector restarted on its state region with another `--ack-socket`, or a copy of the
     /// state running beside the original. The transport looks whether anyone still listens
-    /// at the address returned: nobody does after a restart, and the claim then [`moved`] it.
+    /// at the address returned (nobody does after a restart) and whether binding the claim's
+    /// address takes what binding that one did; if so, the claim [`moved`] it.
     ///
     /// [`moved`]: Senders::moved
     pub fn claimed_from_elsewhere(
