@@ -1,7 +1,8 @@
-//! What the collector does with one received datagram, apart from any I/O: check who sent it,
-//! decode it, judge its sender's seq, and add its clicks to the batch being filled. Pure, so
-//! that it is tested (and fuzzed) alone; the receive loop (`receive`) does the I/O and turns
-//! each outcome into metrics and log lines.
+//! What the collector does with one received datagram, apart from its I/O: check who sent it,
+//! decode it, judge its sender's seq, and add its clicks to the batch being filled. Pure but
+//! for one look at the file system (`follow_move`, only for a sender id claimed from another
+//! address), so that it is tested (and fuzzed) alone; the receive loop (`receive`) does the
+//! I/O and turns each outcome into metrics and log lines.
 
 use protocol::wire::Reject;
 use protocol::RejectReason;
@@ -188,8 +189,10 @@ impl Intake {
     /// than the one its acknowledgements go to, moved there: nobody listens at that one any
     /// more (a redirector restarted on its state region with another `--ack-socket`), and the
     /// claim's is one that only who may bind at the old one may bind (in the same directory:
-    /// `same_binders`). The address remains what proves a successor: under `PrivateUsers=`
-    /// every uid reads the same. A copy of the state beside a live original is still refused.
+    /// `same_binders`), bound there as this process sees it (an address is the text its binder
+    /// gave, which a process of a mount namespace of its own could have bound elsewhere). The
+    /// address remains what proves a successor: under `PrivateUsers=` every uid reads the
+    /// same. A copy of the state beside a live original is still refused.
     fn follow_move(&mut self, sender: u64, meta: &Received) -> bool {
         let (Some(from), Some(old)) = (
             meta.from,
@@ -198,7 +201,8 @@ impl Intake {
         ) else {
             return false;
         };
-        if !shared::socket::same_binders(&old, &from) || shared::socket::listening(&old) {
+        let alike = shared::socket::same_binders(&old, &from);
+        if !alike || shared::socket::listening(&old) || !shared::socket::listening(&from) {
             return false;
         }
         tracing::info!(
@@ -278,7 +282,8 @@ mod tests {
 
     /// A later process of the same user claims an id from another address while nobody is
     /// bound at the first: it moves there only from the same directory (where binding takes
-    /// what binding the first did), and not while the first is bound.
+    /// what binding the first did), not while the first is bound, and not to an address
+    /// nobody is bound at here (bound in a mount namespace of the claimant's own).
     #[test]
     fn an_id_moves_to_a_successor_in_the_same_directory_once_the_first_is_gone() {
         let dir = tempfile::tempdir().unwrap();
@@ -302,14 +307,23 @@ mod tests {
             take(0, 10, at(&dir, "a")),
             Outcome::Accepted { .. }
         ));
-        let live = shared::socket::bind_datagram(&dir.path().join("a"), 0o600).unwrap();
+        let bind = |d: &tempfile::TempDir, name| {
+            shared::socket::bind_datagram(&d.path().join(name), 0o600).unwrap()
+        };
+        let first = bind(&dir, "a");
+        let _claims = (bind(&dir, "b"), bind(&other, "b"));
         let mismatch = Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
         assert_eq!(
             take(1, 11, at(&dir, "b")),
             mismatch,
             "the first still bound"
         );
-        drop(live);
+        drop(first);
+        assert_eq!(
+            take(1, 11, at(&dir, "c")),
+            mismatch,
+            "nobody bound at the claim's"
+        );
         assert_eq!(take(1, 11, at(&other, "b")), mismatch, "another directory");
         assert!(matches!(
             take(1, 11, at(&dir, "b")),
