@@ -80,6 +80,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "prune_by_id",
         include_str!("../migrations/0015_prune_by_id.sql"),
     ),
+    (
+        16,
+        "trigger_functions",
+        include_str!("../migrations/0016_trigger_functions.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

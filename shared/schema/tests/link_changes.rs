@@ -99,6 +99,48 @@ async fn a_role_that_may_only_change_links_still_logs_its_changes() {
     assert_eq!(state(&client).await.2, 1);
 }
 
+/// Migration 16: the log's trigger functions run as their owner, and PostgreSQL checks who may
+/// execute a trigger's function only when the trigger is made. Any role (the link reader here)
+/// could once attach them to a temporary table of its own and, as their owner, log made-up
+/// codes or bump the epoch (every redirector then loads its whole table); nor does either run
+/// for another table, whoever attached it.
+#[tokio::test]
+async fn nobody_else_may_attach_the_logs_trigger_functions_to_a_table_of_its_own() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let role = format!("reader_{}", db.name);
+    let grant = format!("CREATE ROLE {role}; GRANT clicks_link_reader TO {role}");
+    client.batch_execute(&grant).await.unwrap();
+    for function in ["log_link_changes", "bump_links_epoch"] {
+        let attach = format!(
+            "SET ROLE {role};
+             CREATE TEMP TABLE mine (code text);
+             CREATE TRIGGER t AFTER TRUNCATE ON mine
+             FOR EACH STATEMENT EXECUTE FUNCTION public.{function}()"
+        );
+        let refused = client.batch_execute(&attach).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{function}: {}",
+            shared::db::describe(&refused)
+        );
+    }
+    client
+        .batch_execute(
+            "RESET ROLE;
+             CREATE TABLE other (code text);
+             CREATE TRIGGER t AFTER TRUNCATE ON other
+             FOR EACH STATEMENT EXECUTE FUNCTION bump_links_epoch()",
+        )
+        .await
+        .unwrap();
+    let refused = client.batch_execute("TRUNCATE other").await.unwrap_err();
+    let message = shared::db::describe(&refused);
+    assert!(message.contains("truncations of links only"), "{message}");
+    assert_eq!(state(&client).await.2, 0, "the epoch untouched");
+}
+
 /// Migration 15: a prune reads the rows it deletes through the primary key, not the whole log
 /// (which at 100 changes a second holds millions of rows a day), and an old row logged after
 /// one it keeps waits for a later prune rather than going early.
