@@ -183,13 +183,13 @@ enum Read {
 
 /// Where the loader is in the change log: every change with an id up to `last_id` is applied,
 /// except those of the transactions `in_progress` at that read and of transactions from
-/// `xmax` on (which that read's snapshot could not see, though some had taken lower ids);
+/// `horizon` on (which that read's snapshot could not see, though some had taken lower ids);
 /// and the TRUNCATE `epoch` the table was loaded under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Position {
     last_id: i64,
     in_progress: Vec<i64>,
-    xmax: i64,
+    horizon: i64,
     epoch: i64,
 }
 
@@ -201,11 +201,14 @@ struct Head {
     pruned_xid: i64,
     /// The highest change id visible.
     top: i64,
-    /// Transactions in progress (invisible) in this snapshot, below `xmax`.
+    /// Transactions in progress (invisible) in this snapshot, below `horizon`.
     xip: Vec<i64>,
-    /// The snapshot's horizon: transactions from this id on are invisible to it, and are not
-    /// in `xip` though they may be running (PostgreSQL's xmax is the latest completed id + 1).
-    xmax: i64,
+    /// The snapshot's horizon: transactions from this id on may be invisible to it, and are
+    /// not in `xip` though they may be running. On a primary, the snapshot's xmax (PostgreSQL's
+    /// is the latest completed id + 1). On a hot standby, its xmin: there a snapshot lists
+    /// every running transaction as a subtransaction, which `pg_current_snapshot()` leaves
+    /// out, so `xip` is empty and every transaction from the oldest running one on may be.
+    horizon: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
 }
@@ -217,7 +220,8 @@ macro_rules! head_columns {
         "SELECT s.epoch, s.pruned_id, s.pruned_xid::text::bigint AS pruned_xid,
                 coalesce((SELECT max(id) FROM link_changes), 0) AS top,
                 ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
-                pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(pg_current_snapshot())
+                     ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8
            FROM link_changes_state AS s"
     };
@@ -251,7 +255,7 @@ const HEAD_COLUMNS: usize = 7;
 const HEAD: &str = head_columns!();
 
 /// The head; how many log rows are unread since a position ($1: the highest id applied, $2:
-/// the transactions then in progress, $3: that read's xmax), counted up to $5 + 1 ($5:
+/// the transactions then in progress, $3: that read's horizon), counted up to $5 + 1 ($5:
 /// [`LOG_READ_MAX`]); then each code they name with its current URL (NULL: gone) and its newest
 /// change's time. One statement, so one snapshot covers it all without a transaction, in one
 /// round trip. Every row repeats the head and the count; a read with nothing new has one row,
@@ -290,7 +294,7 @@ impl Head {
             pruned_xid: row.get(2),
             top: row.get(3),
             xip: row.get(4),
-            xmax: row.get(5),
+            horizon: row.get(5),
             now: row.get(6),
         }
     }
@@ -306,7 +310,7 @@ impl Head {
         // Rows above our id were pruned, or rows of a transaction we still had to read: one
         // that has finished since (a transaction still running has nothing pruned yet), or
         // one our last read's horizon left out.
-        let pruned_xid = self.pruned_xid >= at.xmax
+        let pruned_xid = self.pruned_xid >= at.horizon
             || at
                 .in_progress
                 .iter()
@@ -321,7 +325,7 @@ impl Head {
         Position {
             last_id: self.top.max(self.pruned_id).max(before),
             in_progress: self.xip.clone(),
-            xmax: self.xmax,
+            horizon: self.horizon,
             epoch: self.epoch,
         }
     }
@@ -519,7 +523,7 @@ impl Loader {
         let params: [&(dyn ToSql + Sync); 5] = [
             &at.last_id,
             &at.in_progress,
-            &at.xmax,
+            &at.horizon,
             &at.epoch,
             &LOG_READ_MAX,
         ];

@@ -85,6 +85,44 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
     eprintln!("links from a hot standby: insert {insert:?}, update {update:?}, delete {delete:?}");
 }
 
+/// Two transactions on the primary that change links overlap and commit out of order, and the
+/// redirector reads its links from a hot standby: the one that took the lower change id and
+/// commits last is served too. A standby's snapshot lists no transaction in progress (its
+/// `pg_current_snapshot()` has them all as subtransactions, which it leaves out), so a reader
+/// that went by that list took the change for read once a later one was.
+#[tokio::test]
+async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "first", "https://example.com/first").await;
+    add_link(&primary, "second", "https://example.com/second").await;
+    let dir = tempfile::tempdir().unwrap();
+    let on_standby = pair.standby.url(&db.name);
+    let flags = ["--clicks", "off", "--links-database-url", &on_standby];
+    let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
+    r.ready().await;
+    await_served(r.http, "second", Some("https://example.com/second")).await;
+    let slow = testkit::pgtest::connect(&db.url).await;
+    let moved = "UPDATE links SET url = 'https://example.com/first-moved' WHERE code = 'first'";
+    execute(&slow, &format!("BEGIN; {moved}")).await;
+    execute(
+        &primary,
+        "UPDATE links SET url = 'https://example.com/second-moved' WHERE code = 'second'",
+    )
+    .await;
+    await_served(r.http, "second", Some("https://example.com/second-moved")).await;
+    // Read at least once more with the slow one still open.
+    let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
+    eventually("another read of the change log", LIMIT, || async {
+        let now = r.metric("redirector_links_synced_timestamp_seconds").await;
+        (now > synced).then_some(())
+    })
+    .await;
+    execute(&slow, "COMMIT").await;
+    await_served(r.http, "first", Some("https://example.com/first-moved")).await;
+}
+
 /// The redirector and the collector on `url` (both servers of a pair), the collector's socket
 /// in `dir`; the redirector ready.
 async fn pipeline(url: &str, dir: &std::path::Path) -> (Collector, Redirector) {

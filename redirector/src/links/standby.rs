@@ -1,7 +1,11 @@
 //! Reading the links from a hot standby (`--links-database-url` naming a replica): it refuses
 //! LISTEN, so the loader finds out at connect and follows the change log by polling instead.
-//! Everything else a read does (one snapshot per statement, `pg_current_snapshot()`, a
-//! REPEATABLE READ full load) works on a standby as on the primary.
+//! Its snapshots list no transaction in progress (`pg_current_snapshot()` leaves out the
+//! subtransactions a standby files them all under), so a read there takes every transaction
+//! from the snapshot's xmin on as perhaps unseen (`Head::horizon`), and reads their changes
+//! again until the oldest running transaction on the primary ends. Everything else a read does
+//! (one snapshot per statement, a REPEATABLE READ full load) works on a standby as on the
+//! primary.
 
 use tokio_postgres::Client;
 

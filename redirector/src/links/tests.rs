@@ -8,7 +8,7 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         pruned_xid,
         top,
         xip: xip.to_vec(),
-        xmax: 1000,
+        horizon: 1000,
         now: 0.0,
     }
 }
@@ -18,7 +18,7 @@ fn at(last_id: i64, in_progress: &[i64], epoch: i64) -> Position {
     Position {
         last_id,
         in_progress: in_progress.to_vec(),
-        xmax: 1000,
+        horizon: 1000,
         epoch,
     }
 }
@@ -44,7 +44,7 @@ fn a_full_load_only_when_the_log_cannot_catch_up() {
         .contains("pruned"));
     // So was one beyond our last read's horizon.
     let beyond = Position {
-        xmax: 400,
+        horizon: 400,
         ..at(10, &[], 1)
     };
     assert!(h.needs_full_load(Some(&beyond)).unwrap().contains("pruned"));
