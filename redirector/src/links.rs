@@ -284,6 +284,12 @@ const READ: &str = concat!(
 );
 
 const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(), " FROM links");
+/// The server's timeline, in hexadecimal: a primary's from the WAL file it writes, a standby's
+/// from its WAL receiver (NULL while none streams).
+const TIMELINE: &str = "SELECT CASE WHEN pg_is_in_recovery()
+                            THEN (SELECT lpad(upper(to_hex(received_tli)), 8, '0')
+                                    FROM pg_stat_wal_receiver)
+                            ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
 const ALL_CODES: &str = "SELECT code FROM links";
 
 impl Head {
@@ -306,6 +312,11 @@ impl Head {
         };
         if self.epoch != at.epoch {
             return Some("links was truncated");
+        }
+        // Ids below ours, all of them read or pruned: the log went back (a failover that lost
+        // changes, a restore), and what it lost the table still has.
+        if self.top.max(self.pruned_id) < at.last_id {
+            return Some("the change log went back");
         }
         // Rows above our id were pruned, or rows of a transaction we still had to read: one
         // that has finished since (a transaction still running has nothing pruned yet), or
@@ -336,6 +347,8 @@ struct Loader {
     metrics: Arc<Metrics>,
     options: Options,
     position: Option<Position>,
+    /// The timeline of the server the last session read (`TIMELINE`), if it said.
+    timeline: Option<String>,
     /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
     skipped: HashSet<Box<str>>,
     /// The table's bytes of the link being applied (`check`), reused.
@@ -349,6 +362,7 @@ impl Loader {
             metrics,
             options,
             position: None,
+            timeline: None,
             skipped: HashSet::new(),
             value: Vec::new(),
         }
@@ -425,6 +439,9 @@ impl Loader {
             // LISTEN before the first read, so that no change between the two goes unseen.
             return e;
         }
+        if let Err(e) = self.check_history(&client).await {
+            return e;
+        }
         let read = match self.timed(client.prepare(READ)).await {
             Ok(read) => read,
             Err(e) => return e,
@@ -452,6 +469,25 @@ impl Loader {
             };
             backoff.reset();
         }
+    }
+
+    /// Forgets the position when the server's history is not the one it was read on: another
+    /// timeline (a failover, or a restore to a point in time) may lack changes this table has
+    /// applied, and hand their ids to new ones, so only a full load, which compares, can say
+    /// what the table must drop. A failover to a standby that had every commit loads the whole
+    /// table once too.
+    async fn check_history(&mut self, client: &Client) -> Result<(), SessionError> {
+        let now: Option<String> = self.timed(client.query_one(TIMELINE, &[])).await?.get(0);
+        if let (Some(before), Some(now)) = (&self.timeline, &now) {
+            if before != now && self.position.take().is_some() {
+                tracing::warn!(
+                    "the links database is on timeline {now}, no longer {before} (a failover or \
+                     a restore): loading the whole table, which may have lost changes"
+                );
+            }
+        }
+        self.timeline = now.or(self.timeline.take());
+        Ok(())
     }
 
     /// Reads the log, then switches between waiting for notifications and polling. While
@@ -490,6 +526,7 @@ impl Loader {
     /// full load says no: it leaves nothing to poll for).
     async fn sync(&mut self, client: &mut Client, read: &Statement) -> Result<bool, SessionError> {
         let why = match self.position.clone() {
+            None if self.links.is_loaded() => "the server's timeline changed",
             None => "first load",
             Some(at) => match self.apply_changes(client, read, &at).await? {
                 Read::Applied(head, codes) => {

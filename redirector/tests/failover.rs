@@ -123,6 +123,51 @@ async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
     await_served(r.http, "first", Some("https://example.com/first-moved")).await;
 }
 
+/// The primary fails over to a standby that lacks its last link changes (asynchronous, its WAL
+/// receiver stopped meanwhile), and the new primary logs more changes than were lost before
+/// the redirector reconnects, so its change log's ids are past the table's again: only its
+/// timeline says the history changed. The table drops what the failover lost, and serves what
+/// the new primary has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_primary() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "kept", "https://example.com/kept").await;
+    pair.await_on_standby(&db.name, "SELECT count(*) = 1 FROM links")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let r = redirector(&pair.url(&db.name), &socket, &["--clicks", "off"]).await;
+    r.ready().await;
+    let receiver = pair.standby.wal_receiver_pid().await;
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGSTOP);
+    add_link(&primary, "lost", "https://example.com/lost").await;
+    execute(
+        &primary,
+        "UPDATE links SET url = 'https://example.com/lost-too'",
+    )
+    .await;
+    await_served(r.http, "kept", Some("https://example.com/lost-too")).await;
+    await_served(r.http, "lost", Some("https://example.com/lost-too")).await;
+
+    r.service.signal(Signal::SIGSTOP);
+    blocking(|| pair.primary.kill_hard());
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGCONT);
+    blocking(|| pair.standby.promote());
+    let new_primary = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+    execute(
+        &new_primary,
+        "INSERT INTO links (code, url)
+         SELECT 'new' || n, 'https://example.com/new' FROM generate_series(1, 100) AS n",
+    )
+    .await;
+    r.service.signal(Signal::SIGCONT);
+    await_served(r.http, "lost", None).await;
+    await_served(r.http, "kept", Some("https://example.com/kept")).await;
+    await_served(r.http, "new100", Some("https://example.com/new")).await;
+}
+
 /// The redirector and the collector on `url` (both servers of a pair), the collector's socket
 /// in `dir`; the redirector ready.
 async fn pipeline(url: &str, dir: &std::path::Path) -> (Collector, Redirector) {

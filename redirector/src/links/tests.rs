@@ -48,6 +48,11 @@ fn a_full_load_only_when_the_log_cannot_catch_up() {
         ..at(10, &[], 1)
     };
     assert!(h.needs_full_load(Some(&beyond)).unwrap().contains("pruned"));
+    // Ids past what the log now has or pruned: it went back (a failover that lost them).
+    assert!(h
+        .needs_full_load(Some(&at(25, &[], 1)))
+        .unwrap()
+        .contains("went back"));
 }
 
 #[test]
