@@ -325,6 +325,10 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     write(&mut handoff, batch_of(&datagrams(8, &more_old))).await;
     let old_day = name_of(&client, then).await;
     assert!(partitions(&client).await.contains(&old_day));
+    // Tomorrow's partition, detached by an operator (to archive it, or fill it apart): kept.
+    let tomorrow = name_of(&client, protocol::now_us() + DAY_US).await;
+    let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow}");
+    client.batch_execute(&detach).await.unwrap();
 
     maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, protocol::now_us())
         .await
@@ -332,8 +336,17 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     let names = partitions(&client).await;
     assert!(!names.contains(&old_day), "{old_day} dropped: {names:?}");
     assert!(metrics.partitions_dropped.get() >= 1);
-    let gone = format!("SELECT count(*) FROM pg_class WHERE relname = '{old_day}'");
-    assert_eq!(count(&client, &gone).await, 0, "detached and dropped");
+    let exists = |name: &str| format!("SELECT count(*) FROM pg_class WHERE relname = '{name}'");
+    assert_eq!(
+        count(&client, &exists(&old_day)).await,
+        0,
+        "detached and dropped"
+    );
+    assert_eq!(
+        count(&client, &exists(&tomorrow)).await,
+        1,
+        "a later day kept"
+    );
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 1_000);
     fold_all(&mut client, &own).await.unwrap();
     let mut all = old.clone();

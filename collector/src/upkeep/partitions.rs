@@ -77,17 +77,26 @@ const CREATE_LOCK_WAIT: &str = "2s";
 const ENSURE: &str = "SELECT count(*) FILTER (WHERE ensure_click_partition(date '2000-01-01' + d))
                       FROM set_config('lock_timeout', $3, true), generate_series($1::int, $2::int) AS d";
 
-/// Partitions wholly before day $1 (a number of days since 2000-01-01): the daily ones by name,
-/// and the one holding everything from before partitioning by where it ends.
-const EXPIRED: &str = "
-    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'clicks'::regclass AND (
-        (c.relname ~ '^clicks_p[0-9]{8}$'
-         AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int)
-        OR (c.relname = 'clicks_before_partitioning'
-            AND (SELECT start FROM click_partitions_start)
-                <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')))
-    ORDER BY 1";
+/// Whether the table `c` holds clicks wholly before day $1 (a number of days since
+/// 2000-01-01): a daily one by its name, the one holding everything from before partitioning
+/// by where it ends. A macro, so that the queries of what to drop share one text.
+macro_rules! wholly_before {
+    () => {
+        "((c.relname ~ '^clicks_p[0-9]{8}$'
+           AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int)
+          OR (c.relname = 'clicks_before_partitioning'
+              AND (SELECT start FROM click_partitions_start)
+                  <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')))"
+    };
+}
+
+/// Partitions wholly before day $1.
+const EXPIRED: &str = concat!(
+    "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'clicks'::regclass AND ",
+    wholly_before!(),
+    " ORDER BY 1"
+);
 
 /// The breakdowns of days before $1 (a number of days since 2000-01-01), folded and not yet
 /// folded: retention keeps no day of them that it keeps no clicks of, but the agent's, which
@@ -102,17 +111,23 @@ const EXPIRE_BREAKDOWNS: &str = "
         WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1)
     SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
 
-/// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`.
-const PENDING_DETACH: &str = "
-    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-    WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending";
+/// Detaches of partitions wholly before day $1 left half done by an interrupted `DETACH ...
+/// CONCURRENTLY`.
+const PENDING_DETACH: &str = concat!(
+    "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending AND ",
+    wholly_before!()
+);
 
-/// Partition tables detached but not dropped (an interrupted drop).
-const DETACHED: &str = "
-    SELECT c.relname FROM pg_class AS c
-    WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
-      AND (c.relname ~ '^clicks_p[0-9]{8}$' OR c.relname = 'clicks_before_partitioning')
-      AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)";
+/// Partition tables of days wholly before day $1 detached but not dropped (an interrupted
+/// drop). Not a later one: an operator may have detached it to archive it, or made it to fill
+/// before attaching it.
+const DETACHED: &str = concat!(
+    "SELECT c.relname FROM pg_class AS c
+     WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
+       AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid) AND ",
+    wholly_before!()
+);
 
 /// Partitions of days before $1 without a valid index on (code, clicked_at): an invalid one
 /// is what an interrupted `CREATE INDEX CONCURRENTLY` leaves.
@@ -232,7 +247,7 @@ async fn drop_before(
     client: &Client,
     day: i32,
 ) -> Result<Vec<(String, Duration)>, tokio_postgres::Error> {
-    for row in client.query(PENDING_DETACH, &[]).await? {
+    for row in client.query(PENDING_DETACH, &[&day]).await? {
         let name: String = row.get(0);
         let finalize = format!(
             "ALTER TABLE clicks DETACH PARTITION {} FINALIZE",
@@ -257,7 +272,7 @@ async fn drop_before(
         dropped.push((name, started.elapsed()));
     }
     // Detached before an interruption, never dropped.
-    for row in client.query(DETACHED, &[]).await? {
+    for row in client.query(DETACHED, &[&day]).await? {
         let name: String = row.get(0);
         let started = Instant::now();
         client
