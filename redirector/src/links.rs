@@ -238,14 +238,18 @@ macro_rules! link_columns {
 }
 
 /// The link in `row`'s [`link_columns`] from column `at` on; `None` for a code with no row.
-fn link_of(row: &Row, at: usize) -> Option<(&str, LinkOptions)> {
-    let url = row.get::<_, Option<&str>>(at)?;
-    let options = LinkOptions {
-        status: row.get(at + 1),
-        forward_query: row.get(at + 2),
-        expires_us: row.get(at + 3),
+/// A column that does not decode (a URL that is not UTF-8 in a `SQL_ASCII` database, a type
+/// an operator changed) is an error of the read, never a panic of the loader.
+fn link_of(row: &Row, at: usize) -> Result<Option<(&str, LinkOptions)>, tokio_postgres::Error> {
+    let Some(url) = row.try_get::<_, Option<&str>>(at)? else {
+        return Ok(None);
     };
-    Some((url, options))
+    let options = LinkOptions {
+        status: row.try_get(at + 1)?,
+        forward_query: row.try_get(at + 2)?,
+        expires_us: row.try_get(at + 3)?,
+    };
+    Ok(Some((url, options)))
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
@@ -293,16 +297,16 @@ const TIMELINE: &str = "SELECT CASE WHEN pg_is_in_recovery()
 const ALL_CODES: &str = "SELECT code FROM links";
 
 impl Head {
-    fn from_row(row: &Row) -> Head {
-        Head {
-            epoch: row.get(0),
-            pruned_id: row.get(1),
-            pruned_xid: row.get(2),
-            top: row.get(3),
-            xip: row.get(4),
-            horizon: row.get(5),
-            now: row.get(6),
-        }
+    fn from_row(row: &Row) -> Result<Head, tokio_postgres::Error> {
+        Ok(Head {
+            epoch: row.try_get(0)?,
+            pruned_id: row.try_get(1)?,
+            pruned_xid: row.try_get(2)?,
+            top: row.try_get(3)?,
+            xip: row.try_get(4)?,
+            horizon: row.try_get(5)?,
+            now: row.try_get(6)?,
+        })
     }
 
     /// Why the change log cannot bring a table at `at` up to date, if it cannot.
@@ -477,7 +481,10 @@ impl Loader {
     /// what the table must drop. A failover to a standby that had every commit loads the whole
     /// table once too.
     async fn check_history(&mut self, client: &Client) -> Result<(), SessionError> {
-        let now: Option<String> = self.timed(client.query_one(TIMELINE, &[])).await?.get(0);
+        let now: Option<String> = self
+            .timed(client.query_one(TIMELINE, &[]))
+            .await?
+            .try_get(0)?;
         if let (Some(before), Some(now)) = (&self.timeline, &now) {
             if before != now && self.position.take().is_some() {
                 tracing::warn!(
@@ -568,24 +575,24 @@ impl Loader {
         let mut rows = Box::pin(self.timed(client.query_raw(read, params)).await?);
         let mut row = self.timed(next(rows.as_mut())).await?;
         let first = row.as_ref().ok_or(SessionError::NoState)?;
-        let head = Head::from_row(first);
+        let head = Head::from_row(first)?;
         if let Some(why) = head.needs_full_load(Some(at)) {
             return Ok(Read::Behind(why));
         }
-        if first.get::<_, i64>(HEAD_COLUMNS) > LOG_READ_MAX {
+        if first.try_get::<_, i64>(HEAD_COLUMNS)? > LOG_READ_MAX {
             return Ok(Read::Behind("more changes than one read takes"));
         }
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(r) = row {
-            if let Some(code) = r.get::<_, Option<&str>>(HEAD_COLUMNS + 1) {
+            if let Some(code) = r.try_get::<_, Option<&str>>(HEAD_COLUMNS + 1)? {
                 batch.set(
                     code.as_bytes(),
-                    self.check(code, link_of(&r, HEAD_COLUMNS + 2)),
+                    self.check(code, link_of(&r, HEAD_COLUMNS + 2)?),
                 );
                 codes += 1;
-                newest = newest.max(r.get::<_, f64>(HEAD_COLUMNS + 6));
+                newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 6)?);
             }
             row = self.timed(next(rows.as_mut())).await?;
         }
@@ -610,7 +617,7 @@ impl Loader {
             .read_only(true)
             .start();
         let tx = self.timed(begin).await?;
-        let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?);
+        let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?)?;
         let started = Instant::now();
         let serving = self.links.is_loaded();
         // The client-side timeout guards each row instead: a big table takes a while.
@@ -622,8 +629,8 @@ impl Loader {
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, !serving);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            let code: &str = row.get(0);
-            batch.set(code.as_bytes(), self.check(code, link_of(&row, 1)));
+            let code: &str = row.try_get(0)?;
+            batch.set(code.as_bytes(), self.check(code, link_of(&row, 1)?));
         }
         let mut changed = batch.finish();
         if serving {
@@ -654,7 +661,7 @@ impl Loader {
         let no_params: [&(dyn ToSql + Sync); 0] = [];
         let mut rows = Box::pin(self.timed(tx.query_raw(ALL_CODES, no_params)).await?);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            seen.mark(&self.links.table, row.get::<_, &str>(0).as_bytes());
+            seen.mark(&self.links.table, row.try_get::<_, &str>(0)?.as_bytes());
         }
         Ok(seen.remove_unseen(&self.links.table))
     }

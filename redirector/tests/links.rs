@@ -87,6 +87,32 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
     await_answer(r.http, "after", 302, "https://example.com/after").await;
 }
 
+/// A column the loader cannot decode (its type changed by an operator; in a `SQL_ASCII`
+/// database, a URL that is not UTF-8) fails the read, which is counted and retried while the
+/// last table is served; once it decodes again the loader goes on. Its thread once panicked
+/// there, and followed nothing more.
+#[tokio::test]
+async fn a_column_that_does_not_decode_fails_the_read_and_the_loader_goes_on() {
+    let f = fixture(&[("steady", "https://example.com/steady")]).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    let retype = |to: &str| format!("ALTER TABLE links ALTER COLUMN forward_query TYPE {to}");
+    f.client.batch_execute(&retype("text")).await.unwrap();
+    let moved = "UPDATE links SET url = 'https://example.com/moved' WHERE code = 'steady'";
+    f.client.batch_execute(moved).await.unwrap();
+    // The first read fails on its statement prepared for the old type; those of the new
+    // sessions after it, on decoding the column.
+    eventually("reads that failed to decode, counted", LIMIT, || async {
+        let errors = r.metric("redirector_link_load_errors_total").await;
+        (errors >= 3.0).then_some(())
+    })
+    .await;
+    await_answer(r.http, "steady", 302, "https://example.com/steady").await;
+    let back = format!("{} USING forward_query::boolean", retype("boolean"));
+    f.client.batch_execute(&back).await.unwrap();
+    await_answer(r.http, "steady", 302, "https://example.com/moved").await;
+}
+
 #[tokio::test]
 async fn rows_from_before_the_url_check_are_skipped_and_counted() {
     // Rows links_url_clean (migration 7) would refuse, written before it: a control
