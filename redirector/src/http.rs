@@ -108,16 +108,20 @@ impl App {
                 response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
                 return response;
             }
+            // Neither kept by a cache in front (a CDN may keep a 404 by default): the code may
+            // be a link a moment later.
             Lookup::Unknown => {
                 self.metrics.not_found.inc();
-                return plain(StatusCode::NOT_FOUND, "no such link\n");
+                let mut response = plain(StatusCode::NOT_FOUND, "no such link\n");
+                response.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+                return response;
             }
             Lookup::NotLoaded => {
                 self.metrics.not_ready.inc();
                 let mut response = plain(StatusCode::SERVICE_UNAVAILABLE, "starting\n");
-                response
-                    .headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                let headers = response.headers_mut();
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                headers.insert(CACHE_CONTROL, NO_STORE);
                 return response;
             }
         };

@@ -33,11 +33,16 @@ async fn answers_redirects_not_found_and_wrong_methods() {
         "/home/more",
         &format!("/{}", "a".repeat(65)),
     ] {
-        let status = testkit::http::request(r.http, Method::GET, path)
+        let response = testkit::http::request(r.http, Method::GET, path)
             .await
-            .expect("an answer")
-            .status();
-        assert_eq!(status, 404, "GET {path}");
+            .expect("an answer");
+        assert_eq!(response.status(), 404, "GET {path}");
+        // Not kept by a cache in front: the code may be a link a moment later.
+        assert_eq!(
+            response.headers()["cache-control"],
+            "no-store",
+            "GET {path}"
+        );
     }
     for method in [Method::POST, Method::PUT, Method::DELETE] {
         let status = testkit::http::request(r.http, method.clone(), "/home")
@@ -108,6 +113,7 @@ async fn until_the_first_load_answers_503_is_not_healthy_and_not_ready_for_syste
         .expect("an answer");
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(response.headers()["cache-control"], "no-store");
     let (status, body) = testkit::http::get(r.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     testkit::eventually("a failed link load counted", LIMIT, || async {
