@@ -317,11 +317,6 @@ impl Head {
         if self.epoch != at.epoch {
             return Some("links was truncated");
         }
-        // Ids below ours, all of them read or pruned: the log went back (a failover that lost
-        // changes, a restore), and what it lost the table still has.
-        if self.top.max(self.pruned_id) < at.last_id {
-            return Some("the change log went back");
-        }
         // Rows above our id were pruned, or rows of a transaction we still had to read: one
         // that has finished since (a transaction still running has nothing pruned yet), or
         // one our last read's horizon left out.
@@ -475,25 +470,36 @@ impl Loader {
         }
     }
 
-    /// Forgets the position when the server's history is not the one it was read on: another
-    /// timeline (a failover, or a restore to a point in time) may lack changes this table has
-    /// applied, and hand their ids to new ones, so only a full load, which compares, can say
-    /// what the table must drop. A failover to a standby that had every commit loads the whole
-    /// table once too.
+    /// Forgets the position when the server's history may not be the one it was read on:
+    /// another timeline (a failover, or a restore to a point in time) may lack changes this
+    /// table has applied, and hand their ids to new ones, so only a full load, which compares,
+    /// can say what the table must drop. A failover to a standby that had every commit loads
+    /// the whole table once too. So does every new session on a standby whose timeline this
+    /// role may not see (`pg_stat_wal_receiver` wants `pg_read_all_stats`) or that has no WAL
+    /// receiver streaming: there nothing says the history is the same.
     async fn check_history(&mut self, client: &Client) -> Result<(), SessionError> {
         let now: Option<String> = self
             .timed(client.query_one(TIMELINE, &[]))
             .await?
             .try_get(0)?;
-        if let (Some(before), Some(now)) = (&self.timeline, &now) {
-            if before != now && self.position.take().is_some() {
+        let Some(now) = now else {
+            if self.position.take().is_some() {
+                tracing::info!(
+                    "the links standby does not show its timeline to this role (or streams no \
+                     WAL): loading the whole table, comparing, as its history may have changed"
+                );
+            }
+            return Ok(());
+        };
+        if let Some(before) = self.timeline.as_ref().filter(|before| **before != now) {
+            if self.position.take().is_some() {
                 tracing::warn!(
                     "the links database is on timeline {now}, no longer {before} (a failover or \
                      a restore): loading the whole table, which may have lost changes"
                 );
             }
         }
-        self.timeline = now.or(self.timeline.take());
+        self.timeline = Some(now);
         Ok(())
     }
 

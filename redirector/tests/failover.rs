@@ -168,6 +168,49 @@ async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_pri
     await_served(r.http, "new100", Some("https://example.com/new")).await;
 }
 
+/// A redirector reads a standby as the link reader role, which may not see the standby's
+/// timeline: each new session loads the whole table, comparing, since nothing says the
+/// standby's history is the one read before (it may have been rewound after a failover).
+#[tokio::test]
+async fn a_new_session_on_a_standby_that_hides_its_timeline_loads_the_whole_table() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "kept", "https://example.com/kept").await;
+    let role = format!("reader_{}", db.name);
+    let create = format!("CREATE ROLE {role} LOGIN IN ROLE clicks_link_reader");
+    execute(&primary, &create).await;
+    let replicated = format!("SELECT count(*) = 1 FROM pg_roles WHERE rolname = '{role}'");
+    pair.await_on_standby(&db.name, &replicated).await;
+    pair.await_on_standby(&db.name, "SELECT count(*) = 1 FROM links")
+        .await;
+    let on_standby = pair
+        .standby
+        .url(&db.name)
+        .replace("user=postgres", &format!("user={role}"));
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--clicks", "off", "--links-database-url", &on_standby];
+    let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
+    r.ready().await;
+    let loads = r.metric("redirector_link_loads_total").await;
+    let standby = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+    execute(
+        &standby,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = 'redirector-links'",
+    )
+    .await;
+    eventually("a full load on the new session", LIMIT, || async {
+        let now = r.metric("redirector_link_loads_total").await;
+        (now > loads).then_some(())
+    })
+    .await;
+    r.service
+        .wait_for_log("does not show its timeline to this role", LIMIT)
+        .await;
+    await_served(r.http, "kept", Some("https://example.com/kept")).await;
+}
+
 /// The redirector and the collector on `url` (both servers of a pair), the collector's socket
 /// in `dir`; the redirector ready.
 async fn pipeline(url: &str, dir: &std::path::Path) -> (Collector, Redirector) {

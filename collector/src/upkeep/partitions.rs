@@ -111,13 +111,12 @@ const EXPIRE_BREAKDOWNS: &str = "
         WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1)
     SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
 
-/// Detaches of partitions wholly before day $1 left half done by an interrupted `DETACH ...
-/// CONCURRENTLY`.
-const PENDING_DETACH: &str = concat!(
-    "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-     WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending AND ",
-    wholly_before!()
-);
+/// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`, of any day: finishing
+/// one is what whoever began it asked for, and while one is pending no other detach of clicks
+/// can begin (retention's would fail every round). What is dropped after is `DETACHED`'s.
+const PENDING_DETACH: &str = "
+    SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending";
 
 /// Partition tables of days wholly before day $1 detached but not dropped (an interrupted
 /// drop). Not a later one: an operator may have detached it to archive it, or made it to fill
@@ -247,7 +246,7 @@ async fn drop_before(
     client: &Client,
     day: i32,
 ) -> Result<Vec<(String, Duration)>, tokio_postgres::Error> {
-    for row in client.query(PENDING_DETACH, &[&day]).await? {
+    for row in client.query(PENDING_DETACH, &[]).await? {
         let name: String = row.get(0);
         let finalize = format!(
             "ALTER TABLE clicks DETACH PARTITION {} FINALIZE",
