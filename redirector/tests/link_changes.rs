@@ -390,6 +390,7 @@ async fn a_log_pruned_past_a_redirector_makes_it_reload_and_one_not_pruned_lets_
     let admin = cut_off(&f, &r).await;
     execute(&f.client, "DELETE FROM links WHERE code = 'goes'").await;
     add_link(&f.client, "new", "https://example.com/new").await;
+    testkit::pgtest::await_link_changes_prunable(&f.client).await;
     execute(&f.client, "SELECT prune_link_changes('0 s')").await;
     let_back(&f, &admin).await;
     await_served(r.http, "goes", None, LIMIT).await;

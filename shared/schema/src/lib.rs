@@ -85,6 +85,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "trigger_functions",
         include_str!("../migrations/0016_trigger_functions.sql"),
     ),
+    (
+        17,
+        "prune_behind_running",
+        include_str!("../migrations/0017_prune_behind_running.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

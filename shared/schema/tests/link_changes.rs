@@ -73,6 +73,7 @@ async fn truncate_bumps_the_epoch_and_pruning_records_how_far_it_went() {
         .await
         .map(|r| (r.get(0), r.get(1)))
         .unwrap();
+    pgtest::await_link_changes_prunable(&client).await;
     let pruned = prune(&client, "0 s").await;
     assert_eq!(pruned, 2);
     assert!(logged(&client).await.is_empty());
@@ -141,6 +142,38 @@ async fn nobody_else_may_attach_the_logs_trigger_functions_to_a_table_of_its_own
     assert_eq!(state(&client).await.2, 0, "the epoch untouched");
 }
 
+/// Migration 17: a prune deletes no row of a transaction newer than the oldest one running, so
+/// that a reader of a hot standby (which takes every transaction from that one on as perhaps
+/// unread) never finds the log pruned past it at every poll while a transaction stays open
+/// longer than the prune's age.
+#[tokio::test]
+async fn pruning_keeps_the_rows_of_transactions_newer_than_one_still_running() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let open = pgtest::connect(&db.url).await;
+    open.batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO links (code, url) VALUES ('after', 'https://x/');
+             UPDATE link_changes SET changed_at = now() - interval '2 hours'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(prune(&client, "1 hour").await, 0, "newer than the open one");
+    open.batch_execute("COMMIT").await.unwrap();
+    // Transactions are the cluster's: another test's, in its own database, can hold the
+    // oldest running one back a moment longer.
+    testkit::eventually(
+        "the row pruned once the open one ended",
+        testkit::LIMIT,
+        || async { (prune(&client, "1 hour").await == 1).then_some(()) },
+    )
+    .await;
+    assert!(logged(&client).await.is_empty());
+}
+
 /// Migration 15: a prune reads the rows it deletes through the primary key, not the whole log
 /// (which at 100 changes a second holds millions of rows a day), and an old row logged after
 /// one it keeps waits for a later prune rather than going early.
@@ -165,6 +198,7 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
         .unwrap()
         .get(0);
 
+    pgtest::await_link_changes_prunable(&client).await;
     // A session of its own: pg_stat_xact_user_tables counts what it has done and not flushed.
     let mut fresh = pgtest::connect(&db.url).await;
     let tx = fresh.transaction().await.unwrap();

@@ -278,6 +278,26 @@ pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> 
     rows.iter().map(|r| r.get(0)).collect()
 }
 
+/// Waits until every row of `link_changes` is of a transaction older than the oldest one
+/// running in the cluster: only then may `prune_link_changes` delete it (migration 17), and
+/// another test's transaction, in its own database of the same cluster, can hold that back.
+pub async fn await_link_changes_prunable(client: &tokio_postgres::Client) {
+    let prunable = "SELECT coalesce(max(xid), '0'::xid8) < pg_snapshot_xmin(pg_current_snapshot())
+                    FROM link_changes";
+    crate::eventually(
+        "every change logged older than any running",
+        crate::LIMIT,
+        || async {
+            let row = client
+                .query_one(prunable, &[])
+                .await
+                .expect("the prunable check");
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Connects to `url`, panicking with the reason if it cannot; for tests.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     let config: shared::db::Config = url.parse().unwrap_or_else(|e| panic!("parsing {url}: {e}"));
