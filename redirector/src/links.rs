@@ -288,12 +288,16 @@ const READ: &str = concat!(
 );
 
 const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(), " FROM links");
-/// The server's timeline, in hexadecimal: a primary's from the WAL file it writes, a standby's
-/// from its WAL receiver (NULL while none streams).
-const TIMELINE: &str = "SELECT CASE WHEN pg_is_in_recovery()
-                            THEN (SELECT lpad(upper(to_hex(received_tli)), 8, '0')
-                                    FROM pg_stat_wal_receiver)
-                            ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
+/// The server's history: its cluster's system identifier and its timeline (in hexadecimal: a
+/// primary's from the WAL file it writes, a standby's from its WAL receiver); NULL where
+/// either is hidden from this role or unknown.
+const HISTORY: &str = "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE')
+                                THEN (SELECT system_identifier FROM pg_control_system()) END
+                           || '/' ||
+                           CASE WHEN pg_is_in_recovery()
+                                THEN (SELECT lpad(upper(to_hex(received_tli)), 8, '0')
+                                        FROM pg_stat_wal_receiver)
+                                ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
 const ALL_CODES: &str = "SELECT code FROM links";
 
 impl Head {
@@ -346,8 +350,8 @@ struct Loader {
     metrics: Arc<Metrics>,
     options: Options,
     position: Option<Position>,
-    /// The timeline of the server the last session read (`TIMELINE`), if it said.
-    timeline: Option<String>,
+    /// The history of the server the last session read (`HISTORY`), if it said.
+    history: Option<String>,
     /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
     skipped: HashSet<Box<str>>,
     /// The table's bytes of the link being applied (`check`), reused.
@@ -361,7 +365,7 @@ impl Loader {
             metrics,
             options,
             position: None,
-            timeline: None,
+            history: None,
             skipped: HashSet::new(),
             value: Vec::new(),
         }
@@ -470,36 +474,30 @@ impl Loader {
         }
     }
 
-    /// Forgets the position when the server's history may not be the one it was read on:
-    /// another timeline (a failover, or a restore to a point in time) may lack changes this
-    /// table has applied, and hand their ids to new ones, so only a full load, which compares,
-    /// can say what the table must drop. A failover to a standby that had every commit loads
-    /// the whole table once too. So does every new session on a standby whose timeline this
-    /// role may not see (`pg_stat_wal_receiver` wants `pg_read_all_stats`) or that has no WAL
-    /// receiver streaming: there nothing says the history is the same.
+    /// Forgets the position unless this server's history is known to be the one it was read
+    /// on: the same cluster (system identifier) on the same timeline. Another timeline (a
+    /// failover, a restore to a point in time) or another cluster (a restore from a dump) may
+    /// lack changes this table has applied and hand their ids to new ones, so only a full load,
+    /// which compares, can say what the table must drop. Where either is unknown (a standby's
+    /// timeline is in `pg_stat_wal_receiver`, which wants `pg_read_all_stats`; none while no
+    /// receiver streams), every new session loads the whole table, and so does the first
+    /// session after one on a server whose history was unknown.
     async fn check_history(&mut self, client: &Client) -> Result<(), SessionError> {
         let now: Option<String> = self
-            .timed(client.query_one(TIMELINE, &[]))
+            .timed(client.query_one(HISTORY, &[]))
             .await?
             .try_get(0)?;
-        let Some(now) = now else {
-            if self.position.take().is_some() {
-                tracing::info!(
-                    "the links standby does not show its timeline to this role (or streams no \
-                     WAL): loading the whole table, comparing, as its history may have changed"
-                );
-            }
-            return Ok(());
-        };
-        if let Some(before) = self.timeline.as_ref().filter(|before| **before != now) {
-            if self.position.take().is_some() {
-                tracing::warn!(
-                    "the links database is on timeline {now}, no longer {before} (a failover or \
-                     a restore): loading the whole table, which may have lost changes"
-                );
-            }
+        let same = now.is_some() && now == self.history;
+        if !same && self.position.take().is_some() {
+            let (before, after) = (self.history.as_deref(), now.as_deref());
+            let [before, after] = [before, after].map(|h| h.unwrap_or("unknown to this role"));
+            tracing::warn!(
+                "the links database's history is {after}, not {before} as read before (system \
+                 identifier/timeline): loading the whole table, comparing, which may have lost \
+                 changes"
+            );
         }
-        self.timeline = Some(now);
+        self.history = now;
         Ok(())
     }
 
@@ -539,7 +537,7 @@ impl Loader {
     /// full load says no: it leaves nothing to poll for).
     async fn sync(&mut self, client: &mut Client, read: &Statement) -> Result<bool, SessionError> {
         let why = match self.position.clone() {
-            None if self.links.is_loaded() => "the server's timeline changed",
+            None if self.links.is_loaded() => "the server's history is not known to be the same",
             None => "first load",
             Some(at) => match self.apply_changes(client, read, &at).await? {
                 Read::Applied(head, codes) => {

@@ -170,9 +170,11 @@ async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_pri
 
 /// A redirector reads a standby as the link reader role, which may not see the standby's
 /// timeline: each new session loads the whole table, comparing, since nothing says the
-/// standby's history is the one read before (it may have been rewound after a failover).
-#[tokio::test]
-async fn a_new_session_on_a_standby_that_hides_its_timeline_loads_the_whole_table() {
+/// standby's history is the one read before (it may have been rewound after a failover). So
+/// does the first session on a server whose history it can see (the primary, the next host of
+/// its connection string, once the standby is down): the standby's was never known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_whole_table() {
     let pair = Pair::start(Replication::Asynchronous).await;
     let db = test_db_on(&pair.primary).await;
     let primary = testkit::pgtest::connect(&db.url).await;
@@ -184,10 +186,13 @@ async fn a_new_session_on_a_standby_that_hides_its_timeline_loads_the_whole_tabl
     pair.await_on_standby(&db.name, &replicated).await;
     pair.await_on_standby(&db.name, "SELECT count(*) = 1 FROM links")
         .await;
-    let on_standby = pair
-        .standby
-        .url(&db.name)
-        .replace("user=postgres", &format!("user={role}"));
+    // The standby first, then the primary: a session goes to the primary while it is down.
+    let on_standby = format!(
+        "host={},{} user={role} dbname={}",
+        pair.standby.socket_dir().display(),
+        pair.primary.socket_dir().display(),
+        db.name
+    );
     let dir = tempfile::tempdir().unwrap();
     let flags = ["--clicks", "off", "--links-database-url", &on_standby];
     let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
@@ -205,9 +210,16 @@ async fn a_new_session_on_a_standby_that_hides_its_timeline_loads_the_whole_tabl
         (now > loads).then_some(())
     })
     .await;
-    r.service
-        .wait_for_log("does not show its timeline to this role", LIMIT)
-        .await;
+    r.service.wait_for_log("unknown to this role", LIMIT).await;
+    await_served(r.http, "kept", Some("https://example.com/kept")).await;
+
+    let loads = r.metric("redirector_link_loads_total").await;
+    blocking(|| pair.standby.stop_server());
+    eventually("a full load on the primary", LIMIT, || async {
+        let now = r.metric("redirector_link_loads_total").await;
+        (now > loads).then_some(())
+    })
+    .await;
     await_served(r.http, "kept", Some("https://example.com/kept")).await;
 }
 
