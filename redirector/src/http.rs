@@ -100,8 +100,12 @@ impl App {
             Ok(()) => self.links.lookup(code, req.uri().query()),
             Err(_) => Lookup::Unknown,
         };
-        let (status, location) = match lookup {
-            Lookup::Found(Answer::Redirect { status, location }) => (status, location),
+        let (status, location, expires_in_s) = match lookup {
+            Lookup::Found(Answer::Redirect {
+                status,
+                location,
+                expires_in_s,
+            }) => (status, location, expires_in_s),
             Lookup::Found(Answer::Expired) => {
                 self.metrics.expired.inc();
                 let mut response = plain(StatusCode::GONE, "this link has expired\n");
@@ -141,7 +145,7 @@ impl App {
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(LOCATION, location);
-        headers.insert(CACHE_CONTROL, cache_control(status));
+        headers.insert(CACHE_CONTROL, cache_control(status, expires_in_s));
         response
     }
 
@@ -174,13 +178,21 @@ impl App {
 
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
+/// How long a browser may keep a permanent redirect (301, 308), at most.
+const PERMANENT_MAX_AGE_S: i64 = 3600;
+
 /// A temporary redirect is never cached, so that every click reaches the redirector. A
 /// permanent one (301, 308) says it may be: browsers then follow it from their cache for an
-/// hour, and those clicks are never counted (docs/operating.md says so).
-fn cache_control(status: StatusCode) -> HeaderValue {
-    match status {
-        StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT => {
+/// hour, and those clicks are never counted (docs/operating.md says so); for a link that
+/// expires sooner, until it expires, so that no browser follows it past its expiry.
+fn cache_control(status: StatusCode, expires_in_s: Option<i64>) -> HeaderValue {
+    match (status, expires_in_s) {
+        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, None) => {
             HeaderValue::from_static("private, max-age=3600")
+        }
+        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, Some(left)) => {
+            let age = left.clamp(0, PERMANENT_MAX_AGE_S);
+            HeaderValue::from_str(&format!("private, max-age={age}")).unwrap_or(NO_STORE)
         }
         _ => NO_STORE,
     }

@@ -75,6 +75,8 @@ pub(crate) enum Answer {
     Redirect {
         status: StatusCode,
         location: HeaderValue,
+        /// Whole seconds until the link expires, for one that does.
+        expires_in_s: Option<i64>,
     },
     /// Past its `expires_at`: 410 Gone, and no click.
     Expired,
@@ -90,21 +92,26 @@ impl Answer {
         now_us: impl FnOnce() -> i64,
     ) -> Option<Answer> {
         let (&flags, rest) = value.split_first()?;
-        let url = if flags & EXPIRES != 0 {
+        let (url, expires_in_s) = if flags & EXPIRES != 0 {
             let (at, url) = rest.split_first_chunk::<8>()?;
-            if now_us() >= i64::from_le_bytes(*at) {
+            let left_us = i64::from_le_bytes(*at).saturating_sub(now_us());
+            if left_us <= 0 {
                 return Some(Answer::Expired);
             }
-            url
+            (url, Some(left_us / 1_000_000))
         } else {
-            rest
+            (rest, None)
         };
         let status = STATUSES[usize::from(flags & STATUS_BITS)];
         let location = match query.filter(|q| !q.is_empty() && flags & NO_QUERY == 0) {
             Some(query) => merged(url, query.as_bytes()),
             None => HeaderValue::from_bytes(url).ok()?,
         };
-        Some(Answer::Redirect { status, location })
+        Some(Answer::Redirect {
+            status,
+            location,
+            expires_in_s,
+        })
     }
 }
 
@@ -165,7 +172,9 @@ mod tests {
 
     fn location(url: &str, query: Option<&str>) -> String {
         match Answer::of(&stored(LinkOptions::default(), url), query, || 0).unwrap() {
-            Answer::Redirect { status, location } => {
+            Answer::Redirect {
+                status, location, ..
+            } => {
                 assert_eq!(status, StatusCode::FOUND);
                 location.to_str().unwrap().to_owned()
             }

@@ -33,6 +33,7 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
         ("s308", "https://example.com/308"),
         ("gone", "https://example.com/gone"),
         ("later", "https://example.com/later"),
+        ("soon301", "https://example.com/soon"),
     ])
     .await;
     f.client
@@ -42,7 +43,9 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
              UPDATE links SET status = 307 WHERE code = 's307';
              UPDATE links SET status = 308 WHERE code = 's308';
              UPDATE links SET expires_at = now() - interval '1 second' WHERE code = 'gone';
-             UPDATE links SET expires_at = now() + interval '1 day' WHERE code = 'later';",
+             UPDATE links SET expires_at = now() + interval '1 day' WHERE code = 'later';
+             UPDATE links SET status = 301, expires_at = now() + interval '10 minutes'
+              WHERE code = 'soon301';",
         )
         .await
         .unwrap();
@@ -84,6 +87,18 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
             "GET {path}"
         );
     }
+    // A permanent redirect that expires within the hour is kept by browsers until then only:
+    // not followed from their cache past its expiry.
+    let (status, _, cache) = ask(r.http, Method::GET, "/soon301").await;
+    assert_eq!(status, 301);
+    let age: i64 = cache
+        .strip_prefix("private, max-age=")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("Cache-Control {cache:?}"));
+    assert!(
+        (1..=600).contains(&age),
+        "max-age {age} for 10 minutes left"
+    );
     for method in [Method::GET, Method::HEAD] {
         let got = ask(r.http, method.clone(), "/gone?x=1").await;
         assert_eq!(
@@ -98,7 +113,7 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
     await_rows_settled(
         &f.client,
         None,
-        expected.len() as u64,
+        expected.len() as u64 + 1,
         &[r.admin, collector_admin],
     )
     .await;
