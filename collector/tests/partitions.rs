@@ -329,6 +329,15 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     let tomorrow = name_of(&client, protocol::now_us() + DAY_US).await;
     let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow}");
     client.batch_execute(&detach).await.unwrap();
+    // Clicks set aside ten days ago and today: the first past the retention.
+    client
+        .batch_execute(
+            "INSERT INTO clicks_set_aside (code, clicked_at, reason, set_aside_at)
+             VALUES ('old', now(), 'too_new', now() - interval '10 days'),
+                    ('new', now(), 'too_new', now())",
+        )
+        .await
+        .unwrap();
 
     maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, protocol::now_us())
         .await
@@ -347,6 +356,8 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
         1,
         "a later day kept"
     );
+    let aside = "SELECT count(*) FROM clicks_set_aside WHERE code IN ('old', 'new')";
+    assert_eq!(count(&client, aside).await, 1, "the old one set aside gone");
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 1_000);
     fold_all(&mut client, &own).await.unwrap();
     let mut all = old.clone();

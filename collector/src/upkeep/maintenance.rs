@@ -263,6 +263,13 @@ pub async fn keep_partitions(
             done.breakdowns_expired
         );
     }
+    if done.set_aside_expired > 0 {
+        tracing::info!(
+            rows = done.set_aside_expired,
+            "deleted {} rows of clicks_set_aside: set aside before the retention",
+            done.set_aside_expired
+        );
+    }
     if done.creation_deferred {
         metrics.partitions_deferred.inc();
         tracing::warn!(

@@ -59,6 +59,8 @@ pub(crate) struct Done {
     pub(crate) dropped: Vec<(String, Duration)>,
     /// Rows of click_breakdown_counts and click_breakdown_lists deleted by retention.
     pub(crate) breakdowns_expired: u64,
+    /// Rows of clicks_set_aside deleted for being older than the retention.
+    pub(crate) set_aside_expired: u64,
     pub(crate) indexed: Vec<String>,
     /// Vacuumed and analyzed once their day was over, and handed back to autovacuum.
     pub(crate) settled: Vec<String>,
@@ -110,6 +112,16 @@ const EXPIRE_BREAKDOWNS: &str = "
         DELETE FROM click_breakdown_lists
         WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1)
     SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
+
+/// Clicks set aside before day $1: retention keeps them no longer than the clicks it drops
+/// (how many rows went). The table has no index by time: it holds only what was refused or
+/// outside the window, and this runs once a round.
+const EXPIRE_SET_ASIDE: &str = "
+    WITH gone AS (
+        DELETE FROM clicks_set_aside
+        WHERE set_aside_at < ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')
+        RETURNING 1)
+    SELECT count(*) FROM gone";
 
 /// Detaches left half done by an interrupted `DETACH ... CONCURRENTLY`, of any day: finishing
 /// one is what whoever began it asked for, and while one is pending no other detach of clicks
@@ -220,13 +232,17 @@ pub(crate) async fn maintain(
         Created::Made(created) => (created, false),
         Created::Deferred(_) => (0, true),
     };
-    let (dropped, breakdowns_expired) = match plan.drop_before {
+    let (dropped, breakdowns_expired, set_aside_expired) = match plan.drop_before {
         Some(day) => {
             let dropped = drop_before(client, day).await?;
-            let expired = client.query_one(EXPIRE_BREAKDOWNS, &[&day]).await?;
-            (dropped, expired.get::<_, i64>(0) as u64)
+            let expired = |sql| async move {
+                let row = client.query_one(sql, &[&day]).await?;
+                Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
+            };
+            let breakdowns = expired(EXPIRE_BREAKDOWNS).await?;
+            (dropped, breakdowns, expired(EXPIRE_SET_ASIDE).await?)
         }
-        None => (Vec::new(), 0),
+        None => (Vec::new(), 0, 0),
     };
     let settled = settle_closed_days(client, today).await?;
     let indexed = index_closed_days(client, today).await?;
@@ -235,6 +251,7 @@ pub(crate) async fn maintain(
         creation_deferred,
         dropped,
         breakdowns_expired,
+        set_aside_expired,
         indexed,
         settled,
     })
