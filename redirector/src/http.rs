@@ -183,11 +183,16 @@ const PERMANENT_MAX_AGE_S: i64 = 3600;
 
 /// A temporary redirect is never cached, so that every click reaches the redirector. A
 /// permanent one (301, 308) says it may be: browsers then follow it from their cache for an
-/// hour, and those clicks are never counted (docs/operating.md says so); for a link that
+/// hour, and those clicks are never counted (docs/links-and-clicks.md says so); for a link that
 /// expires sooner, until it expires, so that no browser follows it past its expiry.
 fn cache_control(status: StatusCode, expires_in_s: Option<i64>) -> HeaderValue {
     match (status, expires_in_s) {
         (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, None) => {
+            HeaderValue::from_static("private, max-age=3600")
+        }
+        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, Some(left))
+            if left >= PERMANENT_MAX_AGE_S =>
+        {
             HeaderValue::from_static("private, max-age=3600")
         }
         (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, Some(left)) => {

@@ -34,6 +34,7 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
         ("gone", "https://example.com/gone"),
         ("later", "https://example.com/later"),
         ("soon301", "https://example.com/soon"),
+        ("day308", "https://example.com/day"),
     ])
     .await;
     f.client
@@ -45,7 +46,9 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
              UPDATE links SET expires_at = now() - interval '1 second' WHERE code = 'gone';
              UPDATE links SET expires_at = now() + interval '1 day' WHERE code = 'later';
              UPDATE links SET status = 301, expires_at = now() + interval '10 minutes'
-              WHERE code = 'soon301';",
+              WHERE code = 'soon301';
+             UPDATE links SET status = 308, expires_at = now() + interval '1 day'
+              WHERE code = 'day308';",
         )
         .await
         .unwrap();
@@ -78,6 +81,7 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
         ("/s307?k=v", 307, "https://example.com/307?k=v", &no_store),
         ("/s308", 308, "https://example.com/308", &cached),
         ("/later", 302, "https://example.com/later", &no_store),
+        ("/day308", 308, "https://example.com/day", &cached),
     ];
     for (path, status, location, cache) in expected {
         let got = ask(r.http, Method::GET, path).await;

@@ -114,8 +114,8 @@ const EXPIRE_BREAKDOWNS: &str = "
     SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
 
 /// Clicks set aside before day $1: retention keeps them no longer than the clicks it drops
-/// (how many rows went). The table has no index by time: it holds only what was refused or
-/// outside the window, and this runs once a round.
+/// (how many rows went). The table has no index by time, so this runs only in a round that
+/// dropped a day (once a day): what a day's drop leaves, the next one takes.
 const EXPIRE_SET_ASIDE: &str = "
     WITH gone AS (
         DELETE FROM clicks_set_aside
@@ -240,7 +240,11 @@ pub(crate) async fn maintain(
                 Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
             };
             let breakdowns = expired(EXPIRE_BREAKDOWNS).await?;
-            (dropped, breakdowns, expired(EXPIRE_SET_ASIDE).await?)
+            let set_aside = match dropped.is_empty() {
+                true => 0,
+                false => expired(EXPIRE_SET_ASIDE).await?,
+            };
+            (dropped, breakdowns, set_aside)
         }
         None => (Vec::new(), 0, 0),
     };
