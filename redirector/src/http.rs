@@ -186,20 +186,17 @@ const PERMANENT_MAX_AGE_S: i64 = 3600;
 /// hour, and those clicks are never counted (docs/links-and-clicks.md says so); for a link that
 /// expires sooner, until it expires, so that no browser follows it past its expiry.
 fn cache_control(status: StatusCode, expires_in_s: Option<i64>) -> HeaderValue {
-    match (status, expires_in_s) {
-        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, None) => {
-            HeaderValue::from_static("private, max-age=3600")
-        }
-        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, Some(left))
-            if left >= PERMANENT_MAX_AGE_S =>
-        {
-            HeaderValue::from_static("private, max-age=3600")
-        }
-        (StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT, Some(left)) => {
-            let age = left.clamp(0, PERMANENT_MAX_AGE_S);
+    let permanent = matches!(
+        status,
+        StatusCode::MOVED_PERMANENTLY | StatusCode::PERMANENT_REDIRECT
+    );
+    match expires_in_s {
+        _ if !permanent => NO_STORE,
+        Some(left) if left < PERMANENT_MAX_AGE_S => {
+            let age = left.max(0);
             HeaderValue::from_str(&format!("private, max-age={age}")).unwrap_or(NO_STORE)
         }
-        _ => NO_STORE,
+        _ => HeaderValue::from_static("private, max-age=3600"),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use testkit::db::await_rows_settled;
 use testkit::eventually;
-use testkit::pgtest::{test_db_on, Pair, Replication};
+use testkit::pgtest::{test_db_on, Pair, Replication, TestDb};
 use testkit::redirector::load::Load;
 use testkit::redirector::served;
 use testkit::redirector::{add_link, await_first_rows, redirector, rows, Redirector, LIMIT};
@@ -31,23 +31,43 @@ async fn execute(db: &tokio_postgres::Client, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {}", shared::db::describe(&e)));
 }
 
-#[tokio::test]
-async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_the_primary() {
+/// An asynchronous pair, a database on it whose `links` hold `links` once the standby has
+/// replayed them, and a session on the primary.
+async fn linked_pair(links: &[(&str, &str)]) -> (Pair, TestDb, tokio_postgres::Client) {
     let pair = Pair::start(Replication::Asynchronous).await;
     let db = test_db_on(&pair.primary).await;
     let primary = testkit::pgtest::connect(&db.url).await;
-    add_link(&primary, "before", "https://example.com/before").await;
-    let visible = "SELECT count(*) = 1 FROM links WHERE code = 'before'";
-    pair.await_on_standby(&db.name, visible).await;
+    for (code, url) in links {
+        add_link(&primary, code, url).await;
+    }
+    let replayed = format!("SELECT count(*) = {} FROM links", links.len());
+    pair.await_on_standby(&db.name, &replayed).await;
+    (pair, db, primary)
+}
+
+/// A redirector with clicks off that reads its links from `links_url`, ready; with the
+/// directory of its sockets.
+async fn links_reader(db: &TestDb, links_url: &str) -> (tempfile::TempDir, Redirector) {
     let dir = tempfile::tempdir().unwrap();
-    let on_standby = pair.standby.url(&db.name);
-    let r = redirector(
-        &db.url,
-        &dir.path().join("collector.sock"),
-        &["--clicks", "off", "--links-database-url", &on_standby],
-    )
-    .await;
+    let flags = ["--clicks", "off", "--links-database-url", links_url];
+    let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
     r.ready().await;
+    (dir, r)
+}
+
+/// Waits until `series` of `r` is above `before`: `what` happened.
+async fn await_above(r: &Redirector, series: &str, before: f64, what: &str) {
+    eventually(what, LIMIT, || async {
+        (r.metric(series).await > before).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_the_primary() {
+    let (pair, db, primary) = linked_pair(&[("before", "https://example.com/before")]).await;
+    let on_standby = pair.standby.url(&db.name);
+    let (_dir, r) = links_reader(&db, &on_standby).await;
     r.service
         .wait_for_log("the links database is a hot standby", LIMIT)
         .await;
@@ -92,16 +112,12 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
 /// that went by that list took the change for read once a later one was.
 #[tokio::test]
 async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
-    let pair = Pair::start(Replication::Asynchronous).await;
-    let db = test_db_on(&pair.primary).await;
-    let primary = testkit::pgtest::connect(&db.url).await;
-    add_link(&primary, "first", "https://example.com/first").await;
-    add_link(&primary, "second", "https://example.com/second").await;
-    let dir = tempfile::tempdir().unwrap();
-    let on_standby = pair.standby.url(&db.name);
-    let flags = ["--clicks", "off", "--links-database-url", &on_standby];
-    let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
-    r.ready().await;
+    let links = [
+        ("first", "https://example.com/first"),
+        ("second", "https://example.com/second"),
+    ];
+    let (pair, db, primary) = linked_pair(&links).await;
+    let (_dir, r) = links_reader(&db, &pair.standby.url(&db.name)).await;
     await_served(r.http, "second", Some("https://example.com/second")).await;
     let slow = testkit::pgtest::connect(&db.url).await;
     let moved = "UPDATE links SET url = 'https://example.com/first-moved' WHERE code = 'first'";
@@ -113,12 +129,9 @@ async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
     .await;
     await_served(r.http, "second", Some("https://example.com/second-moved")).await;
     // Read at least once more with the slow one still open.
-    let synced = r.metric("redirector_links_synced_timestamp_seconds").await;
-    eventually("another read of the change log", LIMIT, || async {
-        let now = r.metric("redirector_links_synced_timestamp_seconds").await;
-        (now > synced).then_some(())
-    })
-    .await;
+    let series = "redirector_links_synced_timestamp_seconds";
+    let synced = r.metric(series).await;
+    await_above(&r, series, synced, "another read of the change log").await;
     execute(&slow, "COMMIT").await;
     await_served(r.http, "first", Some("https://example.com/first-moved")).await;
 }
@@ -130,12 +143,7 @@ async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
 /// the new primary has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_primary() {
-    let pair = Pair::start(Replication::Asynchronous).await;
-    let db = test_db_on(&pair.primary).await;
-    let primary = testkit::pgtest::connect(&db.url).await;
-    add_link(&primary, "kept", "https://example.com/kept").await;
-    pair.await_on_standby(&db.name, "SELECT count(*) = 1 FROM links")
-        .await;
+    let (pair, db, primary) = linked_pair(&[("kept", "https://example.com/kept")]).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("collector.sock");
     let r = redirector(&pair.url(&db.name), &socket, &["--clicks", "off"]).await;
@@ -175,17 +183,12 @@ async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_pri
 /// its connection string, once the standby is down): the standby's was never known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_whole_table() {
-    let pair = Pair::start(Replication::Asynchronous).await;
-    let db = test_db_on(&pair.primary).await;
-    let primary = testkit::pgtest::connect(&db.url).await;
-    add_link(&primary, "kept", "https://example.com/kept").await;
+    let (pair, db, primary) = linked_pair(&[("kept", "https://example.com/kept")]).await;
     let role = format!("reader_{}", db.name);
     let create = format!("CREATE ROLE {role} LOGIN IN ROLE clicks_link_reader");
     execute(&primary, &create).await;
     let replicated = format!("SELECT count(*) = 1 FROM pg_roles WHERE rolname = '{role}'");
     pair.await_on_standby(&db.name, &replicated).await;
-    pair.await_on_standby(&db.name, "SELECT count(*) = 1 FROM links")
-        .await;
     // The standby first, then the primary: a session goes to the primary while it is down.
     let on_standby = format!(
         "host={},{} user={role} dbname={}",
@@ -193,11 +196,9 @@ async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_
         pair.primary.socket_dir().display(),
         db.name
     );
-    let dir = tempfile::tempdir().unwrap();
-    let flags = ["--clicks", "off", "--links-database-url", &on_standby];
-    let r = redirector(&db.url, &dir.path().join("collector.sock"), &flags).await;
-    r.ready().await;
-    let loads = r.metric("redirector_link_loads_total").await;
+    let (_dir, r) = links_reader(&db, &on_standby).await;
+    let loads_series = "redirector_link_loads_total";
+    let loads = r.metric(loads_series).await;
     let standby = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
     execute(
         &standby,
@@ -205,21 +206,13 @@ async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_
          WHERE application_name = 'redirector-links'",
     )
     .await;
-    eventually("a full load on the new session", LIMIT, || async {
-        let now = r.metric("redirector_link_loads_total").await;
-        (now > loads).then_some(())
-    })
-    .await;
+    await_above(&r, loads_series, loads, "a full load on the new session").await;
     r.service.wait_for_log("unknown to this role", LIMIT).await;
     await_served(r.http, "kept", Some("https://example.com/kept")).await;
 
-    let loads = r.metric("redirector_link_loads_total").await;
+    let loads = r.metric(loads_series).await;
     blocking(|| pair.standby.stop_server());
-    eventually("a full load on the primary", LIMIT, || async {
-        let now = r.metric("redirector_link_loads_total").await;
-        (now > loads).then_some(())
-    })
-    .await;
+    await_above(&r, loads_series, loads, "a full load on the primary").await;
     await_served(r.http, "kept", Some("https://example.com/kept")).await;
 }
 

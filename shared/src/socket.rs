@@ -45,8 +45,9 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
     if let Some(dir) = dir {
         std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
     }
+    let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
     let _locked = lock_directory(dir.unwrap_or(Path::new(".")));
-    remove_stale(path)?;
+    remove_stale(path, &addr)?;
     let fd: OwnedFd = socket::socket(
         AddressFamily::Unix,
         SockType::Datagram,
@@ -56,7 +57,6 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
     .map_err(|e| io_err("create socket for", path)(e.into()))?;
     socket::setsockopt(&fd, sockopt::PassCred, &true)
         .map_err(|e| io_err("set SO_PASSCRED on", path)(e.into()))?;
-    let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
     socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)
         .map_err(|e| io_err("bind", path)(e.into()))?;
     set_mode(path, mode).map_err(io_err("set mode of", path))?;
@@ -122,8 +122,9 @@ fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
     }
 }
 
-/// Removes `path` if it is a datagram socket nobody is bound to; fails on anything else.
-fn remove_stale(path: &Path) -> Result<(), BindError> {
+/// Removes `path` (`addr`) if it is a datagram socket nobody is bound to; fails on anything
+/// else.
+fn remove_stale(path: &Path, addr: &UnixAddr) -> Result<(), BindError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -132,8 +133,7 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
     if !meta.file_type().is_socket() {
         return Err(BindError::NotASocket(path.to_owned()));
     }
-    let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
-    match probe(&addr) {
+    match probe(addr) {
         Ok(()) => Err(BindError::InUse(path.to_owned())),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
             tracing::info!("removing stale socket {}", path.display());
