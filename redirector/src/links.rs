@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{watch, Notify};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, IsolationLevel, Row, Statement, Transaction};
 
 use crate::session::AbortOnDrop;
@@ -238,10 +238,11 @@ macro_rules! link_columns {
 }
 
 /// The link in `row`'s [`link_columns`] from column `at` on; `None` for a code with no row.
-/// A column that does not decode (a URL that is not UTF-8 in a `SQL_ASCII` database, a type
-/// an operator changed) is an error of the read, never a panic of the loader.
-fn link_of(row: &Row, at: usize) -> Result<Option<(&str, LinkOptions)>, tokio_postgres::Error> {
-    let Some(url) = row.try_get::<_, Option<&str>>(at)? else {
+/// A column that does not decode (a type an operator changed) is an error of the read, never
+/// a panic of the loader; a URL that is not UTF-8 (a `SQL_ASCII` database) is the row's
+/// fault alone, and [`Loader::check`] skips that row.
+fn link_of(row: &Row, at: usize) -> Result<Option<(&[u8], LinkOptions)>, tokio_postgres::Error> {
+    let Some(TextBytes(url)) = row.try_get(at)? else {
         return Ok(None);
     };
     let options = LinkOptions {
@@ -250,6 +251,24 @@ fn link_of(row: &Row, at: usize) -> Result<Option<(&str, LinkOptions)>, tokio_po
         expires_us: row.try_get(at + 3)?,
     };
     Ok(Some((url, options)))
+}
+
+/// A text column's bytes as the server sent them, not checked as UTF-8: a `SQL_ASCII`
+/// database hands out whatever bytes were stored, and one such row must be skipped and
+/// counted ([`Loader::check`]), not fail every read that meets it.
+struct TextBytes<'a>(&'a [u8]);
+
+impl<'a> FromSql<'a> for TextBytes<'a> {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(TextBytes(raw))
+    }
+
+    /// The types whose binary form is the text itself (not `ltree` and its kin, which `&str`
+    /// also takes, after a version byte).
+    fn accepts(ty: &Type) -> bool {
+        matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME)
+            || ty.name() == "citext"
+    }
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
@@ -286,6 +305,10 @@ const READ: &str = concat!(
                   GROUP BY code) AS c ON true
       LEFT JOIN links AS l USING (code)"
 );
+
+/// In a `SQL_ASCII` database only, rows as stored: no conversion, so no check either.
+const SQL_ASCII_AS_STORED: &str = "SELECT set_config('client_encoding', 'SQL_ASCII', false)
+                                    WHERE current_setting('server_encoding') = 'SQL_ASCII'";
 
 const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(), " FROM links");
 /// The server's history: its cluster's system identifier and its timeline (in hexadecimal: a
@@ -353,7 +376,7 @@ struct Loader {
     /// The history of the server the last session read (`HISTORY`), if it said.
     history: Option<String>,
     /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
-    skipped: HashSet<Box<str>>,
+    skipped: HashSet<Box<[u8]>>,
     /// The table's bytes of the link being applied (`check`), reused.
     value: Vec<u8>,
 }
@@ -415,9 +438,12 @@ impl Loader {
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
         // The search path pinned first, as in every session of the services. Each read is
-        // planned for its own position: a generic plan would guess at `id > $1`.
+        // planned for its own position: a generic plan would guess at `id > $1`. A
+        // `SQL_ASCII` database holds any bytes, which the server refuses to send as UTF-8,
+        // failing the whole read: there the rows come as stored, and `check` skips a URL
+        // that is not UTF-8 (elsewhere the server converts to UTF-8 as it should).
         let setup = format!(
-            "{}; {}; SET plan_cache_mode = force_custom_plan",
+            "{}; {}; SET plan_cache_mode = force_custom_plan; {SQL_ASCII_AS_STORED}",
             shared::db::SET_SEARCH_PATH,
             shared::db::set_statement_timeout(self.options.timeout)
         );
@@ -590,11 +616,8 @@ impl Loader {
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
         while let Some(r) = row {
-            if let Some(code) = r.try_get::<_, Option<&str>>(HEAD_COLUMNS + 1)? {
-                batch.set(
-                    code.as_bytes(),
-                    self.check(code, link_of(&r, HEAD_COLUMNS + 2)?),
-                );
+            if let Some(TextBytes(code)) = r.try_get(HEAD_COLUMNS + 1)? {
+                batch.set(code, self.check(code, link_of(&r, HEAD_COLUMNS + 2)?));
                 codes += 1;
                 newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 6)?);
             }
@@ -633,8 +656,8 @@ impl Loader {
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, !serving);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            let code: &str = row.try_get(0)?;
-            batch.set(code.as_bytes(), self.check(code, link_of(&row, 1)?));
+            let TextBytes(code) = row.try_get(0)?;
+            batch.set(code, self.check(code, link_of(&row, 1)?));
         }
         let mut changed = batch.finish();
         if serving {
@@ -665,26 +688,27 @@ impl Loader {
         let no_params: [&(dyn ToSql + Sync); 0] = [];
         let mut rows = Box::pin(self.timed(tx.query_raw(ALL_CODES, no_params)).await?);
         while let Some(row) = self.timed(next(rows.as_mut())).await? {
-            seen.mark(&self.links.table, row.try_get::<_, &str>(0)?.as_bytes());
+            seen.mark(&self.links.table, row.try_get::<_, TextBytes>(0)?.0);
         }
         Ok(seen.remove_unseen(&self.links.table))
     }
 
     /// The table's bytes for `link` (`target::encode`) if it can be served; otherwise `None`,
     /// and the code is counted as skipped.
-    fn check(&mut self, code: &str, link: Option<(&str, LinkOptions)>) -> Option<&[u8]> {
+    fn check(&mut self, code: &[u8], link: Option<(&[u8], LinkOptions)>) -> Option<&[u8]> {
         if !self.skipped.is_empty() {
             self.skipped.remove(code);
         }
         let (url, options) = link?;
-        let encoded = usable(code.as_bytes(), url.as_bytes()).and_then(|()| {
-            target::encode(&options, url.as_bytes(), &mut self.value).map_err(Unusable::Status)
+        let encoded = usable(code, url).and_then(|()| {
+            target::encode(&options, url, &mut self.value).map_err(Unusable::Status)
         });
         match encoded {
             Ok(()) => Some(&self.value),
             Err(why) => {
                 if self.skipped.len() < SKIPPED_LOGGED {
-                    tracing::warn!(code, reason = %why, "skipping link {code:?} -> {url:?}: {why}");
+                    let (code, url) = (String::from_utf8_lossy(code), String::from_utf8_lossy(url));
+                    tracing::warn!(%code, reason = %why, "skipping link {code:?} -> {url:?}: {why}");
                 }
                 self.skipped.insert(code.into());
                 None

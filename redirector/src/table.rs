@@ -39,6 +39,8 @@ pub enum Unusable {
     Code(protocol::wire::CodeError),
     #[error("URL holds a control character")]
     Url,
+    #[error("URL is not UTF-8")]
+    UrlNotUtf8,
     #[error("URL is longer than {MAX_URL} bytes")]
     UrlTooLong,
     #[error("{0}")]
@@ -47,17 +49,20 @@ pub enum Unusable {
 
 /// Checks that `code` is a click code and `url` is what the `links_url_clean` CHECK
 /// (migration 7) lets into `links`: no control character (0x00-0x1f, 0x7f; tab included,
-/// which a header would take), at most [`MAX_URL`] bytes. What passes goes into a `Location`
+/// which a header would take), at most [`MAX_URL`] bytes, and UTF-8, as any URL of a UTF-8
+/// database is (a `SQL_ASCII` one may hold other bytes). What passes goes into a `Location`
 /// header as it is (`http::HeaderValue` takes visible ASCII, space, tab, bytes >= 0x80).
 pub fn usable(code: &[u8], url: &[u8]) -> Result<(), Unusable> {
     protocol::wire::validate_code(code).map_err(Unusable::Code)?;
     if url.len() > MAX_URL {
         return Err(Unusable::UrlTooLong);
     }
-    if url.iter().all(|&b| b >= 32 && b != 127) {
-        Ok(())
-    } else {
+    if !url.iter().all(|&b| b >= 32 && b != 127) {
         Err(Unusable::Url)
+    } else if std::str::from_utf8(url).is_err() {
+        Err(Unusable::UrlNotUtf8)
+    } else {
+        Ok(())
     }
 }
 

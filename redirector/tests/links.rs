@@ -2,7 +2,10 @@
 
 use hyper::Method;
 use testkit::eventually;
-use testkit::redirector::{add_link, add_link_predating_check, fixture, redirector, scalar, LIMIT};
+use testkit::pgtest;
+use testkit::redirector::{
+    add_link, add_link_predating_check, fixture, fixture_on, redirector, scalar, LIMIT,
+};
 
 /// Waits until `GET /code` answers `status` (and, for a redirect, `location`).
 async fn await_answer(http: std::net::SocketAddr, code: &str, status: u16, location: &str) {
@@ -87,9 +90,8 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
     await_answer(r.http, "after", 302, "https://example.com/after").await;
 }
 
-/// A column the loader cannot decode (its type changed by an operator; in a `SQL_ASCII`
-/// database, a URL that is not UTF-8) fails the read, which is counted and retried while the
-/// last table is served; once it decodes again the loader goes on. Its thread once panicked
+/// A column the loader cannot decode (its type changed by an operator) fails the read, which
+/// is counted and retried while the last table is served; once it decodes again the loader goes on. Its thread once panicked
 /// there, and followed nothing more.
 #[tokio::test]
 async fn a_column_that_does_not_decode_fails_the_read_and_the_loader_goes_on() {
@@ -111,6 +113,45 @@ async fn a_column_that_does_not_decode_fails_the_read_and_the_loader_goes_on() {
     let back = format!("{} USING forward_query::boolean", retype("boolean"));
     f.client.batch_execute(&back).await.unwrap();
     await_answer(r.http, "steady", 302, "https://example.com/moved").await;
+}
+
+/// In a `SQL_ASCII` database a URL need not be UTF-8. Such a row is skipped and counted, in a
+/// full load and in a read of changes, and the changes beside it are followed: once, one such
+/// row failed every read that met it, and no change was followed again.
+#[tokio::test]
+async fn a_url_that_is_not_utf8_is_skipped_and_the_changes_beside_it_followed() {
+    let sql_ascii = "TEMPLATE template0 ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'";
+    let db = pgtest::migrated(pgtest::cluster().fresh_database_with(sql_ascii).await).await;
+    let f = fixture_on(db, &[("good", "https://example.com/good")]).await;
+    let latin1 = |code: &str| {
+        format!("INSERT INTO links (code, url) VALUES ('{code}', E'https://example.com/caf\\xe9')")
+    };
+    f.client.batch_execute(&latin1("loaded")).await.unwrap();
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    assert_eq!(r.metric("redirector_links").await, 1.0);
+    assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
+
+    let changes = format!(
+        "BEGIN; {}; INSERT INTO links (code, url) VALUES ('fresh', 'https://example.com/fresh'); COMMIT",
+        latin1("changed")
+    );
+    f.client.batch_execute(&changes).await.unwrap();
+    await_answer(r.http, "fresh", 302, "https://example.com/fresh").await;
+    assert_eq!(r.metric("redirector_links_skipped").await, 2.0);
+    for code in ["loaded", "changed"] {
+        await_answer(r.http, code, 404, "").await;
+    }
+    let fixed = "UPDATE links SET url = 'https://example.com/cafe' WHERE code = 'changed'";
+    f.client.batch_execute(fixed).await.unwrap();
+    await_answer(r.http, "changed", 302, "https://example.com/cafe").await;
+    assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
+    assert_eq!(r.metric("redirector_link_load_errors_total").await, 0.0);
+    assert!(r
+        .service
+        .log()
+        .iter()
+        .any(|l| l.contains("URL is not UTF-8")));
 }
 
 #[tokio::test]

@@ -99,17 +99,19 @@ fn unusable_rows_are_told_apart() {
     assert_eq!(usable(b"ok", b"https://x/\nb"), Err(Unusable::Url));
     assert_eq!(usable(b"ok", b"https://x/\x7f"), Err(Unusable::Url));
     assert_eq!(usable(b"ok", "https://x/\u{e9}".as_bytes()), Ok(()));
+    assert_eq!(usable(b"ok", b"https://x/\xe9"), Err(Unusable::UrlNotUtf8));
     assert_eq!(usable(b"ok", b"https://x/\tb"), Err(Unusable::Url));
     let longest = vec![b'a'; 2048];
     assert_eq!(usable(b"ok", &longest), Ok(()));
     let huge = vec![b'a'; MAX_URL + 1];
     assert_eq!(usable(b"ok", &huge), Err(Unusable::UrlTooLong));
-    // What passes is what a Location header takes, less tab (the CHECK refuses it).
+    // What passes is what a Location header takes, less tab (the CHECK refuses it) and
+    // bytes that are not UTF-8 (a lone byte >= 0x80 is not).
     for b in 0..=255u8 {
         let u = [b'h', b];
         assert_eq!(
             usable(b"ok", &u).is_ok(),
-            hyper::header::HeaderValue::from_bytes(&u).is_ok() && b != b'\t',
+            hyper::header::HeaderValue::from_bytes(&u).is_ok() && b != b'\t' && b < 0x80,
             "byte {b:#x}"
         );
     }

@@ -253,10 +253,15 @@ impl Cluster {
 
     /// Creates a new empty database that no other test uses.
     pub async fn fresh_database(&self) -> TestDb {
+        self.fresh_database_with("").await
+    }
+
+    /// [`Cluster::fresh_database`] with `options` for `CREATE DATABASE` (an encoding, say).
+    pub async fn fresh_database_with(&self, options: &str) -> TestDb {
         let name = format!("test_{}", self.next_db.fetch_add(1, Ordering::Relaxed));
         let admin = self.connect("postgres").await;
         admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .batch_execute(&format!("CREATE DATABASE {name} {options}"))
             .await
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
         TestDb {
@@ -384,7 +389,11 @@ pub async fn test_db() -> TestDb {
 
 /// A fresh database of `cluster` with every migration applied, for tests.
 pub async fn test_db_on(cluster: &Cluster) -> TestDb {
-    let db = cluster.fresh_database().await;
+    migrated(cluster.fresh_database().await).await
+}
+
+/// `db` with every migration applied.
+pub async fn migrated(db: TestDb) -> TestDb {
     let mut client = connect(&db.url).await;
     schema::apply(&mut client)
         .await

@@ -26,7 +26,11 @@ pub struct Fixture {
 
 /// A fresh [`Fixture`] with `links` as (code, url) rows.
 pub async fn fixture(links: &[(&str, &str)]) -> Fixture {
-    let db = crate::pgtest::test_db().await;
+    fixture_on(crate::pgtest::test_db().await, links).await
+}
+
+/// A [`Fixture`] on `db`, a migrated database, with `links` as (code, url) rows.
+pub async fn fixture_on(db: crate::pgtest::TestDb, links: &[(&str, &str)]) -> Fixture {
     let client = crate::pgtest::connect(&db.url).await;
     for (code, url) in links {
         add_link(&client, code, url).await;
