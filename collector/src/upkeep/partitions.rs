@@ -401,6 +401,58 @@ mod tests {
         assert_eq!(Plan::for_today(100, 1, 30, None).last, 132);
     }
 
+    /// Retention's delete of breakdowns visits only the rows it deletes (migration 18): each
+    /// round runs it, and every agent row of every expired day is kept.
+    #[tokio::test]
+    async fn expiring_breakdowns_visits_no_agent_row() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "INSERT INTO click_breakdown_counts (code, day, dimension, value, clicks)
+                 SELECT 'c' || n, current_date - 20 - n % 10, 'agent', 'bot', 1
+                   FROM generate_series(1, 2000) AS n
+                 UNION ALL
+                 SELECT 'c' || n, current_date - 20 + 18 * (n % 2), 'referrer', 'x.org', 1
+                   FROM generate_series(1, 20) AS n;
+                 ANALYZE click_breakdown_counts;
+                 -- As with millions of rows, where the planner would not read them all.
+                 SET enable_seqscan = off",
+            )
+            .await
+            .unwrap();
+        let day: i32 = client
+            .query_one("SELECT current_date - 3 - date '2000-01-01'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let explain = format!("EXPLAIN (ANALYZE, COSTS OFF) {EXPIRE_BREAKDOWNS}");
+        let plan: Vec<String> = client
+            .query(&explain, &[&day])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        // The scan of click_breakdown_counts: its line and the ones indented under it.
+        let at = plan
+            .iter()
+            .position(|l| l.contains("Scan") && l.contains("on click_breakdown_counts"))
+            .unwrap_or_else(|| panic!("no scan of click_breakdown_counts in {plan:#?}"));
+        let scan: Vec<&String> = plan[at..]
+            .iter()
+            .take_while(|l| !l.contains("->") || l.contains("on click_breakdown_counts"))
+            .collect();
+        assert!(
+            scan[0].contains("rows=10 ") && !scan.iter().any(|l| l.contains("Removed by Filter")),
+            "the scan finds the 10 expired referrer rows and nothing else: {plan:#?}"
+        );
+        let left = "SELECT count(*) FILTER (WHERE dimension = 'agent'), count(*)
+                      FROM click_breakdown_counts";
+        let row = client.query_one(left, &[]).await.unwrap();
+        assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (2000, 2010));
+    }
+
     #[test]
     fn identifiers_are_quoted() {
         assert_eq!(ident("clicks_p20261201"), "\"clicks_p20261201\"");

@@ -90,6 +90,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "prune_behind_running",
         include_str!("../migrations/0017_prune_behind_running.sql"),
     ),
+    (
+        18,
+        "breakdown_expiry_index",
+        include_str!("../migrations/0018_breakdown_expiry_index.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.
