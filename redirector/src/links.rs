@@ -279,8 +279,8 @@ const HEAD: &str = head_columns!();
 
 /// The head; how many log rows are unread since a position ($1: the highest id applied, $2:
 /// the transactions then in progress, $3: that read's horizon), counted up to $5 + 1 ($5:
-/// [`LOG_READ_MAX`]); then each code they name with its current URL (NULL: gone) and its newest
-/// change's time. One statement, so one snapshot covers it all without a transaction, in one
+/// [`LOG_READ_MAX`]); then each code they name with its current URL (NULL: gone), its newest
+/// change's time and its highest change id. One statement, so one snapshot covers it all without a transaction, in one
 /// round trip. Every row repeats the head and the count; a read with nothing new has one row,
 /// whose code is NULL. The changes are not read at all when a full load is due (another epoch
 /// than ours, $4; the log pruned past us; more than $5 rows): [`Loader::apply_changes`] says
@@ -290,16 +290,16 @@ const READ: &str = concat!(
     head_columns!(),
     "),
     unread AS NOT MATERIALIZED (
-        SELECT code, changed_at FROM link_changes
+        SELECT id, code, changed_at FROM link_changes
          WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
             OR xid >= $3::bigint::text::xid8),
     pending AS MATERIALIZED (
         SELECT count(*) AS n FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
     SELECT h.*, p.n, c.code, ",
     link_columns!(),
-    ", extract(epoch FROM c.changed_at)::float8
+    ", extract(epoch FROM c.changed_at)::float8, c.id
       FROM head AS h CROSS JOIN pending AS p
-      LEFT JOIN (SELECT code, max(changed_at) AS changed_at FROM unread
+      LEFT JOIN (SELECT code, max(changed_at) AS changed_at, max(id) AS id FROM unread
                   WHERE (SELECT epoch = $4 AND pruned_id <= $1 FROM head)
                     AND (SELECT n <= $5::bigint FROM pending)
                   GROUP BY code) AS c ON true
@@ -379,6 +379,11 @@ struct Loader {
     skipped: HashSet<Box<[u8]>>,
     /// The table's bytes of the link being applied (`check`), reused.
     value: Vec<u8>,
+    /// The change ids the last read of changes returned (each code's highest). A standby's
+    /// read returns every change from its horizon on again (`Head::horizon`): those it
+    /// returned before are applied again, harmlessly, but neither counted as changes applied
+    /// nor timed as lag, which would grow for as long as a transaction stays open.
+    returned: HashSet<i64>,
 }
 
 impl Loader {
@@ -391,6 +396,7 @@ impl Loader {
             history: None,
             skipped: HashSet::new(),
             value: Vec::new(),
+            returned: HashSet::new(),
         }
     }
 
@@ -615,15 +621,21 @@ impl Loader {
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, false);
         let (mut codes, mut newest) = (0u64, f64::MIN);
+        let mut returned = HashSet::new();
         while let Some(r) = row {
             if let Some(TextBytes(code)) = r.try_get(HEAD_COLUMNS + 1)? {
                 batch.set(code, self.check(code, link_of(&r, HEAD_COLUMNS + 2)?));
-                codes += 1;
-                newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 6)?);
+                let id: i64 = r.try_get(HEAD_COLUMNS + 7)?;
+                if id > at.last_id || !self.returned.contains(&id) {
+                    codes += 1;
+                    newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 6)?);
+                }
+                returned.insert(id);
             }
             row = self.timed(next(rows.as_mut())).await?;
         }
         batch.finish();
+        self.returned = returned;
         if codes > 0 {
             self.metrics.link_changes_applied.inc_by(codes);
             let lag = head.now - newest + read_at.elapsed().as_secs_f64();
@@ -651,6 +663,7 @@ impl Loader {
         self.timed(tx.batch_execute("SET LOCAL statement_timeout = 0"))
             .await?;
         self.skipped.clear();
+        self.returned.clear();
         let no_params: [&(dyn ToSql + Sync); 0] = [];
         let mut rows = Box::pin(self.timed(tx.query_raw(ALL_LINKS, no_params)).await?);
         let links = self.links.clone();
@@ -669,6 +682,7 @@ impl Loader {
         // Before the table is said to be loaded, so that whoever sees it ready (`/healthz`)
         // reads its size too (`synced` sets it again once the load committed).
         self.metrics.links.set(self.links.table.len() as i64);
+        self.metrics.links_skipped.set(self.skipped.len() as i64);
         self.links.set_loaded();
         tracing::info!(
             why = %why,
@@ -707,8 +721,10 @@ impl Loader {
             Ok(()) => Some(&self.value),
             Err(why) => {
                 if self.skipped.len() < SKIPPED_LOGGED {
-                    let (code, url) = (String::from_utf8_lossy(code), String::from_utf8_lossy(url));
-                    tracing::warn!(%code, reason = %why, "skipping link {code:?} -> {url:?}: {why}");
+                    // Escaped: a byte that is not UTF-8 shows as itself (`\xe9`).
+                    let (code, url) = (code.escape_ascii(), url.escape_ascii());
+                    let what = format!("skipping link \"{code}\" -> \"{url}\": {why}");
+                    tracing::warn!(%code, reason = %why, "{what}");
                 }
                 self.skipped.insert(code.into());
                 None

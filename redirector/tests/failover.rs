@@ -128,12 +128,39 @@ async fn changes_committed_out_of_order_are_served_from_a_hot_standby() {
     )
     .await;
     await_served(r.http, "second", Some("https://example.com/second-moved")).await;
-    // Read at least once more with the slow one still open.
+    // Read twice more with the slow one still open: the first read's metrics are then set,
+    // and the second read returns the change again, which is neither counted nor timed.
     let series = "redirector_links_synced_timestamp_seconds";
-    let synced = r.metric(series).await;
-    await_above(&r, series, synced, "another read of the change log").await;
+    let another_read = || async {
+        let synced = r.metric(series).await;
+        await_above(&r, series, synced, "another read of the change log").await;
+    };
+    another_read().await;
+    let applied = "redirector_link_changes_applied_total";
+    let (counted, lag) = (
+        r.metric(applied).await,
+        r.metric("redirector_links_lag_seconds").await,
+    );
+    another_read().await;
+    another_read().await;
+    assert_eq!(
+        r.metric(applied).await,
+        counted,
+        "changes read again, counted again"
+    );
+    assert_eq!(
+        r.metric("redirector_links_lag_seconds").await,
+        lag,
+        "lag of a change read again"
+    );
     execute(&slow, "COMMIT").await;
     await_served(r.http, "first", Some("https://example.com/first-moved")).await;
+    another_read().await;
+    assert_eq!(
+        r.metric(applied).await,
+        counted + 1.0,
+        "the change committed last, counted"
+    );
 }
 
 /// The primary fails over to a standby that lacks its last link changes (asynchronous, its WAL

@@ -91,8 +91,8 @@ async fn keeps_serving_while_the_database_connection_is_lost_and_reconnects() {
 }
 
 /// A column the loader cannot decode (its type changed by an operator) fails the read, which
-/// is counted and retried while the last table is served; once it decodes again the loader goes on. Its thread once panicked
-/// there, and followed nothing more.
+/// is counted and retried while the last table is served; once it decodes again the loader
+/// goes on. Its thread once panicked there, and followed nothing more.
 #[tokio::test]
 async fn a_column_that_does_not_decode_fails_the_read_and_the_loader_goes_on() {
     let f = fixture(&[("steady", "https://example.com/steady")]).await;
@@ -132,10 +132,8 @@ async fn a_url_that_is_not_utf8_is_skipped_and_the_changes_beside_it_followed() 
     assert_eq!(r.metric("redirector_links").await, 1.0);
     assert_eq!(r.metric("redirector_links_skipped").await, 1.0);
 
-    let changes = format!(
-        "BEGIN; {}; INSERT INTO links (code, url) VALUES ('fresh', 'https://example.com/fresh'); COMMIT",
-        latin1("changed")
-    );
+    let fresh = "INSERT INTO links (code, url) VALUES ('fresh', 'https://example.com/fresh')";
+    let changes = format!("BEGIN; {}; {fresh}; COMMIT", latin1("changed"));
     f.client.batch_execute(&changes).await.unwrap();
     await_answer(r.http, "fresh", 302, "https://example.com/fresh").await;
     assert_eq!(r.metric("redirector_links_skipped").await, 2.0);
