@@ -18,6 +18,10 @@ shared::metrics! {
         partitions_deferred: Counter = "partitions_deferred",
             "Rounds of the partitions task whose creation of partitions ahead gave up waiting \
              for its lock on clicks (a long transaction reads clicks): tried again next round.";
+        partitions_blocked: Gauge = "partitions_blocked",
+            "Days from the window's first to two past its last whose partition's name is held by \
+             a table that is not a partition of clicks (one detached and kept, or made by hand): \
+             no partition can be created for them, and their clicks wait until it is renamed.";
         compactions: Counter = "compactions", "Folds of the per-batch counts into click_counts.";
         compaction_seconds: Histogram = "compaction_seconds", "Time one fold took.";
         deltas_pending: Gauge = "deltas_pending",

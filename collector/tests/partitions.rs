@@ -2,7 +2,8 @@
 //! is given the time), a day's partition vacuumed, analyzed and indexed once the day is over,
 //! clicks outside the collector's window set aside while their batch lands, retention that
 //! drops old days while their totals stay (by hand, and by a started collector's partition
-//! task), and the migration of a populated unpartitioned table.
+//! task), a table holding a day's partition name reported, and the migration of a populated
+//! unpartitioned table.
 
 use std::sync::Arc;
 
@@ -301,6 +302,34 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
         (c.metric("collector_pending_clicks").await == 0.0).then_some(())
     })
     .await;
+}
+
+/// A table that holds the name of a day's partition but is not one (a partition detached and
+/// kept, to archive it or fill it apart) keeps that day's partition from being made: each
+/// round counts the day in `collector_partitions_blocked` (and names the table in the log),
+/// and once the table is renamed the next round makes the partition. Before, nothing said
+/// why that day's clicks waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_holding_a_days_partition_name_is_reported_until_renamed() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let metrics = Metrics::default();
+    let now = protocol::now_us();
+    let policy = policy(None);
+    let round = || maintenance::keep_partitions(&client, &policy, &metrics, now);
+    round().await.unwrap();
+    assert_eq!(metrics.partitions_blocked.get(), 0);
+    let tomorrow = name_of(&client, now + DAY_US).await;
+    let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow}");
+    client.batch_execute(&detach).await.unwrap();
+    round().await.unwrap();
+    assert_eq!(metrics.partitions_blocked.get(), 1);
+    assert!(!partitions(&client).await.contains(&tomorrow));
+    let rename = format!("ALTER TABLE {tomorrow} RENAME TO {tomorrow}_archived");
+    client.batch_execute(&rename).await.unwrap();
+    round().await.unwrap();
+    assert_eq!(metrics.partitions_blocked.get(), 0);
+    assert!(partitions(&client).await.contains(&tomorrow), "made again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,15 @@ pub async fn keep_partitions(
             done.set_aside_expired
         );
     }
+    metrics.partitions_blocked.set(done.blocked.len() as i64);
+    for name in &done.blocked {
+        tracing::error!(
+            table = %name,
+            "{name} is not a partition of clicks (detached and kept, or made by hand) and holds \
+             the name of its day's partition, which cannot be created: that day's clicks wait \
+             until it is renamed (ALTER TABLE {name} RENAME TO ...)"
+        );
+    }
     if done.creation_deferred {
         metrics.partitions_deferred.inc();
         tracing::warn!(

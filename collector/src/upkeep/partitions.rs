@@ -55,6 +55,8 @@ pub(crate) struct Done {
     pub(crate) created: u64,
     /// Creating waited `CREATE_LOCK_WAIT` for its lock and gave up: tried again next round.
     pub(crate) creation_deferred: bool,
+    /// The names of days of the plan held by tables that are not partitions (`BLOCKED`).
+    pub(crate) blocked: Vec<String>,
     /// Each table dropped, and how long detaching and dropping it took.
     pub(crate) dropped: Vec<(String, Duration)>,
     /// Rows of click_breakdown_counts and click_breakdown_lists deleted by retention.
@@ -164,13 +166,37 @@ const UNSETTLED: &str = "
       AND 'autovacuum_enabled=false' = ANY (c.reloptions)
     ORDER BY 1";
 
+/// The name of day `d`'s partition (a number of days since 2000-01-01), as
+/// `ensure_click_partition` names it.
+macro_rules! partition_name {
+    () => {
+        "('clicks_p' || to_char(date '2000-01-01' + d, 'YYYYMMDD'))"
+    };
+}
+
 /// Days of $1..=$2 (numbers of days since 2000-01-01) without their partition, leaving out
 /// those wholly before partitioning began, which have none (as `ensure_click_partition` does).
-const MISSING: &str = "
-    SELECT count(*) FROM generate_series($1::int, $2::int) AS d
-    WHERE to_regclass('clicks_p' || to_char(date '2000-01-01' + d, 'YYYYMMDD')) IS NULL
-      AND ((date '2000-01-01' + d + 1)::timestamp AT TIME ZONE 'UTC')
-          > (SELECT start FROM click_partitions_start)";
+const MISSING: &str = concat!(
+    "SELECT count(*) FROM generate_series($1::int, $2::int) AS d
+     WHERE to_regclass(",
+    partition_name!(),
+    ") IS NULL
+       AND ((date '2000-01-01' + d + 1)::timestamp AT TIME ZONE 'UTC')
+           > (SELECT start FROM click_partitions_start)"
+);
+
+/// Tables named as the partition of a day of $1..=$2 that are not partitions of `clicks` (one
+/// detached and kept, or made by hand): `ensure_click_partition` finds the name taken and
+/// creates nothing, so that day has no partition until the table is renamed.
+const BLOCKED: &str = concat!(
+    "SELECT name FROM (SELECT ",
+    partition_name!(),
+    " AS name FROM generate_series($1::int, $2::int) AS d) AS days
+     WHERE to_regclass(name) IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pg_inherits
+                        WHERE inhrelid = to_regclass(name) AND inhparent = 'clicks'::regclass)
+     ORDER BY 1"
+);
 
 /// At start: creates what `plan` lacks, as [`create`] does. A creation that gave up on its
 /// lock fails the start only if a day a click may be dated lacks its partition: when only
@@ -232,6 +258,8 @@ pub(crate) async fn maintain(
         Created::Made(created) => (created, false),
         Created::Deferred(_) => (0, true),
     };
+    let blocked = client.query(BLOCKED, &[&plan.first, &plan.last]).await?;
+    let blocked = blocked.iter().map(|row| row.get(0)).collect();
     let (dropped, breakdowns_expired, set_aside_expired) = match plan.drop_before {
         Some(day) => {
             let dropped = drop_before(client, day).await?;
@@ -253,6 +281,7 @@ pub(crate) async fn maintain(
     Ok(Done {
         created,
         creation_deferred,
+        blocked,
         dropped,
         breakdowns_expired,
         set_aside_expired,
