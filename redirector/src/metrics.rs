@@ -23,6 +23,11 @@ shared::label! {
         /// and publishing it), found by the next process in the state region. Its request was
         /// never answered.
         Torn = "torn",
+        /// Held in a `--state-file` region found after a reboot that its process did not stop
+        /// cleanly before: the file's pages are what the kernel had written back by then, each
+        /// of its own age, so neither the clicks nor their seqs are trusted. Not sent; an
+        /// upper bound (some may have been committed before the crash).
+        StaleRegion = "stale_region",
     }
 }
 

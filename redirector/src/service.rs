@@ -21,7 +21,7 @@ use crate::http::{self, App, Classifier, Clicks, Limits};
 use crate::links::{self, LinkTable};
 use crate::metrics::{Common, Dropped};
 use crate::ring::Ring;
-use crate::state::{self, Geometry, Kept, Region};
+use crate::state::{self, Closing, Geometry, Kept, Region};
 use shared::metrics::{sub_registry, Registry};
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +137,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());
+    let closing = state.as_ref().map(|s| s.closing.clone());
     let mut drain = match state {
         Some(state) => Some(tokio::spawn(
             new_drain(&cfg, state, &metrics)?
@@ -198,6 +199,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         drain,
         direct,
         kept,
+        closing,
     };
     shut_down(stopping, cfg.drain_timeout, &metrics).await
 }
@@ -233,6 +235,8 @@ struct Stopping {
     /// Where the state region lives (`--clicks pipeline`): if it survives a stop, what is left
     /// is kept for the next process, not dropped.
     kept: Option<Kept>,
+    /// Marks the region clean once the drain is done with it.
+    closing: Option<Closing>,
 }
 
 /// Waits for the http server task, then drains the ring for up to `drain_timeout`. The rest is
@@ -251,6 +255,7 @@ async fn shut_down(
         drain,
         direct,
         kept,
+        closing,
     } = stopping;
     let served = server.await;
     if let Some(direct) = direct {
@@ -262,6 +267,10 @@ async fn shut_down(
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
         None => Left::default(),
     };
+    if let Some(Err(e)) = closing.map(|c| c.stopped_cleanly()) {
+        // The next start after a reboot then counts what the region holds as stale_region.
+        tracing::warn!("writing the state region back at the stop: {e}");
+    }
     let kept = match kept {
         Some(kept) if kept.survives_stop() => {
             let held = left.unsent + left.unacked;
@@ -382,6 +391,9 @@ fn open_state(
     log_state(&region, want);
     metrics.clicks_recovered.inc_by(region.recovered);
     metrics.clicks_dropped.add(Dropped::Torn, region.torn);
+    metrics
+        .clicks_dropped
+        .add(Dropped::StaleRegion, region.stale);
     Ok(region)
 }
 
@@ -407,6 +419,15 @@ fn log_state(region: &Region, want: Geometry) {
             g.ring,
             g.window,
             g.slot_size
+        );
+    }
+    if region.stale > 0 {
+        tracing::warn!(
+            stale = region.stale,
+            "the state region outlived a reboot without a clean stop: its pages may be of \
+             different ages, older than what the collector committed; its {} clicks are not \
+             sent, and counted as dropped (stale_region); going on under a new sender id",
+            region.stale
         );
     }
     if region.recovered > 0 || region.torn > 0 {
@@ -493,6 +514,7 @@ mod tests {
             drain: Some(drain),
             direct: None,
             kept: Some(Kept::No),
+            closing: None,
         };
         let result = shut_down(stopping, Duration::from_millis(50), &metrics).await;
         assert!(matches!(result, Err(Error::Server(_))), "{result:?}");

@@ -100,11 +100,18 @@ struct Header {
     sender: AtomicU64,
     renewing: AtomicU64,
     marks: Marks,
+    /// The boot of the process that last held the region (`boot_id`); zero when written by a
+    /// build from before it was kept, which the padding before `head` was then.
+    boot: [AtomicU64; 2],
+    /// Set by a clean stop once the region is written back to its file; cleared at adoption.
+    clean: AtomicU64,
     head: Position,
     tail: Position,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
+// `boot` and `clean` took padding: what a version-2 region held before stays where it was.
+const _: () = assert!(std::mem::offset_of!(Header, head) == 128);
 
 /// Where the region lives, and so whether it outlives the process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,6 +213,14 @@ impl Mapping {
         })
     }
 
+    fn sync(&self) -> io::Result<()> {
+        // SAFETY: the whole mapping, as `map` made it.
+        let base = unsafe { std::ptr::NonNull::new_unchecked(self.base.cast()) };
+        // SAFETY: as above; `msync` only writes pages back.
+        unsafe { nix::sys::mman::msync(base, self.len, nix::sys::mman::MsFlags::MS_SYNC) }
+            .map_err(io::Error::from)
+    }
+
     /// `count` values of `T` at `offset`, for as long as the mapping lives.
     ///
     /// SAFETY: the caller makes sure the range lies in the mapping, is aligned for `T`, and
@@ -247,8 +262,35 @@ pub struct Region {
     pub recovered: u64,
     /// Pushes found cut off by the death of the last process.
     pub torn: u64,
+    /// Clicks a region that outlived a reboot without a clean stop held: not trusted, so
+    /// neither sent nor kept (`stale_region`).
+    pub stale: u64,
+    /// What a clean stop marks.
+    pub closing: Closing,
     /// The region's descriptor, for systemd's store (when it was not passed from there).
     pub upload: Option<OwnedFd>,
+}
+
+/// A clean stop, marked in the region so that the next process trusts it after a reboot.
+#[derive(Clone)]
+pub struct Closing {
+    header: &'static Header,
+    region: Arc<Mapping>,
+}
+
+// SAFETY: atomics, and `msync` of the mapping.
+unsafe impl Send for Closing {}
+unsafe impl Sync for Closing {}
+
+impl Closing {
+    /// Once nothing writes to the region any more: writes it back to its file, then marks it
+    /// clean and writes that back too. A region found after a reboot unmarked may hold pages
+    /// the kernel wrote back at different times (`stale_region`).
+    pub fn stopped_cleanly(&self) -> io::Result<()> {
+        self.region.sync()?;
+        self.header.clean.store(1, Ordering::Release);
+        self.region.sync()
+    }
 }
 
 /// The sender id in the region, and its journalled renewal.
@@ -357,10 +399,21 @@ impl Region {
                 .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         }
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
-        if !adopt {
+        let stale = adopt && is_stale(&map);
+        let mut lost = 0;
+        if stale {
+            let held = Region::adopt(map.clone(), geometry, offsets, Kept::No);
+            lost = held.recovered + held.torn;
+            drop(held);
+            // SAFETY: nothing refers to the mapping's contents any more; laid out anew.
+            unsafe { std::ptr::write_bytes(map.base, 0, map.len) };
+        }
+        if !adopt || stale {
             format(&map, geometry);
         }
-        Ok(Region::adopt(map, geometry, offsets, kept))
+        let mut region = Region::adopt(map, geometry, offsets, kept);
+        region.stale = lost;
+        Ok(region)
     }
 
     fn adopt(map: Arc<Mapping>, geometry: Geometry, at: Offsets, kept: Kept) -> Region {
@@ -402,6 +455,11 @@ impl Region {
         ring.repair();
         let torn = ring.mark_torn();
         let recovered = window.clicks() + ring.len() as u64 - ring.torn();
+        // This process holds it now: until it stops cleanly, a reboot leaves it untrusted.
+        header.clean.store(0, Ordering::Release);
+        let boot = boot_id();
+        header.boot[0].store(boot[0], Ordering::Release);
+        header.boot[1].store(boot[1], Ordering::Release);
         Region {
             ring: Arc::new(ring),
             window,
@@ -410,8 +468,36 @@ impl Region {
             kept,
             recovered,
             torn,
+            stale: 0,
+            closing: Closing {
+                header,
+                region: map.clone(),
+            },
             upload: None,
         }
+    }
+}
+
+/// Whether the region in `map` outlived a reboot that its last process did not stop cleanly
+/// before: a file's pages are then what the kernel had written back by the crash, each of its
+/// own age, possibly older than what the collector committed (the window's seqs taken again)
+/// or torn between pages. A memfd never outlives a boot; a region of a build from before the
+/// boot was kept (zero) is trusted as it was.
+fn is_stale(map: &Mapping) -> bool {
+    // SAFETY: the header, as in `Region::adopt`.
+    let header = unsafe { &*map.base.cast::<Header>() };
+    let was = [0, 1].map(|i| header.boot[i].load(Ordering::Acquire));
+    was != [0, 0] && was != boot_id() && header.clean.load(Ordering::Acquire) == 0
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`, a UUID) as two words; zero if unknown,
+/// which trusts a region as before the boot was kept.
+fn boot_id() -> [u64; 2] {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    match u128::from_str_radix(&hex, 16) {
+        Ok(id) => [(id >> 64) as u64, id as u64],
+        Err(_) => [0, 0],
     }
 }
 
@@ -529,6 +615,16 @@ fn format(map: &Mapping, geometry: Geometry) {
     header.magic = MAGIC;
 }
 
+/// What a reboot leaves of the region in the file at `path`: another boot's id in it.
+#[cfg(test)]
+pub(crate) fn as_if_rebooted(path: &Path) {
+    let boot = std::mem::offset_of!(Header, boot) as i64;
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let other = boot_id().map(|word| !word);
+    let bytes = [other[0].to_ne_bytes(), other[1].to_ne_bytes()].concat();
+    nix::sys::uio::pwrite(&file, &bytes, boot).unwrap();
+}
+
 /// What a push killed after it claimed the ring's next cell (moved the tail) and before it
 /// published it leaves, done to the region in the file at `path`.
 #[cfg(test)]
@@ -607,6 +703,50 @@ mod tests {
         );
         region.ring.push("d", 1, &Dimensions::default()).unwrap();
         assert_eq!(region.ring.pushed(), 1);
+    }
+
+    /// Three clicks, two of them sealed into a datagram, in a region left by a process that
+    /// was not stopped cleanly; the sender id.
+    fn left_with_three_clicks(path: &Path, stopped_cleanly: bool) -> u64 {
+        let mut region = Region::file(path, GEOMETRY).unwrap();
+        for code in ["a", "b", "c"] {
+            region.ring.push(code, 1, &Dimensions::default()).unwrap();
+        }
+        region.window.push(0, b"datagram of a, b", 2, 2);
+        if stopped_cleanly {
+            region.closing.stopped_cleanly().unwrap();
+        }
+        region.sender.id()
+    }
+
+    /// After a reboot, a region its process did not stop cleanly is not trusted: what it held
+    /// is counted, not sent, and the next process goes on under a new sender id from an empty
+    /// ring and window. A crash without a reboot leaves it trusted (the test above).
+    #[test]
+    fn a_region_that_outlived_a_reboot_unclean_is_counted_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let sender = left_with_three_clicks(&path, false);
+        as_if_rebooted(&path);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.stale, region.recovered, region.torn), (3, 0, 0));
+        assert_eq!((region.ring.len(), region.window.len()), (0, 0));
+        assert_ne!(region.sender.id(), sender, "a new sender id");
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.stale, 0, "this boot's now: not counted again");
+    }
+
+    /// A clean stop writes the region back and says so: after a reboot it is adopted.
+    #[test]
+    fn a_region_stopped_cleanly_is_adopted_after_a_reboot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let sender = left_with_three_clicks(&path, true);
+        as_if_rebooted(&path);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.stale, region.recovered), (0, 3));
+        assert_eq!(region.sender.id(), sender);
     }
 
     #[test]
