@@ -26,6 +26,14 @@ pub const WHOLE_DAY: &str = "
       AND (SELECT start FROM click_partitions_start)
           <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
 
+/// Whether the table named $1 is still a partition of clicks, not being detached. Asked after
+/// a COPY straight into it, in the same transaction: the COPY's lock keeps it attached from
+/// then until the commit, and a detach that came before shows here.
+const ATTACHED: &str = "
+    SELECT EXISTS (SELECT FROM pg_inherits
+                    WHERE inhrelid = to_regclass($1) AND inhparent = 'clicks'::regclass
+                      AND NOT inhdetachpending)";
+
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
@@ -115,6 +123,10 @@ pub(crate) enum Stored {
     /// clicks but as a table that refuses everything; nothing was committed. (Unless every
     /// click is of a day before today without a partition: those are set aside.)
     AllRefused(String),
+    /// Not written, for a while (this reason): clicks of today or later without a partition
+    /// yet (the partitions task makes it; set aside, they would leave `clicks` for good), or
+    /// a day's partition detached since this connection COPYed straight into it.
+    Retry(String),
 }
 
 /// Whether PostgreSQL would refuse the same rows again however often they are sent: a data
@@ -141,10 +153,12 @@ pub(crate) struct Attempts {
 pub struct Conn {
     client: Client,
     copy_clicks: Statement,
-    /// COPYs straight into a day's partition, by day; `None`: the day goes through `clicks`.
-    /// PostgreSQL 15 routing each row through the parent (`perf`: ExecFindPartition) cost
-    /// ingest a tenth (BENCHMARKS.md, "Ingest, partitioned beside unpartitioned").
-    copy_day: HashMap<i32, Option<Statement>>,
+    /// COPYs straight into a day's partition (and its name), by day; `None`: the day goes
+    /// through `clicks`. PostgreSQL 15 routing each row through the parent (`perf`:
+    /// ExecFindPartition) cost ingest a tenth (BENCHMARKS.md, "Ingest, partitioned beside
+    /// unpartitioned").
+    copy_day: HashMap<i32, Option<(Statement, String)>>,
+    attached: Statement,
     copy_counts: Statement,
     copy_breakdowns: Statement,
     copy_set_aside: Statement,
@@ -162,6 +176,7 @@ impl Conn {
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_day: HashMap::new(),
+            attached: client.prepare(ATTACHED).await?,
             copy_counts: client.prepare(COPY_COUNTS).await?,
             copy_breakdowns: client.prepare(COPY_BREAKDOWNS).await?,
             copy_set_aside: client.prepare(COPY_SET_ASIDE).await?,
@@ -224,12 +239,23 @@ impl Conn {
             let mut rows_in = Vec::new();
             let mut dimensions = Vec::new();
             let mut refused = Vec::new();
-            let mut unroutable = true;
-            for (statement, day) in &clicks {
+            let mut unroutable = 0;
+            for ((statement, partition), day) in &clicks {
                 let day_rows = copy::click_rows(&day.rows);
                 let (day_refused, day_unroutable) =
                     sift_in(&mut tx, statement, &day.rows, &day_rows).await?;
-                unroutable &= day_unroutable;
+                let wait = must_wait(
+                    &tx,
+                    &self.attached,
+                    partition,
+                    day.day >= today,
+                    day_unroutable,
+                );
+                if let Some(why) = wait.await? {
+                    tx.rollback().await?;
+                    return Ok(Stored::Retry(why));
+                }
+                unroutable += day_unroutable;
                 refused.extend(day_refused.into_iter().map(|(i, e)| (rows_in.len() + i, e)));
                 // Logged click by click with the rows: as many, in the same order. (Were one
                 // missing, its click would be left out of the breakdowns, never misfiled.)
@@ -238,10 +264,10 @@ impl Conn {
                 dimensions.resize(rows_in.len() + day_rows.len(), None);
                 rows_in.extend(day_rows);
             }
-            // Not when each was refused for want of a partition of a day before today: late
-            // clicks of a day that retention dropped while they waited, which held would hold
-            // the stream for good.
-            let late = unroutable && clicks.iter().all(|(_, day)| day.day < today);
+            // Not when each was refused for want of a partition (of a day before today: those
+            // of later days were retried above): late clicks of a day that retention dropped
+            // while they waited, which held would hold the stream for good.
+            let late = unroutable == refused.len();
             if !late && !rows_in.is_empty() && refused.len() == rows_in.len() {
                 tx.rollback().await?;
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
@@ -261,8 +287,13 @@ impl Conn {
             )
         } else {
             let mut written = 0;
-            for (statement, day) in &clicks {
+            for ((statement, partition), day) in &clicks {
                 written += copy_in(&tx, statement, Bytes::clone(&day.rows)).await?;
+                let wait = must_wait(&tx, &self.attached, partition, day.day >= today, 0);
+                if let Some(why) = wait.await? {
+                    tx.rollback().await?;
+                    return Ok(Stored::Retry(why));
+                }
             }
             debug_assert_eq!(written, batch.len() as u64);
             let tag = number.tag();
@@ -282,19 +313,20 @@ impl Conn {
         Ok(Stored::Written { refused })
     }
 
-    /// The statement that COPYs day `day`'s clicks: straight into the day's partition when one
-    /// holds the whole day and the day is not before `today` (the collector's clock), otherwise into
-    /// `clicks`, which routes each row (and refuses one without a partition). Not before
-    /// today: retention never drops today's partition or a later one, while an older one may
-    /// be being detached, and rows COPYed into it then would go with it. Asked once per day
-    /// and connection (a failed attempt drops the connection, and with it what was learnt).
+    /// The statement that COPYs day `day`'s clicks, with the partition it names: straight into
+    /// the day's partition when one holds the whole day and the day is not before `today`
+    /// (the collector's clock), otherwise into `clicks`, which routes each row (and refuses
+    /// one without a partition). Not before today: retention never drops today's partition or
+    /// a later one, while an older one may be being detached, and rows COPYed into it then
+    /// would go with it. Asked once per day and connection (a failed attempt drops the
+    /// connection, and with it what was learnt); whether it is still attached, at each COPY.
     async fn copy_clicks_of(
         &mut self,
         day: i32,
         today: i32,
-    ) -> Result<Statement, tokio_postgres::Error> {
+    ) -> Result<(Statement, Option<String>), tokio_postgres::Error> {
         if day < today {
-            return Ok(self.copy_clicks.clone());
+            return Ok((self.copy_clicks.clone(), None));
         }
         if !self.copy_day.contains_key(&day) {
             self.copy_day.retain(|&known, _| known >= today);
@@ -303,30 +335,60 @@ impl Conn {
                     let table: String = row.get(0);
                     let copy =
                         format!("COPY {table} (code, clicked_at) FROM STDIN (FORMAT binary)");
-                    Some(self.client.prepare(&copy).await?)
+                    Some((self.client.prepare(&copy).await?, table))
                 }
                 None => None,
             };
             self.copy_day.insert(day, statement);
         }
-        Ok(self.copy_day[&day]
-            .clone()
-            .unwrap_or_else(|| self.copy_clicks.clone()))
+        Ok(match &self.copy_day[&day] {
+            Some((statement, table)) => (statement.clone(), Some(table.clone())),
+            None => (self.copy_clicks.clone(), None),
+        })
     }
 }
 
-/// COPYs the click rows `clicks` of `buf`, each range under a savepoint, halving a range that
-/// PostgreSQL refuses for good until single rows are left: those are returned, by index, with
-/// the error, and whether each was refused for want of a partition. Any other error ends the
-/// attempt.
+/// Why a day's clicks, just COPYed in `tx`, must wait, if they must: `unroutable` of them
+/// were refused for want of a partition and the day is not over (`not_over`: its partition
+/// is still to be made), or `partition`, which they went straight into, is one no more
+/// (detached by hand since this connection learnt it; asked in the transaction, after the
+/// COPY's lock).
+async fn must_wait(
+    tx: &tokio_postgres::Transaction<'_>,
+    attached: &Statement,
+    partition: &Option<String>,
+    not_over: bool,
+    unroutable: usize,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    if not_over && unroutable > 0 {
+        return Ok(Some(format!(
+            "{unroutable} clicks of a day not over yet have no partition (the partitions task \
+             makes it)"
+        )));
+    }
+    let Some(table) = partition else {
+        return Ok(None);
+    };
+    let attached: bool = tx.query_one(attached, &[table]).await?.get(0);
+    Ok((!attached).then(|| format!("{table} is no longer a partition of clicks")))
+}
+
+/// COPYs the click rows `clicks` of `buf` (all of one UTC day), each range under a
+/// savepoint, halving a range that PostgreSQL refuses for good until single rows are left:
+/// those are returned, by index, with the error, and how many were refused for want of a
+/// partition. A range refused for want of a partition is refused whole, not halved: partitions
+/// hold whole days, so none of its rows has one, and halving it down to each row cost two
+/// savepoints and COPYs a row, past the attempt's timeout for a large batch, every attempt.
+/// (The day partitioning began on is split between two partitions; with one of them gone, its
+/// rows that the other would take are set aside too.) Any other error ends the attempt.
 async fn sift_in(
     tx: &mut tokio_postgres::Transaction<'_>,
     statement: &Statement,
     buf: &Bytes,
     clicks: &[copy::ClickRow<'_>],
-) -> Result<(Vec<(usize, String)>, bool), tokio_postgres::Error> {
+) -> Result<(Vec<(usize, String)>, usize), tokio_postgres::Error> {
     let mut refused = Vec::new();
-    let mut unroutable = true;
+    let mut unroutable = 0;
     // A stack of ranges still to try, the whole batch first.
     let mut ranges = Vec::new();
     ranges.push(0..clicks.len());
@@ -340,9 +402,12 @@ async fn sift_in(
             Ok(_) => savepoint.commit().await?,
             Err(e) if refuses_rows(&e) => {
                 savepoint.rollback().await?;
-                if range.len() == 1 {
-                    unroutable &= no_partition(&e);
-                    refused.push((range.start, describe(&e)));
+                if range.len() == 1 || no_partition(&e) {
+                    if no_partition(&e) {
+                        unroutable += range.len();
+                    }
+                    let why = describe(&e);
+                    refused.extend(range.map(|at| (at, why.clone())));
                 } else {
                     let mid = range.start + range.len() / 2;
                     ranges.push(mid..range.end);

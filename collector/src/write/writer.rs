@@ -109,7 +109,7 @@ impl Writer {
             }
             let refused = match written {
                 Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
-                Stored::AllRefused(_) => 0,
+                Stored::AllRefused(_) | Stored::Retry(_) => 0,
             };
             let m = &self.metrics;
             let now = protocol::now_us();
@@ -179,6 +179,15 @@ impl Writer {
                         %error,
                         "every click of a batch of {} refused ({error}): not set aside, as a \
                          table that takes no row needs an operator; retrying",
+                        batch.len()
+                    );
+                    self.shared.counts.db_errors.inc();
+                    self.shared.health.writes.store(false, Relaxed);
+                }
+                Ok(Stored::Retry(why)) => {
+                    tracing::warn!(
+                        clicks = batch.len(),
+                        "a batch of {} clicks waits: {why}; retrying",
                         batch.len()
                     );
                     self.shared.counts.db_errors.inc();
