@@ -401,8 +401,9 @@ impl Region {
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
         let stale = adopt && is_stale(&map);
         let mut lost = 0;
+        let corrupt = |why| Error::NotState(what.into(), why);
         if stale {
-            let held = Region::adopt(map.clone(), geometry, offsets, Kept::No);
+            let held = Region::adopt(map.clone(), geometry, offsets, Kept::No).map_err(corrupt)?;
             lost = held.recovered + held.torn;
             drop(held);
             // SAFETY: nothing refers to the mapping's contents any more; laid out anew.
@@ -411,12 +412,19 @@ impl Region {
         if !adopt || stale {
             format(&map, geometry);
         }
-        let mut region = Region::adopt(map, geometry, offsets, kept);
+        let mut region = Region::adopt(map, geometry, offsets, kept).map_err(corrupt)?;
         region.stale = lost;
         Ok(region)
     }
 
-    fn adopt(map: Arc<Mapping>, geometry: Geometry, at: Offsets, kept: Kept) -> Region {
+    /// The region in `map`; refused (why) if its window holds a datagram longer than a slot,
+    /// which no redirector writes.
+    fn adopt(
+        map: Arc<Mapping>,
+        geometry: Geometry,
+        at: Offsets,
+        kept: Kept,
+    ) -> Result<Region, &'static str> {
         // SAFETY: the offsets come from the geometry the mapping was sized for; the header,
         // cells, records and bytes are disjoint and each aligned (HEADER_SIZE and the cell
         // and record sizes are multiples of 8).
@@ -435,6 +443,9 @@ impl Region {
             marks: &header.marks,
             _region: map.clone(),
         };
+        if !Window::fits(&store, geometry.slot_size as usize) {
+            return Err("its window holds a datagram longer than a slot");
+        }
         let mut window = Window::adopt(store, geometry.slot_size as usize);
         let sender = Sender {
             header,
@@ -460,7 +471,7 @@ impl Region {
         let boot = boot_id();
         header.boot[0].store(boot[0], Ordering::Release);
         header.boot[1].store(boot[1], Ordering::Release);
-        Region {
+        Ok(Region {
             ring: Arc::new(ring),
             window,
             sender,
@@ -474,7 +485,7 @@ impl Region {
                 region: map.clone(),
             },
             upload: None,
-        }
+        })
     }
 }
 
@@ -587,6 +598,27 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         return Err(Error::NotState(
             what.into(),
             "its header's sizes are out of range",
+        ));
+    }
+    // What no redirector leaves, even killed midway: pushes claim at most a lap ahead of the
+    // head, which never passes the tail; a sender id is renewed, or zero, only with nothing
+    // in the window. Adopted, the first would spin every push or stall the drain, the second
+    // stop the drain.
+    let (head, tail) = (
+        u64_at(std::mem::offset_of!(Header, head)),
+        u64_at(std::mem::offset_of!(Header, tail)),
+    );
+    if head > tail || tail - head > geometry.ring {
+        return Err(Error::NotState(
+            what.into(),
+            "its ring's positions are out of range",
+        ));
+    }
+    let renewing = u64_at(std::mem::offset_of!(Header, renewing)) != 0;
+    if in_window > 0 && (renewing || u64_at(std::mem::offset_of!(Header, sender)) == 0) {
+        return Err(Error::NotState(
+            what.into(),
+            "its window holds datagrams of no sender",
         ));
     }
     Ok(Some(Found {
@@ -747,6 +779,40 @@ mod tests {
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.stale, region.recovered), (0, 3));
         assert_eq!(region.sender.id(), sender);
+    }
+
+    /// A region whose header or window says what no redirector leaves, even killed midway, is
+    /// refused with the reason, never adopted: adopted, each once spun every push, stopped the
+    /// drain, or panicked it.
+    #[test]
+    fn a_region_no_redirector_could_leave_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let meta = GEOMETRY.offsets().unwrap().meta;
+        let cases: [(usize, u64, &str); 4] = [
+            (std::mem::offset_of!(Header, head), 5, "ring's positions"),
+            (
+                std::mem::offset_of!(Header, tail),
+                3 + GEOMETRY.ring,
+                "ring's positions",
+            ),
+            (std::mem::offset_of!(Header, renewing), 1, "no sender"),
+            (meta, GEOMETRY.slot_size + 1, "longer than a slot"),
+        ];
+        for (at, value, why) in cases {
+            std::fs::remove_file(&path).ok();
+            left_with_three_clicks(&path, false);
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            // The record's `len` is its first field, a u32; the rest are u64s.
+            let bytes = match at == meta {
+                true => (value as u32).to_ne_bytes().to_vec(),
+                false => value.to_ne_bytes().to_vec(),
+            };
+            nix::sys::uio::pwrite(&file, &bytes, at as i64).unwrap();
+            let err = Region::file(&path, GEOMETRY).err().expect(why);
+            assert!(matches!(err, Error::NotState(..)), "{err}");
+            assert!(err.to_string().contains(why), "{err}");
+        }
     }
 
     #[test]

@@ -140,6 +140,16 @@ impl Window<Heap> {
     }
 }
 
+/// The seqs a store holds: from `first` to `end`, at most a slot each. A push into an empty
+/// window that moved `first` and was killed before moving `end` never published that
+/// datagram (its clicks are still where they came from).
+fn held(meta: &[Meta], marks: &Marks) -> std::ops::Range<u64> {
+    let slots = meta.len() as u64 - 1;
+    let end = marks.end.load(Ordering::Acquire);
+    let first = marks.first.load(Ordering::Acquire).min(end);
+    end - (end - first).min(slots)..end
+}
+
 impl<S: Store> Window<S> {
     /// The window a store holds: a new one (all zero: empty, at seq 0), or one a killed process
     /// left. Everything held is sent again from the oldest (the collector drops what it
@@ -148,14 +158,10 @@ impl<S: Store> Window<S> {
         let (_, meta, marks) = store.parts();
         let records = meta.len() as u64;
         let slots = meta.len() - 1;
-        let end = marks.end.load(Ordering::Acquire);
-        // A push into an empty window that moved `first` and was killed before moving `end`:
-        // that datagram was never published (its clicks are still where they came from).
-        let first = marks.first.load(Ordering::Acquire).min(end);
-        let held = ((end - first) as usize).min(slots);
-        let first = end - held as u64;
+        let in_window = held(meta, marks);
+        let (first, end) = (in_window.start, in_window.end);
+        let held = (end - first) as usize;
         let slot = |seq: u64| meta[(seq % records) as usize];
-        let in_window = first..end;
         let clicks = in_window
             .clone()
             .map(|seq| u64::from(slot(seq).clicks))
@@ -180,6 +186,15 @@ impl<S: Store> Window<S> {
             clicks,
             acked_clicks,
         }
+    }
+
+    /// Whether each datagram [`Window::adopt`] would take from `store` fits a slot of
+    /// `slot_size` bytes, as every one a window wrote does: a store that says otherwise (a
+    /// corrupt file) is not to be adopted, whose reads would run past a slot.
+    pub fn fits(store: &S, slot_size: usize) -> bool {
+        let (_, meta, marks) = store.parts();
+        let records = meta.len() as u64;
+        held(meta, marks).all(|seq| meta[(seq % records) as usize].len as usize <= slot_size)
     }
 
     /// The storage, for a test that plays a later process adopting it.
