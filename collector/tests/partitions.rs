@@ -311,25 +311,99 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
 /// why that day's clicks waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_holding_a_days_partition_name_is_reported_until_renamed() {
-    let db = testkit::pgtest::test_db().await;
-    let client = pgtest::connect(&db.url).await;
-    let metrics = Metrics::default();
-    let now = protocol::now_us();
-    let policy = policy(None);
-    let round = || maintenance::keep_partitions(&client, &policy, &metrics, now);
-    round().await.unwrap();
+    let (_db, kept) = Rounds::start().await;
+    let (client, metrics, tomorrow) = (&kept.client, &kept.metrics, &kept.tomorrow);
+    let round = || kept.round();
     assert_eq!(metrics.partitions_blocked.get(), 0);
-    let tomorrow = name_of(&client, now + DAY_US).await;
     let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow}");
     client.batch_execute(&detach).await.unwrap();
-    round().await.unwrap();
+    round().await;
     assert_eq!(metrics.partitions_blocked.get(), 1);
-    assert!(!partitions(&client).await.contains(&tomorrow));
+    assert!(!partitions(client).await.contains(tomorrow));
     let rename = format!("ALTER TABLE {tomorrow} RENAME TO {tomorrow}_archived");
     client.batch_execute(&rename).await.unwrap();
-    round().await.unwrap();
+    round().await;
     assert_eq!(metrics.partitions_blocked.get(), 0);
-    assert!(partitions(&client).await.contains(&tomorrow), "made again");
+    assert!(partitions(client).await.contains(tomorrow), "made again");
+}
+
+/// A migrated database whose partitions one round kept for now (no retention), to run more
+/// rounds on; and the name of tomorrow's partition.
+struct Rounds {
+    client: tokio_postgres::Client,
+    metrics: Metrics,
+    now: i64,
+    tomorrow: String,
+}
+
+impl Rounds {
+    async fn start() -> (testkit::pgtest::TestDb, Rounds) {
+        let db = testkit::pgtest::test_db().await;
+        let client = pgtest::connect(&db.url).await;
+        let now = protocol::now_us();
+        let tomorrow = name_of(&client, now + DAY_US).await;
+        let rounds = Rounds {
+            client,
+            metrics: Metrics::default(),
+            now,
+            tomorrow,
+        };
+        rounds.round().await;
+        (db, rounds)
+    }
+
+    async fn round(&self) {
+        maintenance::keep_partitions(&self.client, &policy(None), &self.metrics, self.now)
+            .await
+            .unwrap();
+    }
+}
+
+/// A `DETACH ... CONCURRENTLY` of a day ahead interrupted (here cancelled while it waited for
+/// a reader) leaves the partition being detached: no row is routed to it, and no other can be
+/// made under its name. The round counts the day as blocked until the detach is finalized
+/// and the table renamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_left_being_detached_is_reported() {
+    let (db, kept) = Rounds::start().await;
+    let (client, metrics, tomorrow) = (&kept.client, &kept.metrics, &kept.tomorrow);
+    let reader = pgtest::connect(&db.url).await;
+    let read = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM clicks";
+    reader.batch_execute(read).await.unwrap();
+    let detacher = pgtest::connect(&db.url).await;
+    let pid: i32 = detacher
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow} CONCURRENTLY");
+    let detaching = tokio::spawn(async move { detacher.batch_execute(&detach).await });
+    let pending = format!(
+        "SELECT count(*) FROM pg_inherits
+          WHERE inhrelid = '{tomorrow}'::regclass AND inhdetachpending"
+    );
+    testkit::eventually(
+        "the detach pending, waiting for the reader",
+        LIMIT,
+        || async { (count(client, &pending).await == 1).then_some(()) },
+    )
+    .await;
+    client
+        .execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    assert!(detaching.await.unwrap().is_err(), "cancelled");
+    reader.batch_execute("COMMIT").await.unwrap();
+    kept.round().await;
+    assert_eq!(metrics.partitions_blocked.get(), 1);
+    let finish = format!(
+        "ALTER TABLE clicks DETACH PARTITION {tomorrow} FINALIZE;
+         ALTER TABLE {tomorrow} RENAME TO {tomorrow}_archived"
+    );
+    client.batch_execute(&finish).await.unwrap();
+    kept.round().await;
+    assert_eq!(metrics.partitions_blocked.get(), 0);
+    assert!(partitions(client).await.contains(tomorrow), "made again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -389,6 +389,14 @@ fn open_state(
         }
     }
     log_state(&region, want);
+    if matches!(region.kept, Kept::File(_)) && !state::boot_known() {
+        tracing::warn!(
+            "this boot's id (/proc/sys/kernel/random/boot_id) cannot be read (a unit's \
+             ProcSubset=pid hides it): after a host crash, the --state-file will be trusted as \
+             it is found, though its pages may be of different ages; keep it on a tmpfs, or let \
+             the redirector read /proc/sys"
+        );
+    }
     metrics.clicks_recovered.inc_by(region.recovered);
     metrics.clicks_dropped.add(Dropped::Torn, region.torn);
     metrics

@@ -214,10 +214,19 @@ impl Mapping {
     }
 
     fn sync(&self) -> io::Result<()> {
-        // SAFETY: the whole mapping, as `map` made it.
+        self.sync_first(self.len)
+    }
+
+    /// The header's page alone.
+    fn sync_header(&self) -> io::Result<()> {
+        self.sync_first(page_size().min(self.len))
+    }
+
+    fn sync_first(&self, len: usize) -> io::Result<()> {
+        // SAFETY: the start of the mapping, as `map` made it.
         let base = unsafe { std::ptr::NonNull::new_unchecked(self.base.cast()) };
-        // SAFETY: as above; `msync` only writes pages back.
-        unsafe { nix::sys::mman::msync(base, self.len, nix::sys::mman::MsFlags::MS_SYNC) }
+        // SAFETY: as above, `len` at most the mapping's; `msync` only writes pages back.
+        unsafe { nix::sys::mman::msync(base, len, nix::sys::mman::MsFlags::MS_SYNC) }
             .map_err(io::Error::from)
     }
 
@@ -283,6 +292,18 @@ unsafe impl Send for Closing {}
 unsafe impl Sync for Closing {}
 
 impl Closing {
+    /// Marks the region this boot's and not clean, and writes its header back, before this
+    /// process sends anything from it: a crash then leaves it untrusted after a reboot, even
+    /// where the clean mark of the last stop was on the disk. A boot that cannot be read (a
+    /// unit's `ProcSubset=pid` hides `/proc/sys`) is recorded as unknown, which is trusted.
+    fn hold(&self) -> io::Result<()> {
+        self.header.clean.store(0, Ordering::Release);
+        let boot = boot_id().unwrap_or_default();
+        self.header.boot[0].store(boot[0], Ordering::Release);
+        self.header.boot[1].store(boot[1], Ordering::Release);
+        self.region.sync_header()
+    }
+
     /// Once nothing writes to the region any more: writes it back to its file, then marks it
     /// clean and writes that back too. A region found after a reboot unmarked may hold pages
     /// the kernel wrote back at different times (`stale_region`).
@@ -399,21 +420,25 @@ impl Region {
                 .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         }
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
-        let stale = adopt && is_stale(&map);
-        let mut lost = 0;
-        let corrupt = |why| Error::NotState(what.into(), why);
+        let stale = adopt && found.is_some_and(|f| f.stale);
+        let lost = match stale {
+            true => held_clicks(&map, geometry, offsets),
+            false => 0,
+        };
         if stale {
-            let held = Region::adopt(map.clone(), geometry, offsets, Kept::No).map_err(corrupt)?;
-            lost = held.recovered + held.torn;
-            drop(held);
-            // SAFETY: nothing refers to the mapping's contents any more; laid out anew.
+            // SAFETY: nothing refers to the mapping's contents; laid out anew below.
             unsafe { std::ptr::write_bytes(map.base, 0, map.len) };
         }
         if !adopt || stale {
             format(&map, geometry);
         }
+        let corrupt = |why| Error::NotState(what.into(), why);
         let mut region = Region::adopt(map, geometry, offsets, kept).map_err(corrupt)?;
         region.stale = lost;
+        region
+            .closing
+            .hold()
+            .map_err(|e| Error::Io(format!("writing {what}'s header back"), e))?;
         Ok(region)
     }
 
@@ -466,11 +491,6 @@ impl Region {
         ring.repair();
         let torn = ring.mark_torn();
         let recovered = window.clicks() + ring.len() as u64 - ring.torn();
-        // This process holds it now: until it stops cleanly, a reboot leaves it untrusted.
-        header.clean.store(0, Ordering::Release);
-        let boot = boot_id();
-        header.boot[0].store(boot[0], Ordering::Release);
-        header.boot[1].store(boot[1], Ordering::Release);
         Ok(Region {
             ring: Arc::new(ring),
             window,
@@ -489,27 +509,54 @@ impl Region {
     }
 }
 
-/// Whether the region in `map` outlived a reboot that its last process did not stop cleanly
-/// before: a file's pages are then what the kernel had written back by the crash, each of its
-/// own age, possibly older than what the collector committed (the window's seqs taken again)
-/// or torn between pages. A memfd never outlives a boot; a region of a build from before the
-/// boot was kept (zero) is trusted as it was.
-fn is_stale(map: &Mapping) -> bool {
-    // SAFETY: the header, as in `Region::adopt`.
-    let header = unsafe { &*map.base.cast::<Header>() };
-    let was = [0, 1].map(|i| header.boot[i].load(Ordering::Acquire));
-    was != [0, 0] && was != boot_id() && header.clean.load(Ordering::Acquire) == 0
+/// What a stale region held, as far as its ring's positions and its window's records say:
+/// what it is counted as losing. Only its window is read as a window would be (which reads
+/// any records without fault); nothing is adopted.
+fn held_clicks(map: &Arc<Mapping>, geometry: Geometry, at: Offsets) -> u64 {
+    // SAFETY: as in `Region::adopt`.
+    let (header, meta, bytes) = unsafe {
+        (
+            &*map.base.cast::<Header>(),
+            map.slice::<Meta>(at.meta, geometry.window as usize + 1),
+            map.slice::<u8>(at.bytes, (geometry.window * geometry.slot_size) as usize),
+        )
+    };
+    let store = WindowStore {
+        bytes,
+        meta,
+        marks: &header.marks,
+        _region: map.clone(),
+    };
+    let window = Window::adopt(store, geometry.slot_size as usize);
+    let ring = Ring::new(&header.head, &header.tail, &[], map.clone());
+    // The ring's positions up to the window's last datagram are in it (as `adopt` releases).
+    let from = match window.last_tag() {
+        Some(tag) if tag > ring.head() && tag <= ring.tail() => tag,
+        _ => ring.head(),
+    };
+    let in_ring = ring.tail().saturating_sub(from).min(geometry.ring);
+    window.clicks().saturating_add(in_ring)
 }
 
-/// This boot's id (`/proc/sys/kernel/random/boot_id`, a UUID) as two words; zero if unknown,
-/// which trusts a region as before the boot was kept.
-fn boot_id() -> [u64; 2] {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+/// Whether a region held in boot `was` (zero: unknown), marked `clean` or not, is stale in
+/// boot `now` (`None`: unknown): see `read_header`.
+fn is_stale(was: [u64; 2], now: Option<[u64; 2]>, clean: bool) -> bool {
+    was != [0, 0] && now.is_some_and(|now| now != was) && !clean
+}
+
+/// Whether this boot's id can be read: where it cannot, a `--state-file` found after a host
+/// crash is trusted as it is found.
+pub fn boot_known() -> bool {
+    boot_id().is_some()
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`, a UUID) as two words; `None` where it
+/// cannot be read.
+fn boot_id() -> Option<[u64; 2]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
-    match u128::from_str_radix(&hex, 16) {
-        Ok(id) => [(id >> 64) as u64, id as u64],
-        Err(_) => [0, 0],
-    }
+    let id = u128::from_str_radix(&hex, 16).ok()?;
+    Some([(id >> 64) as u64, id as u64])
 }
 
 /// Locks `fd` for this process alone (`flock` on its open file description).
@@ -541,6 +588,8 @@ struct Found {
     held: u64,
     /// The region's size.
     len: usize,
+    /// Not to be trusted: see `read_header`.
+    stale: bool,
 }
 
 /// The header of the region in `fd`, checked against its magic and version; `None` for an
@@ -600,6 +649,23 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
             "its header's sizes are out of range",
         ));
     }
+    // Outlived a reboot that its last process did not stop cleanly before: a file's pages are
+    // then what the kernel had written back by the crash, each of its own age, possibly older
+    // than what the collector committed (the window's seqs taken again) or torn between pages,
+    // the header's too. Not adopted, so not checked either. A memfd never outlives a boot; a
+    // region of a build from before the boot was kept, or held where it could not be read
+    // (zero), is trusted, and so is any where this boot's cannot be read.
+    let was = [0, 8].map(|at| u64_at(std::mem::offset_of!(Header, boot) + at));
+    let clean = u64_at(std::mem::offset_of!(Header, clean)) != 0;
+    let stale = is_stale(was, boot_id(), clean);
+    if stale {
+        return Ok(Some(Found {
+            geometry,
+            held,
+            len,
+            stale,
+        }));
+    }
     // What no redirector leaves, even killed midway: pushes claim at most a lap ahead of the
     // head, which never passes the tail; a sender id is renewed, or zero, only with nothing
     // in the window. Adopted, the first would spin every push or stall the drain, the second
@@ -625,6 +691,7 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         geometry,
         held,
         len,
+        stale,
     }))
 }
 
@@ -652,7 +719,7 @@ fn format(map: &Mapping, geometry: Geometry) {
 pub(crate) fn as_if_rebooted(path: &Path) {
     let boot = std::mem::offset_of!(Header, boot) as i64;
     let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    let other = boot_id().map(|word| !word);
+    let other = boot_id().expect("this boot's id").map(|word| !word);
     let bytes = [other[0].to_ne_bytes(), other[1].to_ne_bytes()].concat();
     nix::sys::uio::pwrite(&file, &bytes, boot).unwrap();
 }
@@ -767,6 +834,36 @@ mod tests {
         drop(region);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(region.stale, 0, "this boot's now: not counted again");
+    }
+
+    /// Stale only when both boots are known and differ, and no clean stop was marked.
+    #[test]
+    fn stale_takes_two_known_boots_that_differ_and_no_clean_stop() {
+        let (a, b) = ([1, 2], [3, 4]);
+        assert!(is_stale(a, Some(b), false));
+        assert!(!is_stale(a, Some(b), true), "stopped cleanly");
+        assert!(!is_stale(a, Some(a), false), "the same boot: a kill");
+        assert!(
+            !is_stale(a, None, false),
+            "this boot unknown (ProcSubset=pid)"
+        );
+        assert!(
+            !is_stale([0, 0], Some(b), false),
+            "held where the boot was unknown"
+        );
+    }
+
+    /// A process that adopted a region stopped cleanly and was then killed leaves it
+    /// unmarked again (written back before it sends anything): after a reboot, not trusted.
+    #[test]
+    fn adopting_a_region_clears_its_clean_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        left_with_three_clicks(&path, true);
+        drop(Region::file(&path, GEOMETRY).unwrap());
+        as_if_rebooted(&path);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.stale, region.recovered), (3, 0));
     }
 
     /// A clean stop writes the region back and says so: after a reboot it is adopted.

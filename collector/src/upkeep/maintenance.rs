@@ -274,9 +274,11 @@ pub async fn keep_partitions(
     for name in &done.blocked {
         tracing::error!(
             table = %name,
-            "{name} is not a partition of clicks (detached and kept, or made by hand) and holds \
-             the name of its day's partition, which cannot be created: that day's clicks wait \
-             until it is renamed (ALTER TABLE {name} RENAME TO ...)"
+            "{name} is not a partition of clicks (detached and kept, made by hand, or being \
+             detached) and holds the name of its day's partition, which cannot be created: \
+             that day's clicks wait until it is renamed (ALTER TABLE {name} RENAME TO ...; \
+             a detach still pending first needs ALTER TABLE clicks DETACH PARTITION {name} \
+             FINALIZE)"
         );
     }
     if done.creation_deferred {

@@ -186,15 +186,18 @@ const MISSING: &str = concat!(
 );
 
 /// Tables named as the partition of a day of $1..=$2 that are not partitions of `clicks` (one
-/// detached and kept, or made by hand): `ensure_click_partition` finds the name taken and
-/// creates nothing, so that day has no partition until the table is renamed.
+/// detached and kept, or made by hand), or are being detached (a `DETACH ... CONCURRENTLY`
+/// interrupted): `ensure_click_partition` finds the name taken and creates nothing, and no row
+/// is routed to a partition being detached, so that day has none until the table is renamed
+/// (or the detach finalized and then the table renamed).
 const BLOCKED: &str = concat!(
     "SELECT name FROM (SELECT ",
     partition_name!(),
     " AS name FROM generate_series($1::int, $2::int) AS d) AS days
      WHERE to_regclass(name) IS NOT NULL
        AND NOT EXISTS (SELECT FROM pg_inherits
-                        WHERE inhrelid = to_regclass(name) AND inhparent = 'clicks'::regclass)
+                        WHERE inhrelid = to_regclass(name) AND inhparent = 'clicks'::regclass
+                          AND NOT inhdetachpending)
      ORDER BY 1"
 );
 

@@ -27,8 +27,11 @@ pub const WHOLE_DAY: &str = "
           <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
 
 /// Whether the table named $1 is still a partition of clicks, not being detached. Asked after
-/// a COPY straight into it, in the same transaction: the COPY's lock keeps it attached from
-/// then until the commit, and a detach that came before shows here.
+/// a COPY straight into it, in the same transaction: the COPY's lock keeps a plain `DETACH`
+/// off from then until the commit, and a detach that came before shows here. Not the first
+/// step of a `DETACH ... CONCURRENTLY`, whose lock the COPY's does not conflict with: it may
+/// mark the partition after this, and its second step, which waits for this transaction, then
+/// takes this batch's rows with the partition (one batch a collector; the next waits here).
 const ATTACHED: &str = "
     SELECT EXISTS (SELECT FROM pg_inherits
                     WHERE inhrelid = to_regclass($1) AND inhparent = 'clicks'::regclass
@@ -363,7 +366,7 @@ async fn must_wait(
     if not_over && unroutable > 0 {
         return Ok(Some(format!(
             "{unroutable} clicks of a day not over yet have no partition (the partitions task \
-             makes it)"
+             makes it, unless a table holds its name: collector_partitions_blocked)"
         )));
     }
     let Some(table) = partition else {

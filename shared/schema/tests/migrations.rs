@@ -670,3 +670,28 @@ async fn no_column_holds_an_address_or_a_user_agent() {
         ]
     );
 }
+
+/// Migration 18's index built beforehand by an operator (`CREATE INDEX CONCURRENTLY`, as
+/// docs/schema.md says) is kept when valid; when its build failed, the index it left (invalid)
+/// is built again, rather than taken for done while the day index goes.
+#[tokio::test]
+async fn migration_18_builds_again_an_index_left_invalid() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    schema::apply_up_to(&mut client, 17).await.unwrap();
+    // What a failed CONCURRENTLY build leaves: the index, marked invalid.
+    client
+        .batch_execute(
+            "CREATE INDEX click_breakdown_counts_expiring ON click_breakdown_counts (day)
+                 WHERE dimension <> 'agent';
+             UPDATE pg_index SET indisvalid = false
+              WHERE indexrelid = 'click_breakdown_counts_expiring'::regclass",
+        )
+        .await
+        .unwrap();
+    assert_eq!(schema::apply(&mut client).await.unwrap(), [18]);
+    let valid = "SELECT indisvalid FROM pg_index
+                  WHERE indexrelid = 'click_breakdown_counts_expiring'::regclass";
+    let valid: bool = client.query_one(valid, &[]).await.unwrap().get(0);
+    assert!(valid, "built again");
+}
