@@ -429,15 +429,6 @@ fn log_state(region: &Region, want: Geometry) {
             g.slot_size
         );
     }
-    if region.stale > 0 {
-        tracing::warn!(
-            stale = region.stale,
-            "the state region outlived a reboot without a clean stop: its pages may be of \
-             different ages, older than what the collector committed; its {} clicks are not \
-             sent, and counted as dropped (stale_region); going on under a new sender id",
-            region.stale
-        );
-    }
     if region.recovered > 0 || region.torn > 0 {
         tracing::warn!(
             recovered = region.recovered,

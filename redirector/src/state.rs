@@ -217,6 +217,17 @@ impl Mapping {
         self.sync_first(self.len)
     }
 
+    /// Unmaps, and gives the descriptor (and its lock) back.
+    fn into_fd(self) -> Flock<OwnedFd> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: mapped by `map` with this length; `self` is gone, so nothing refers to it.
+        unsafe {
+            let _ = munmap(std::ptr::NonNull::new_unchecked(this.base.cast()), this.len);
+        }
+        // SAFETY: read once out of a value that is never dropped.
+        unsafe { std::ptr::read(&this._fd) }
+    }
+
     /// The header's page alone.
     fn sync_header(&self) -> io::Result<()> {
         self.sync_first(page_size().min(self.len))
@@ -395,7 +406,15 @@ impl Region {
     }
 
     fn open(fd: Flock<OwnedFd>, want: Geometry, kept: Kept, what: &str) -> Result<Region, Error> {
-        let found = read_header(&fd, what)?;
+        let mut found = read_header(&fd, what)?;
+        // A stale region is counted, then laid out anew as configured: as a new one.
+        let (fd, lost) = match found {
+            Some(f) if f.stale => {
+                found = None;
+                count_stale(fd, f, what)?
+            }
+            _ => (fd, 0),
+        };
         let geometry = match found {
             // Nothing held: laid out as configured now, under a new sender id.
             None | Some(Found { held: 0, .. }) => want,
@@ -420,25 +439,16 @@ impl Region {
                 .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         }
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
-        let stale = adopt && found.is_some_and(|f| f.stale);
-        let lost = match stale {
-            true => held_clicks(&map, geometry, offsets),
-            false => 0,
-        };
-        if stale {
-            // SAFETY: nothing refers to the mapping's contents; laid out anew below.
-            unsafe { std::ptr::write_bytes(map.base, 0, map.len) };
-        }
-        if !adopt || stale {
+        if !adopt {
             format(&map, geometry);
         }
         let corrupt = |why| Error::NotState(what.into(), why);
         let mut region = Region::adopt(map, geometry, offsets, kept).map_err(corrupt)?;
         region.stale = lost;
-        region
-            .closing
-            .hold()
-            .map_err(|e| Error::Io(format!("writing {what}'s header back"), e))?;
+        region.closing.hold().map_err(|e| {
+            let what = format!("writing {what}'s header back (after {lost} stale clicks)");
+            Error::Io(what, e)
+        })?;
         Ok(region)
     }
 
@@ -507,6 +517,32 @@ impl Region {
             upload: None,
         })
     }
+}
+
+/// Counts what the stale region in `fd` held (`held_clicks`, or what its header says where its
+/// file does not fit its sizes), and says so in the log before it is laid out anew, which a
+/// kill or a failed start may cut short: the count is then in the log, if in no metric.
+fn count_stale(
+    fd: Flock<OwnedFd>,
+    found: Found,
+    what: &str,
+) -> Result<(Flock<OwnedFd>, u64), Error> {
+    let (fd, lost) = match found.geometry.offsets() {
+        Some(at) if at.len == found.len => {
+            let map = Arc::new(Mapping::map(fd, at.len, what)?);
+            let lost = held_clicks(&map, found.geometry, at);
+            let map = Arc::into_inner(map).ok_or(Error::NotState(what.into(), "still mapped"))?;
+            (map.into_fd(), lost)
+        }
+        _ => (fd, found.held),
+    };
+    tracing::warn!(
+        stale = lost,
+        "{what} outlived a reboot without a clean stop: its pages may be of different ages, \
+         older than what the collector committed; its {lost} clicks are not sent, and counted \
+         as dropped (stale_region); laid out anew, under a new sender id"
+    );
+    Ok((fd, lost))
 }
 
 /// What a stale region held, as far as its ring's positions and its window's records say:
@@ -637,7 +673,7 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
     let in_window = u64_at(marks + 8).saturating_sub(u64_at(marks));
     let in_ring = u64_at(std::mem::offset_of!(Header, tail))
         .saturating_sub(u64_at(std::mem::offset_of!(Header, head)));
-    let held = in_ring + in_window;
+    let held = in_ring.saturating_add(in_window);
     match version {
         LAYOUT_VERSION => {}
         1 if held == 0 => return Ok(None),
@@ -834,6 +870,27 @@ mod tests {
         drop(region);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(region.stale, 0, "this boot's now: not counted again");
+    }
+
+    /// A stale region is not checked as one to adopt (a crash can tear its header between
+    /// pages) and is laid out anew as configured now: here one that would be refused as
+    /// corrupt, of another geometry.
+    #[test]
+    fn a_stale_region_is_laid_out_anew_as_configured_not_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        left_with_three_clicks(&path, false);
+        let renewing = std::mem::offset_of!(Header, renewing) as i64;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        nix::sys::uio::pwrite(&file, &1u64.to_ne_bytes(), renewing).unwrap();
+        as_if_rebooted(&path);
+        let now = Geometry {
+            ring: 16,
+            ..GEOMETRY
+        };
+        let region = Region::file(&path, now).unwrap();
+        assert_eq!((region.stale, region.recovered), (3, 0));
+        assert_eq!(region.geometry, now);
     }
 
     /// Stale only when both boots are known and differ, and no clean stop was marked.

@@ -168,7 +168,7 @@ impl<S: Store> Window<S> {
             .sum();
         let acked_clicks = match (held, end) {
             (_, 0) => 0,
-            (0, _) => slot(end - 1).clicks_before + u64::from(slot(end - 1).clicks),
+            (0, _) => (slot(end - 1).clicks_before).saturating_add(u64::from(slot(end - 1).clicks)),
             _ => slot(first).clicks_before,
         };
         // What was sent before the kill may have been acknowledged by now: accept an
