@@ -434,8 +434,12 @@ impl Region {
         if !adopt {
             // Allocated, not sparse: a full tmpfs fails here, at start, instead of raising
             // SIGBUS at the first touch of a page (and again in every restart that adopts it).
-            nix::unistd::ftruncate(fd.as_fd(), 0)
-                .and_then(|()| nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, offsets.len as i64))
+            // Allocated before it is emptied too: a start that fails for want of room leaves
+            // what the file held (a stale region's clicks, counted again at the next start).
+            let len = offsets.len as i64;
+            nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len)
+                .and_then(|()| nix::unistd::ftruncate(fd.as_fd(), 0))
+                .and_then(|()| nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len))
                 .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         }
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
@@ -531,10 +535,17 @@ fn count_stale(
         Some(at) if at.len == found.len => {
             let map = Arc::new(Mapping::map(fd, at.len, what)?);
             let lost = held_clicks(&map, found.geometry, at);
-            let map = Arc::into_inner(map).ok_or(Error::NotState(what.into(), "still mapped"))?;
+            // `held_clicks` keeps no clone of it.
+            let unmapped = || Error::Io(format!("unmapping {what}"), io::Error::other("in use"));
+            let map = Arc::into_inner(map).ok_or_else(unmapped)?;
             (map.into_fd(), lost)
         }
-        _ => (fd, found.held),
+        // Ring positions and datagrams, each bounded by its sizes: a garbage header's count
+        // would wrap the counter it is added to.
+        _ => {
+            let g = found.geometry;
+            (fd, found.held.min(g.ring.saturating_add(g.window)))
+        }
     };
     tracing::warn!(
         stale = lost,
@@ -891,6 +902,24 @@ mod tests {
         let region = Region::file(&path, now).unwrap();
         assert_eq!((region.stale, region.recovered), (3, 0));
         assert_eq!(region.geometry, now);
+    }
+
+    /// A stale file whose size does not fit its header's sizes is counted by its header (ring
+    /// positions and datagrams held), then laid out anew, not refused; the next start finds
+    /// it of this boot, and nothing stale.
+    #[test]
+    fn a_stale_file_that_does_not_fit_its_sizes_is_counted_by_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        left_with_three_clicks(&path, false);
+        as_if_rebooted(&path);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        file.set_len(len + page_size() as u64).unwrap();
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.stale, 3 + 1, "three ring positions, one datagram");
+        drop(region);
+        assert_eq!(Region::file(&path, GEOMETRY).unwrap().stale, 0);
     }
 
     /// Stale only when both boots are known and differ, and no clean stop was marked.

@@ -282,7 +282,8 @@ impl<S: Store> Window<S> {
         }
         assert_eq!(seq, self.end(), "datagrams enter the window in seq order");
         let (i, r) = (self.slot(seq), self.record(seq));
-        let clicks_before = self.acked_clicks + self.clicks;
+        // Saturating: an adopted region's counts are a file's, whatever it holds.
+        let clicks_before = self.acked_clicks.saturating_add(self.clicks);
         let (bytes, meta, marks) = self.store.parts_mut();
         bytes[i * self.slot_size..][..datagram.len()].copy_from_slice(datagram);
         meta[r] = Meta {
@@ -344,7 +345,7 @@ impl<S: Store> Window<S> {
             .first
             .store(self.first, Ordering::Release);
         self.clicks -= released.clicks;
-        self.acked_clicks += released.clicks;
+        self.acked_clicks = self.acked_clicks.saturating_add(released.clicks);
         self.cursor = self.cursor.max(self.first);
         Ok(released)
     }
