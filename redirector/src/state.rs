@@ -764,11 +764,17 @@ fn format(map: &Mapping, geometry: Geometry) {
 /// What a reboot leaves of the region in the file at `path`: another boot's id in it.
 #[cfg(test)]
 pub(crate) fn as_if_rebooted(path: &Path) {
-    let boot = std::mem::offset_of!(Header, boot) as i64;
-    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     let other = boot_id().expect("this boot's id").map(|word| !word);
     let bytes = [other[0].to_ne_bytes(), other[1].to_ne_bytes()].concat();
-    nix::sys::uio::pwrite(&file, &bytes, boot).unwrap();
+    poke(path, std::mem::offset_of!(Header, boot), &bytes);
+}
+
+/// Writes `bytes` at byte `at` of the file at `path`: what a test does to a region behind
+/// its redirector's back.
+#[cfg(test)]
+pub(crate) fn poke(path: &Path, at: usize, bytes: &[u8]) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    nix::sys::uio::pwrite(&file, bytes, at as i64).unwrap();
 }
 
 /// What a push killed after it claimed the ring's next cell (moved the tail) and before it
@@ -891,9 +897,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         left_with_three_clicks(&path, false);
-        let renewing = std::mem::offset_of!(Header, renewing) as i64;
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &1u64.to_ne_bytes(), renewing).unwrap();
+        poke(
+            &path,
+            std::mem::offset_of!(Header, renewing),
+            &1u64.to_ne_bytes(),
+        );
         as_if_rebooted(&path);
         let now = Geometry {
             ring: 16,
@@ -985,13 +993,12 @@ mod tests {
         for (at, value, why) in cases {
             std::fs::remove_file(&path).ok();
             left_with_three_clicks(&path, false);
-            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             // The record's `len` is its first field, a u32; the rest are u64s.
             let bytes = match at == meta {
                 true => (value as u32).to_ne_bytes().to_vec(),
                 false => value.to_ne_bytes().to_vec(),
             };
-            nix::sys::uio::pwrite(&file, &bytes, at as i64).unwrap();
+            poke(&path, at, &bytes);
             let err = Region::file(&path, GEOMETRY).err().expect(why);
             assert!(matches!(err, Error::NotState(..)), "{err}");
             assert!(err.to_string().contains(why), "{err}");
@@ -1028,9 +1035,8 @@ mod tests {
             }
         }
         // Killed between moving `head` past all of them and freeing their cells.
-        let head = std::mem::offset_of!(Header, head) as i64;
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &GEOMETRY.ring.to_ne_bytes(), head).unwrap();
+        let head = std::mem::offset_of!(Header, head);
+        poke(&path, head, &GEOMETRY.ring.to_ne_bytes());
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.recovered, region.torn), (0, 0));
         for _ in 0..GEOMETRY.ring {
@@ -1058,10 +1064,7 @@ mod tests {
     fn a_version_one_region_is_laid_out_anew_only_when_empty() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
-        let set_version_one = || {
-            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            nix::sys::uio::pwrite(&file, &1u32.to_ne_bytes(), 8).unwrap();
-        };
+        let set_version_one = || poke(&path, 8, &1u32.to_ne_bytes());
         drop(Region::file(&path, GEOMETRY).unwrap());
         set_version_one();
         let region = Region::file(&path, GEOMETRY).unwrap();
@@ -1100,8 +1103,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         drop(Region::file(&path, GEOMETRY).unwrap());
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &3u32.to_ne_bytes(), 8).unwrap();
+        poke(&path, 8, &3u32.to_ne_bytes());
         let err = Region::file(&path, GEOMETRY).err().unwrap();
         assert!(matches!(err, Error::Version(_, 3)), "{err}");
         assert!(err.to_string().contains("layout version 3"), "{err}");
@@ -1160,9 +1162,11 @@ mod tests {
         let region = Region::file(&path, GEOMETRY).unwrap();
         region.ring.push("a", 1, &Dimensions::default()).unwrap();
         drop(region);
-        let window = std::mem::offset_of!(Header, window) as i64;
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        nix::sys::uio::pwrite(&file, &0u64.to_ne_bytes(), window).unwrap();
+        poke(
+            &path,
+            std::mem::offset_of!(Header, window),
+            &0u64.to_ne_bytes(),
+        );
         let err = Region::file(&path, GEOMETRY).err().unwrap();
         assert!(err.to_string().contains("sizes are out of range"), "{err}");
     }
