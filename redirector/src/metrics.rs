@@ -53,6 +53,8 @@ shared::metrics! {
     pub struct Common {
         clicks_recovered: Counter = "clicks_recovered",
             "Clicks an earlier process left in the state region (ring and resend window), adopted at start.";
+        clicks_reclaimed: Counter = "clicks_reclaimed",
+            "Of the clicks recovered, those the last stop counted as dropped (shutdown, unacknowledged; in its log) because it could not tell that systemd's store would keep them: sent after all, not lost.";
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
         clicks_dropped: LabeledCounter<Dropped> = "clicks_dropped",
             "Clicks lost, by reason: served and not sent, sent and never acknowledged (unacknowledged), or cut off mid-push by a kill (torn, never answered).";

@@ -267,13 +267,9 @@ async fn shut_down(
         Some(handle) => handle.await.map_err(|e| Error::DrainDied(e.to_string()))?,
         None => Left::default(),
     };
-    if let Some(Err(e)) = closing.map(|c| c.stopped_cleanly()) {
-        // The next start after a reboot then counts what the region holds as stale_region.
-        tracing::warn!("writing the state region back at the stop: {e}");
-    }
+    let held = left.unsent + left.unacked;
     let kept = match kept {
         Some(kept) if kept.survives_stop() => {
-            let held = left.unsent + left.unacked;
             if held > 0 {
                 tracing::info!(kept = %kept, "{held} clicks left in the state region for the next start");
             }
@@ -293,6 +289,12 @@ async fn shut_down(
             0
         }
     };
+    // What was counted as dropped stays in the region all the same: should systemd's store
+    // keep it, the next start sends it, and reports it as reclaimed.
+    if let Some(Err(e)) = closing.map(|c| c.stopped_cleanly(held - kept)) {
+        // The next start after a reboot then counts what the region holds as stale_region.
+        tracing::warn!("writing the state region back at the stop: {e}");
+    }
     let summary = Summary {
         redirects: metrics.http.redirects.get(),
         recovered: metrics.common.clicks_recovered.get(),
@@ -398,6 +400,14 @@ fn open_state(
         );
     }
     metrics.clicks_recovered.inc_by(region.recovered);
+    if region.reclaimed > 0 {
+        tracing::info!(
+            "{} of the clicks recovered were counted as dropped by the last stop (it could not \
+             tell that systemd would keep them): sent after all, counted as reclaimed",
+            region.reclaimed
+        );
+    }
+    metrics.clicks_reclaimed.inc_by(region.reclaimed);
     metrics.clicks_dropped.add(Dropped::Torn, region.torn);
     metrics
         .clicks_dropped

@@ -105,12 +105,16 @@ struct Header {
     boot: [AtomicU64; 2],
     /// Set by a clean stop once the region is written back to its file; cleared at adoption.
     clean: AtomicU64,
+    /// What the last stop counted as dropped and yet left in the region (systemd's store,
+    /// which may or may not keep it): the process that adopts it reports those clicks as
+    /// reclaimed. Cleared at adoption.
+    dropped_at_stop: AtomicU64,
     head: Position,
     tail: Position,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
-// `boot` and `clean` took padding: what a version-2 region held before stays where it was.
+// `boot`, `clean` and `dropped_at_stop` took padding: what a version-2 region held before stays where it was.
 const _: () = assert!(std::mem::offset_of!(Header, head) == 128);
 
 /// Where the region lives, and so whether it outlives the process.
@@ -138,7 +142,8 @@ impl Kept {
     /// Whether what a stop leaves is there for the next start. A file's is. systemd's store
     /// keeps it over a stop only with `FileDescriptorStorePreserve=yes` (systemd 254 and
     /// later), which the process cannot see: there a stop counts what it leaves as dropped, an
-    /// upper bound (the next start may still send it). A crash or a kill leaves it either way.
+    /// upper bound (a next start that gets it back sends it, and counts it as reclaimed). A
+    /// crash or a kill leaves it either way.
     pub fn survives_stop(&self) -> bool {
         matches!(self, Kept::File(_))
     }
@@ -280,6 +285,9 @@ pub struct Region {
     pub kept: Kept,
     /// Clicks found in the ring and the window at adoption (a killed or stopped process's).
     pub recovered: u64,
+    /// Of `recovered`, what the last stop had counted as dropped (`Closing::stopped_cleanly`):
+    /// sent after all, so counted twice unless reported apart.
+    pub reclaimed: u64,
     /// Pushes found cut off by the death of the last process.
     pub torn: u64,
     /// Clicks a region that outlived a reboot without a clean stop held: not trusted, so
@@ -309,16 +317,21 @@ impl Closing {
     /// unit's `ProcSubset=pid` hides `/proc/sys`) is recorded as unknown, which is trusted.
     fn hold(&self) -> io::Result<()> {
         self.header.clean.store(0, Ordering::Release);
+        self.header.dropped_at_stop.store(0, Ordering::Release);
         let boot = boot_id().unwrap_or_default();
         self.header.boot[0].store(boot[0], Ordering::Release);
         self.header.boot[1].store(boot[1], Ordering::Release);
         self.region.sync_header()
     }
 
-    /// Once nothing writes to the region any more: writes it back to its file, then marks it
-    /// clean and writes that back too. A region found after a reboot unmarked may hold pages
-    /// the kernel wrote back at different times (`stale_region`).
-    pub fn stopped_cleanly(&self) -> io::Result<()> {
+    /// Once nothing writes to the region any more: records that the stop counted `dropped` of
+    /// what it holds as dropped, writes it back to its file, then marks it clean and writes
+    /// that back too. A region found after a reboot unmarked may hold pages the kernel wrote
+    /// back at different times (`stale_region`).
+    pub fn stopped_cleanly(&self, dropped: u64) -> io::Result<()> {
+        self.header
+            .dropped_at_stop
+            .store(dropped, Ordering::Release);
         self.region.sync()?;
         self.header.clean.store(1, Ordering::Release);
         self.region.sync()
@@ -505,6 +518,10 @@ impl Region {
         ring.repair();
         let torn = ring.mark_torn();
         let recovered = window.clicks() + ring.len() as u64 - ring.torn();
+        let reclaimed = header
+            .dropped_at_stop
+            .load(Ordering::Acquire)
+            .min(recovered);
         Ok(Region {
             ring: Arc::new(ring),
             window,
@@ -512,6 +529,7 @@ impl Region {
             geometry,
             kept,
             recovered,
+            reclaimed,
             torn,
             stale: 0,
             closing: Closing {
@@ -866,7 +884,7 @@ mod tests {
         }
         region.window.push(0, b"datagram of a, b", 2, 2);
         if stopped_cleanly {
-            region.closing.stopped_cleanly().unwrap();
+            region.closing.stopped_cleanly(0).unwrap();
         }
         region.sender.id()
     }
@@ -958,6 +976,34 @@ mod tests {
         as_if_rebooted(&path);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.stale, region.recovered), (3, 0));
+    }
+
+    /// What a stop counted as dropped and left in the region (systemd's store may keep it) is
+    /// reported as reclaimed by the process that adopts it, once, and never as more than the
+    /// region holds.
+    #[test]
+    fn what_a_stop_counted_as_dropped_is_reclaimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        for code in ["a", "b", "c"] {
+            region.ring.push(code, 1, &Dimensions::default()).unwrap();
+        }
+        region.closing.stopped_cleanly(3).unwrap();
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.recovered, region.reclaimed), (3, 3));
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(
+            (region.recovered, region.reclaimed),
+            (3, 0),
+            "reclaimed once"
+        );
+        region.closing.stopped_cleanly(1_000).unwrap();
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(region.reclaimed, 3, "bounded by what the region holds");
     }
 
     /// A clean stop writes the region back and says so: after a reboot it is adopted.
