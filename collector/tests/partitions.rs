@@ -471,6 +471,52 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     assert_eq!(totals(&client, "click_counts").await, expected_totals(&all));
 }
 
+/// A step of the partitions round that fails fails alone: here dropping an expired day that a
+/// view depends on. The other expired day is dropped and a closed day indexed all the same;
+/// the round's error is the failed step's, at every round until someone acts. Before, the
+/// round stopped at its first error, and every later step waited on it for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_step_of_the_partitions_round_leaves_the_others_done() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let viewed = partitions_ten_days_ago(&client).await;
+    let next = name_of(&client, midnight() - 9 * DAY_US).await;
+    // Two days ago: its partition made then, its day over now.
+    let closed_at = midnight() - 2 * DAY_US + HOUR_US;
+    maintenance::keep_partitions(&client, &policy(None), &Metrics::default(), closed_at)
+        .await
+        .unwrap();
+    let closed = name_of(&client, closed_at).await;
+    let view = format!("CREATE VIEW old_report AS SELECT code FROM {viewed}");
+    client.batch_execute(&view).await.unwrap();
+
+    let metrics = Metrics::default();
+    for round in 0..2 {
+        let failed =
+            maintenance::keep_partitions(&client, &policy(Some(3)), &metrics, protocol::now_us())
+                .await
+                .expect_err("the drop the view holds up fails the round");
+        assert_eq!(
+            failed.code(),
+            Some(&tokio_postgres::error::SqlState::DEPENDENT_OBJECTS_STILL_EXIST),
+            "round {round}: {failed}"
+        );
+    }
+    let exists = |name: &str| format!("SELECT count(*) FROM pg_class WHERE relname = '{name}'");
+    assert_eq!(
+        count(&client, &exists(&viewed)).await,
+        1,
+        "{viewed} kept by the view"
+    );
+    assert_eq!(count(&client, &exists(&next)).await, 0, "{next} dropped");
+    assert!(
+        metrics.partitions_dropped.get() >= 1,
+        "the other expired days counted"
+    );
+    let index = format!("{closed}_code");
+    assert_eq!(count(&client, &exists(&index)).await, 1, "{closed} indexed");
+}
+
 /// Makes the partitions of ten days ago (and around): past a retention of 3 days. The name of
 /// that day's.
 async fn partitions_ten_days_ago(client: &tokio_postgres::Client) -> String {

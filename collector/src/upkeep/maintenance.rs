@@ -12,7 +12,7 @@ use shared::throttle::Throttle;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::db::{timed, Db};
+use crate::db::{timed, Db, Failure};
 use crate::metrics::Shared;
 use crate::upkeep::compact::{self, Backlog};
 use crate::upkeep::partitions::{self, Plan};
@@ -162,14 +162,24 @@ pub(crate) async fn run_partitions(
                 every.tick().await;
             }
             Err(failure) => {
-                conn = None;
                 shared.counts.db_errors.inc();
                 if outage.hit().is_some() {
                     tracing::warn!(error = %failure, "seeing to the partitions: {failure}; retrying");
                 } else {
                     tracing::debug!(error = %failure, "seeing to the partitions: {failure}");
                 }
-                backoff.wait().await;
+                match (&failure, &conn) {
+                    // A step failed and the round did the rest (`partitions::maintain`): the
+                    // next round, not the backoff, tries it again, so that a step that keeps
+                    // failing does not bring a whole round (its VACUUMs) every few seconds.
+                    (Failure::Db(_), Some(client)) if !client.is_closed() => {
+                        every.tick().await;
+                    }
+                    _ => {
+                        conn = None;
+                        backoff.wait().await;
+                    }
+                }
             }
         }
     }
@@ -204,10 +214,12 @@ async fn partitions_round(
         tracing::debug!("another collector is seeing to the partitions; skipped this turn");
         return Ok(());
     }
-    keep_partitions(client, policy, metrics, protocol::now_us()).await?;
+    let kept = keep_partitions(client, policy, metrics, protocol::now_us()).await;
+    // Given back whatever the round did: a step that failed (its session still open) leaves
+    // the lock to another collector until the next round.
     let unlock = "SELECT pg_advisory_unlock($1)";
     client.query_one(unlock, &[&PARTITIONS_LOCK]).await?;
-    Ok(())
+    kept
 }
 
 /// Folds (unless another collector is); whether it did.
@@ -238,7 +250,7 @@ pub async fn keep_partitions(
     now_us: i64,
 ) -> Result<(), tokio_postgres::Error> {
     let today = crate::write::copy::pg_day(now_us);
-    let done = partitions::maintain(client, &policy.partitions(today), today).await?;
+    let mut done = partitions::maintain(client, &policy.partitions(today), today).await;
     metrics.partitions_created.inc_by(done.created);
     metrics.partitions_dropped.inc_by(done.dropped.len() as u64);
     if done.created > 0 {
@@ -294,7 +306,21 @@ pub async fn keep_partitions(
     for name in &done.settled {
         tracing::info!(partition = %name, "vacuumed partition {name}: its day is over");
     }
-    Ok(())
+    failed(std::mem::take(&mut done.failed))
+}
+
+/// A round's failed steps, each logged with what it was doing (at every round: one that
+/// keeps failing, such as a drop refused for a view on the day, needs someone to act); the
+/// first is the round's error, counted by the caller.
+fn failed(steps: Vec<partitions::Failed>) -> Result<(), tokio_postgres::Error> {
+    for step in &steps {
+        let error = shared::db::describe(&step.error);
+        tracing::warn!(error = %error, "seeing to the partitions, {}: {error}", step.what);
+    }
+    steps
+        .into_iter()
+        .next()
+        .map_or(Ok(()), |first| Err(first.error))
 }
 
 fn show(metrics: &Metrics, waiting: &Backlog) {

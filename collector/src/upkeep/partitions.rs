@@ -50,7 +50,7 @@ impl Plan {
 }
 
 /// What one round of maintenance did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) struct Done {
     pub(crate) created: u64,
     /// Creating waited `CREATE_LOCK_WAIT` for its lock and gave up: tried again next round.
@@ -66,6 +66,8 @@ pub(crate) struct Done {
     pub(crate) indexed: Vec<String>,
     /// Vacuumed and analyzed once their day was over, and handed back to autovacuum.
     pub(crate) settled: Vec<String>,
+    /// The steps that failed, the first first.
+    pub(crate) failed: Vec<Failed>,
 }
 
 /// How long creating a partition waits for its lock on `clicks`. `CREATE TABLE ... PARTITION
@@ -248,67 +250,103 @@ pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<Created, toki
 }
 
 /// Creates what is missing of `plan`, drops what it expires (partitions and breakdowns), and
-/// vacuums, analyzes and indexes the partitions of days before `today`.
-pub(crate) async fn maintain(
-    client: &Client,
-    plan: &Plan,
-    today: i32,
-) -> Result<Done, tokio_postgres::Error> {
+/// vacuums, analyzes and indexes the partitions of days before `today`. Each step, and each
+/// table, on its own: one that fails (a view that depends on an expired day, an index build
+/// out of disk) is in `Done::failed`, and the rest of the round goes on, rather than every
+/// round stopping there for as long as it fails. A closed connection ends the round.
+pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
+    let mut done = Done::default();
     // A creation that gave up on its lock is no failure of the round: the rest of it goes on,
     // and the next round (a minute on, days ahead still) tries again, rather than the round
     // being retried at once and queueing every batch behind the lock again and again.
-    let (created, creation_deferred) = match create(client, plan).await? {
-        Created::Made(created) => (created, false),
-        Created::Deferred(_) => (0, true),
-    };
-    let blocked = client.query(BLOCKED, &[&plan.first, &plan.last]).await?;
-    let blocked = blocked.iter().map(|row| row.get(0)).collect();
-    let (dropped, breakdowns_expired, set_aside_expired) = match plan.drop_before {
-        Some(day) => {
-            let dropped = drop_before(client, day).await?;
-            let expired = |sql| async move {
-                let row = client.query_one(sql, &[&day]).await?;
-                Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
-            };
-            let breakdowns = expired(EXPIRE_BREAKDOWNS).await?;
-            let set_aside = match dropped.is_empty() {
-                true => 0,
-                false => expired(EXPIRE_SET_ASIDE).await?,
-            };
-            (dropped, breakdowns, set_aside)
+    match done.ok("creating the partitions ahead", create(client, plan).await) {
+        Some(Created::Made(created)) => done.created = created,
+        Some(Created::Deferred(_)) => done.creation_deferred = true,
+        None if done.cut_off(client) => return done,
+        None => {}
+    }
+    let blocked = client.query(BLOCKED, &[&plan.first, &plan.last]).await;
+    if let Some(rows) = done.ok("looking for tables named as partitions", blocked) {
+        done.blocked = rows.iter().map(|row| row.get(0)).collect();
+    }
+    if done.cut_off(client) {
+        return done;
+    }
+    if let Some(day) = plan.drop_before {
+        drop_before(client, day, &mut done).await;
+        let expired = |sql| async move {
+            let row = client.query_one(sql, &[&day]).await?;
+            Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
+        };
+        let breakdowns = expired(EXPIRE_BREAKDOWNS).await;
+        done.breakdowns_expired = done
+            .ok("deleting expired breakdowns", breakdowns)
+            .unwrap_or(0);
+        if !done.dropped.is_empty() {
+            let set_aside = expired(EXPIRE_SET_ASIDE).await;
+            done.set_aside_expired = done
+                .ok("deleting expired clicks_set_aside rows", set_aside)
+                .unwrap_or(0);
         }
-        None => (Vec::new(), 0, 0),
-    };
-    let settled = settle_closed_days(client, today).await?;
-    let indexed = index_closed_days(client, today).await?;
-    Ok(Done {
-        created,
-        creation_deferred,
-        blocked,
-        dropped,
-        breakdowns_expired,
-        set_aside_expired,
-        indexed,
-        settled,
-    })
+    }
+    if !done.cut_off(client) {
+        settle_closed_days(client, today, &mut done).await;
+    }
+    if !done.cut_off(client) {
+        index_closed_days(client, today, &mut done).await;
+    }
+    done
+}
+
+/// A step of a round that failed; the round went on without it.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// What it was doing: "dropping clicks_p20261101".
+    pub(crate) what: String,
+    pub(crate) error: tokio_postgres::Error,
+}
+
+impl Done {
+    /// `result`'s value, or `None` with its error noted as `what` failing.
+    fn ok<T>(&mut self, what: &str, result: Result<T, tokio_postgres::Error>) -> Option<T> {
+        result
+            .map_err(|error| {
+                let what = what.to_owned();
+                self.failed.push(Failed { what, error })
+            })
+            .ok()
+    }
+
+    /// Whether the round cannot go on: its connection is gone.
+    fn cut_off(&self, client: &Client) -> bool {
+        !self.failed.is_empty() && client.is_closed()
+    }
 }
 
 /// Drops the partitions wholly before `day`, and finishes what an earlier drop left undone;
-/// each table dropped, with how long detaching and dropping it took.
-async fn drop_before(
-    client: &Client,
-    day: i32,
-) -> Result<Vec<(String, Duration)>, tokio_postgres::Error> {
-    for row in client.query(PENDING_DETACH, &[]).await? {
+/// each table dropped, with how long detaching and dropping it took, goes into `done`.
+async fn drop_before(client: &Client, day: i32, done: &mut Done) {
+    let pending = client.query(PENDING_DETACH, &[]).await;
+    for row in done
+        .ok("looking for detaches left pending", pending)
+        .unwrap_or_default()
+    {
         let name: String = row.get(0);
         let finalize = format!(
             "ALTER TABLE clicks DETACH PARTITION {} FINALIZE",
             ident(&name)
         );
-        client.batch_execute(&finalize).await?;
+        let finalized = client.batch_execute(&finalize).await;
+        done.ok(&format!("finishing the detach of {name}"), finalized);
+        if done.cut_off(client) {
+            return;
+        }
     }
-    let mut dropped = Vec::new();
-    for row in client.query(EXPIRED, &[&day]).await? {
+    let expired = client.query(EXPIRED, &[&day]).await;
+    for row in done
+        .ok("looking for expired partitions", expired)
+        .unwrap_or_default()
+    {
         let name: String = row.get(0);
         let started = Instant::now();
         // Waits for transactions that may still see the partition, but blocks no writer of
@@ -317,48 +355,70 @@ async fn drop_before(
             "ALTER TABLE clicks DETACH PARTITION {} CONCURRENTLY",
             ident(&name)
         );
-        client.batch_execute(&detach).await?;
-        client
-            .batch_execute(&format!("DROP TABLE {}", ident(&name)))
-            .await?;
-        dropped.push((name, started.elapsed()));
+        let detached = client.batch_execute(&detach).await;
+        if done.ok(&format!("detaching {name}"), detached).is_some() {
+            drop_table(client, name, started, done).await;
+        }
+        if done.cut_off(client) {
+            return;
+        }
     }
-    // Detached before an interruption, never dropped.
-    for row in client.query(DETACHED, &[&day]).await? {
-        let name: String = row.get(0);
-        let started = Instant::now();
-        client
-            .batch_execute(&format!("DROP TABLE {}", ident(&name)))
-            .await?;
-        dropped.push((name, started.elapsed()));
+    // Detached before an interruption (or a failed drop), never dropped.
+    let detached = client.query(DETACHED, &[&day]).await;
+    for row in done
+        .ok("looking for expired days detached", detached)
+        .unwrap_or_default()
+    {
+        drop_table(client, row.get(0), Instant::now(), done).await;
+        if done.cut_off(client) {
+            return;
+        }
     }
-    Ok(dropped)
+}
+
+/// Drops the detached day `name`, detached since `started`.
+async fn drop_table(client: &Client, name: String, started: Instant, done: &mut Done) {
+    let dropped = client
+        .batch_execute(&format!("DROP TABLE {}", ident(&name)))
+        .await;
+    if done.ok(&format!("dropping {name}"), dropped).is_some() {
+        done.dropped.push((name, started.elapsed()));
+    }
 }
 
 /// Indexes by (code, clicked_at) each partition of a day before `today` that lacks a valid
 /// index: built once its day is over, so that today's partition, where every click lands,
 /// stays without one and COPY keeps its speed.
-async fn index_closed_days(
-    client: &Client,
-    today: i32,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let mut indexed = Vec::new();
-    for row in client.query(UNINDEXED, &[&today]).await? {
+async fn index_closed_days(client: &Client, today: i32, done: &mut Done) {
+    let unindexed = client.query(UNINDEXED, &[&today]).await;
+    for row in done
+        .ok("looking for days to index", unindexed)
+        .unwrap_or_default()
+    {
         let (name, broken): (String, bool) = (row.get(0), row.get(1));
-        let index = ident(&format!("{name}_code"));
-        if broken {
-            client
-                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-                .await?;
+        let indexed = index_day(client, &name, broken).await;
+        if done.ok(&format!("indexing {name}"), indexed).is_some() {
+            done.indexed.push(name);
         }
-        let create = format!(
-            "CREATE INDEX CONCURRENTLY {index} ON {} (code, clicked_at)",
-            ident(&name)
-        );
-        client.batch_execute(&create).await?;
-        indexed.push(name);
+        if done.cut_off(client) {
+            return;
+        }
     }
-    Ok(indexed)
+}
+
+/// Builds the index of the day `name`, dropping first a `broken` one an interrupted build left.
+async fn index_day(client: &Client, name: &str, broken: bool) -> Result<(), tokio_postgres::Error> {
+    let index = ident(&format!("{name}_code"));
+    if broken {
+        client
+            .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
+            .await?;
+    }
+    let create = format!(
+        "CREATE INDEX CONCURRENTLY {index} ON {} (code, clicked_at)",
+        ident(name)
+    );
+    client.batch_execute(&create).await
 }
 
 /// Whether VACUUM left every page of $1 all-visible: it cannot while a transaction that may
@@ -375,38 +435,48 @@ const ALL_VISIBLE: &str =
 /// 793 MB of WAL and 1.75 s of CPU, against 5.7 MB and 1.24 s), which a day dropped by
 /// retention before PostgreSQL's freeze age never needs; anti-wraparound vacuums freeze the
 /// rest as for any table.
-async fn settle_closed_days(
-    client: &Client,
-    today: i32,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let mut settled = Vec::new();
-    for row in client.query(UNSETTLED, &[&today]).await? {
+async fn settle_closed_days(client: &Client, today: i32, done: &mut Done) {
+    let unsettled = client.query(UNSETTLED, &[&today]).await;
+    for row in done
+        .ok("looking for days to vacuum", unsettled)
+        .unwrap_or_default()
+    {
         let name: String = row.get(0);
-        let table = ident(&name);
-        // One statement each: VACUUM cannot run inside the implicit transaction of several.
-        // INDEX_CLEANUP ON: once the day has its index (a round whose VACUUM left pages not
-        // all-visible indexes it), dead line pointers left by an aborted batch would otherwise
-        // be skipped below 2 % of pages, and their pages never become all-visible.
-        let vacuum = format!("VACUUM (INDEX_CLEANUP ON) {table}");
-        client.batch_execute(&vacuum).await?;
-        if !client
-            .query_one(ALL_VISIBLE, &[&table])
-            .await?
-            .get::<_, bool>(0)
-        {
-            tracing::debug!(
+        let settled = settle_day(client, &name).await;
+        match done.ok(&format!("vacuuming {name}"), settled) {
+            Some(true) => done.settled.push(name),
+            Some(false) => tracing::debug!(
                 partition = %name,
                 "{name}: not every page all-visible yet; vacuumed again next round"
-            );
-            continue;
+            ),
+            None if done.cut_off(client) => return,
+            None => {}
         }
-        client.batch_execute(&format!("ANALYZE {table}")).await?;
-        client
-            .batch_execute(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)"))
-            .await?;
-        settled.push(name);
     }
-    Ok(settled)
+}
+
+/// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
+/// autovacuum: whether it did.
+async fn settle_day(client: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
+    let table = ident(name);
+    // One statement each: VACUUM cannot run inside the implicit transaction of several.
+    // INDEX_CLEANUP ON: once the day has its index (a round whose VACUUM left pages not
+    // all-visible indexes it), dead line pointers left by an aborted batch would otherwise
+    // be skipped below 2 % of pages, and their pages never become all-visible.
+    let vacuum = format!("VACUUM (INDEX_CLEANUP ON) {table}");
+    client.batch_execute(&vacuum).await?;
+    if !client
+        .query_one(ALL_VISIBLE, &[&table])
+        .await?
+        .get::<_, bool>(0)
+    {
+        return Ok(false);
+    }
+    client.batch_execute(&format!("ANALYZE {table}")).await?;
+    client
+        .batch_execute(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)"))
+        .await?;
+    Ok(true)
 }
 
 /// `name` quoted as an SQL identifier. The names come from the catalog, of the forms matched
