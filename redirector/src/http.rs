@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CACHE_CONTROL, LOCATION, RETRY_AFTER};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, LOCATION, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -92,7 +92,10 @@ impl App {
             Method::HEAD => false,
             _ => {
                 self.metrics.method_not_allowed.inc();
-                return plain(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n");
+                let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n");
+                let allowed = HeaderValue::from_static("GET, HEAD");
+                response.headers_mut().insert(ALLOW, allowed);
+                return response;
             }
         };
         let code = req.uri().path().strip_prefix('/').unwrap_or_default();

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use hyper::Method;
 use testkit::http::request;
-use testkit::redirector::{fixture, redirector_command, start_redirector, Redirector, LIMIT};
+use testkit::redirector::{
+    fixture, redirector_command, start_redirector, Fixture, Redirector, LIMIT,
+};
 use testkit::{eventually, limit_descriptors, raise_own_descriptor_limit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -177,17 +179,13 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     assert_eq!(closed(&r, "header_timeout").await, 0.0);
 }
 
-#[tokio::test]
-async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+/// A redirector with `timeouts`, a request answered on a keep-alive connection that then
+/// stays idle until the server closes it: how long that took, and the fixture and redirector
+/// for the caller's checks.
+async fn idle_after_a_request(timeouts: &[&str]) -> (Fixture, Redirector, Duration) {
     let f = fixture(&[(CODE, URL)]).await;
-    let r = testkit::redirector::redirector(
-        &f.db.url,
-        &f.socket,
-        &["--idle-timeout", "1s", "--header-read-timeout", "10m"],
-    )
-    .await;
+    let r = testkit::redirector::redirector(&f.db.url, &f.socket, timeouts).await;
     r.ready().await;
-
     let mut stream = TcpStream::connect(r.http).await.expect("connect");
     stream
         .write_all(b"GET /c HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -196,6 +194,13 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let head = read_head(&mut stream).await;
     assert!(head.starts_with("HTTP/1.1 302"), "{head}");
     let idle = await_close(&mut stream, "idle keep-alive").await;
+    (f, r, idle)
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let timeouts = ["--idle-timeout", "1s", "--header-read-timeout", "10m"];
+    let (_f, r, idle) = idle_after_a_request(&timeouts).await;
     assert!(
         idle >= Duration::from_millis(900),
         "closed after {idle:?}, before the 1s idle timeout"
@@ -203,6 +208,16 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     await_closed(&r, "idle_timeout", 1.0).await;
     assert_eq!(closed(&r, "header_timeout").await, 0.0);
     assert_eq!(r.metric("redirector_connections").await, 0.0);
+}
+
+/// hyper's header timer runs while a keep-alive connection waits for its next request: an
+/// idle timeout longer than it ends there, and is counted as what it is, idle.
+#[tokio::test]
+async fn an_idle_connection_closed_at_the_header_read_timeout_is_counted_as_idle() {
+    let timeouts = ["--idle-timeout", "10m", "--header-read-timeout", "1s"];
+    let (_f, r, _) = idle_after_a_request(&timeouts).await;
+    await_closed(&r, "idle_timeout", 1.0).await;
+    assert_eq!(closed(&r, "header_timeout").await, 0.0);
 }
 
 #[tokio::test]

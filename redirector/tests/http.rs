@@ -45,11 +45,12 @@ async fn answers_redirects_not_found_and_wrong_methods() {
         );
     }
     for method in [Method::POST, Method::PUT, Method::DELETE] {
-        let status = testkit::http::request(r.http, method.clone(), "/home")
+        let response = testkit::http::request(r.http, method.clone(), "/home")
             .await
-            .expect("an answer")
-            .status();
-        assert_eq!(status, 405, "{method} /home");
+            .expect("an answer");
+        assert_eq!(response.status(), 405, "{method} /home");
+        // RFC 9110, 15.5.6: a 405 says which methods the resource takes.
+        assert_eq!(response.headers()["allow"], "GET, HEAD", "{method} /home");
     }
 
     assert_eq!(r.metric("redirector_redirects_total").await, 1.0);

@@ -5,7 +5,8 @@
 //! - at most `--max-connections` at once, fitted under the process's descriptor limit; at the
 //!   limit a new connection takes the place of the one idle the longest, or when none is idle,
 //!   of the one whose unfinished request head began first (`evicted`), and is refused only
-//!   when every connection is answering a request or writing its response (`refused`);
+//!   when every connection is answering a request or writing its response (`refused`); a
+//!   connection that has received nothing yet counts as a head begun at its accept;
 //! - a connection idle between requests for `--idle-timeout` is closed (`idle_timeout`);
 //! - a response the client does not take within `--write-timeout` closes its connection
 //!   (`write_timeout`); hyper's header read timeout bounds a request head as a whole, counted
@@ -17,7 +18,11 @@
 //! A connection that has received part of a request head is not idle, but not busy either:
 //! nothing has been answered for it yet, and a client that sends its head a byte at a time
 //! must not hold a place that a whole request could use. So at the limit it makes room when
-//! no connection is idle, the slowest head (the one begun first) first.
+//! no connection is idle, the slowest head (the one begun first) first. A connection just
+//! accepted is not idle in that order either (though its idle timeout runs): its request may
+//! be in the socket's buffer, unread only because its task has not run yet, and taking it for
+//! idle had each of a burst of new clients close the one accepted before it, while the slow
+//! heads stayed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -83,7 +88,8 @@ pub(super) struct Conn {
     /// Milliseconds after `epoch` at which the connection last became idle, or [`BUSY`].
     idle_since: AtomicU64,
     /// Milliseconds after `epoch` at which the first byte of a request head not answered yet
-    /// arrived on an idle connection, or [`NO_HEAD`].
+    /// arrived on an idle connection (or the connection was accepted, for its first request),
+    /// or [`NO_HEAD`].
     head_since: AtomicU64,
     /// Requests being answered (hyper answers one at a time; a count keeps it simple).
     in_flight: AtomicU32,
@@ -148,12 +154,13 @@ impl Conn {
     }
 
     /// Its place in the order of eviction, lowest first: idle ones by how long they have been
-    /// idle, then those receiving a request head by when it began; `None` while busy.
+    /// idle, then those receiving a request head (or accepted and not yet read from) by when
+    /// it began; `None` while busy.
     fn eviction_rank(&self) -> Option<(u8, u64)> {
-        if let Some(since) = self.idle_since() {
-            return Some((0, since));
+        if let Some(since) = self.head_since() {
+            return Some((1, since));
         }
-        self.head_since().map(|since| (1, since))
+        self.idle_since().map(|since| (0, since))
     }
 }
 
@@ -215,7 +222,9 @@ impl Connections {
             evicted: Notify::new(),
             write_timed_out: AtomicBool::new(false),
         });
-        conn.idle_since.store(conn.millis(), Relaxed);
+        let now = conn.millis();
+        conn.idle_since.store(now, Relaxed);
+        conn.head_since.store(now, Relaxed);
         open.by_id.insert(conn.id, conn.clone());
         self.metrics.connections.set(open.by_id.len() as i64);
         Some(Held {
@@ -309,6 +318,10 @@ fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<Closed> {
     let e = result.err()?;
     if conn.write_timed_out.load(Relaxed) {
         Some(Closed::WriteTimeout)
+    } else if e.is_timeout() && conn.idle_since().is_some() && conn.head_since().is_none() {
+        // hyper's header timer runs from when it begins waiting for the next request, on a
+        // keep-alive connection too: an --idle-timeout longer than it ends there.
+        Some(Closed::IdleTimeout)
     } else if e.is_timeout() {
         Some(Closed::HeaderTimeout)
     } else {
@@ -372,7 +385,11 @@ mod tests {
         let early = admitted(&connections);
         let late = admitted(&connections);
         let idle = admitted(&connections);
-        // Two heads begun, `early`'s before `late`'s; `idle` has received nothing.
+        // Two heads begun, `early`'s before `late`'s; `idle` has answered a request and
+        // received nothing since.
+        idle.conn().received();
+        drop(idle.conn().begin_request());
+        idle.conn().wrote_all();
         early.conn().received();
         late.conn().received();
         early.conn().head_since.store(10, Relaxed);
@@ -405,5 +422,29 @@ mod tests {
         assert!(!in_place(&connections, &late));
         assert_eq!(metrics.connections_closed.get(Closed::Refused), 2);
         assert_eq!(metrics.connections_closed.get(Closed::Evicted), 3);
+    }
+
+    /// A connection just accepted, not yet read from, ranks as a head begun at its accept:
+    /// behind the slow heads that were there before it. Taken for idle, it was closed by the
+    /// next client of a burst, and every client of the burst but the last lost its request.
+    #[test]
+    fn a_connection_not_yet_read_from_makes_room_after_the_heads_begun_before_it() {
+        let metrics = Arc::new(Metrics::default());
+        let connections = Connections::new(2, metrics.clone());
+        let slow = [admitted(&connections), admitted(&connections)];
+        for held in &slow {
+            held.conn().received();
+            // Begun before anything else happens (ties go to the earlier accepted).
+            held.conn().head_since.store(0, Relaxed);
+        }
+        let new = admitted(&connections);
+        assert!(!in_place(&connections, &slow[0]), "the slowest head goes");
+        assert!(new.conn().idle_for().is_some(), "its idle timeout runs");
+        let _next = admitted(&connections);
+        assert!(in_place(&connections, &new), "not the one just accepted");
+        assert!(
+            !in_place(&connections, &slow[1]),
+            "the next slowest head goes"
+        );
     }
 }

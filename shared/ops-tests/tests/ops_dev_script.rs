@@ -355,6 +355,13 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         );
     }
     assert_cluster_kept_to(None, &dev_dir);
+    // A second run in the same directory is refused, and leaves the first one running (it
+    // took the first's processes for leftovers, and stopped them).
+    let mut second = start(&dev_dir);
+    let status = second.wait_exit(STOP).await;
+    assert!(!status.success(), "a second run in {dev_dir:?}: {status}");
+    let said = second.log().join("\n");
+    assert!(said.contains("another scripts/dev"), "{said}");
     let (status, location) = get(ready.redirect, &format!("/{CODE}")).await;
     assert_eq!(status, 302, "GET /{CODE} on the printed address");
     assert_eq!(location.as_deref(), Some("https://example.com/42"));
