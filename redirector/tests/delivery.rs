@@ -166,20 +166,66 @@ async fn a_peer_that_never_reads_holds_up_no_other_senders_acknowledgements() {
     stop(collector).await;
 }
 
-/// Sends the collector one click of `code` dated `at_us`, as datagram seq 0 of `sender`, from
-/// an unbound socket (a sender that expects no acknowledgement).
-fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
+/// Sends the collector one click of `code` dated `at_us`, as datagram `seq` of `sender`, from
+/// `socket` (unbound: a sender that expects no acknowledgement).
+fn send_click_from(
+    socket: &UnixDatagram,
+    collector: &Path,
+    (sender, seq): (u64, u64),
+    code: &str,
+    at_us: i64,
+) {
     let datagram = protocol::wire::Datagram {
         version: protocol::wire::VERSION,
         sender,
-        seq: 0,
+        seq,
         base_us: at_us,
         clicks: vec![protocol::wire::Click::new(code, 0)],
     };
-    let socket = UnixDatagram::unbound().expect("a datagram socket");
     socket
         .send_to(&datagram.encode(), collector)
         .expect("sending to the collector");
+}
+
+/// As `send_click_from`, seq 0, from an unbound socket.
+fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
+    let socket = UnixDatagram::unbound().expect("a datagram socket");
+    send_click_from(&socket, collector, (sender, 0), code, at_us);
+}
+
+/// After a collector restart, the first process to send a redirector's sender id no longer
+/// takes it (and with it the redirector's acknowledgements, for good): the collector knows
+/// from click_senders where that sender's acknowledgements go. A forger sending the id's next
+/// seq, from no address and from one of its own beside the redirector's, is refused, and the
+/// redirector's clicks after the restart are written and acknowledged.
+#[tokio::test]
+async fn after_a_collector_restart_another_process_cannot_take_a_redirectors_sender_id() {
+    let f = fixture(&[("resync", "https://example.com/")]).await;
+    let (collector, admin) = start_collector(&f).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    thousand_acknowledged(&f, &r, admin, 0).await;
+    let sender: i64 = scalar(&f.client, "SELECT sender FROM click_senders").await;
+    let last: i64 = scalar(&f.client, "SELECT last_seq FROM click_senders").await;
+    stop(collector).await;
+
+    let (collector, admin) = start_collector(&f).await;
+    let next = (sender as u64, last as u64 + 1);
+    let at = protocol::now_us();
+    let unbound = UnixDatagram::unbound().unwrap();
+    let bound = UnixDatagram::bind(f.socket.with_file_name("forger.sock")).unwrap();
+    for socket in [&unbound, &bound] {
+        send_click_from(socket, &f.socket, next, "forged", at);
+    }
+    let mismatch = "collector_datagrams_rejected_total{reason=\"sender_mismatch\"}";
+    eventually("both forgeries refused", LIMIT, || async {
+        (metric(admin, mismatch).await == 2.0).then_some(())
+    })
+    .await;
+    thousand_acknowledged(&f, &r, admin, 1_000).await;
+    assert_eq!(rows(&f.client, Some("forged")).await, 0);
+    assert_eq!(r.dropped().await, 0.0);
+    stop(collector).await;
 }
 
 /// A datagram the collector wrote, sent to it again (its sender and seq again, as a sender

@@ -169,7 +169,8 @@ impl Intake {
             Verdict::Ahead => Outcome::Ahead,
             Verdict::Accept { lost } => {
                 batch.push(&datagram, &self.window, now_us);
-                batch.note_sender(sender, seq, self.senders.clicks_through(sender));
+                let clicks = self.senders.clicks_through(sender);
+                batch.note_sender(sender, seq, clicks, meta.from);
                 let evicted = self.senders.forgotten();
                 let evicted_count = evicted.len();
                 batch.forget_senders(evicted);
@@ -235,7 +236,8 @@ impl Intake {
                 skipped,
                 unaccounted,
             } => {
-                batch.note_sender(resync.sender, first - 1, resync.clicks_before);
+                let (sender, before) = (resync.sender, resync.clicks_before);
+                batch.note_sender(sender, first - 1, before, meta.from);
                 Outcome::Resynced {
                     sender: resync.sender,
                     first,

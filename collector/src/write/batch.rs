@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use nix::sys::socket::UnixAddr;
 use protocol::dimensions::{Agent, Country, Device, Dimension, Dimensions};
 use shared::metrics::Label;
 use tokio::sync::mpsc;
@@ -149,8 +150,9 @@ pub struct Batch {
     /// Clicks per (day, dimension, code, value). Boxed: a batch is moved from task to task by
     /// value, inside events that should stay small.
     breakdowns: Box<Breakdowns>,
-    /// Each sender's highest seq in the batch, and its clicks up to it since its seq 0.
-    senders: HashMap<u64, (u64, u64)>,
+    /// Each sender's highest seq in the batch, its clicks up to it since its seq 0, and the
+    /// address its acknowledgements go to.
+    senders: HashMap<u64, Noted>,
     /// Sender ids the collector forgot: their click_senders rows go with this batch.
     forgotten: Vec<u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
@@ -284,11 +286,14 @@ impl Batch {
     }
 
     /// Records that `sender`'s datagrams up to `seq` are in this batch (or, after a resync,
-    /// passed over), `clicks` clicks up to it since its seq 0.
-    pub fn note_sender(&mut self, sender: u64, seq: u64, clicks: u64) {
+    /// passed over), `clicks` clicks up to it since its seq 0, sent from `reply` (the latest
+    /// noted is kept: a sender moves, never back).
+    pub fn note_sender(&mut self, sender: u64, seq: u64, clicks: u64, reply: Option<UnixAddr>) {
         self.started.get_or_insert_with(Instant::now);
-        let last = self.senders.entry(sender).or_insert((seq, clicks));
-        *last = (*last).max((seq, clicks));
+        let noted = Noted { seq, clicks, reply };
+        let last = self.senders.entry(sender).or_insert(noted);
+        (last.seq, last.clicks) = (last.seq, last.clicks).max((seq, clicks));
+        last.reply = reply;
     }
 
     /// Distinct senders of the batch's datagrams.
@@ -404,17 +409,19 @@ impl Batch {
     pub(crate) fn senders(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.senders
             .iter()
-            .map(|(&sender, &(seq, _))| (sender, seq))
+            .map(|(&sender, noted)| (sender, noted.seq))
     }
 
-    /// Senders, their highest seq and their clicks up to it, as bigint columns (the u64 bits
-    /// reinterpreted).
-    pub(crate) fn sender_columns(&self) -> [Vec<i64>; 3] {
-        let mut columns: [Vec<i64>; 3] = Default::default();
-        for (&sender, &(seq, clicks)) in &self.senders {
-            for (column, value) in columns.iter_mut().zip([sender, seq, clicks]) {
-                column.push(value as i64);
-            }
+    /// Each sender in the batch, as noted.
+    pub(crate) fn noted(&self) -> impl Iterator<Item = (u64, Noted)> + '_ {
+        self.senders.iter().map(|(&sender, &noted)| (sender, noted))
+    }
+
+    /// The batch's senders as `click_senders` columns.
+    pub(crate) fn sender_columns(&self) -> SenderColumns {
+        let mut columns = SenderColumns::default();
+        for (sender, noted) in self.noted() {
+            columns.push(sender, &noted);
         }
         columns
     }
@@ -531,6 +538,51 @@ pub fn handoff() -> (Handoff, WriterEnds) {
         empty: empty_tx,
     };
     (receiver, writer)
+}
+
+/// What a batch notes of a sender (`Batch::note_sender`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Noted {
+    pub(crate) seq: u64,
+    pub(crate) clicks: u64,
+    pub(crate) reply: Option<UnixAddr>,
+}
+
+/// Senders as `click_senders` columns: ids, highest seqs and clicks up to them as bigint (the
+/// u64 bits reinterpreted), and where their acknowledgements go (a socket's path, as bytea;
+/// NULL for none, or for an address without a path).
+#[derive(Debug, Default)]
+pub(crate) struct SenderColumns {
+    pub(crate) senders: Vec<i64>,
+    pub(crate) seqs: Vec<i64>,
+    pub(crate) clicks: Vec<i64>,
+    pub(crate) replies: Vec<Option<Vec<u8>>>,
+}
+
+impl SenderColumns {
+    /// `ADVANCE_SENDERS`'s parameters, the rows marked with `instance`.
+    pub(crate) fn params<'a>(
+        &'a self,
+        instance: &'a String,
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 5] {
+        [
+            &self.senders,
+            &self.seqs,
+            &self.clicks,
+            instance,
+            &self.replies,
+        ]
+    }
+
+    pub(crate) fn push(&mut self, sender: u64, noted: &Noted) {
+        use std::os::unix::ffi::OsStrExt;
+        self.senders.push(sender as i64);
+        self.seqs.push(noted.seq as i64);
+        self.clicks.push(noted.clicks as i64);
+        let path = noted.reply.as_ref().and_then(|at| at.path());
+        self.replies
+            .push(path.map(|p| p.as_os_str().as_bytes().to_vec()));
+    }
 }
 
 #[cfg(test)]
@@ -718,16 +770,20 @@ mod tests {
     #[test]
     fn keeps_each_senders_highest_seq_and_clears() {
         let mut b = Batch::default();
-        b.note_sender(u64::MAX, 3, 30);
-        b.note_sender(u64::MAX, 2, 20);
-        b.note_sender(1, 0, 5);
-        let [mut senders, mut seqs, mut clicks] = b.sender_columns();
-        senders.sort();
-        seqs.sort();
-        clicks.sort();
+        let (at, moved) = (UnixAddr::new("/run/a").ok(), UnixAddr::new("/run/b").ok());
+        b.note_sender(u64::MAX, 3, 30, at);
+        b.note_sender(u64::MAX, 2, 20, moved);
+        b.note_sender(1, 0, 5, None);
+        let c = b.sender_columns();
+        let mut rows: Vec<_> = (0..2)
+            .map(|i| (c.senders[i], c.seqs[i], c.clicks[i], c.replies[i].clone()))
+            .collect();
+        rows.sort();
+        let b_path = Some(b"/run/b".to_vec());
         assert_eq!(
-            (senders, seqs, clicks),
-            (vec![-1, 1], vec![0, 3], vec![5, 30])
+            rows,
+            [(-1, 3, 30, b_path), (1, 0, 5, None)],
+            "the latest address"
         );
         assert!(b.started().is_some() && b.received() == 0);
         b.push(&datagram(&[("x", 0)], 0), &OPEN, 0);

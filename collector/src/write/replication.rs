@@ -29,7 +29,7 @@ use tokio_postgres::Client;
 
 use crate::db::{describe, Db};
 use crate::metrics::Common;
-use crate::write::batch::Batch;
+use crate::write::batch::{Batch, Noted, SenderColumns};
 use crate::write::store::ADVANCE_SENDERS;
 use crate::write::Metrics;
 
@@ -295,15 +295,10 @@ impl Committed {
 
     /// `batch` committed, by an attempt that began `at`.
     pub fn add(&mut self, batch: &Batch, at: Instant) {
-        let [senders, seqs, clicks] = batch.sender_columns();
-        for ((sender, seq), clicks) in senders.into_iter().zip(seqs).zip(clicks) {
-            let commit = Commit {
-                seq: seq as u64,
-                clicks: clicks as u64,
-                at,
-            };
-            let entry = self.senders.entry(sender as u64).or_insert(commit);
-            if commit.seq >= entry.seq {
+        for (sender, noted) in batch.noted() {
+            let commit = Commit { noted, at };
+            let entry = self.senders.entry(sender).or_insert(commit);
+            if commit.noted.seq >= entry.noted.seq {
                 *entry = commit;
             }
         }
@@ -347,15 +342,13 @@ impl Committed {
             clicks,
         } = self.behind(&there, Instant::now());
         if !behind.is_empty() {
-            let column = |f: fn(&(u64, u64, u64)) -> u64| -> Vec<i64> {
-                behind.iter().map(|b| f(b) as i64).collect()
-            };
-            let params = (column(|b| b.0), column(|b| b.1), column(|b| b.2));
+            let mut rows = SenderColumns::default();
+            for (sender, noted) in &behind {
+                rows.push(*sender, noted);
+            }
+            let instance = instance.to_owned();
             client
-                .execute(
-                    ADVANCE_SENDERS,
-                    &[&params.0, &params.1, &params.2, &instance],
-                )
+                .execute(ADVANCE_SENDERS, &rows.params(&instance))
                 .await?;
             counts.clicks_unaccounted.inc_by(clicks);
             tracing::warn!(
@@ -384,10 +377,11 @@ impl Committed {
             if missing && now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
                 continue;
             }
-            if missing || db_seq < c.seq {
-                behind.datagrams += c.seq.saturating_sub(db_seq) + u64::from(missing);
-                behind.clicks += c.clicks.saturating_sub(db_clicks);
-                behind.senders.push((sender, c.seq, c.clicks));
+            let n = c.noted;
+            if missing || db_seq < n.seq {
+                behind.datagrams += n.seq.saturating_sub(db_seq) + u64::from(missing);
+                behind.clicks += n.clicks.saturating_sub(db_clicks);
+                behind.senders.push((sender, n));
             }
         }
         behind
@@ -396,16 +390,15 @@ impl Committed {
 
 #[derive(Debug, Clone, Copy)]
 struct Commit {
-    seq: u64,
-    clicks: u64,
+    noted: Noted,
     at: Instant,
 }
 
-/// Senders whose rows lack commits of this process: (sender, seq, clicks) to put back, and the
+/// Senders whose rows lack commits of this process, as committed, to put back; and the
 /// datagrams and clicks missing.
 #[derive(Debug, Default)]
 struct Behind {
-    senders: Vec<(u64, u64, u64)>,
+    senders: Vec<(u64, Noted)>,
     datagrams: u64,
     clicks: u64,
 }
@@ -424,7 +417,7 @@ mod tests {
         let batch = |senders: &[(u64, u64, u64)]| {
             let mut batch = Batch::default();
             for &(sender, seq, clicks) in senders {
-                batch.note_sender(sender, seq, clicks);
+                batch.note_sender(sender, seq, clicks, None);
             }
             batch
         };
@@ -434,12 +427,17 @@ mod tests {
         let recent = [(2, 9, 90), (3, 5, 50), (4, 7, 70), (5, 6, 60)];
         c.add(&batch(&recent), hour_later);
         let there = HashMap::from([(3, (5, 50)), (4, (5, 52)), (6, (3, 30))]);
-        let mut behind = c.behind(&there, start + protocol::senders::IDLE);
-        behind.senders.sort();
+        let behind = c.behind(&there, start + protocol::senders::IDLE);
+        let mut lacking: Vec<_> = behind
+            .senders
+            .iter()
+            .map(|(sender, noted)| (*sender, noted.seq, noted.clicks))
+            .collect();
+        lacking.sort();
         // 1: old and missing, maybe pruned. 3: as committed. 5: committed again since.
         // 6: old, but behind rather than missing.
         let lost = [(2, 9, 90), (4, 7, 70), (5, 6, 60), (6, 8, 80)];
-        assert_eq!(behind.senders, lost);
+        assert_eq!(lacking, lost);
         assert_eq!(behind.datagrams, 10 + 2 + 7 + 5);
         assert_eq!(behind.clicks, 90 + 18 + 60 + 50);
     }

@@ -65,17 +65,23 @@ const CLAIM_BATCH: &str = "
 /// Moves the batch's senders' committed seqs, and their clicks up to them, forward (never
 /// back: a collector whose instance lock session was lost may commit late), in sender order so
 /// that two writers updating the same senders lock their rows in the same order. Each row is
-/// marked with the instance whose collector judges that sender. Also what puts back the records
-/// a failover lost (`replication`).
+/// marked with the instance whose collector judges that sender, and with the address its
+/// acknowledgements go to (migration 19: what a restarted collector takes its id from; none
+/// noted keeps the one recorded). Also what puts back the records a failover lost
+/// (`replication`).
 pub(crate) const ADVANCE_SENDERS: &str = "
-    INSERT INTO click_senders (sender, last_seq, clicks, instance, updated_at)
-    SELECT sender, last_seq, clicks, $4, now()
-      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS s(sender, last_seq, clicks)
+    INSERT INTO click_senders (sender, last_seq, clicks, instance, reply_to, updated_at)
+    SELECT sender, last_seq, clicks, $4, reply_to, now()
+      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $5::bytea[])
+           AS s(sender, last_seq, clicks, reply_to)
     ORDER BY sender
     ON CONFLICT (sender) DO UPDATE
        SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
            clicks = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
                          THEN EXCLUDED.clicks ELSE click_senders.clicks END,
+           reply_to = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
+                           THEN coalesce(EXCLUDED.reply_to, click_senders.reply_to)
+                           ELSE click_senders.reply_to END,
            instance = EXCLUDED.instance, updated_at = now()";
 
 /// Sender ids the collector forgot (idle, or past its bounds under a flood of fresh ids): their
@@ -223,14 +229,9 @@ impl Conn {
             let refused = attempts.refused_at_commit;
             return Ok(Stored::AlreadyCommitted { refused });
         }
-        let [senders, seqs, sender_clicks] = batch.sender_columns();
-        let advance = [
-            &senders as _,
-            &seqs as _,
-            &sender_clicks as _,
-            &number.instance as _,
-        ];
-        tx.execute(&self.advance_senders, &advance).await?;
+        let senders = batch.sender_columns();
+        tx.execute(&self.advance_senders, &senders.params(&number.instance))
+            .await?;
         // After: an id noted and then pushed out by a flood while the batch filled goes. (One
         // forgotten and then seen again is not in the list: `Batch::forget_only`.)
         let forgotten = batch.forgotten_column();

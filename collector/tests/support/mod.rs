@@ -37,7 +37,7 @@ pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
         batch.push(&d, &WIDE_OPEN, start_us());
         let through = clicks.entry(d.sender).or_insert(0);
         *through += d.clicks.len() as u64;
-        batch.note_sender(d.sender, d.seq, *through);
+        batch.note_sender(d.sender, d.seq, *through, None);
     }
     batch
 }

@@ -25,7 +25,10 @@
 //! of the same user, it moves there once the transport finds nobody listening at the first,
 //! and the new one as hard to bind as the first ([`Senders::claimed_from_elsewhere`],
 //! [`Senders::moved`]): a restart with another acknowledgement socket, not a copy of the state
-//! beside a live original. Also refused is a
+//! beside a live original. A collector that starts knows each sender's address from
+//! `click_senders` ([`Senders::replying_at`]), and until a datagram names the process, only
+//! one from that address (or one it moved to, as above) speaks for the id: not the first
+//! process to send it. Also refused is a
 //! seq further ahead than any sender could have got (from a sender without an address: one
 //! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
 //! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
@@ -171,6 +174,10 @@ struct Sender<A> {
     told: Option<(Ack, Instant)>,
     /// Whose it is: set by the first datagram of it accepted in this collector's life.
     owner: Option<Owner>,
+    /// The address `click_senders` recorded for it: until `owner` is set, only a datagram from
+    /// there (or from where it moved) speaks for it. Not `reply`, which any datagram judged
+    /// sets, a refused one's too.
+    recorded: Option<A>,
     /// Whose it was before a later process took it over: never again (a datagram of the dead
     /// one still in flight must not hand it back).
     replaced: Option<Owner>,
@@ -189,6 +196,7 @@ impl<A: Copy> Sender<A> {
             reply: None,
             told: None,
             owner: None,
+            recorded: None,
             replaced: None,
             over_quota: false,
             seen: now,
@@ -266,6 +274,18 @@ impl<A: Copy + PartialEq> Senders<A> {
             swept_len: 0,
             reading_since: now,
         }
+    }
+
+    /// The loaded senders' addresses, as `click_senders` recorded them: until a datagram names
+    /// its process, such a sender is taken only from there, or from an address it moved to
+    /// ([`Senders::claimed_from_elsewhere`]).
+    pub fn replying_at(mut self, addresses: impl IntoIterator<Item = (u64, A)>) -> Senders<A> {
+        for (sender, at) in addresses {
+            if let Some(s) = self.map.get_mut(&sender) {
+                (s.reply, s.recorded) = (Some(at), Some(at));
+            }
+        }
+        self
     }
 
     /// Judges datagram `seq` of `sender`, `clicks` clicks sent from `from` by the process of
@@ -410,10 +430,11 @@ impl<A: Copy + PartialEq> Senders<A> {
 
     /// Whether the process `owner`, sending from `from`, may speak for the known sender `s`: its
     /// owner, or (for a sender with an address) a later process of the same user at the same
-    /// address, which took the id over with the state region it adopted.
+    /// address, which took the id over with the state region it adopted. Whose a sender is
+    /// not known yet (loaded at start) is anyone's at its address, if it has one.
     fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
         match (s.owner, owner) {
-            (None, _) => true,
+            (None, _) => s.recorded.is_none() || s.recorded == from,
             (known, claimed) if known == claimed => true,
             (Some(known), Some(claimed)) => {
                 from.is_some()
@@ -440,11 +461,15 @@ impl<A: Copy + PartialEq> Senders<A> {
         creds: Option<Creds>,
     ) -> Option<A> {
         let s = self.map.get(&sender)?;
-        let (known, claimed) = (s.owner?, Owner::of(creds)?);
-        let elsewhere = from.is_some() && s.reply.is_some() && s.reply != from;
-        let successor = known != claimed && known.uid == claimed.uid;
+        let claimed = Owner::of(creds)?;
+        let (at, successor) = match s.owner {
+            Some(known) => (s.reply, known != claimed && known.uid == claimed.uid),
+            // Loaded at start, no process known yet: the addresses are the proof.
+            None => (s.recorded, true),
+        };
+        let elsewhere = from.is_some() && at.is_some() && at != from;
         (elsewhere && successor && s.replaced != Some(claimed))
-            .then_some(s.reply)
+            .then_some(at)
             .flatten()
     }
 
@@ -453,7 +478,7 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// looked, after [`Senders::claimed_from_elsewhere`]), so its owner is gone.
     pub fn moved(&mut self, sender: u64, to: A) {
         if let Some(s) = self.map.get_mut(&sender) {
-            s.reply = Some(to);
+            (s.reply, s.recorded) = (Some(to), s.recorded.and(Some(to)));
         }
     }
 
@@ -945,6 +970,47 @@ mod tests {
         );
         assert_eq!(s.claimed_from_elsewhere(7, addr(), first), None, "replaced");
         assert_eq!(s.judge(7, (2, 1), addr(), first, now).0, mismatch);
+    }
+
+    /// A sender loaded at start with its address (`click_senders.reply_to`) is taken from
+    /// there only, or from an address it moved to, not by the first process to send its id:
+    /// that was anyone's after a collector restart, and the redirector whose id it was was
+    /// refused for good. One loaded without an address is anyone's, as before.
+    #[test]
+    fn a_sender_loaded_with_its_address_is_taken_from_there_only() {
+        let now = Instant::now();
+        let loaded =
+            || Senders::<Addr>::committed([(7, 4, 40), (8, 4, 40)]).replying_at([(7, "sender")]);
+        let mismatch = Verdict::Refused(Refusal::SenderMismatch);
+        let (forger, redirector) = (creds(66), creds(10));
+
+        let mut s = loaded();
+        assert_eq!(
+            s.judge(7, (5, 1), None, forger, now).0,
+            mismatch,
+            "no address"
+        );
+        assert_eq!(s.judge(7, (5, 1), Some("forger"), forger, now).0, mismatch);
+        let asked = Resync::new(7, 9, 90);
+        assert_eq!(
+            s.resync(&asked, Some("forger"), forger, now),
+            Resynced::Refused(Refusal::SenderMismatch)
+        );
+        let accepted = Verdict::Accept { lost: 0 };
+        assert_eq!(s.judge(7, (5, 1), addr(), redirector, now).0, accepted);
+        assert_eq!(
+            s.judge(8, (5, 1), None, forger, now).0,
+            accepted,
+            "loaded without an address: anyone's, as before"
+        );
+
+        // Restarted elsewhere while the collector restarted too: moved, as a known one.
+        let mut s = loaded();
+        let elsewhere = Some("elsewhere");
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, redirector), addr());
+        assert_eq!(s.claimed_from_elsewhere(7, None, redirector), None);
+        s.moved(7, "elsewhere");
+        assert_eq!(s.judge(7, (5, 1), elsewhere, redirector, now).0, accepted);
     }
 
     #[test]

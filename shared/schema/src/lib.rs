@@ -95,6 +95,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "breakdown_expiry_index",
         include_str!("../migrations/0018_breakdown_expiry_index.sql"),
     ),
+    (
+        19,
+        "sender_address",
+        include_str!("../migrations/0019_sender_address.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.
