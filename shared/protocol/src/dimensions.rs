@@ -208,6 +208,20 @@ fn assigned(code: [u8; 2]) -> bool {
         && ASSIGNED[usize::from(a - b'A')] & (1 << (b - b'A')) != 0
 }
 
+/// What follows `scheme://` at the start of `url` (RFC 3986: a letter, then letters, digits,
+/// `+`, `-` or `.`); `None` when it does not begin so (a relative reference, whose query may
+/// hold another URL).
+fn after_scheme(url: &[u8]) -> Option<&[u8]> {
+    let colon = url.iter().position(|&b| b == b':')?;
+    let (scheme, rest) = url.split_at(colon);
+    let letter = scheme.first()?.is_ascii_alphabetic();
+    let rest_ok = scheme
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(b));
+    (letter && rest_ok).then_some(())?;
+    rest.strip_prefix(b"://")
+}
+
 /// Whether `host` is a referrer host as [`referrer_host`] writes it: at most
 /// [`MAX_REFERRER_LEN`] bytes of `[a-z0-9.-_]` (empty: none).
 pub fn valid_referrer(host: &str) -> bool {
@@ -219,11 +233,11 @@ pub fn valid_referrer(host: &str) -> bool {
 
 /// The host of a `Referer` header's URL, lower case, without user info or port, cut to its
 /// last labels that fit [`MAX_REFERRER_LEN`], written into `out`; empty when the header holds
-/// no usable host (no `scheme://`, or a byte a host name does not hold). Never allocates.
+/// no usable host (it does not begin with `scheme://`, or a byte a host name does not hold).
+/// Never allocates.
 pub fn referrer_host<'o>(referer: &[u8], out: &'o mut [u8; MAX_REFERRER_LEN]) -> &'o str {
-    let authority = match referer.windows(3).position(|w| w == b"://") {
-        Some(i) => &referer[i + 3..],
-        None => return "",
+    let Some(authority) = after_scheme(referer) else {
+        return "";
     };
     let end = authority
         .iter()
@@ -238,8 +252,9 @@ pub fn referrer_host<'o>(referer: &[u8], out: &'o mut [u8; MAX_REFERRER_LEN]) ->
         Some(i) if host[i + 1..].iter().all(u8::is_ascii_digit) => &host[..i],
         _ => host,
     };
-    let host = host.strip_suffix(b".").unwrap_or(host);
-    let mut host = host;
+    // A fully qualified name's root (`example.com.`), however often written, is the same host.
+    let dots = host.iter().rev().take_while(|&&b| b == b'.').count();
+    let mut host = &host[..host.len() - dots];
     while host.len() > MAX_REFERRER_LEN {
         match host.iter().position(|&b| b == b'.') {
             Some(i) => host = &host[i + 1..],
@@ -304,6 +319,17 @@ mod tests {
         assert_eq!(host("android-app://com.slack/"), "com.slack");
         assert_eq!(host("https://example.com."), "example.com");
         assert_eq!(host("example.com/no-scheme"), "");
+        assert_eq!(
+            host("/x?u=https://a.com/"),
+            "",
+            "a URL in a relative reference's query"
+        );
+        assert_eq!(host("1http://a.com/"), "", "a scheme begins with a letter");
+        assert_eq!(
+            host("https://example.com../"),
+            "example.com",
+            "every root dot"
+        );
         assert_eq!(host("https://exa mple.com/"), "");
         assert_eq!(host("https://[::1]:80/"), "");
         let long = format!("https://{}.example.com/", "a".repeat(60));
