@@ -168,13 +168,18 @@ fn parse_rate(text: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: &Args) -> Result<(), TapError> {
-    let stop = signals::stop_flag().map_err(TapError::io("installing signal handlers"))?;
+    // What to send is read first, under the default handlers: the stop flag's (no SA_RESTART)
+    // would have a read of a terminal or a pipe retry its EINTR, and swallow Ctrl-C.
     if let Some(raw) = &args.raw {
-        return send_raw(args, raw, stop);
+        let bytes = match raw.as_str() {
+            "-" => read_all(Path::new("-"))?,
+            hex_text => hex::parse(hex_text)?,
+        };
+        return send_raw(args, &bytes, stop_flag()?);
     }
     let dimensions = args.dimensions()?;
     let codes = all_codes(args)?;
-    let mut link = Link::connect(&args.socket, stop)?;
+    let mut link = Link::connect(&args.socket, stop_flag()?)?;
     let sender = args.sender.unwrap_or_else(wire::random_sender);
     let mut sent = Sent::new(sender, args.wire_version);
     let result = send_clicks(args, &codes, &dimensions, &mut link, &mut sent);
@@ -206,13 +211,13 @@ fn all_codes(args: &Args) -> Result<Vec<String>, TapError> {
     Ok(codes)
 }
 
-fn send_raw(args: &Args, raw: &str, stop: &'static AtomicBool) -> Result<(), TapError> {
-    let bytes = match raw {
-        "-" => read_all(Path::new("-"))?,
-        hex_text => hex::parse(hex_text)?,
-    };
+fn stop_flag() -> Result<&'static AtomicBool, TapError> {
+    signals::stop_flag().map_err(TapError::io("installing signal handlers"))
+}
+
+fn send_raw(args: &Args, bytes: &[u8], stop: &'static AtomicBool) -> Result<(), TapError> {
     let mut link = Link::connect(&args.socket, stop)?;
-    let result = link.send(&bytes);
+    let result = link.send(bytes);
     let verb = if result.is_ok() {
         "sent"
     } else {

@@ -721,6 +721,51 @@ fn send_says_clearly_when_nobody_listens() {
     );
 }
 
+/// Ctrl-C while `send --raw -` waits for its stdin (a terminal, a pipe nobody closes) ends
+/// it: the stop flag's handlers, installed before the read, had the read retry and swallow
+/// SIGINT, so that only Ctrl-D or SIGKILL ended it.
+#[test]
+fn send_raw_from_a_stdin_that_never_ends_stops_at_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("c.sock");
+    let mut child = clicktap()
+        .args(["send", "--socket", socket.to_str().unwrap(), "--raw", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting clicktap");
+    let _open = child.stdin.take();
+    let pid = child.id();
+    // Blocked in read(2) of its stdin (x86-64's syscall 0, descriptor 0): past any handler's
+    // installation, so that the signal meets the read.
+    let reading = || {
+        let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        call.starts_with("0 0x0 ")
+    };
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !reading() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "clicktap never read its stdin"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(pid, Signal::SIGINT).unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "clicktap ignored Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(!status.success(), "{status}");
+}
+
 #[tokio::test]
 async fn listen_refuses_a_regular_file_and_a_path_in_use() {
     let dir = tempfile::tempdir().unwrap();
