@@ -65,9 +65,28 @@ pub fn encode(options: &LinkOptions, url: &[u8], out: &mut Vec<u8>) -> Result<()
         }
         None => out.push(flags),
     }
-    out.extend_from_slice(url);
+    put_uri(out, url);
     Ok(())
 }
+
+/// Puts `bytes` into `out` as a URI holds them: a space and every byte past ASCII (a URL's
+/// UTF-8, which `links` may hold and a request's query may carry) percent-encoded, as a
+/// browser sends them, so that `Location` is a URI reference for every client, not only for
+/// those that take raw UTF-8. Nothing else is touched (a `%` stays: the URL's own escapes).
+fn put_uri(out: &mut impl BufMut, bytes: &[u8]) {
+    let plain = |b: u8| b != b' ' && b.is_ascii();
+    if bytes.iter().all(|&b| plain(b)) {
+        return out.put_slice(bytes);
+    }
+    for &b in bytes {
+        match plain(b) {
+            true => out.put_u8(b),
+            false => out.put_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]),
+        }
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// What a request for a link gets.
 #[derive(Debug, PartialEq, Eq)]
@@ -146,11 +165,11 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
             out.put_u8(s);
         }
         separator = Some(b'&');
-        out.put_slice(param);
+        put_uri(&mut out, param);
     }
     out.put_slice(fragment);
-    // The URL passed as a header value when it was loaded, and a request target holds only
-    // visible ASCII: the merge is one too. Were it not, the URL alone is the answer.
+    // The URL passed as a header value when it was loaded, and the query is put as a URI
+    // holds it: the merge is one too. Were it not, the URL alone is the answer.
     HeaderValue::from_maybe_shared(Bytes::from(out))
         .or_else(|_| HeaderValue::from_bytes(url))
         .unwrap_or_else(|_| HeaderValue::from_static("/"))
@@ -206,6 +225,16 @@ mod tests {
         assert_eq!(
             location("https://e.com/p?a=1#top", Some("&&x=1&")),
             "https://e.com/p?a=1&x=1#top"
+        );
+    }
+
+    /// A URL's UTF-8 and spaces, and a request's, are percent-encoded, as a browser sends
+    /// them: `Location` is a URI reference. Escapes already there are kept as they are.
+    #[test]
+    fn the_location_is_a_uri_utf_8_and_spaces_percent_encoded() {
+        assert_eq!(
+            location("https://e.com/a b/café?x=%41", Some("q=naïve")),
+            "https://e.com/a%20b/caf%C3%A9?x=%41&q=na%C3%AFve"
         );
     }
 
