@@ -306,14 +306,18 @@ fn recv_with(fd: BorrowedFd<'_>, buf: &mut [u8], control: &mut [u8]) -> io::Resu
         return Err(io::Error::last_os_error());
     }
     let (creds, fds) = take_control(&msg);
+    // The address's length as the kernel has it, which for a path of the whole of sun_path
+    // (108 bytes) counts a NUL past the room it was given: what it wrote is that room at most.
+    // (Given as is, nix copied it into a `sockaddr_un` one byte too small.)
+    let len = (msg.msg_namelen as usize).min(size_of::<libc::sockaddr_un>());
     // An unbound sender's address is unnamed: the kernel gives it no length at all.
-    let from = (msg.msg_namelen as usize > size_of::<libc::sa_family_t>())
+    let from = (len > size_of::<libc::sa_family_t>())
         .then(|| {
-            // SAFETY: the kernel wrote `msg_namelen` bytes of a Unix address into `addr`.
+            // SAFETY: the kernel wrote `len` bytes of a Unix address into `addr`, its size.
             unsafe {
                 <UnixAddr as socket::SockaddrLike>::from_raw(
                     std::ptr::addr_of!(addr).cast(),
-                    Some(msg.msg_namelen),
+                    Some(len as libc::socklen_t),
                 )
             }
         })
@@ -746,6 +750,47 @@ mod tests {
             all_closed(&read),
             "a descriptor the peer sent is still open"
         );
+    }
+
+    /// A sender bound at a path that fills sun_path (108 bytes, no room for its NUL): the
+    /// kernel gives its address's length counting the NUL, one byte past the room.
+    #[test]
+    fn a_sender_at_a_path_filling_sun_path_is_read_within_the_room() {
+        use nix::libc;
+        use std::os::fd::FromRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let receiver_path = dir.path().join("r.sock");
+        let receiver = bind_datagram(&receiver_path, 0o600).unwrap();
+        // SAFETY: all zeroes is a valid sockaddr_un.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let room = addr.sun_path.len();
+        let prefix = format!("{}/", dir.path().display());
+        let path = format!("{prefix}{}", "s".repeat(room - prefix.len()));
+        for (to, b) in addr.sun_path.iter_mut().zip(path.bytes()) {
+            *to = b as libc::c_char;
+        }
+        // SAFETY: a new socket, bound at an address of its full size.
+        let sender = unsafe {
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "{}", io::Error::last_os_error());
+            let at = std::ptr::addr_of!(addr).cast();
+            let bound = libc::bind(fd, at, size_of::<libc::sockaddr_un>() as libc::socklen_t);
+            assert_eq!(bound, 0, "{}", io::Error::last_os_error());
+            UnixDatagram::from_raw_fd(fd)
+        };
+        sender.send_to(b"x", &receiver_path).unwrap();
+        let mut buf = [0u8; 8];
+        let from = recv(receiver.as_fd(), &mut buf)
+            .unwrap()
+            .from
+            .expect("its address");
+        let len = socket::SockaddrLike::len(&from) as usize;
+        assert!(
+            len <= size_of::<libc::sockaddr_un>(),
+            "{len} bytes of address"
+        );
+        assert_eq!(from.path().unwrap().as_os_str().len(), room);
     }
 
     #[test]

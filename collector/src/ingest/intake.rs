@@ -9,7 +9,7 @@ use protocol::RejectReason;
 use shared::socket::Received;
 use std::time::Instant;
 
-use crate::write::batch::{Batch, DateWindow};
+use crate::write::batch::{Batch, DateWindow, Noted};
 use protocol::senders::{Refusal, Resynced, Verdict};
 
 use crate::ingest::senders::{Reply, Senders};
@@ -170,7 +170,7 @@ impl Intake {
             Verdict::Accept { lost } => {
                 batch.push(&datagram, &self.window, now_us);
                 let clicks = self.senders.clicks_through(sender);
-                batch.note_sender(sender, seq, clicks, meta.from);
+                batch.note_sender(sender, noted(seq, clicks, meta));
                 let evicted = self.senders.forgotten();
                 let evicted_count = evicted.len();
                 batch.forget_senders(evicted);
@@ -236,8 +236,8 @@ impl Intake {
                 skipped,
                 unaccounted,
             } => {
-                let (sender, before) = (resync.sender, resync.clicks_before);
-                batch.note_sender(sender, first - 1, before, meta.from);
+                let noted = noted(first - 1, resync.clicks_before, meta);
+                batch.note_sender(resync.sender, noted);
                 Outcome::Resynced {
                     sender: resync.sender,
                     first,
@@ -251,6 +251,15 @@ impl Intake {
     /// The senders, to record what a committed batch committed.
     pub(crate) fn senders(&mut self) -> &mut Senders {
         &mut self.senders
+    }
+}
+
+/// What a batch notes of the sender of `meta`'s datagram, accepted up to `seq`.
+fn noted(seq: u64, clicks: u64, meta: &Received) -> Noted {
+    Noted {
+        reply: meta.from,
+        uid: meta.creds.map(|c| c.uid),
+        ..Noted::at(seq, clicks)
     }
 }
 

@@ -20,7 +20,7 @@ pub(crate) type Reply = protocol::senders::Reply<UnixAddr>;
 pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT sender, last_seq, clicks, reply_to FROM click_senders",
+            "SELECT sender, last_seq, clicks, reply_to, reply_uid FROM click_senders",
             &[],
         )
         .await?;
@@ -30,7 +30,10 @@ pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Err
     let addresses = rows.iter().filter_map(|r| {
         let path = r.get::<_, Option<&[u8]>>(3)?;
         let at = UnixAddr::new(std::ffi::OsStr::from_bytes(path)).ok()?;
-        Some((id(r, 0), at))
+        let uid = r
+            .get::<_, Option<i64>>(4)
+            .and_then(|u| u32::try_from(u).ok());
+        Some((id(r, 0), at, uid))
     });
     Ok(Senders::committed(last).replying_at(addresses))
 }

@@ -286,14 +286,14 @@ impl Batch {
     }
 
     /// Records that `sender`'s datagrams up to `seq` are in this batch (or, after a resync,
-    /// passed over), `clicks` clicks up to it since its seq 0, sent from `reply` (the latest
-    /// noted is kept: a sender moves, never back).
-    pub fn note_sender(&mut self, sender: u64, seq: u64, clicks: u64, reply: Option<UnixAddr>) {
+    /// passed over), `clicks` clicks up to it since its seq 0, sent from where `noted` says;
+    /// the highest seq's is kept.
+    pub fn note_sender(&mut self, sender: u64, noted: Noted) {
         self.started.get_or_insert_with(Instant::now);
-        let noted = Noted { seq, clicks, reply };
         let last = self.senders.entry(sender).or_insert(noted);
-        (last.seq, last.clicks) = (last.seq, last.clicks).max((seq, clicks));
-        last.reply = reply;
+        if (noted.seq, noted.clicks) > (last.seq, last.clicks) {
+            *last = noted;
+        }
     }
 
     /// Distinct senders of the batch's datagrams.
@@ -540,23 +540,38 @@ pub fn handoff() -> (Handoff, WriterEnds) {
     (receiver, writer)
 }
 
-/// What a batch notes of a sender (`Batch::note_sender`).
+/// What a batch notes of a sender (`Batch::note_sender`): its datagrams up to `seq`, with
+/// `clicks` clicks since its seq 0, sent from `reply` by `uid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Noted {
-    pub(crate) seq: u64,
-    pub(crate) clicks: u64,
-    pub(crate) reply: Option<UnixAddr>,
+pub struct Noted {
+    pub seq: u64,
+    pub clicks: u64,
+    pub reply: Option<UnixAddr>,
+    pub uid: Option<u32>,
+}
+
+impl Noted {
+    /// Up to `seq`, `clicks` clicks, from no address known.
+    pub fn at(seq: u64, clicks: u64) -> Noted {
+        Noted {
+            seq,
+            clicks,
+            reply: None,
+            uid: None,
+        }
+    }
 }
 
 /// Senders as `click_senders` columns: ids, highest seqs and clicks up to them as bigint (the
-/// u64 bits reinterpreted), and where their acknowledgements go (a socket's path, as bytea;
-/// NULL for none, or for an address without a path).
+/// u64 bits reinterpreted), where their acknowledgements go (a socket's path, as bytea; NULL
+/// for none, or for an address without a path) and the uid seen sending from there.
 #[derive(Debug, Default)]
 pub(crate) struct SenderColumns {
     pub(crate) senders: Vec<i64>,
     pub(crate) seqs: Vec<i64>,
     pub(crate) clicks: Vec<i64>,
     pub(crate) replies: Vec<Option<Vec<u8>>>,
+    pub(crate) uids: Vec<Option<i64>>,
 }
 
 impl SenderColumns {
@@ -564,13 +579,14 @@ impl SenderColumns {
     pub(crate) fn params<'a>(
         &'a self,
         instance: &'a String,
-    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 5] {
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 6] {
         [
             &self.senders,
             &self.seqs,
             &self.clicks,
             instance,
             &self.replies,
+            &self.uids,
         ]
     }
 
@@ -582,6 +598,7 @@ impl SenderColumns {
         let path = noted.reply.as_ref().and_then(|at| at.path());
         self.replies
             .push(path.map(|p| p.as_os_str().as_bytes().to_vec()));
+        self.uids.push(path.and(noted.uid).map(i64::from));
     }
 }
 
@@ -770,21 +787,30 @@ mod tests {
     #[test]
     fn keeps_each_senders_highest_seq_and_clears() {
         let mut b = Batch::default();
-        let (at, moved) = (UnixAddr::new("/run/a").ok(), UnixAddr::new("/run/b").ok());
-        b.note_sender(u64::MAX, 3, 30, at);
-        b.note_sender(u64::MAX, 2, 20, moved);
-        b.note_sender(1, 0, 5, None);
+        let from = |path, seq, clicks| Noted {
+            reply: UnixAddr::new(path).ok(),
+            uid: Some(7),
+            ..Noted::at(seq, clicks)
+        };
+        b.note_sender(u64::MAX, from("/run/a", 3, 30));
+        b.note_sender(u64::MAX, from("/run/b", 2, 20));
+        b.note_sender(1, Noted::at(0, 5));
         let c = b.sender_columns();
         let mut rows: Vec<_> = (0..2)
-            .map(|i| (c.senders[i], c.seqs[i], c.clicks[i], c.replies[i].clone()))
+            .map(|i| {
+                (
+                    c.senders[i],
+                    c.seqs[i],
+                    c.clicks[i],
+                    c.replies[i].clone(),
+                    c.uids[i],
+                )
+            })
             .collect();
         rows.sort();
-        let b_path = Some(b"/run/b".to_vec());
-        assert_eq!(
-            rows,
-            [(-1, 3, 30, b_path), (1, 0, 5, None)],
-            "the latest address"
-        );
+        let a_path = Some(b"/run/a".to_vec());
+        let expected = [(-1, 3, 30, a_path, Some(7)), (1, 0, 5, None, None)];
+        assert_eq!(rows, expected, "the highest seq's address");
         assert!(b.started().is_some() && b.received() == 0);
         b.push(&datagram(&[("x", 0)], 0), &OPEN, 0);
         let rows = b.take_rows();

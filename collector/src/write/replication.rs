@@ -417,7 +417,7 @@ mod tests {
         let batch = |senders: &[(u64, u64, u64)]| {
             let mut batch = Batch::default();
             for &(sender, seq, clicks) in senders {
-                batch.note_sender(sender, seq, clicks, None);
+                batch.note_sender(sender, Noted::at(seq, clicks));
             }
             batch
         };

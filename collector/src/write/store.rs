@@ -70,18 +70,22 @@ const CLAIM_BATCH: &str = "
 /// noted keeps the one recorded). Also what puts back the records a failover lost
 /// (`replication`).
 pub(crate) const ADVANCE_SENDERS: &str = "
-    INSERT INTO click_senders (sender, last_seq, clicks, instance, reply_to, updated_at)
-    SELECT sender, last_seq, clicks, $4, reply_to, now()
-      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $5::bytea[])
-           AS s(sender, last_seq, clicks, reply_to)
+    INSERT INTO click_senders
+           (sender, last_seq, clicks, instance, reply_to, reply_uid, updated_at)
+    SELECT sender, last_seq, clicks, $4, reply_to, reply_uid, now()
+      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $5::bytea[], $6::bigint[])
+           AS s(sender, last_seq, clicks, reply_to, reply_uid)
     ORDER BY sender
     ON CONFLICT (sender) DO UPDATE
        SET last_seq = GREATEST(click_senders.last_seq, EXCLUDED.last_seq),
            clicks = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
                          THEN EXCLUDED.clicks ELSE click_senders.clicks END,
            reply_to = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
-                           THEN coalesce(EXCLUDED.reply_to, click_senders.reply_to)
-                           ELSE click_senders.reply_to END,
+                                AND EXCLUDED.reply_to IS NOT NULL
+                           THEN EXCLUDED.reply_to ELSE click_senders.reply_to END,
+           reply_uid = CASE WHEN EXCLUDED.last_seq >= click_senders.last_seq
+                                 AND EXCLUDED.reply_to IS NOT NULL
+                            THEN EXCLUDED.reply_uid ELSE click_senders.reply_uid END,
            instance = EXCLUDED.instance, updated_at = now()";
 
 /// Sender ids the collector forgot (idle, or past its bounds under a flood of fresh ids): their

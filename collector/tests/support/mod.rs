@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use collector::db::Db;
 use collector::metrics::Shared;
-use collector::write::batch::{self, Batch, Handoff};
+use collector::write::batch::{self, Batch, Handoff, Noted};
 use collector::write::unfolded::Unfolded;
 use collector::write::writer::Writer;
 use collector::write::Metrics;
@@ -37,7 +37,7 @@ pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
         batch.push(&d, &WIDE_OPEN, start_us());
         let through = clicks.entry(d.sender).or_insert(0);
         *through += d.clicks.len() as u64;
-        batch.note_sender(d.sender, d.seq, *through, None);
+        batch.note_sender(d.sender, Noted::at(d.seq, *through));
     }
     batch
 }

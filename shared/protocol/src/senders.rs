@@ -178,6 +178,9 @@ struct Sender<A> {
     /// there (or from where it moved) speaks for it. Not `reply`, which any datagram judged
     /// sets, a refused one's too.
     recorded: Option<A>,
+    /// The uid that `click_senders` recorded sending from `recorded`, if any: a later process
+    /// speaks for the sender only as that user, as for a known owner.
+    recorded_uid: Option<u32>,
     /// Whose it was before a later process took it over: never again (a datagram of the dead
     /// one still in flight must not hand it back).
     replaced: Option<Owner>,
@@ -197,6 +200,7 @@ impl<A: Copy> Sender<A> {
             told: None,
             owner: None,
             recorded: None,
+            recorded_uid: None,
             replaced: None,
             over_quota: false,
             seen: now,
@@ -276,13 +280,17 @@ impl<A: Copy + PartialEq> Senders<A> {
         }
     }
 
-    /// The loaded senders' addresses, as `click_senders` recorded them: until a datagram names
-    /// its process, such a sender is taken only from there, or from an address it moved to
+    /// The loaded senders' addresses, and the uid seen sending from each (if recorded), as
+    /// `click_senders` has them: until a datagram names its process, such a sender is taken
+    /// only from there by that user, or from an address it moved to
     /// ([`Senders::claimed_from_elsewhere`]).
-    pub fn replying_at(mut self, addresses: impl IntoIterator<Item = (u64, A)>) -> Senders<A> {
-        for (sender, at) in addresses {
+    pub fn replying_at(
+        mut self,
+        addresses: impl IntoIterator<Item = (u64, A, Option<u32>)>,
+    ) -> Senders<A> {
+        for (sender, at, uid) in addresses {
             if let Some(s) = self.map.get_mut(&sender) {
-                (s.reply, s.recorded) = (Some(at), Some(at));
+                (s.reply, s.recorded, s.recorded_uid) = (Some(at), Some(at), uid);
             }
         }
         self
@@ -434,7 +442,9 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// not known yet (loaded at start) is anyone's at its address, if it has one.
     fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
         match (s.owner, owner) {
-            (None, _) => s.recorded.is_none() || s.recorded == from,
+            (None, claimed) => {
+                s.recorded.is_none() || (s.recorded == from && Self::recorded_user(s, claimed))
+            }
             (known, claimed) if known == claimed => true,
             (Some(known), Some(claimed)) => {
                 from.is_some()
@@ -444,6 +454,13 @@ impl<A: Copy + PartialEq> Senders<A> {
             }
             (Some(_), None) => false,
         }
+    }
+
+    /// Whether `claimed` is of the user `click_senders` recorded for the loaded sender `s`
+    /// (any, where none was recorded).
+    fn recorded_user(s: &Sender<A>, claimed: Option<Owner>) -> bool {
+        s.recorded_uid
+            .map_or(true, |uid| claimed.is_some_and(|c| c.uid == uid))
     }
 
     /// Where the known `sender`'s acknowledgements go, if a later process of its owner's user
@@ -465,7 +482,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         let (at, successor) = match s.owner {
             Some(known) => (s.reply, known != claimed && known.uid == claimed.uid),
             // Loaded at start, no process known yet: the addresses are the proof.
-            None => (s.recorded, true),
+            None => (s.recorded, Self::recorded_user(s, Some(claimed))),
         };
         let elsewhere = from.is_some() && at.is_some() && at != from;
         (elsewhere && successor && s.replaced != Some(claimed))
@@ -975,14 +992,21 @@ mod tests {
     /// A sender loaded at start with its address (`click_senders.reply_to`) is taken from
     /// there only, or from an address it moved to, not by the first process to send its id:
     /// that was anyone's after a collector restart, and the redirector whose id it was was
-    /// refused for good. One loaded without an address is anyone's, as before.
+    /// refused for good. As the user recorded, where one was. One loaded without an address
+    /// is anyone's, as before.
     #[test]
     fn a_sender_loaded_with_its_address_is_taken_from_there_only() {
         let now = Instant::now();
-        let loaded =
-            || Senders::<Addr>::committed([(7, 4, 40), (8, 4, 40)]).replying_at([(7, "sender")]);
+        let loaded = || {
+            let at = [(7, "sender", Some(1000))];
+            Senders::<Addr>::committed([(7, 4, 40), (8, 4, 40)]).replying_at(at)
+        };
         let mismatch = Verdict::Refused(Refusal::SenderMismatch);
         let (forger, redirector) = (creds(66), creds(10));
+        let other_user = Some(Creds {
+            uid: 0,
+            ..redirector.unwrap()
+        });
 
         let mut s = loaded();
         assert_eq!(
@@ -997,6 +1021,11 @@ mod tests {
             Resynced::Refused(Refusal::SenderMismatch)
         );
         let accepted = Verdict::Accept { lost: 0 };
+        assert_eq!(
+            s.judge(7, (5, 1), addr(), other_user, now).0,
+            mismatch,
+            "at its address, as another user"
+        );
         assert_eq!(s.judge(7, (5, 1), addr(), redirector, now).0, accepted);
         assert_eq!(
             s.judge(8, (5, 1), None, forger, now).0,
@@ -1007,6 +1036,7 @@ mod tests {
         // Restarted elsewhere while the collector restarted too: moved, as a known one.
         let mut s = loaded();
         let elsewhere = Some("elsewhere");
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, other_user), None);
         assert_eq!(s.claimed_from_elsewhere(7, elsewhere, redirector), addr());
         assert_eq!(s.claimed_from_elsewhere(7, None, redirector), None);
         s.moved(7, "elsewhere");

@@ -55,8 +55,16 @@ impl LastSeqs {
         }
     }
 
-    /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one.
+    /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one. A
+    /// mid-stream observer keeps at most [`MAX_SENDERS`] senders: past them (a flood of fresh
+    /// ids) it starts again, as if it had just joined, rather than grow without bound.
+    ///
+    /// [`MAX_SENDERS`]: crate::senders::MAX_SENDERS
     pub fn accept(&mut self, sender: u64, seq: u64) -> Seen {
+        let full = self.last.len() >= crate::senders::MAX_SENDERS;
+        if self.joined_mid_stream && full && !self.last.contains_key(&sender) {
+            self.last.clear();
+        }
         let verdict = judge(
             self.last.get(&sender).copied(),
             seq,
@@ -100,5 +108,19 @@ mod tests {
         assert_eq!(s.accept(7, 40), Seen::New { lost: 0 });
         assert_eq!(s.accept(7, 42), Seen::New { lost: 1 });
         assert_eq!(s.accept(7, 42), Seen::Again);
+    }
+
+    /// `clicktap listen` on a collector's mirror sees every datagram, floods of fresh ids too.
+    #[test]
+    fn a_mid_stream_observer_keeps_a_bounded_number_of_senders() {
+        let mut s = LastSeqs::mid_stream();
+        let most = crate::senders::MAX_SENDERS as u64;
+        for sender in 0..most {
+            s.accept(sender, 5);
+        }
+        assert_eq!(s.accept(0, 7), Seen::New { lost: 1 });
+        assert_eq!(s.accept(most, 0), Seen::New { lost: 0 });
+        assert_eq!(s.len(), 1, "started again");
+        assert_eq!(s.accept(0, 9), Seen::New { lost: 0 }, "as if first seen");
     }
 }
