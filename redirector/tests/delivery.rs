@@ -209,7 +209,11 @@ async fn after_a_collector_restart_another_process_cannot_take_a_redirectors_sen
     let last: i64 = scalar(&f.client, "SELECT last_seq FROM click_senders").await;
     let recorded = "SELECT reply_uid FROM click_senders WHERE reply_to IS NOT NULL";
     let uid: i64 = scalar(&f.client, recorded).await;
-    assert_eq!(uid, i64::from(nix::unistd::getuid().as_raw()), "its address and user");
+    assert_eq!(
+        uid,
+        i64::from(nix::unistd::getuid().as_raw()),
+        "its address and user"
+    );
     stop(collector).await;
 
     let (collector, admin) = start_collector(&f).await;
