@@ -308,7 +308,7 @@ async fn a_click_outside_the_window_is_set_aside_and_counted_and_its_batch_lands
 /// kept, to archive it or fill it apart) keeps that day's partition from being made: each
 /// round counts the day in `collector_partitions_blocked` (and names the table in the log),
 /// and once the table is renamed the next round makes the partition. Before, nothing said
-/// why that day's clicks waited.
+/// why that day's clicks waited. A round that cannot look says nothing new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_holding_a_days_partition_name_is_reported_until_renamed() {
     let (_db, kept) = Rounds::start().await;
@@ -320,6 +320,13 @@ async fn a_table_holding_a_days_partition_name_is_reported_until_renamed() {
     round().await;
     assert_eq!(metrics.partitions_blocked.get(), 1);
     assert!(!partitions(client).await.contains(tomorrow));
+    // A round that cannot look (here `clicks` is out of reach of its search path) leaves the
+    // gauge as it was: zeroed, it would restart the alert's wait while the table still blocks.
+    client.batch_execute("SET search_path = ''").await.unwrap();
+    let blind = maintenance::keep_partitions(client, &policy(None), metrics, kept.now).await;
+    assert!(blind.is_err(), "the round could not look");
+    assert_eq!(metrics.partitions_blocked.get(), 1);
+    client.batch_execute("RESET search_path").await.unwrap();
     let rename = format!("ALTER TABLE {tomorrow} RENAME TO {tomorrow}_archived");
     client.batch_execute(&rename).await.unwrap();
     round().await;

@@ -282,8 +282,10 @@ pub async fn keep_partitions(
             done.set_aside_expired
         );
     }
-    metrics.partitions_blocked.set(done.blocked.len() as i64);
-    for name in &done.blocked {
+    if let Some(blocked) = &done.blocked {
+        metrics.partitions_blocked.set(blocked.len() as i64);
+    }
+    for name in done.blocked.iter().flatten() {
         tracing::error!(
             table = %name,
             "{name} is not a partition of clicks (detached and kept, made by hand, or being \

@@ -55,8 +55,9 @@ pub(crate) struct Done {
     pub(crate) created: u64,
     /// Creating waited `CREATE_LOCK_WAIT` for its lock and gave up: tried again next round.
     pub(crate) creation_deferred: bool,
-    /// The names of days of the plan held by tables that are not partitions (`BLOCKED`).
-    pub(crate) blocked: Vec<String>,
+    /// The names of days of the plan held by tables that are not partitions (`BLOCKED`);
+    /// `None` when the round could not look (its gauge then keeps what it said).
+    pub(crate) blocked: Option<Vec<String>>,
     /// Each table dropped, and how long detaching and dropping it took.
     pub(crate) dropped: Vec<(String, Duration)>,
     /// Rows of click_breakdown_counts and click_breakdown_lists deleted by retention.
@@ -267,7 +268,7 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
     }
     let blocked = client.query(BLOCKED, &[&plan.first, &plan.last]).await;
     if let Some(rows) = done.ok("looking for tables named as partitions", blocked) {
-        done.blocked = rows.iter().map(|row| row.get(0)).collect();
+        done.blocked = Some(rows.iter().map(|row| row.get(0)).collect());
     }
     if done.cut_off(client) {
         return done;
