@@ -187,7 +187,8 @@ impl Default for Tally {
     fn default() -> Tally {
         Tally {
             // A tap starts listening at any moment: a sender's first datagram is its start.
-            seqs: LastSeqs::mid_stream(),
+            // As many as a collector keeps: a tap on its --mirror sees every datagram.
+            seqs: LastSeqs::mid_stream(protocol::senders::MAX_SENDERS),
             second: Totals::default(),
             all: Totals::default(),
         }

@@ -28,12 +28,21 @@ pub fn judge(last: Option<u64>, seq: u64, from_start: bool) -> Seen {
 /// Each sender's last accepted seq and nothing else: what an observer such as `clicktap listen`
 /// keeps. The collector's `Senders` judges by the same [`judge`] but also keeps reply addresses,
 /// owners and committed seqs, so it is a sender table, not this.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LastSeqs {
     last: HashMap<u64, u64>,
     /// Whether a sender's first datagram seen was preceded by none (the receiver saw the
     /// sender from its start) or may have been (the receiver joined mid-stream).
     joined_mid_stream: bool,
+    /// Senders kept at most (a mid-stream observer's; see [`LastSeqs::accept`]).
+    most: usize,
+}
+
+impl Default for LastSeqs {
+    /// From the start, knowing nobody yet.
+    fn default() -> LastSeqs {
+        LastSeqs::from_start(HashMap::new())
+    }
 }
 
 impl LastSeqs {
@@ -43,25 +52,25 @@ impl LastSeqs {
         LastSeqs {
             last,
             joined_mid_stream: false,
+            most: usize::MAX,
         }
     }
 
     /// For an observer that starts listening at any moment: a sender's first datagram seen
-    /// counts nothing as missing.
-    pub fn mid_stream() -> LastSeqs {
+    /// counts nothing as missing. It keeps at most `most` senders.
+    pub fn mid_stream(most: usize) -> LastSeqs {
         LastSeqs {
             last: HashMap::new(),
             joined_mid_stream: true,
+            most,
         }
     }
 
     /// Judges datagram `seq` of `sender` and, if new, remembers it as the last one. A
-    /// mid-stream observer keeps at most [`MAX_SENDERS`] senders: past them (a flood of fresh
-    /// ids) it starts again, as if it had just joined, rather than grow without bound.
-    ///
-    /// [`MAX_SENDERS`]: crate::senders::MAX_SENDERS
+    /// mid-stream observer past its most senders (a flood of fresh ids) starts again, as if it
+    /// had just joined, rather than grow without bound.
     pub fn accept(&mut self, sender: u64, seq: u64) -> Seen {
-        let full = self.last.len() >= crate::senders::MAX_SENDERS;
+        let full = self.last.len() >= self.most;
         if self.joined_mid_stream && full && !self.last.contains_key(&sender) {
             self.last.clear();
         }
@@ -104,7 +113,7 @@ mod tests {
 
     #[test]
     fn a_mid_stream_observer_counts_nothing_before_a_first_sight() {
-        let mut s = LastSeqs::mid_stream();
+        let mut s = LastSeqs::mid_stream(10);
         assert_eq!(s.accept(7, 40), Seen::New { lost: 0 });
         assert_eq!(s.accept(7, 42), Seen::New { lost: 1 });
         assert_eq!(s.accept(7, 42), Seen::Again);
@@ -113,8 +122,8 @@ mod tests {
     /// `clicktap listen` on a collector's mirror sees every datagram, floods of fresh ids too.
     #[test]
     fn a_mid_stream_observer_keeps_a_bounded_number_of_senders() {
-        let mut s = LastSeqs::mid_stream();
-        let most = crate::senders::MAX_SENDERS as u64;
+        let most = 1_000;
+        let mut s = LastSeqs::mid_stream(most as usize);
         for sender in 0..most {
             s.accept(sender, 5);
         }
