@@ -422,3 +422,36 @@ async fn a_rolling_upgrade_folds_both_versions_rows_once() {
                         + (SELECT count(*) FROM click_count_deltas)";
     assert_eq!(count(&client, pending).await, 0);
 }
+
+/// Folds that fail at every look (here `click_counts` refuses every row) leave the backlog's
+/// gauges telling: the oldest count's age grows, so that CompactionBehind can fire. They were
+/// set only after a look whose fold went, and froze at their last values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_gauges_keep_moving_while_folds_fail() {
+    let p = place().await;
+    let refuse = "ALTER TABLE click_counts ADD CONSTRAINT refuse_all CHECK (false) NOT VALID";
+    p.client.batch_execute(refuse).await.unwrap();
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
+    send_all(&p.path, datagrams(1, &clicks(10, 5, start_us(), 1_000))).await;
+    await_rows(&p.client, None, 10).await;
+    testkit::eventually("the oldest count's age past 5 s", LIMIT, || async {
+        let age = c.metric("collector_deltas_oldest_seconds").await;
+        (age >= 5.0).then_some(())
+    })
+    .await;
+    assert!(c.metric("collector_deltas_pending").await > 0.0);
+    assert!(
+        c.metric("collector_db_errors_total").await > 0.0,
+        "the folds failed"
+    );
+    p.client
+        .batch_execute("ALTER TABLE click_counts DROP CONSTRAINT refuse_all")
+        .await
+        .unwrap();
+    testkit::eventually(
+        "the backlog folded once the table takes rows",
+        LIMIT,
+        || async { (c.metric("collector_deltas_pending").await == 0.0).then_some(()) },
+    )
+    .await;
+}

@@ -106,8 +106,10 @@ pub(crate) async fn run(
     }
 }
 
-/// One look on `conn` (opened first if needed): a fold if due, pruning if due (`pruned`: when
-/// last), and the gauges.
+/// One look on `conn` (opened first if needed): the gauges, then a fold if due, pruning if due
+/// (`pruned`: when last). The gauges first: a fold that fails or runs out of time at every look
+/// is what they and their alerts (CompactionBehind) are for, and after it they were never set.
+/// A fold's effect shows at the next look.
 async fn round(
     db: &Db,
     conn: &mut Option<Client>,
@@ -120,6 +122,7 @@ async fn round(
         Some(client) => client,
         slot => slot.insert(db.connect().await?),
     };
+    show(metrics, &compact::backlog(client).await?);
     if compact::due(client, &policy.fold, own).await? && fold(client, policy, own, metrics).await? {
         *pruned = Instant::now();
     }
@@ -127,7 +130,6 @@ async fn round(
         client.batch_execute(compact::PRUNE).await?;
         *pruned = Instant::now();
     }
-    show(metrics, &compact::backlog(client).await?);
     Ok(())
 }
 
