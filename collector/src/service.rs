@@ -126,6 +126,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
+    if config
+        .mirror
+        .as_deref()
+        .is_some_and(|m| same_file(m, &config.socket))
+    {
+        // Each datagram forwarded would come back to be forwarded again, for ever.
+        let own = "is the collector's own socket (--socket): a tap needs a socket of its own";
+        return Err(Fatal::Mirror(std::io::Error::other(own)));
+    }
     metrics.upkeep.deltas_pending.set(start.deltas_pending);
     shared.health.writes.store(true, Relaxed);
     shared.health.upkeep.store(true, Relaxed);
@@ -344,4 +353,13 @@ async fn try_prepare(
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })
+}
+
+/// Whether `a` and `b` name the same file (both there).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }

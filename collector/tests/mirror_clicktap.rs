@@ -98,3 +98,19 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
     collector.service.signal(Signal::SIGTERM);
     assert!(collector.service.wait_exit(LIMIT).await.success());
 }
+
+/// A `--mirror` that names the collector's own socket is refused at start: every datagram
+/// forwarded would come back to be forwarded again, for ever, filling the queue.
+#[tokio::test]
+async fn a_mirror_on_the_collectors_own_socket_is_refused() {
+    let db = testkit::pgtest::test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("collector.sock");
+    let own = socket.to_str().unwrap();
+    let cmd = testkit::services::collector_command(&db.url, &socket, &["--mirror", own]);
+    let mut collector = Service::spawn("collector", cmd);
+    let status = collector.wait_exit(LIMIT).await;
+    assert!(!status.success(), "{status}");
+    let log = collector.log().join("\n");
+    assert!(log.contains("is the collector's own socket"), "{log}");
+}

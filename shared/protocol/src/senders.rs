@@ -506,10 +506,17 @@ impl<A: Copy + PartialEq> Senders<A> {
         };
         let before = std::mem::replace(&mut s.owner, owner);
         s.replaced = before;
-        if let Some(ids) = before.and_then(|o| self.by_process.get_mut(&o)) {
-            ids.retain(|&id| id != sender);
+        // The process replaced alone: a pass over every process's ids cost each take-over
+        // a walk of up to `MAX_SENDERS` entries, which processes taking an id over and over in
+        // rotation could make of every datagram.
+        if let Some(was) = before {
+            if let Some(ids) = self.by_process.get_mut(&was) {
+                ids.retain(|&id| id != sender);
+                if ids.is_empty() {
+                    self.by_process.remove(&was);
+                }
+            }
         }
-        self.by_process.retain(|_, ids| !ids.is_empty());
         self.bind(sender, owner);
     }
 
@@ -984,6 +991,11 @@ mod tests {
             s.judge(7, (1, 1), elsewhere, next, now).0,
             Verdict::Accept { lost: 0 },
             "the successor goes on from its own address"
+        );
+        let replaced = Owner::of(first).unwrap();
+        assert!(
+            !s.by_process.contains_key(&replaced),
+            "the process replaced holds no ids any more"
         );
         assert_eq!(s.claimed_from_elsewhere(7, addr(), first), None, "replaced");
         assert_eq!(s.judge(7, (2, 1), addr(), first, now).0, mismatch);
