@@ -20,6 +20,7 @@ pub(crate) struct Events {
     mirror_log: Throttle,
     recv_log: Throttle,
     reply_log: Throttle,
+    resync_log: Throttle,
 }
 
 impl Events {
@@ -32,6 +33,7 @@ impl Events {
             mirror_log: Throttle::default(),
             recv_log: Throttle::default(),
             reply_log: Throttle::default(),
+            resync_log: Throttle::default(),
         }
     }
 
@@ -115,16 +117,22 @@ impl Events {
                 m.resyncs.inc(Resync::Skipped);
                 self.shared.counts.clicks_unaccounted.inc_by(unaccounted);
                 m.senders.set(senders as i64);
-                tracing::warn!(
-                    sender = %format_args!("{sender:016x}"),
-                    first,
-                    skipped,
-                    unaccounted,
-                    "sender {sender:016x} resynced: this collector's record of it was behind \
-                     (click_senders lost or rolled back); going on from seq {first}, {skipped} \
-                     datagrams of {unaccounted} clicks unaccounted for (committed before the \
-                     record was lost, or lost with it)"
-                );
+                // Throttled as the other events are: a peer can bring a resync of a fresh id
+                // about at will (a datagram ahead, then the resync asked for).
+                if let Some(held) = self.resync_log.allow() {
+                    tracing::warn!(
+                        sender = %format_args!("{sender:016x}"),
+                        first,
+                        skipped,
+                        unaccounted,
+                        held,
+                        "sender {sender:016x} resynced: this collector's record of it was behind \
+                         (click_senders lost or rolled back); going on from seq {first}, \
+                         {skipped} datagrams of {unaccounted} clicks unaccounted for (committed \
+                         before the record was lost, or lost with it); {held} more resyncs not \
+                         logged"
+                    );
+                }
             }
             Outcome::Accepted {
                 sender,
