@@ -289,12 +289,6 @@ async fn shut_down(
             0
         }
     };
-    // What was counted as dropped stays in the region all the same: should systemd's store
-    // keep it, the next start sends it, and reports it as reclaimed.
-    if let Some(Err(e)) = closing.map(|c| c.stopped_cleanly(held - kept)) {
-        // The next start after a reboot then counts what the region holds as stale_region.
-        tracing::warn!("writing the state region back at the stop: {e}");
-    }
     let summary = Summary {
         redirects: metrics.http.redirects.get(),
         recovered: metrics.common.clicks_recovered.get(),
@@ -321,6 +315,13 @@ async fn shut_down(
         summary.acked,
         summary.unacked,
     );
+    // What was counted as dropped stays in the region all the same: should systemd's store
+    // keep it, the next start sends it, and reports it as reclaimed. Marked only once the
+    // count is in the log, so that a kill before leaves none reclaimed that no line counted.
+    if let Some(Err(e)) = closing.map(|c| c.stopped_cleanly(held - kept)) {
+        // The next start after a reboot then counts what the region holds as stale_region.
+        tracing::warn!("writing the state region back at the stop: {e}");
+    }
     served.map_err(Error::Server)?;
     Ok(summary)
 }

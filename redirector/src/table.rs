@@ -51,7 +51,7 @@ pub enum Unusable {
 /// (migration 7) lets into `links`: no control character (0x00-0x1f, 0x7f; tab included,
 /// which a header would take), at most [`MAX_URL`] bytes, and UTF-8, as any URL of a UTF-8
 /// database is (a `SQL_ASCII` one may hold other bytes). What passes goes into a `Location`
-/// header as it is (`http::HeaderValue` takes visible ASCII, space, tab, bytes >= 0x80).
+/// header with its spaces and UTF-8 percent-encoded (`target::encode`).
 pub fn usable(code: &[u8], url: &[u8]) -> Result<(), Unusable> {
     protocol::wire::validate_code(code).map_err(Unusable::Code)?;
     if url.len() > MAX_URL {

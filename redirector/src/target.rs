@@ -5,6 +5,8 @@
 //! (8 bytes, only when it has one), then the URL. A link with every default (302, query
 //! forwarded, never expires) costs one byte more than its URL.
 
+use std::borrow::Cow;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
@@ -65,25 +67,29 @@ pub fn encode(options: &LinkOptions, url: &[u8], out: &mut Vec<u8>) -> Result<()
         }
         None => out.push(flags),
     }
-    put_uri(out, url);
+    out.extend_from_slice(&uri(url));
     Ok(())
 }
 
-/// Puts `bytes` into `out` as a URI holds them: a space and every byte past ASCII (a URL's
-/// UTF-8, which `links` may hold and a request's query may carry) percent-encoded, as a
-/// browser sends them, so that `Location` is a URI reference for every client, not only for
-/// those that take raw UTF-8. Nothing else is touched (a `%` stays: the URL's own escapes).
-fn put_uri(out: &mut impl BufMut, bytes: &[u8]) {
+/// `bytes` with a space and every byte past ASCII (a URL's UTF-8, which `links` may hold and a
+/// request's query may carry) percent-encoded, as a browser sends them, so that `Location`
+/// holds no raw UTF-8, which not every client takes; copied only if there is any. Nothing else
+/// is touched (a `%` stays: the URL's own escapes).
+fn uri(bytes: &[u8]) -> Cow<'_, [u8]> {
     let plain = |b: u8| b != b' ' && b.is_ascii();
     if bytes.iter().all(|&b| plain(b)) {
-        return out.put_slice(bytes);
+        return Cow::Borrowed(bytes);
     }
+    let mut out = Vec::with_capacity(bytes.len() * 3);
     for &b in bytes {
         match plain(b) {
-            true => out.put_u8(b),
-            false => out.put_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]),
+            true => out.push(b),
+            false => {
+                out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]])
+            }
         }
     }
+    Cow::Owned(out)
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -158,14 +164,16 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     let mut names: Vec<&[u8]> = own.split(|&b| b == b'&').map(name).collect();
     names.sort_unstable();
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
-        if names.binary_search(&name(param)).is_ok() {
+        // As the URL's own, encoded when loaded: the names compare alike.
+        let param = uri(param);
+        if names.binary_search(&name(&param)).is_ok() {
             continue;
         }
         if let Some(s) = separator {
             out.put_u8(s);
         }
         separator = Some(b'&');
-        put_uri(&mut out, param);
+        out.put_slice(&param);
     }
     out.put_slice(fragment);
     // The URL passed as a header value when it was loaded, and the query is put as a URI
@@ -235,6 +243,11 @@ mod tests {
         assert_eq!(
             location("https://e.com/a b/café?x=%41", Some("q=naïve")),
             "https://e.com/a%20b/caf%C3%A9?x=%41&q=na%C3%AFve"
+        );
+        assert_eq!(
+            location("https://e.com/?café=1", Some("café=2&x=1")),
+            "https://e.com/?caf%C3%A9=1&x=1",
+            "a name the URL has, compared as encoded"
         );
     }
 

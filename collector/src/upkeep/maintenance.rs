@@ -137,8 +137,10 @@ async fn round(
 /// folds': on the first minute of a day it may vacuum and index a whole day of clicks, which
 /// on a large day takes minutes, so it has a deadline of its own and folds go on meanwhile.
 /// One collector of the database does it at a time (`PARTITIONS_LOCK`; the others skip
-/// their turn). A failure is counted, logged (once per outage) and tried again after a
-/// capped backoff, on a new connection.
+/// their turn). A failure is counted, logged (once per outage) and tried again on a new
+/// connection: after a capped backoff, or at the next tick where only steps of the round
+/// failed (the round did the rest, `partitions::maintain`), so that a step that keeps failing
+/// does not bring a whole round (its VACUUMs) every few seconds.
 pub(crate) async fn run_partitions(
     db: Db,
     policy: Policy,
@@ -155,46 +157,44 @@ pub(crate) async fn run_partitions(
     every.tick().await;
     loop {
         let work = partitions_round(&db, &mut conn, &policy, &metrics);
-        match timed(PARTITIONS_TIMEOUT + PARTITIONS_GRACE, work).await {
-            Ok(()) => {
+        let (failure, stepped) = match timed(PARTITIONS_TIMEOUT + PARTITIONS_GRACE, work).await {
+            Ok(None) => {
                 backoff.reset();
                 if outage.end().is_some() {
                     tracing::info!("the partitions are seen to again");
                 }
                 every.tick().await;
+                continue;
             }
-            Err(failure) => {
-                shared.counts.db_errors.inc();
-                if outage.hit().is_some() {
-                    tracing::warn!(error = %failure, "seeing to the partitions: {failure}; retrying");
-                } else {
-                    tracing::debug!(error = %failure, "seeing to the partitions: {failure}");
-                }
-                match (&failure, &conn) {
-                    // A step failed and the round did the rest (`partitions::maintain`): the
-                    // next round, not the backoff, tries it again, so that a step that keeps
-                    // failing does not bring a whole round (its VACUUMs) every few seconds.
-                    (Failure::Db(_), Some(client)) if !client.is_closed() => {
-                        every.tick().await;
-                    }
-                    _ => {
-                        conn = None;
-                        backoff.wait().await;
-                    }
-                }
-            }
+            Ok(Some(step)) => (Failure::Db(step), true),
+            Err(failure) => (failure, false),
+        };
+        shared.counts.db_errors.inc();
+        if outage.hit().is_some() {
+            tracing::warn!(error = %failure, "seeing to the partitions: {failure}; retrying");
+        } else {
+            tracing::debug!(error = %failure, "seeing to the partitions: {failure}");
+        }
+        // A new session either way: whatever failed may be the session's (a server made read
+        // only, a lock it kept).
+        conn = None;
+        if stepped {
+            every.tick().await;
+        } else {
+            backoff.wait().await;
         }
     }
 }
 
 /// One round of `run_partitions` on `conn` (opened first if needed), unless another
-/// collector's round is under way.
+/// collector's round is under way: the first error of the round's steps, if any (the round
+/// went on past it); an error of its own (connecting, its lock) ends it.
 async fn partitions_round(
     db: &Db,
     conn: &mut Option<Client>,
     policy: &Policy,
     metrics: &Metrics,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<Option<tokio_postgres::Error>, tokio_postgres::Error> {
     let client = match conn {
         Some(client) => client,
         slot => {
@@ -214,14 +214,12 @@ async fn partitions_round(
         .get::<_, bool>(0)
     {
         tracing::debug!("another collector is seeing to the partitions; skipped this turn");
-        return Ok(());
+        return Ok(None);
     }
     let kept = keep_partitions(client, policy, metrics, protocol::now_us()).await;
-    // Given back whatever the round did: a step that failed (its session still open) leaves
-    // the lock to another collector until the next round.
     let unlock = "SELECT pg_advisory_unlock($1)";
     client.query_one(unlock, &[&PARTITIONS_LOCK]).await?;
-    kept
+    Ok(kept.err())
 }
 
 /// Folds (unless another collector is); whether it did.

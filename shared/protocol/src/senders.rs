@@ -439,7 +439,8 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// Whether the process `owner`, sending from `from`, may speak for the known sender `s`: its
     /// owner, or (for a sender with an address) a later process of the same user at the same
     /// address, which took the id over with the state region it adopted. Whose a sender is
-    /// not known yet (loaded at start) is anyone's at its address, if it has one.
+    /// not known yet (loaded at start) is anyone's of its recorded user, if any, at its
+    /// recorded address, if it has one.
     fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
         match (s.owner, owner) {
             (None, claimed) => {
