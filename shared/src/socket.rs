@@ -48,6 +48,17 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
     let addr = UnixAddr::new(path).map_err(|e| io_err("address", path)(e.into()))?;
     let _locked = lock_directory(dir.unwrap_or(Path::new(".")));
     remove_stale(path, &addr)?;
+    let fd = bound(path, &addr, mode)?;
+    // Under the umask the file may have fewer bits than `mode`: given them now.
+    set_mode(path, mode).map_err(io_err("set mode of", path))?;
+    Ok(UnixDatagram::from(fd))
+}
+
+/// A datagram socket with SO_PASSCRED, bound at `path`, its file made with at most `mode`'s
+/// bits: Linux gives a socket file the socket's own mode less the umask, so the socket is
+/// given `mode` before the bind. Made with the default 0777 less the umask, the file let
+/// anyone connect (and a connected socket keeps sending after a chmod) until `set_mode`.
+fn bound(path: &Path, addr: &UnixAddr, mode: u32) -> Result<OwnedFd, BindError> {
     let fd: OwnedFd = socket::socket(
         AddressFamily::Unix,
         SockType::Datagram,
@@ -57,10 +68,14 @@ pub fn bind_datagram(path: &Path, mode: u32) -> Result<UnixDatagram, BindError> 
     .map_err(|e| io_err("create socket for", path)(e.into()))?;
     socket::setsockopt(&fd, sockopt::PassCred, &true)
         .map_err(|e| io_err("set SO_PASSCRED on", path)(e.into()))?;
-    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)
+    nix::sys::stat::fchmod(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        nix::sys::stat::Mode::from_bits_truncate(mode),
+    )
+    .map_err(|e| io_err("set mode of socket for", path)(e.into()))?;
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), addr)
         .map_err(|e| io_err("bind", path)(e.into()))?;
-    set_mode(path, mode).map_err(io_err("set mode of", path))?;
-    Ok(UnixDatagram::from(fd))
+    Ok(fd)
 }
 
 /// How long a bind waits for its directory's lock: a binder holds it for a moment, so only
@@ -750,6 +765,23 @@ mod tests {
             all_closed(&read),
             "a descriptor the peer sent is still open"
         );
+    }
+
+    /// The socket file never has more bits than asked for, not even between the bind and the
+    /// chmod: made with 0777 less the umask, it let anyone connect in that moment.
+    #[test]
+    fn a_socket_file_is_made_with_no_more_than_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        let addr = UnixAddr::new(&path).unwrap();
+        let _fd = bound(&path, &addr, 0o620).unwrap();
+        let made = std::fs::symlink_metadata(&path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(made & !0o620, 0, "made {made:o}, asked 620");
     }
 
     /// A sender bound at a path that fills sun_path (108 bytes, no room for its NUL): the
