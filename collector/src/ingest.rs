@@ -36,6 +36,8 @@ shared::metrics! {
     /// What the receive loop counts: datagrams, their senders, the replies to them, the mirror.
     pub(crate) struct Metrics {
         datagrams_received: Counter = "datagrams_received", "Datagrams received, valid or not.";
+        receive_errors: Counter = "receive_errors",
+            "Reads of the socket that failed; the receive loop pauses 10 ms and reads again.";
         datagrams_rejected: LabeledCounter<RejectReason> = "datagrams_rejected",
             "Datagrams rejected whole, by reason.";
         senders: Gauge = "senders", "Sender ids known (each redirector process has one).";

@@ -89,6 +89,7 @@ async fn every_metric_is_exposed_health_says_ready_and_the_mode_is_set() {
         "collector_compaction_seconds_count",
         "collector_deltas_pending",
         "collector_mirror_failed_total",
+        "collector_receive_errors_total",
     ] {
         assert!(
             shared::metrics::sample(&text, name).is_some(),

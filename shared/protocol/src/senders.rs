@@ -51,6 +51,10 @@ const REPEAT_AFTER: Duration = Duration::from_millis(200);
 /// can lose (its two batches and the socket's queue hold a few hundred), far fewer than a
 /// forged seq would claim.
 pub const MAX_JUMP: u64 = 100_000;
+/// The highest seq, and the most clicks before a seq, taken: `click_senders` keeps both as
+/// `bigint`, which would turn a higher one negative and the record's order backwards. A
+/// sender counting from 0, a seq a datagram, never gets there; a forger can claim to.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
 /// Sender ids one process keeps: a redirector has one per process start (a new one after a
 /// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's
 /// while the others are well under `MAX_SENDERS` (one with an address goes a minute or two
@@ -119,10 +123,10 @@ pub enum Resynced {
 pub enum Refusal {
     /// The sender id belongs to another process.
     SenderMismatch,
-    /// The seq is more than `MAX_JUMP` past the next one expected.
+    /// The seq is more than `MAX_JUMP` past the next one expected, or past `MAX_SEQ`.
     SeqJump,
     /// A resync from a sender without an address (never asked to resend), or claiming more
-    /// clicks than the datagrams it skips can hold.
+    /// clicks than the datagrams it skips can hold or than `MAX_SEQ`.
     BadResync,
 }
 
@@ -326,7 +330,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         };
         if let Verdict::Accept { .. } = verdict {
             s.accepted = Some(seq);
-            s.clicks = s.clicks.saturating_add(clicks);
+            s.clicks = s.clicks.saturating_add(clicks).min(MAX_SEQ);
             if s.owner.is_none() {
                 s.owner = owner;
                 self.bind(sender, owner);
@@ -389,7 +393,8 @@ impl<A: Copy + PartialEq> Senders<A> {
         let Some(last) = first.checked_sub(1) else {
             return Resynced::Stale;
         };
-        if from.is_none() {
+        // No `last` past `MAX_SEQ` gets past the clicks' bound below; their count can.
+        if from.is_none() || resync.clicks_before > MAX_SEQ {
             return Resynced::Refused(Refusal::BadResync);
         }
         let s = self.map.get(&sender);
@@ -644,7 +649,7 @@ fn judge_known<A: Copy>(
     let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
     // One that expects acknowledgements is asked to resend instead: a long-lived sender whose
     // record this collector lost is far ahead, and resyncs.
-    if from.is_none() && seq.saturating_sub(expected) > MAX_JUMP {
+    if seq > MAX_SEQ || (from.is_none() && seq.saturating_sub(expected) > MAX_JUMP) {
         return (Verdict::Refused(Refusal::SeqJump), None);
     }
     s.reply = from;
@@ -817,8 +822,42 @@ mod tests {
         );
         assert_eq!(
             s.clicks_through(7),
-            u64::MAX,
-            "held at the most, not wrapped"
+            MAX_SEQ,
+            "held at the most the record keeps, not wrapped"
+        );
+    }
+
+    #[test]
+    fn seqs_and_click_counts_past_what_the_record_keeps_are_refused() {
+        let mut s = Senders::<Addr>::committed([(7, 99, 1_000)]);
+        let now = Instant::now();
+        let c = creds(10);
+        let jump = Verdict::Refused(Refusal::SeqJump);
+        assert_eq!(s.judge(7, (MAX_SEQ + 1, 1), addr(), c, now).0, jump);
+        assert_eq!(
+            s.judge(8, (MAX_SEQ + 1, 1), addr(), c, now).0,
+            jump,
+            "a new id"
+        );
+        assert_eq!(s.judge(8, (MAX_SEQ + 1, 1), None, c, now).0, jump);
+        let far = 1 << 49;
+        assert_eq!(
+            s.judge(7, (far, 1), addr(), c, now),
+            (Verdict::Ahead, ack(Some(99), Some(100)))
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, far, MAX_SEQ + 1), addr(), c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "more clicks than the record keeps, fewer than the skipped datagrams could hold"
+        );
+        assert_eq!(
+            s.resync(&Resync::new(7, far, MAX_SEQ), addr(), c, now),
+            Resynced::Skipped {
+                first: far,
+                skipped: far - 100,
+                unaccounted: MAX_SEQ - 1_000
+            },
+            "as many as it keeps"
         );
     }
 

@@ -44,6 +44,7 @@ impl Events {
 
     /// Reading the socket failed: not a reason to stop.
     pub(crate) fn receive_failed(&mut self, e: &io::Error) {
+        self.metrics.receive_errors.inc();
         if let Some(held) = self.recv_log.allow() {
             tracing::warn!(error = %e, held, "receiving: {e} ({held} more errors not logged)");
         }
@@ -177,5 +178,21 @@ impl Events {
                 "rejected a datagram ({reason}): {why} ({held} more rejects not logged)"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failed_read_is_counted_whether_or_not_it_is_logged() {
+        let metrics = Arc::new(Metrics::register(&mut Default::default()));
+        let mut events = Events::new(metrics.clone(), Arc::default());
+        let e = io::Error::from_raw_os_error(libc::ENOMEM);
+        for _ in 0..3 {
+            events.receive_failed(&e);
+        }
+        assert_eq!(metrics.receive_errors.get(), 3);
     }
 }
