@@ -7,14 +7,23 @@ use std::time::Duration;
 /// would overflow an `Instant` or a timer when added to now.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The shortest duration any flag takes: tokio's timers count in milliseconds, so a shorter
+/// one would act as a millisecond while saying less (`1ns` looks like "at once").
+pub const MIN_DURATION: Duration = Duration::from_millis(1);
+
 /// A duration such as `100ms`, `5s` or `1h 30m` (humantime's syntax). Zero is refused: every
 /// duration flag is an interval, a timeout or a wait, and zero would make a timer spin or a
-/// wait give up at once. So is anything over [`MAX_DURATION`].
+/// wait give up at once. So is anything under [`MIN_DURATION`] or over [`MAX_DURATION`].
 pub fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration: {e}"))?;
     if d.is_zero() {
         return Err(format!(
             "{s:?} is zero; it must be more than zero (an interval or timeout of zero would spin or give up at once)"
+        ));
+    }
+    if d < MIN_DURATION {
+        return Err(format!(
+            "{s:?} is under 1ms, the timers' resolution; it must be at least 1ms"
         ));
     }
     if d > MAX_DURATION {
@@ -54,6 +63,9 @@ mod tests {
         assert_eq!(duration("1h 30m"), Ok(Duration::from_secs(5400)));
         assert!(duration("0s").unwrap_err().contains("more than zero"));
         assert!(duration("0").unwrap_err().contains("more than zero"));
+        assert!(duration("999us").unwrap_err().contains("at least 1ms"));
+        assert!(duration("1ns").unwrap_err().contains("at least 1ms"));
+        assert_eq!(duration("1ms"), Ok(MIN_DURATION));
         assert!(duration("soon").unwrap_err().contains("not a duration"));
         assert!(duration("400days").unwrap_err().contains("365 days"));
         assert!(duration("18446744073709551615s").is_err());
