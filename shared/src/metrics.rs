@@ -121,12 +121,15 @@ impl<L: Label> LabeledCounter<L> {
     }
 }
 
-/// Upper bounds, in seconds, of the latency histogram buckets.
-const BOUNDS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// Upper bounds, in seconds, of the latency histogram buckets: up to half an hour, so that a
+/// quantile can tell how far behind clicks held through an outage were committed (a
+/// quantile stops at the highest bound).
+const BOUNDS: [f64; 18] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 1800.0,
 ];
 
-/// A latency histogram with fixed buckets from 0.5 ms to 10 s: atomics, where the crate's
+/// A latency histogram with fixed buckets from 0.5 ms to 30 min: atomics, where the crate's
 /// histogram takes a lock per observation, and [`Histogram::observe_all`] adds many
 /// observations at once (the collector observes every click's commit lag, a batch at a time).
 #[derive(Debug, Clone, Default)]
@@ -424,6 +427,7 @@ mod tests {
         m.lat
             .observe_all([ms(1), Duration::from_micros(1_001), ms(3), ms(3)]);
         m.lat.observe(ms(20_000));
+        m.lat.observe_all([ms(120_000), ms(3_600_000)]);
         let text = m.encode();
         let bucket = |le: &str| sample(&text, &format!("t_lat_seconds_bucket{{le=\"{le}\"}}"));
         assert_eq!(bucket("0.0005"), Some(0.0), "{text}");
@@ -431,10 +435,18 @@ mod tests {
         assert_eq!(bucket("0.0025"), Some(2.0), "{text}");
         assert_eq!(bucket("0.005"), Some(4.0), "{text}");
         assert_eq!(bucket("10"), Some(4.0), "{text}");
-        assert_eq!(bucket("+Inf"), Some(5.0), "{text}");
-        assert_eq!(sample(&text, "t_lat_seconds_count"), Some(5.0));
-        assert_eq!(sample(&text, "t_lat_seconds_sum"), Some(20.008001));
-        assert_eq!(m.lat.count(), 5);
+        assert_eq!(bucket("30"), Some(5.0), "{text}");
+        assert_eq!(bucket("60"), Some(5.0), "{text}");
+        assert_eq!(
+            bucket("300"),
+            Some(6.0),
+            "an outage's lag is told apart: {text}"
+        );
+        assert_eq!(bucket("1800"), Some(6.0), "{text}");
+        assert_eq!(bucket("+Inf"), Some(7.0), "{text}");
+        assert_eq!(sample(&text, "t_lat_seconds_count"), Some(7.0));
+        assert_eq!(sample(&text, "t_lat_seconds_sum"), Some(3740.008001));
+        assert_eq!(m.lat.count(), 7);
     }
 
     #[test]
