@@ -745,6 +745,12 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
             "its ring's positions are out of range",
         ));
     }
+    if tail > MAX_POSITION || u64_at(marks + 8) > MAX_POSITION {
+        return Err(Error::NotState(
+            what.into(),
+            "its positions are past any a redirector reaches",
+        ));
+    }
     let renewing = u64_at(std::mem::offset_of!(Header, renewing)) != 0;
     if in_window > 0 && (renewing || u64_at(std::mem::offset_of!(Header, sender)) == 0) {
         return Err(Error::NotState(
@@ -759,6 +765,11 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         stale,
     }))
 }
+
+/// The furthest a ring position or a window seq goes in a region adopted: no redirector gets
+/// there (146,000 years at a million clicks a second); near 2^63 the ring's stamps (twice a
+/// position) would wrap, and the collector refuses seqs past 2^63 - 1.
+const MAX_POSITION: u64 = 1 << 62;
 
 /// Lays out a zeroed region: the header, and the ring's cells free for the first lap. The
 /// window's slots and bounds start at zero; the sender id is set at adoption.
@@ -1026,7 +1037,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         let meta = GEOMETRY.offsets().unwrap().meta;
-        let cases: [(usize, u64, &str); 4] = [
+        let marks = std::mem::offset_of!(Header, marks);
+        let cases: [(usize, u64, &str); 5] = [
             (std::mem::offset_of!(Header, head), 5, "ring's positions"),
             (
                 std::mem::offset_of!(Header, tail),
@@ -1035,6 +1047,7 @@ mod tests {
             ),
             (std::mem::offset_of!(Header, renewing), 1, "no sender"),
             (meta, GEOMETRY.slot_size + 1, "longer than a slot"),
+            (marks + 8, MAX_POSITION + 1, "past any a redirector reaches"),
         ];
         for (at, value, why) in cases {
             std::fs::remove_file(&path).ok();
@@ -1049,6 +1062,18 @@ mod tests {
             assert!(matches!(err, Error::NotState(..)), "{err}");
             assert!(err.to_string().contains(why), "{err}");
         }
+        std::fs::remove_file(&path).ok();
+        left_with_three_clicks(&path, false);
+        for position in [
+            std::mem::offset_of!(Header, head),
+            std::mem::offset_of!(Header, tail),
+        ] {
+            poke(&path, position, &(MAX_POSITION + 1).to_ne_bytes());
+        }
+        let err = Region::file(&path, GEOMETRY)
+            .err()
+            .expect("a ring past 2^62");
+        assert!(err.to_string().contains("past any"), "{err}");
     }
 
     #[test]

@@ -328,7 +328,7 @@ impl<S: Store> Window<S> {
 
     /// Everything up to `seq` is committed: those datagrams leave the window.
     pub fn acknowledge(&mut self, seq: u64) -> Result<Released, Refused> {
-        if !self.sent_through.is_some_and(|s| seq <= s) {
+        if !self.sent(seq) {
             return Err(Refused::AckNotSent(seq));
         }
         let mut released = Released::default();
@@ -351,12 +351,16 @@ impl<S: Store> Window<S> {
     }
 
     /// Applies an acknowledgement: what is `committed` leaves, then the cursor goes back to
-    /// `resend_from`. Refused whole if it acknowledges what was never sent.
+    /// `resend_from`. Refused whole, before either changes anything, if either names a seq
+    /// never sent: a half-applied one would free clicks that no count of the caller's holds.
     pub fn apply(
         &mut self,
         committed: Option<u64>,
         resend_from: Option<u64>,
     ) -> Result<Applied, Refused> {
+        if let Some(seq) = resend_from.filter(|&seq| !self.sent(seq)) {
+            return Err(Refused::ResendNotHeld(seq));
+        }
         let released = committed.map_or(Ok(Released::default()), |seq| self.acknowledge(seq))?;
         let rewound = resend_from.map(|seq| self.rewind_to(seq)).transpose()?;
         Ok(Applied { released, rewound })
@@ -365,7 +369,7 @@ impl<S: Store> Window<S> {
     /// Go-back-N from `seq` (a resend request): the cursor goes back to it, or, if `seq` was
     /// acknowledged already, to the oldest datagram held, with a resync to send first.
     pub fn rewind_to(&mut self, seq: u64) -> Result<Rewound, Refused> {
-        if !self.sent_through.is_some_and(|s| seq <= s) {
+        if !self.sent(seq) {
             return Err(Refused::ResendNotHeld(seq));
         }
         if seq < self.first {
@@ -409,6 +413,11 @@ impl<S: Store> Window<S> {
     /// The seq the next datagram takes.
     pub fn next_seq(&self) -> u64 {
         self.end()
+    }
+
+    /// Whether datagram `seq` was sent (an adopted window's held ones count as sent).
+    fn sent(&self, seq: u64) -> bool {
+        self.sent_through.is_some_and(|s| seq <= s)
     }
 }
 
@@ -489,6 +498,14 @@ mod tests {
         assert_eq!(w.clicks(), 40, "nothing was forgotten");
         assert_eq!(w.unsent_and_unacked(), (20, 20));
         assert_eq!(w.acknowledge(u64::MAX), Err(Refused::AckNotSent(u64::MAX)));
+        assert_eq!(w.apply(Some(10), Some(12)), Err(Refused::ResendNotHeld(12)));
+        assert_eq!(
+            (w.clicks(), w.unsent_and_unacked()),
+            (40, (20, 20)),
+            "an acknowledgement refused for its resend request forgot nothing"
+        );
+        assert!(w.apply(Some(10), Some(11)).is_ok());
+        assert_eq!(w.clicks(), 30);
     }
 
     #[test]
