@@ -56,7 +56,8 @@ shared::metrics! {
             "Seconds from the newest applied change's commit to its application (a full load: its duration).";
         /// The database's clock.
         links_synced: FloatGauge = "links_synced_timestamp_seconds",
-            "Unix time of the last successful read of the change log (0: none yet).";
+            "Unix time of the last successful read of the change log (0: none yet); from a hot \
+             standby whose replay is behind what it received, of its last replayed commit.";
     }
 }
 
@@ -211,6 +212,11 @@ struct Head {
     horizon: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
+    /// What the snapshot is known current to, Unix seconds: `now`, but on a hot standby whose
+    /// replay is behind what it received (paused, stuck or slow), its last replayed commit's
+    /// time on the primary's clock. The standby's clock alone would say a standby that stopped
+    /// replaying is as current as one that keeps up.
+    current: f64,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -222,7 +228,11 @@ macro_rules! head_columns {
                 ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) AS x),
                 CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(pg_current_snapshot())
                      ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
-                extract(epoch FROM clock_timestamp())::float8
+                extract(epoch FROM clock_timestamp())::float8,
+                extract(epoch FROM CASE
+                    WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()
+                    THEN least(clock_timestamp(), pg_last_xact_replay_timestamp())
+                    ELSE clock_timestamp() END)::float8
            FROM link_changes_state AS s"
     };
 }
@@ -272,7 +282,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 7;
+const HEAD_COLUMNS: usize = 8;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -333,6 +343,7 @@ impl Head {
             xip: row.try_get(4)?,
             horizon: row.try_get(5)?,
             now: row.try_get(6)?,
+            current: row.try_get(7)?,
         })
     }
 
@@ -587,7 +598,7 @@ impl Loader {
     /// The table is as `links` was at `head`'s snapshot.
     fn synced(&mut self, head: &Head) {
         self.position = Some(head.position(self.position.as_ref()));
-        self.metrics.links_synced.set(head.now);
+        self.metrics.links_synced.set(head.current);
         self.metrics.links.set(self.links.table.len() as i64);
         self.metrics.links_skipped.set(self.skipped.len() as i64);
     }

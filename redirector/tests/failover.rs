@@ -11,7 +11,9 @@ use testkit::eventually;
 use testkit::pgtest::{test_db_on, Pair, Replication, TestDb};
 use testkit::redirector::load::Load;
 use testkit::redirector::served;
-use testkit::redirector::{add_link, await_first_rows, redirector, rows, Redirector, LIMIT};
+use testkit::redirector::{
+    add_link, await_first_rows, db_now, redirector, rows, scalar, Redirector, LIMIT,
+};
 use testkit::services::Collector;
 
 /// Waits until `code` answers `want`; returns how long that took.
@@ -103,6 +105,54 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
         );
     }
     eprintln!("links from a hot standby: insert {insert:?}, update {update:?}, delete {delete:?}");
+}
+
+/// A hot standby that stops replaying (paused here; stuck or slow alike) answers every poll
+/// on its own clock, so the polls alone would say its links are current. They are as of its
+/// last replayed commit, and `redirector_links_synced_timestamp_seconds` says that, for
+/// LinksStale to fire on; once replay goes on, the gauge does too.
+#[tokio::test]
+async fn links_from_a_standby_that_stopped_replaying_are_as_old_as_its_last_replayed_commit() {
+    let (pair, db, primary) = linked_pair(&[("before", "https://example.com/before")]).await;
+    let on_standby = pair.standby.url(&db.name);
+    let (_dir, r) = links_reader(&db, &on_standby).await;
+    let standby = testkit::pgtest::connect(&on_standby).await;
+    execute(&standby, "SELECT pg_wal_replay_pause()").await;
+    eventually("the standby's replay to pause", LIMIT, || async {
+        let state: String = scalar(&standby, "SELECT pg_get_wal_replay_pause_state()").await;
+        (state == "paused").then_some(())
+    })
+    .await;
+    add_link(&primary, "added", "https://example.com/added").await;
+    let behind = "SELECT pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()";
+    eventually(
+        "the standby to receive what it does not replay",
+        LIMIT,
+        || async { scalar::<bool>(&standby, behind).await.then_some(()) },
+    )
+    .await;
+    let replayed: f64 = scalar(
+        &standby,
+        "SELECT extract(epoch FROM pg_last_xact_replay_timestamp())::float8",
+    )
+    .await;
+    let synced = "redirector_links_synced_timestamp_seconds";
+    eventually(
+        "the links to be reported as of the standby's last replayed commit",
+        LIMIT,
+        || async { ((r.metric(synced).await - replayed).abs() < 1e-5).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        served(r.http, "added").await,
+        None,
+        "not replayed: not served"
+    );
+
+    execute(&standby, "SELECT pg_wal_replay_resume()").await;
+    await_served(r.http, "added", Some("https://example.com/added")).await;
+    let resumed = db_now(&standby).await;
+    await_above(&r, synced, resumed, "the links to be current again").await;
 }
 
 /// Two transactions on the primary that change links overlap and commit out of order, and the
