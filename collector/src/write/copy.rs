@@ -78,6 +78,11 @@ pub(crate) fn click_rows(buf: &[u8]) -> Vec<ClickRow<'_>> {
     rows
 }
 
+/// The first row of a buffer that `put_click` wrote.
+pub(crate) fn first_click(buf: &[u8]) -> Option<ClickRow<'_>> {
+    click_row(buf, 0)
+}
+
 fn click_row(buf: &[u8], start: usize) -> Option<ClickRow<'_>> {
     let int = |at: usize, n: usize| buf.get(at..at + n);
     let len = i32::from_be_bytes(int(start + 2, 4)?.try_into().ok()?);

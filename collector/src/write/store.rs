@@ -124,6 +124,14 @@ pub(crate) struct Rows {
     pub(crate) set_aside: Bytes,
 }
 
+impl Rows {
+    /// The code of the first click, if any.
+    pub(crate) fn first_code(&self) -> Option<&str> {
+        let day = self.clicks.first()?;
+        copy::first_click(&day.rows).map(|row| row.code)
+    }
+}
+
 /// What an attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stored {
@@ -132,7 +140,8 @@ pub(crate) enum Stored {
     /// An earlier attempt had committed it, `refused` clicks set aside (the count of the last
     /// attempt to reach its COMMIT, the one that landed): not written again.
     AlreadyCommitted { refused: u64 },
-    /// PostgreSQL refused every click of the batch (this error, the first): not taken as bad
+    /// PostgreSQL refused every click of the batch (this error, the first), and a click the
+    /// table took before too, or there was none to try (`Attempts::probe`): not taken as bad
     /// clicks but as a table that refuses everything; nothing was committed. (Unless every
     /// click is of a day before today without a partition: those are set aside.)
     AllRefused(String),
@@ -159,6 +168,10 @@ pub(crate) fn refuses_rows(e: &tokio_postgres::Error) -> bool {
 pub(crate) struct Attempts {
     pub(crate) sift: bool,
     refused_at_commit: u64,
+    /// A code whose click the table took in an earlier batch: when it refuses every click of
+    /// this one, a click of it, now, tells bad clicks (it is taken) from a table that takes
+    /// none (it is refused too). Without one, the table is taken to take none.
+    pub(crate) probe: Option<String>,
 }
 
 /// The writer's connection, with its statements prepared once when it opens. Its session
@@ -276,7 +289,11 @@ impl Conn {
             // of later days were retried above): late clicks of a day that retention dropped
             // while they waited, which held would hold the stream for good.
             let late = unroutable == refused.len();
-            if !late && !rows_in.is_empty() && refused.len() == rows_in.len() {
+            if !late
+                && !rows_in.is_empty()
+                && refused.len() == rows_in.len()
+                && !takes(&mut tx, &self.copy_clicks, attempts.probe.as_deref()).await?
+            {
                 tx.rollback().await?;
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
@@ -426,6 +443,28 @@ async fn sift_in(
         }
     }
     Ok((refused, unroutable))
+}
+
+/// Whether `clicks` takes a click of `probe` now, by `copy_clicks` (in a savepoint, rolled
+/// back: nothing of it stays); `false` without a probe.
+async fn takes(
+    tx: &mut tokio_postgres::Transaction<'_>,
+    copy_clicks: &Statement,
+    probe: Option<&str>,
+) -> Result<bool, tokio_postgres::Error> {
+    let Some(code) = probe else {
+        return Ok(false);
+    };
+    let mut row = BytesMut::new();
+    copy::put_click(&mut row, code, protocol::now_us());
+    let savepoint = tx.savepoint("probe").await?;
+    let taken = match copy_in(&savepoint, copy_clicks, row.freeze()).await {
+        Ok(_) => true,
+        Err(e) if refuses_rows(&e) => false,
+        Err(e) => return Err(e),
+    };
+    savepoint.rollback().await?;
+    Ok(taken)
 }
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no

@@ -33,6 +33,8 @@ pub struct Writer {
     watch: Arc<Watch>,
     /// What it committed, to find what a failover lost.
     committed: Committed,
+    /// The code of the first click of the last batch written whole: see `Attempts::probe`.
+    probe: Option<String>,
 }
 
 impl Writer {
@@ -62,6 +64,7 @@ impl Writer {
             shared,
             watch,
             committed: Committed::default(),
+            probe: None,
         }
     }
 
@@ -101,6 +104,15 @@ impl Writer {
             let (written, began) = self.write(&batch, &rows, &number).instrument(span).await;
             self.watch.written();
             self.committed.add(&batch, began);
+            let whole = matches!(
+                written,
+                Stored::Written { refused: 0 } | Stored::AlreadyCommitted { refused: 0 }
+            );
+            if let (true, Some(code)) = (whole, rows.first_code()) {
+                let probe = self.probe.get_or_insert_with(String::new);
+                probe.clear();
+                probe.push_str(code);
+            }
             drop(rows);
             match written {
                 Stored::Written { refused: 0 } => self.unfolded.add(number.batch, &batch),
@@ -145,6 +157,7 @@ impl Writer {
     ) -> (Stored, Instant) {
         let mut backoff = db::backoff();
         let mut attempts = Attempts::default();
+        attempts.probe.clone_from(&self.probe);
         let first = Instant::now();
         loop {
             let began = Instant::now();
