@@ -455,3 +455,70 @@ async fn the_backlog_gauges_keep_moving_while_folds_fail() {
     )
     .await;
 }
+
+/// A prune that fails (here a trigger refuses every delete of `click_writers`) is not the
+/// fold's: it runs after the fold has committed, in transactions of its own, so the counts
+/// are folded all the same. In the fold's transaction, it took every fold down with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prune_that_fails_leaves_the_fold_committed() {
+    let p = place().await;
+    // Ready first: a round that fails (the prunes, from now on) makes /healthz say 503.
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
+    p.client
+        .batch_execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN RAISE EXCEPTION 'no pruning here'; END $$;
+             CREATE TRIGGER refuse_prune BEFORE DELETE ON click_writers
+                 FOR EACH STATEMENT EXECUTE FUNCTION refuse();",
+        )
+        .await
+        .unwrap();
+    send_all(&p.path, datagrams(1, &clicks(10, 5, start_us(), 1_000))).await;
+    await_rows(&p.client, None, 10).await;
+    c.await_metric("collector_compactions_total", 1.0).await;
+    testkit::eventually("the counts folded", LIMIT, || async {
+        (c.metric("collector_deltas_pending").await == 0.0).then_some(())
+    })
+    .await;
+    assert!(
+        c.metric("collector_db_errors_total").await > 0.0,
+        "the prunes failed"
+    );
+    c.service.wait_for_log("no pruning here", LIMIT).await;
+}
+
+/// A fold that waits past the round's deadline (here on a lock another session holds) is
+/// given up by the server as well as by the collector (the session's statement timeout), so
+/// each round tries again and fails alone. Given up by the collector alone, it went on
+/// waiting on the server, holding the fold's lock: every later fold skipped its turn, as if
+/// another collector were folding, and nothing said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_past_the_rounds_deadline_is_given_up_by_the_server_too() {
+    let p = place().await;
+    let flags = ["--compact-interval", "1s", "--write-timeout", "1s"];
+    let c = start_collector(&p.db, &p.path, &flags).await;
+    send_all(&p.path, datagrams(1, &clicks(10, 5, start_us(), 1_000))).await;
+    await_rows(&p.client, None, 10).await;
+    let mut blocker = pgtest::connect(&p.db.url).await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE click_counts IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let failed = c.metric("collector_db_errors_total").await;
+    testkit::eventually("five rounds given up", LIMIT, || async {
+        (c.metric("collector_db_errors_total").await >= failed + 5.0).then_some(())
+    })
+    .await;
+    let waiting = "SELECT count(*) FROM pg_locks
+                   WHERE NOT granted AND relation = 'click_counts'::regclass";
+    let waiting = count(&p.client, waiting).await;
+    assert!(
+        waiting <= 2,
+        "{waiting} folds given up still wait on the server"
+    );
+    tx.rollback().await.unwrap();
+    testkit::eventually("the counts folded once the lock goes", LIMIT, || async {
+        (c.metric("collector_deltas_pending").await == 0.0).then_some(())
+    })
+    .await;
+}

@@ -200,15 +200,39 @@ const OTHERS_DUE: &str = "
 /// the migrations' and not any instance lock's ("compact" in ASCII).
 const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)";
 
-/// Pruned with each fold and at least once an interval: the link change log past a day (a
-/// redirector away longer loads the table whole), and bookkeeping rows nobody has touched for
-/// 30 days: a redirector's seq row (one per process start) and a collector's batch-number row
-/// (one per process start); without this both tables grow with every restart. The collector's
-/// memory forgets an idle sender a day before (`protocol::senders::IDLE`).
-pub(crate) const PRUNE: &str = "
-    SELECT prune_link_changes(interval '1 day');
+/// Pruned after each fold and at least once an interval, outside the fold's transaction (a
+/// prune that fails or runs out of time leaves the fold committed): bookkeeping rows nobody
+/// has touched for 30 days, a redirector's seq row (one per process start) and a collector's
+/// batch-number row (one per process start); without this both tables grow with every
+/// restart. The collector's memory forgets an idle sender a day before
+/// (`protocol::senders::IDLE`). Then the link change log: [`PRUNE_LINK_CHANGES`].
+const PRUNE: &str = "
     DELETE FROM click_senders WHERE updated_at < now() - interval '30 days';
     DELETE FROM click_writers WHERE updated_at < now() - interval '30 days';";
+
+/// The link change log past a day (a redirector away longer loads the table whole), a slice
+/// of at most $1 rows a statement (migration 20): after a bulk change of millions of links,
+/// each slice commits on its own, within any deadline.
+const PRUNE_LINK_CHANGES: &str = "SELECT prune_link_changes(interval '1 day', $1)";
+
+/// Rows of the change log one statement of [`PRUNE_LINK_CHANGES`] deletes at most: a few
+/// tens of milliseconds of work.
+const PRUNE_SLICE: i64 = 10_000;
+
+/// Prunes: the bookkeeping rows, then the change log slice by slice until a slice finds less
+/// than a whole one (or the caller's deadline ends it: what the slices before deleted stays
+/// deleted).
+pub(crate) async fn prune(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(PRUNE).await?;
+    let slice = client.prepare(PRUNE_LINK_CHANGES).await?;
+    while client
+        .query_one(&slice, &[&PRUNE_SLICE])
+        .await?
+        .get::<_, i64>(0)
+        == PRUNE_SLICE
+    {}
+    Ok(())
+}
 
 /// When to fold.
 #[derive(Debug, Clone, Copy)]
@@ -293,8 +317,7 @@ impl Apply {
 }
 
 /// One fold (its own sums if due, the counts only the SQL way folds, then the breakdown lists,
-/// each of those the oldest up to a slice) and the pruning of idle bookkeeping rows,
-/// in one transaction, unless another collector is folding (`None`); the counts it moved (not
+/// each of those the oldest up to a slice), in one transaction, unless another collector is folding (`None`); the counts it moved (not
 /// the breakdown entries, which it logs).
 pub async fn fold(
     client: &mut Client,
@@ -333,7 +356,6 @@ pub async fn fold_with(
         .await?
         .get(0);
     tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
-    tx.batch_execute(PRUNE).await?;
     tx.commit().await?;
     taking.commit();
     Ok(Some(moved))

@@ -62,8 +62,9 @@ impl Policy {
     }
 }
 
-/// Runs until aborted; a failure is logged (once per outage), counted and tried again at the
-/// next look on a new connection.
+/// Runs until aborted; a failure is logged (once per outage), counted and tried again on a
+/// new connection, at the first look after a capped backoff (a look may come every
+/// millisecond: `--compact-interval`).
 pub(crate) async fn run(
     db: Db,
     policy: Policy,
@@ -76,6 +77,7 @@ pub(crate) async fn run(
     let mut conn = None;
     // One warning per outage; each look's retry would repeat it.
     let mut outage = Throttle::per_outage();
+    let mut backoff = crate::db::backoff();
     // Pruning rides on a fold or on the first look after an interval without one.
     let mut pruned = Instant::now() - policy.fold.interval;
     loop {
@@ -87,6 +89,7 @@ pub(crate) async fn run(
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
+                backoff.reset();
                 shared.health.upkeep.store(true, Relaxed);
                 if outage.end().is_some() {
                     tracing::info!("the database's periodic work goes on again");
@@ -101,6 +104,7 @@ pub(crate) async fn run(
                 } else {
                     tracing::debug!(error = %failure, "folding or pruning: {failure}");
                 }
+                backoff.wait().await;
             }
         }
     }
@@ -120,14 +124,20 @@ async fn round(
 ) -> Result<(), tokio_postgres::Error> {
     let client = match conn {
         Some(client) => client,
-        slot => slot.insert(db.connect().await?),
+        slot => {
+            let client = db.connect().await?;
+            // The server gives up when the round does: a statement the round's deadline
+            // abandoned would otherwise run on, holding what it locked (the fold's lock).
+            let limit = shared::db::set_statement_timeout(policy.timeout);
+            client.batch_execute(&limit).await?;
+            slot.insert(client)
+        }
     };
     show(metrics, &compact::backlog(client).await?);
-    if compact::due(client, &policy.fold, own).await? && fold(client, policy, own, metrics).await? {
-        *pruned = Instant::now();
-    }
-    if pruned.elapsed() >= policy.fold.interval {
-        client.batch_execute(compact::PRUNE).await?;
+    let folded = compact::due(client, &policy.fold, own).await?
+        && fold(client, policy, own, metrics).await?;
+    if folded || pruned.elapsed() >= policy.fold.interval {
+        compact::prune(client).await?;
         *pruned = Instant::now();
     }
     Ok(())

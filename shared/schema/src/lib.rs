@@ -100,6 +100,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "sender_address",
         include_str!("../migrations/0019_sender_address.sql"),
     ),
+    (
+        20,
+        "prune_in_slices",
+        include_str!("../migrations/0020_prune_in_slices.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -30,6 +30,30 @@ async fn prune(client: &impl tokio_postgres::GenericClient, keep: &str) -> i64 {
         .get(0)
 }
 
+/// What `calls` runs of the prune `sql` deleted, each, and the rows of the change log they
+/// fetched; failing if any read the whole log. In one transaction of a session of its own:
+/// `pg_stat_xact_user_tables` counts what it has done and not flushed.
+async fn prunes_read(db: &pgtest::TestDb, sql: &str, calls: usize) -> (Vec<i64>, i64) {
+    let mut fresh = pgtest::connect(&db.url).await;
+    let tx = fresh.transaction().await.unwrap();
+    let mut pruned = Vec::new();
+    for _ in 0..calls {
+        pruned.push(tx.query_one(sql, &[]).await.unwrap().get(0));
+    }
+    let read = tx
+        .query_one(
+            "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables
+             WHERE relname = 'link_changes'",
+            &[],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (scans, fetched): (i64, i64) = (read.get(0), read.get(1));
+    assert_eq!(scans, 0, "a prune read the whole change log");
+    (pruned, fetched)
+}
+
 #[tokio::test]
 async fn every_changed_code_is_logged_once_per_statement_and_a_rename_logs_both() {
     let db = pgtest::test_db().await;
@@ -199,31 +223,15 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
         .get(0);
 
     pgtest::await_link_changes_prunable(&client).await;
-    // A session of its own: pg_stat_xact_user_tables counts what it has done and not flushed.
-    let mut fresh = pgtest::connect(&db.url).await;
-    let tx = fresh.transaction().await.unwrap();
     // Six calls: PL/pgSQL plans a statement anew for its first five, then may keep a generic
     // plan, which must not read the log either. Only the first finds anything due.
-    let mut pruned = Vec::new();
-    for _ in 0..6 {
-        pruned.push(prune(&tx, "1 hour").await);
-    }
-    let read = tx
-        .query_one(
-            "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables
-             WHERE relname = 'link_changes'",
-            &[],
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let (pruned, fetched) =
+        prunes_read(&db, "SELECT prune_link_changes(interval '1 hour')", 6).await;
     assert_eq!(
         pruned,
         [100, 0, 0, 0, 0, 0],
         "the hundred oldest rows, not the old one logged last"
     );
-    let (scans, fetched): (i64, i64) = (read.get(0), read.get(1));
-    assert_eq!(scans, 0, "a prune read the whole change log");
     // The first call fetches the 100 rows twice (the search passes them, the DELETE takes
     // them) and the row kept once; each call after it, the row kept.
     assert!(
@@ -246,4 +254,47 @@ async fn pruning_reads_the_rows_it_deletes_not_the_whole_log() {
         "once every row is old, the one that waited goes too"
     );
     assert_eq!(state(&client).await.0, last);
+}
+
+/// Migration 20: a prune in slices deletes at most a slice a call, the oldest first, and reads
+/// about as many rows as it deletes: a day after a bulk change of millions of links, each call
+/// is short. Like the whole prune, it stops at the first row it keeps.
+#[tokio::test]
+async fn pruning_in_slices_deletes_a_slice_a_call_and_stops_at_a_row_it_keeps() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "INSERT INTO links (code, url)
+                 SELECT 'c' || n, 'https://x/' || n FROM generate_series(1, 20000) AS n;
+             UPDATE link_changes SET changed_at = now() - interval '2 hours'
+              WHERE id <> (SELECT min(id) + 599 FROM link_changes);
+             ANALYZE link_changes;",
+        )
+        .await
+        .unwrap();
+    let first: i64 = client
+        .query_one("SELECT min(id) FROM link_changes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    pgtest::await_link_changes_prunable(&client).await;
+    let (pruned, fetched) =
+        prunes_read(&db, "SELECT prune_link_changes(interval '1 hour', 400)", 3).await;
+    assert_eq!(
+        pruned,
+        [400, 199, 0],
+        "a slice, then up to the row kept (the 600th), then nothing"
+    );
+    // The first call reads its 401 rows twice (no young one among them, then the 401st) and
+    // deletes 400; the second reads up to the row kept and deletes the 199 before it.
+    assert!(
+        fetched <= 3 * 401 + 2 * 200 + 5,
+        "three slices fetched {fetched} rows to delete 599"
+    );
+    assert_eq!(
+        state(&client).await.0,
+        first + 598,
+        "pruned_id: the last deleted"
+    );
 }
