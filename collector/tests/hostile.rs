@@ -438,7 +438,7 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
 /// two apart: taken, the batch's click is set aside and the stream goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others() {
-    let (p, c) = poisoned().await;
+    let (p, mut c) = poisoned().await;
     send_all(&p.path, vec![datagram(12, 0, "fine", 1)]).await;
     await_rows(&p.client, None, 1).await;
     send_all(&p.path, vec![datagram(12, 1, "poison", 1)]).await;
@@ -446,9 +446,18 @@ async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others()
         .await;
     send_all(&p.path, vec![datagram(12, 2, "after", 1)]).await;
     await_rows(&p.client, None, 2).await;
+    // A collector that has written nothing yet tries a code `clicks` holds.
+    c.service.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(c.service.wait_exit(LIMIT).await.success());
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    send_all(&p.path, vec![datagram(13, 0, "poison", 1)]).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
+        .await;
+    send_all(&p.path, vec![datagram(13, 1, "later", 1)]).await;
+    await_rows(&p.client, None, 3).await;
     let codes = "SELECT string_agg(code, ' ' ORDER BY code) FROM clicks";
     let codes: String = p.client.query_one(codes, &[]).await.unwrap().get(0);
-    assert_eq!(codes, "after fine", "the probe left no row");
+    assert_eq!(codes, "after fine later", "the probes left no row");
     assert_eq!(c.health().await, 200);
 }
 

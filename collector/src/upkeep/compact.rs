@@ -215,22 +215,22 @@ const PRUNE: &str = "
 /// each slice commits on its own, within any deadline.
 const PRUNE_LINK_CHANGES: &str = "SELECT prune_link_changes(interval '1 day', $1)";
 
-/// Rows of the change log one statement of [`PRUNE_LINK_CHANGES`] deletes at most: a few
-/// tens of milliseconds of work.
+/// Rows of the change log one statement of [`PRUNE_LINK_CHANGES`] deletes at most: a short
+/// statement, however large the backlog.
 const PRUNE_SLICE: i64 = 10_000;
 
 /// Prunes: the bookkeeping rows, then the change log slice by slice until a slice finds less
-/// than a whole one (or the caller's deadline ends it: what the slices before deleted stays
-/// deleted).
-pub(crate) async fn prune(client: &Client) -> Result<(), tokio_postgres::Error> {
+/// than a whole one or `budget` is spent (a backlog of millions of rows goes over several
+/// rounds, none of them failing for it; each slice deleted stays deleted).
+pub(crate) async fn prune(client: &Client, budget: Duration) -> Result<(), tokio_postgres::Error> {
+    let started = std::time::Instant::now();
     client.batch_execute(PRUNE).await?;
     let slice = client.prepare(PRUNE_LINK_CHANGES).await?;
-    while client
-        .query_one(&slice, &[&PRUNE_SLICE])
-        .await?
-        .get::<_, i64>(0)
-        == PRUNE_SLICE
-    {}
+    let mut more = true;
+    while more && started.elapsed() < budget {
+        let deleted: i64 = client.query_one(&slice, &[&PRUNE_SLICE]).await?.get(0);
+        more = deleted == PRUNE_SLICE;
+    }
     Ok(())
 }
 

@@ -137,7 +137,8 @@ async fn round(
     let folded = compact::due(client, &policy.fold, own).await?
         && fold(client, policy, own, metrics).await?;
     if folded || pruned.elapsed() >= policy.fold.interval {
-        compact::prune(client).await?;
+        // A quarter of the round's deadline: the rest of a backlog waits for the next round.
+        compact::prune(client, policy.timeout / 4).await?;
         *pruned = Instant::now();
     }
     Ok(())

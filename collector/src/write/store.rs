@@ -38,6 +38,9 @@ const ATTACHED: &str = "
                       AND NOT inhdetachpending)";
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
+/// A code of a click `clicks` took, for [`takes`] after a restart: the first row a scan
+/// meets, read only when a batch's every click was refused.
+const A_CODE_TAKEN: &str = "SELECT code FROM clicks LIMIT 1";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -170,7 +173,7 @@ pub(crate) struct Attempts {
     refused_at_commit: u64,
     /// A code whose click the table took in an earlier batch: when it refuses every click of
     /// this one, a click of it, now, tells bad clicks (it is taken) from a table that takes
-    /// none (it is refused too). Without one, the table is taken to take none.
+    /// none (it is refused too). Without one, a code `clicks` holds (`takes`).
     pub(crate) probe: Option<String>,
 }
 
@@ -446,14 +449,23 @@ async fn sift_in(
 }
 
 /// Whether `clicks` takes a click of `probe` now, by `copy_clicks` (in a savepoint, rolled
-/// back: nothing of it stays); `false` without a probe.
+/// back: nothing of it stays). Without a probe (this process has written no batch whole
+/// yet), of a code `clicks` holds ([`A_CODE_TAKEN`]); `false` if it holds none.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
     probe: Option<&str>,
 ) -> Result<bool, tokio_postgres::Error> {
-    let Some(code) = probe else {
-        return Ok(false);
+    let held;
+    let code = match probe {
+        Some(code) => code,
+        None => match tx.query_opt(A_CODE_TAKEN, &[]).await? {
+            Some(row) => {
+                held = row.try_get::<_, String>(0)?;
+                &held
+            }
+            None => return Ok(false),
+        },
     };
     let mut row = BytesMut::new();
     copy::put_click(&mut row, code, protocol::now_us());

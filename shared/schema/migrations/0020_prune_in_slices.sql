@@ -5,8 +5,11 @@
 -- reads at most `most` + 1 to find them: the collector calls it in slices, each its own
 -- transaction, outside the fold's. The rows it may delete are the one-argument version's
 -- (older than `keep`, below the first row it keeps, of transactions older than every one
--- running), so pruned_id and pruned_xid mean what they meant. The one-argument version stays
--- for collectors of earlier builds still running beside this one.
+-- running), so pruned_id and pruned_xid mean what they meant. (Two collectors pruning at
+-- once can move the row a call keeps past a young one, deleting an old row after it early:
+-- pruned_xid then sends a reader that might have missed it to a full load, as always.) The
+-- one-argument version stays for collectors of earlier builds still running beside this one,
+-- which prune in their fold's transaction until they are upgraded.
 CREATE FUNCTION prune_link_changes(keep interval, most bigint) RETURNS bigint LANGUAGE plpgsql
 SET search_path = public, pg_temp AS $$
 DECLARE
@@ -38,3 +41,4 @@ BEGIN
     RETURN deleted;
 END
 $$;
+ALTER FUNCTION prune_link_changes(interval, bigint) OWNER TO clicks_collector;

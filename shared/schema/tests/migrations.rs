@@ -413,6 +413,27 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
         .unwrap()
         .get(0);
     assert_eq!(owner, "clicks_collector");
+    // And so does everything the later migrations make, whoever runs them.
+    schema::apply(&mut legacy).await.unwrap();
+    let others: String = legacy
+        .query_one(
+            "SELECT coalesce(string_agg(name, ' '), '') FROM (
+                 SELECT oid::regprocedure::text FROM pg_proc
+                  WHERE pronamespace = 'public'::regnamespace
+                    AND proowner <> 'clicks_collector'::regrole
+                 UNION ALL
+                 SELECT relname::text FROM pg_class
+                  WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p', 'v')
+                    AND relowner <> 'clicks_collector'::regrole) AS o(name)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        others, "",
+        "owned by the login that migrated, not the group role"
+    );
 }
 
 /// Before PostgreSQL 15 schema public belongs to the bootstrap superuser and every role may
