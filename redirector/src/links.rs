@@ -57,7 +57,7 @@ shared::metrics! {
         /// The database's clock.
         links_synced: FloatGauge = "links_synced_timestamp_seconds",
             "Unix time of the last successful read of the change log (0: none yet); from a hot \
-             standby whose replay is behind what it received, of its last replayed commit.";
+             standby that stopped replaying what it received, of the last read before it did.";
     }
 }
 
@@ -212,11 +212,10 @@ struct Head {
     horizon: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
-    /// What the snapshot is known current to, Unix seconds: `now`, but on a hot standby whose
-    /// replay is behind what it received (paused, stuck or slow), its last replayed commit's
-    /// time on the primary's clock. The standby's clock alone would say a standby that stopped
-    /// replaying is as current as one that keeps up.
-    current: f64,
+    /// On a hot standby, how far it has replayed (a WAL position); `None` on a primary.
+    replay: Option<i64>,
+    /// On a hot standby, whether it has received WAL it has not replayed yet.
+    behind: bool,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -229,10 +228,8 @@ macro_rules! head_columns {
                 CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(pg_current_snapshot())
                      ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8,
-                extract(epoch FROM CASE
-                    WHEN pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()
-                    THEN least(clock_timestamp(), pg_last_xact_replay_timestamp())
-                    ELSE clock_timestamp() END)::float8
+                pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8,
+                coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false)
            FROM link_changes_state AS s"
     };
 }
@@ -282,7 +279,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 8;
+const HEAD_COLUMNS: usize = 9;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -343,7 +340,8 @@ impl Head {
             xip: row.try_get(4)?,
             horizon: row.try_get(5)?,
             now: row.try_get(6)?,
-            current: row.try_get(7)?,
+            replay: row.try_get(7)?,
+            behind: row.try_get(8)?,
         })
     }
 
@@ -390,6 +388,9 @@ struct Loader {
     skipped: HashSet<Box<[u8]>>,
     /// The table's bytes of the link being applied (`check`), reused.
     value: Vec<u8>,
+    /// A hot standby's replay position at this session's last read, and the time its table
+    /// was then current to: see `synced`.
+    replay: Option<(i64, f64)>,
     /// The change ids the last read of changes returned (each code's highest). A standby's
     /// read returns every change from its horizon on again (`Head::horizon`): those it
     /// returned before are applied again, harmlessly, but neither counted as changes applied
@@ -407,6 +408,7 @@ impl Loader {
             history: None,
             skipped: HashSet::new(),
             value: Vec::new(),
+            replay: None,
             returned: HashSet::new(),
         }
     }
@@ -454,6 +456,8 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
+        // Another server's, or the same one's from before: not comparable.
+        self.replay = None;
         // The search path pinned first, as in every session of the services. Each read is
         // planned for its own position: a generic plan would guess at `id > $1`. A
         // `SQL_ASCII` database holds any bytes, which the server refuses to send as UTF-8,
@@ -598,7 +602,15 @@ impl Loader {
     /// The table is as `links` was at `head`'s snapshot.
     fn synced(&mut self, head: &Head) {
         self.position = Some(head.position(self.position.as_ref()));
-        self.metrics.links_synced.set(head.current);
+        // A hot standby that received WAL it has not replayed, and replayed nothing since the
+        // last read, has stopped replaying (paused, stuck): its snapshot, however fresh its
+        // clock, is as old as when it stopped. One replaying answers for its clock, as a primary.
+        let current = match (head.replay, self.replay) {
+            (Some(at), Some((was, since))) if head.behind && at == was => since,
+            _ => head.now,
+        };
+        self.replay = head.replay.map(|at| (at, current));
+        self.metrics.links_synced.set(current);
         self.metrics.links.set(self.links.table.len() as i64);
         self.metrics.links_skipped.set(self.skipped.len() as i64);
     }

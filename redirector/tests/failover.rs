@@ -107,12 +107,12 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
     eprintln!("links from a hot standby: insert {insert:?}, update {update:?}, delete {delete:?}");
 }
 
-/// A hot standby that stops replaying (paused here; stuck or slow alike) answers every poll
-/// on its own clock, so the polls alone would say its links are current. They are as of its
-/// last replayed commit, and `redirector_links_synced_timestamp_seconds` says that, for
-/// LinksStale to fire on; once replay goes on, the gauge does too.
+/// A hot standby that stops replaying (paused here, or stuck) answers every poll on its own
+/// clock, so the polls alone would say its links are current. Once it has received WAL it
+/// does not replay, `redirector_links_synced_timestamp_seconds` stays where it was at the
+/// first read that saw that, for LinksStale to fire on; once replay goes on, the gauge does.
 #[tokio::test]
-async fn links_from_a_standby_that_stopped_replaying_are_as_old_as_its_last_replayed_commit() {
+async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when_it_stopped() {
     let (pair, db, primary) = linked_pair(&[("before", "https://example.com/before")]).await;
     let on_standby = pair.standby.url(&db.name);
     let (_dir, r) = links_reader(&db, &on_standby).await;
@@ -131,18 +131,24 @@ async fn links_from_a_standby_that_stopped_replaying_are_as_old_as_its_last_repl
         || async { scalar::<bool>(&standby, behind).await.then_some(()) },
     )
     .await;
-    let replayed: f64 = scalar(
-        &standby,
-        "SELECT extract(epoch FROM pg_last_xact_replay_timestamp())::float8",
-    )
-    .await;
+    // Reads that began from now on see the same replay position: the first reports its
+    // clock or the one before's, every one after it the same.
+    let mut read = db_now(&standby).await;
+    for _ in 0..2 {
+        read = await_read_after(&standby, read).await;
+    }
     let synced = "redirector_links_synced_timestamp_seconds";
-    eventually(
-        "the links to be reported as of the standby's last replayed commit",
-        LIMIT,
-        || async { ((r.metric(synced).await - replayed).abs() < 1e-5).then_some(()) },
-    )
-    .await;
+    let frozen = r.metric(synced).await;
+    let later = await_read_after(&standby, read).await;
+    assert_eq!(
+        r.metric(synced).await,
+        frozen,
+        "the gauge moved with the reads"
+    );
+    assert!(
+        frozen < later,
+        "{frozen} is not before the last read, at {later}"
+    );
     assert_eq!(
         served(r.http, "added").await,
         None,
@@ -153,6 +159,19 @@ async fn links_from_a_standby_that_stopped_replaying_are_as_old_as_its_last_repl
     await_served(r.http, "added", Some("https://example.com/added")).await;
     let resumed = db_now(&standby).await;
     await_above(&r, synced, resumed, "the links to be current again").await;
+}
+
+/// Waits until the link loader's session on `standby` has finished a statement begun after
+/// `after` (the database's clock, Unix seconds); returns when it began.
+async fn await_read_after(standby: &tokio_postgres::Client, after: f64) -> f64 {
+    let began = "SELECT extract(epoch FROM query_start)::float8 FROM pg_stat_activity
+                 WHERE application_name = 'redirector-links' AND state = 'idle'";
+    eventually("a read of the link loader's", LIMIT, || async {
+        let row = standby.query_opt(began, &[]).await.ok()??;
+        let began: f64 = row.get(0);
+        (began > after).then_some(began)
+    })
+    .await
 }
 
 /// Two transactions on the primary that change links overlap and commit out of order, and the

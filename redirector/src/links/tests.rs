@@ -10,7 +10,8 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         xip: xip.to_vec(),
         horizon: 1000,
         now: 0.0,
-        current: 0.0,
+        replay: None,
+        behind: false,
     }
 }
 
