@@ -327,20 +327,21 @@ fn rejected_as(garbage: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// A place whose `clicks` refuses the code `poison` (a constraint), and its collector.
-async fn poisoned() -> (Place, Collector) {
+/// A place whose `clicks` refuses the code `poison` (a constraint), and its collector, given
+/// `flags`.
+async fn poisoned(flags: &[&str]) -> (Place, Collector) {
     let p = place().await;
     p.client
         .batch_execute("ALTER TABLE clicks ADD CONSTRAINT no_poison CHECK (code <> 'poison')")
         .await
         .unwrap();
-    let c = start_collector(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, flags).await;
     (p, c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
-    let (p, c) = poisoned().await;
+    let (p, c) = poisoned(&[]).await;
     let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
     let now = protocol::now_us();
     // Each with its dimensions: the refused click is left out of the breakdowns too.
@@ -382,6 +383,34 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     await_rows(&p.client, None, 104).await;
     c.await_metric("collector_clicks_written_total", 104.0)
         .await;
+    assert_eq!(c.health().await, 200);
+}
+
+/// A batch with thousands of clicks refused among thousands taken: finding them, a range
+/// halved at a time down to each refused one, outlives an attempt's deadline. Each attempt
+/// leaves what it found to the next, which sets those aside untried, so the batch lands; before,
+/// every attempt started over and was cut off at the same place, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_attempt() {
+    let (p, c) = poisoned(&["--write-timeout", "1s"]).await;
+    let mut enc = Encoder::new(15, DEFAULT_DATAGRAM).unwrap();
+    let mut datagrams = Vec::new();
+    for _ in 0..2 {
+        for i in 0..1_000 {
+            let code = if i % 2 == 0 { "poison" } else { "fine" };
+            enc.push(code, protocol::now_us()).unwrap();
+        }
+        datagrams.push(enc.datagram().to_vec());
+        enc.next();
+    }
+    send_all(&p.path, datagrams).await;
+    await_rows(&p.client, None, 1_000).await;
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
+    c.await_metric(refused, 1_000.0).await;
+    assert!(
+        c.metric("collector_db_errors_total").await > 0.0,
+        "no attempt was cut off: the batch is too small to show anything"
+    );
     assert_eq!(c.health().await, 200);
 }
 
@@ -438,7 +467,7 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
 /// two apart: taken, the batch's click is set aside and the stream goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others() {
-    let (p, mut c) = poisoned().await;
+    let (p, mut c) = poisoned(&[]).await;
     send_all(&p.path, vec![datagram(12, 0, "fine", 1)]).await;
     await_rows(&p.client, None, 1).await;
     send_all(&p.path, vec![datagram(12, 1, "poison", 1)]).await;

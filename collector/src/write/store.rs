@@ -171,10 +171,22 @@ pub(crate) fn refuses_rows(e: &tokio_postgres::Error) -> bool {
 pub(crate) struct Attempts {
     pub(crate) sift: bool,
     refused_at_commit: u64,
+    /// Clicks found refused for good by attempts before (by UTC day, their indexes among the
+    /// day's rows, with the error), as each was found: the next attempt sets them aside
+    /// without trying them again, so that a batch of many bad clicks, whose sifting outlives
+    /// one attempt's deadline, gets further at each one and lands.
+    known_refused: HashMap<i32, Vec<(usize, String)>>,
     /// A code whose click the table took in an earlier batch: when it refuses every click of
     /// this one, a click of it, now, tells bad clicks (it is taken) from a table that takes
     /// none (it is refused too). Without one, a code `clicks` holds (`takes`).
     pub(crate) probe: Option<String>,
+}
+
+impl Attempts {
+    /// Clicks found refused for good so far.
+    pub(crate) fn found_refused(&self) -> usize {
+        self.known_refused.values().map(Vec::len).sum()
+    }
 }
 
 /// The writer's connection, with its statements prepared once when it opens. Its session
@@ -266,8 +278,9 @@ impl Conn {
             let mut unroutable = 0;
             for ((statement, partition), day) in &clicks {
                 let day_rows = copy::click_rows(&day.rows);
+                let known = attempts.known_refused.entry(day.day).or_default();
                 let (day_refused, day_unroutable) =
-                    sift_in(&mut tx, statement, &day.rows, &day_rows).await?;
+                    sift_in(&mut tx, statement, &day.rows, &day_rows, known).await?;
                 let wait = must_wait(
                     &tx,
                     &self.attached,
@@ -298,6 +311,8 @@ impl Conn {
                 && !takes(&mut tx, &self.copy_clicks, attempts.probe.as_deref()).await?
             {
                 tx.rollback().await?;
+                // A table that takes no row: each is tried again once it takes rows.
+                attempts.known_refused.clear();
                 return Ok(Stored::AllRefused(refused[0].1.clone()));
             }
             let kept = without_refused(
@@ -409,33 +424,47 @@ async fn must_wait(
 /// savepoints and COPYs a row, past the attempt's timeout for a large batch, every attempt.
 /// (The day partitioning began on is split between two partitions; with one of them gone, its
 /// rows that the other would take are set aside too.) Any other error ends the attempt.
+/// Rows in `known` (refused by attempts before) are returned as refused without being tried;
+/// each row found refused for itself is added to it as it is found, so that an attempt cut
+/// off by its deadline leaves what it found to the next.
 async fn sift_in(
     tx: &mut tokio_postgres::Transaction<'_>,
     statement: &Statement,
     buf: &Bytes,
     clicks: &[copy::ClickRow<'_>],
+    known: &mut Vec<(usize, String)>,
 ) -> Result<(Vec<(usize, String)>, usize), tokio_postgres::Error> {
-    let mut refused = Vec::new();
+    let mut refused = known.clone();
+    let skipped: HashSet<usize> = known.iter().map(|(i, _)| *i).collect();
+    let tried: Vec<usize> = (0..clicks.len()).filter(|i| !skipped.contains(i)).collect();
     let mut unroutable = 0;
-    // A stack of ranges still to try, the whole batch first.
+    // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
-    ranges.push(0..clicks.len());
+    ranges.push(0..tried.len());
     while let Some(range) = ranges.pop() {
         if range.is_empty() {
             continue;
         }
-        let bytes = clicks[range.start].bytes.start..clicks[range.end - 1].bytes.end;
         let savepoint = tx.savepoint("sift").await?;
-        match copy_in(&savepoint, statement, buf.slice(bytes)).await {
+        match copy_in(
+            &savepoint,
+            statement,
+            rows_of(buf, clicks, &tried[range.clone()]),
+        )
+        .await
+        {
             Ok(_) => savepoint.commit().await?,
             Err(e) if refuses_rows(&e) => {
                 savepoint.rollback().await?;
                 if range.len() == 1 || no_partition(&e) {
+                    let why = describe(&e);
+                    let found = range.clone().map(|at| (tried[at], why.clone()));
                     if no_partition(&e) {
                         unroutable += range.len();
+                    } else {
+                        known.extend(found.clone());
                     }
-                    let why = describe(&e);
-                    refused.extend(range.map(|at| (at, why.clone())));
+                    refused.extend(found);
                 } else {
                     let mid = range.start + range.len() / 2;
                     ranges.push(mid..range.end);
@@ -446,6 +475,20 @@ async fn sift_in(
         }
     }
     Ok((refused, unroutable))
+}
+
+/// The rows `at` (indexes into `clicks`, ascending) of `buf`: a slice of it where they follow
+/// each other, else copied together.
+fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
+    let (first, last) = (at[0], at[at.len() - 1]);
+    if last - first + 1 == at.len() {
+        return buf.slice(clicks[first].bytes.start..clicks[last].bytes.end);
+    }
+    let mut rows = BytesMut::new();
+    for &i in at {
+        rows.extend_from_slice(&buf[clicks[i].bytes.clone()]);
+    }
+    rows.freeze()
 }
 
 /// Whether `clicks` takes a click of `probe` now, by `copy_clicks` (in a savepoint, rolled
