@@ -212,7 +212,8 @@ struct Head {
     horizon: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
-    /// On a hot standby, how far it has replayed (a WAL position); `None` on a primary.
+    /// On a hot standby, how far it has replayed (a WAL position); `None` on a primary, one
+    /// promoted from a standby included (there both positions stay where recovery left them).
     replay: Option<i64>,
     /// On a hot standby, whether it has received WAL it has not replayed yet.
     behind: bool,
@@ -228,8 +229,10 @@ macro_rules! head_columns {
                 CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(pg_current_snapshot())
                      ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8,
-                pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8,
-                coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false)
+                CASE WHEN pg_is_in_recovery()
+                     THEN pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8 END,
+                pg_is_in_recovery()
+                    AND coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false)
            FROM link_changes_state AS s"
     };
 }

@@ -20,7 +20,7 @@
 //! batch counts and upserts click_counts, neither of which a batch's transaction touches, so
 //! batch writes of every collector go on while it runs.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
@@ -220,14 +220,13 @@ const PRUNE_LINK_CHANGES: &str = "SELECT prune_link_changes(interval '1 day', $1
 const PRUNE_SLICE: i64 = 10_000;
 
 /// Prunes: the bookkeeping rows, then the change log slice by slice until a slice finds less
-/// than a whole one or `budget` is spent (a backlog of millions of rows goes over several
+/// than a whole one or it is `until` (a backlog of millions of rows goes over several
 /// rounds, none of them failing for it; each slice deleted stays deleted).
-pub(crate) async fn prune(client: &Client, budget: Duration) -> Result<(), tokio_postgres::Error> {
-    let started = std::time::Instant::now();
+pub(crate) async fn prune(client: &Client, until: Instant) -> Result<(), tokio_postgres::Error> {
     client.batch_execute(PRUNE).await?;
     let slice = client.prepare(PRUNE_LINK_CHANGES).await?;
     let mut more = true;
-    while more && started.elapsed() < budget {
+    while more && Instant::now() < until {
         let deleted: i64 = client.query_one(&slice, &[&PRUNE_SLICE]).await?.get(0);
         more = deleted == PRUNE_SLICE;
     }

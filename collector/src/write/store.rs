@@ -38,9 +38,9 @@ const ATTACHED: &str = "
                       AND NOT inhdetachpending)";
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
-/// A code of a click `clicks` took, for [`takes`] after a restart: the first row a scan
-/// meets, read only when a batch's every click was refused.
-const A_CODE_TAKEN: &str = "SELECT code FROM clicks LIMIT 1";
+/// A code of a click `clicks` took, not one of $1 (the batch's), for [`takes`]: the first
+/// row a scan meets, read only when a batch's every click was refused.
+const A_CODE_TAKEN: &str = "SELECT code FROM clicks WHERE code <> ALL($1) LIMIT 1";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -308,7 +308,7 @@ impl Conn {
             if !late
                 && !rows_in.is_empty()
                 && refused.len() == rows_in.len()
-                && !takes(&mut tx, &self.copy_clicks, attempts.probe.as_deref()).await?
+                && !takes(&mut tx, &self.copy_clicks, &mut attempts.probe, &rows_in).await?
             {
                 tx.rollback().await?;
                 // A table that takes no row: each is tried again once it takes rows.
@@ -426,7 +426,9 @@ async fn must_wait(
 /// rows that the other would take are set aside too.) Any other error ends the attempt.
 /// Rows in `known` (refused by attempts before) are returned as refused without being tried;
 /// each row found refused for itself is added to it as it is found, so that an attempt cut
-/// off by its deadline leaves what it found to the next.
+/// off by its deadline leaves what it found to the next: once the table has taken a range of
+/// this attempt's (before, it may be refusing everything, for a while: then the rows found
+/// are not bad rows).
 async fn sift_in(
     tx: &mut tokio_postgres::Transaction<'_>,
     statement: &Statement,
@@ -438,6 +440,9 @@ async fn sift_in(
     let skipped: HashSet<usize> = known.iter().map(|(i, _)| *i).collect();
     let tried: Vec<usize> = (0..clicks.len()).filter(|i| !skipped.contains(i)).collect();
     let mut unroutable = 0;
+    // Found before the table took any range: remembered once it does.
+    let mut unsure: Vec<(usize, String)> = Vec::new();
+    let mut taken = false;
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
@@ -453,7 +458,11 @@ async fn sift_in(
         )
         .await
         {
-            Ok(_) => savepoint.commit().await?,
+            Ok(_) => {
+                savepoint.commit().await?;
+                known.append(&mut unsure);
+                taken = true;
+            }
             Err(e) if refuses_rows(&e) => {
                 savepoint.rollback().await?;
                 if range.len() == 1 || no_partition(&e) {
@@ -461,8 +470,10 @@ async fn sift_in(
                     let found = range.clone().map(|at| (tried[at], why.clone()));
                     if no_partition(&e) {
                         unroutable += range.len();
-                    } else {
+                    } else if taken {
                         known.extend(found.clone());
+                    } else {
+                        unsure.extend(found.clone());
                     }
                     refused.extend(found);
                 } else {
@@ -492,26 +503,32 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 }
 
 /// Whether `clicks` takes a click of `probe` now, by `copy_clicks` (in a savepoint, rolled
-/// back: nothing of it stays). Without a probe (this process has written no batch whole
-/// yet), of a code `clicks` holds ([`A_CODE_TAKEN`]); `false` if it holds none.
+/// back: nothing of it stays), unless the probe's code is one of `batch`'s: then, as without
+/// a probe (this process has written no batch whole yet), of a code `clicks` holds that the
+/// batch does not ([`A_CODE_TAKEN`]); `false` if it holds none. A probe refused is forgotten,
+/// so that the next look tries a code the table holds instead.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
-    probe: Option<&str>,
+    probe: &mut Option<String>,
+    batch: &[copy::ClickRow<'_>],
 ) -> Result<bool, tokio_postgres::Error> {
-    let held;
-    let code = match probe {
+    let codes: HashSet<&str> = batch.iter().map(|row| row.code).collect();
+    if probe.as_deref().is_some_and(|code| codes.contains(code)) {
+        *probe = None;
+    }
+    let code = match probe.clone() {
         Some(code) => code,
-        None => match tx.query_opt(A_CODE_TAKEN, &[]).await? {
-            Some(row) => {
-                held = row.try_get::<_, String>(0)?;
-                &held
+        None => {
+            let codes: Vec<&str> = codes.into_iter().collect();
+            match tx.query_opt(A_CODE_TAKEN, &[&codes]).await? {
+                Some(row) => row.try_get(0)?,
+                None => return Ok(false),
             }
-            None => return Ok(false),
-        },
+        }
     };
     let mut row = BytesMut::new();
-    copy::put_click(&mut row, code, protocol::now_us());
+    copy::put_click(&mut row, &code, protocol::now_us());
     let savepoint = tx.savepoint("probe").await?;
     let taken = match copy_in(&savepoint, copy_clicks, row.freeze()).await {
         Ok(_) => true,
@@ -519,6 +536,9 @@ async fn takes(
         Err(e) => return Err(e),
     };
     savepoint.rollback().await?;
+    if !taken {
+        *probe = None;
+    }
     Ok(taken)
 }
 

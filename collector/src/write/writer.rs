@@ -188,6 +188,8 @@ impl Writer {
                     return (Stored::AlreadyCommitted { refused }, first);
                 }
                 Ok(Stored::AllRefused(error)) => {
+                    // A probe refused too is forgotten (`store::takes`).
+                    self.probe.clone_from(&attempts.probe);
                     tracing::warn!(
                         clicks = batch.len(),
                         %error,
