@@ -414,6 +414,46 @@ async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_atte
     assert_eq!(c.health().await, 200);
 }
 
+/// A table that refuses every row, and a batch too large for an attempt to find that out
+/// before its deadline: no attempt sees the table take a range, so none remembers a row as
+/// refused for the next, and once the table is fixed the batch lands whole, none set aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &["--write-timeout", "1s"]).await;
+    let nothing = "ALTER TABLE clicks ADD CONSTRAINT nothing CHECK (false) NOT VALID";
+    p.client.batch_execute(nothing).await.unwrap();
+    let mut enc = Encoder::new(16, DEFAULT_DATAGRAM).unwrap();
+    let mut datagrams = Vec::new();
+    for _ in 0..2 {
+        for _ in 0..1_000 {
+            enc.push("held", protocol::now_us()).unwrap();
+        }
+        datagrams.push(enc.datagram().to_vec());
+        enc.next();
+    }
+    send_all(&p.path, datagrams).await;
+    for _ in 0..2 {
+        let seen = c.service.log().len();
+        testkit::eventually("an attempt cut off while sifting", LIMIT, || async {
+            let log = c.service.log();
+            log[seen..]
+                .iter()
+                .any(|l| l.contains("clicks: took over 1s; retrying"))
+                .then_some(())
+        })
+        .await;
+    }
+    p.client
+        .batch_execute("ALTER TABLE clicks DROP CONSTRAINT nothing")
+        .await
+        .unwrap();
+    await_rows(&p.client, None, 2_000).await;
+    c.ready().await;
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
+    assert_eq!(c.metric(refused).await, 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_aside() {
     let p = place().await;
