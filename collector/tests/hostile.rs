@@ -327,6 +327,21 @@ fn rejected_as(garbage: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// Makes `clicks` refuse, by the constraint `name`, the clicks for which `refused` (SQL of
+/// `code`) holds, slowly: 2 ms each, so that finding many of them outlives a 1-s attempt on
+/// any machine, however fast.
+async fn refuse_slowly(client: &tokio_postgres::Client, name: &str, refused: &str) {
+    let sql = format!(
+        "CREATE FUNCTION {name}(code text) RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN
+             IF {refused} THEN PERFORM pg_sleep(0.002); RETURN false; END IF;
+             RETURN true;
+         END $$;
+         ALTER TABLE clicks ADD CONSTRAINT {name} CHECK ({name}(code)) NOT VALID;"
+    );
+    client.batch_execute(&sql).await.unwrap();
+}
+
 /// A place whose `clicks` refuses the code `poison` (a constraint), and its collector, given
 /// `flags`.
 async fn poisoned(flags: &[&str]) -> (Place, Collector) {
@@ -389,24 +404,30 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
 /// A batch with thousands of clicks refused among thousands taken: finding them, a range
 /// halved at a time down to each refused one, outlives an attempt's deadline. Each attempt
 /// leaves what it found to the next, which sets those aside untried, so the batch lands; before,
-/// every attempt started over and was cut off at the same place, for good.
+/// every attempt started over and was cut off at the same place, for good. The batch begins
+/// with a run of refused clicks, longer than an attempt gets through: they are remembered as
+/// bad, not as a table's refusing everything, because the probe's click is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_attempt() {
-    let (p, c) = poisoned(&["--write-timeout", "1s"]).await;
+    let p = place().await;
+    refuse_slowly(&p.client, "no_poison", "code = 'poison'").await;
+    let c = start_collector(&p.db, &p.path, &["--write-timeout", "1s"]).await;
+    send_all(&p.path, vec![datagram(14, 0, "other", 1)]).await;
+    await_rows(&p.client, None, 1).await;
+    // One datagram, so one batch: 300 refused, then 150 refused among 150 taken.
     let mut enc = Encoder::new(15, DEFAULT_DATAGRAM).unwrap();
-    let mut datagrams = Vec::new();
-    for _ in 0..2 {
-        for i in 0..1_000 {
-            let code = if i % 2 == 0 { "poison" } else { "fine" };
-            enc.push(code, protocol::now_us()).unwrap();
-        }
-        datagrams.push(enc.datagram().to_vec());
-        enc.next();
+    for i in 0..600 {
+        let code = if i < 300 || i % 2 == 0 {
+            "poison"
+        } else {
+            "fine"
+        };
+        enc.push(code, protocol::now_us()).unwrap();
     }
-    send_all(&p.path, datagrams).await;
-    await_rows(&p.client, None, 1_000).await;
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, 151).await;
     let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    c.await_metric(refused, 1_000.0).await;
+    c.await_metric(refused, 450.0).await;
     // An attempt was cut off (else the batch is too small to show anything here).
     c.service
         .wait_for_log("clicks: took over 1s; retrying", LIMIT)
@@ -421,12 +442,11 @@ async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_atte
 async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
     let p = place().await;
     let c = start_collector(&p.db, &p.path, &["--write-timeout", "1s"]).await;
-    let nothing = "ALTER TABLE clicks ADD CONSTRAINT nothing CHECK (false) NOT VALID";
-    p.client.batch_execute(nothing).await.unwrap();
+    refuse_slowly(&p.client, "nothing", "true").await;
     let mut enc = Encoder::new(16, DEFAULT_DATAGRAM).unwrap();
     let mut datagrams = Vec::new();
     for _ in 0..2 {
-        for _ in 0..1_000 {
+        for _ in 0..500 {
             enc.push("held", protocol::now_us()).unwrap();
         }
         datagrams.push(enc.datagram().to_vec());
@@ -448,7 +468,7 @@ async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
         .batch_execute("ALTER TABLE clicks DROP CONSTRAINT nothing")
         .await
         .unwrap();
-    await_rows(&p.client, None, 2_000).await;
+    await_rows(&p.client, None, 1_000).await;
     c.ready().await;
     let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     assert_eq!(c.metric(refused).await, 0.0);
@@ -515,21 +535,26 @@ async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others()
         .await;
     send_all(&p.path, vec![datagram(12, 2, "after", 1)]).await;
     await_rows(&p.client, None, 2).await;
-    // A collector that has written nothing yet tries a code `clicks` holds.
+    // A collector that has written nothing yet tries a code `clicks` holds: the first a scan
+    // meets is `fine`, refused from now on, so the next look tries another.
     c.service.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
     let c = start_collector(&p.db, &p.path, &[]).await;
+    let fine = "ALTER TABLE clicks ADD CONSTRAINT no_fine CHECK (code <> 'fine') NOT VALID";
+    p.client.batch_execute(fine).await.unwrap();
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     send_all(&p.path, vec![datagram(13, 0, "poison", 1)]).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
-    send_all(&p.path, vec![datagram(13, 1, "later", 1)]).await;
+    c.await_metric(refused, 1.0).await;
+    // Nor one of the batch's codes.
+    send_all(&p.path, vec![datagram(13, 1, "fine", 1)]).await;
+    c.await_metric(refused, 2.0).await;
+    send_all(&p.path, vec![datagram(13, 2, "later", 1)]).await;
     await_rows(&p.client, None, 3).await;
     // The probe's own code refused since: a batch of it alone tries another code.
     let later = "ALTER TABLE clicks ADD CONSTRAINT no_later CHECK (code <> 'later') NOT VALID";
     p.client.batch_execute(later).await.unwrap();
-    send_all(&p.path, vec![datagram(13, 2, "later", 1)]).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 2.0)
-        .await;
+    send_all(&p.path, vec![datagram(13, 3, "later", 1)]).await;
+    c.await_metric(refused, 3.0).await;
     let held = c
         .service
         .log()

@@ -38,8 +38,8 @@ const ATTACHED: &str = "
                       AND NOT inhdetachpending)";
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
-/// A code of a click `clicks` took, not one of $1 (the batch's), for [`takes`]: the first
-/// row a scan meets, read only when a batch's every click was refused.
+/// A code of a click `clicks` took, not one of $1 (the batch's, and those refused as probes),
+/// for [`takes`]: the first row a scan meets, read only when the table refuses clicks.
 const A_CODE_TAKEN: &str = "SELECT code FROM clicks WHERE code <> ALL($1) LIMIT 1";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
@@ -176,10 +176,20 @@ pub(crate) struct Attempts {
     /// without trying them again, so that a batch of many bad clicks, whose sifting outlives
     /// one attempt's deadline, gets further at each one and lands.
     known_refused: HashMap<i32, Vec<(usize, String)>>,
-    /// A code whose click the table took in an earlier batch: when it refuses every click of
-    /// this one, a click of it, now, tells bad clicks (it is taken) from a table that takes
-    /// none (it is refused too). Without one, a code `clicks` holds (`takes`).
-    pub(crate) probe: Option<String>,
+    /// What tells bad clicks from a table that takes none (`takes`).
+    pub(crate) probe: Probe,
+}
+
+/// A click tried, and rolled back, when the table refuses a batch's clicks: taken, they are
+/// bad clicks; refused too, the table may be taking none.
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    /// A code whose click the table took in an earlier batch. Without one, a code `clicks`
+    /// holds (`takes`).
+    pub(crate) code: Option<String>,
+    /// Codes refused as probes for this batch: not tried again, so that each look tries
+    /// another.
+    refused: Vec<String>,
 }
 
 impl Attempts {
@@ -279,8 +289,12 @@ impl Conn {
             for ((statement, partition), day) in &clicks {
                 let day_rows = copy::click_rows(&day.rows);
                 let known = attempts.known_refused.entry(day.day).or_default();
+                let probe = Probing {
+                    copy_clicks: &self.copy_clicks,
+                    probe: &mut attempts.probe,
+                };
                 let (day_refused, day_unroutable) =
-                    sift_in(&mut tx, statement, &day.rows, &day_rows, known).await?;
+                    sift_in(&mut tx, statement, &day.rows, &day_rows, known, probe).await?;
                 let wait = must_wait(
                     &tx,
                     &self.attached,
@@ -426,15 +440,16 @@ async fn must_wait(
 /// rows that the other would take are set aside too.) Any other error ends the attempt.
 /// Rows in `known` (refused by attempts before) are returned as refused without being tried;
 /// each row found refused for itself is added to it as it is found, so that an attempt cut
-/// off by its deadline leaves what it found to the next: once the table has taken a range of
-/// this attempt's (before, it may be refusing everything, for a while: then the rows found
-/// are not bad rows).
+/// off by its deadline leaves what it found to the next: once the table is seen to take rows,
+/// a range of this day's or, at the first row refused, the `probe`'s click (before, it may be
+/// refusing everything, for a while: then the rows found are not bad rows).
 async fn sift_in(
     tx: &mut tokio_postgres::Transaction<'_>,
     statement: &Statement,
     buf: &Bytes,
     clicks: &[copy::ClickRow<'_>],
     known: &mut Vec<(usize, String)>,
+    probe: Probing<'_>,
 ) -> Result<(Vec<(usize, String)>, usize), tokio_postgres::Error> {
     let mut refused = known.clone();
     let skipped: HashSet<usize> = known.iter().map(|(i, _)| *i).collect();
@@ -442,7 +457,7 @@ async fn sift_in(
     let mut unroutable = 0;
     // Found before the table took any range: remembered once it does.
     let mut unsure: Vec<(usize, String)> = Vec::new();
-    let mut taken = false;
+    let (mut taken, mut probed) = (false, false);
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
@@ -468,6 +483,10 @@ async fn sift_in(
                 if range.len() == 1 || no_partition(&e) {
                     let why = describe(&e);
                     let found = range.clone().map(|at| (tried[at], why.clone()));
+                    if !no_partition(&e) && !taken && !probed {
+                        probed = true;
+                        taken = takes(tx, probe.copy_clicks, probe.probe, clicks).await?;
+                    }
                     if no_partition(&e) {
                         unroutable += range.len();
                     } else if taken {
@@ -488,6 +507,12 @@ async fn sift_in(
     Ok((refused, unroutable))
 }
 
+/// What [`sift_in`] tries a probe with.
+struct Probing<'a> {
+    copy_clicks: &'a Statement,
+    probe: &'a mut Probe,
+}
+
 /// The rows `at` (indexes into `clicks`, ascending) of `buf`: a slice of it where they follow
 /// each other, else copied together.
 fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
@@ -502,26 +527,31 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
     rows.freeze()
 }
 
-/// Whether `clicks` takes a click of `probe` now, by `copy_clicks` (in a savepoint, rolled
-/// back: nothing of it stays), unless the probe's code is one of `batch`'s: then, as without
-/// a probe (this process has written no batch whole yet), of a code `clicks` holds that the
-/// batch does not ([`A_CODE_TAKEN`]); `false` if it holds none. A probe refused is forgotten,
-/// so that the next look tries a code the table holds instead.
+/// Whether `clicks` takes a click of the probe's code now, by `copy_clicks` (in a savepoint,
+/// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
+/// without one, of a code `clicks` holds that is neither the batch's nor refused as a probe
+/// before ([`A_CODE_TAKEN`]); `false` if it holds none. A code refused is forgotten as the
+/// probe's and not tried again for this batch.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
-    probe: &mut Option<String>,
+    probe: &mut Probe,
     batch: &[copy::ClickRow<'_>],
 ) -> Result<bool, tokio_postgres::Error> {
     let codes: HashSet<&str> = batch.iter().map(|row| row.code).collect();
-    if probe.as_deref().is_some_and(|code| codes.contains(code)) {
-        *probe = None;
+    if probe
+        .code
+        .as_deref()
+        .is_some_and(|code| codes.contains(code))
+    {
+        probe.code = None;
     }
-    let code = match probe.clone() {
+    let code = match probe.code.clone() {
         Some(code) => code,
         None => {
-            let codes: Vec<&str> = codes.into_iter().collect();
-            match tx.query_opt(A_CODE_TAKEN, &[&codes]).await? {
+            let mut not: Vec<&str> = codes.into_iter().collect();
+            not.extend(probe.refused.iter().map(String::as_str));
+            match tx.query_opt(A_CODE_TAKEN, &[&not]).await? {
                 Some(row) => row.try_get(0)?,
                 None => return Ok(false),
             }
@@ -537,7 +567,8 @@ async fn takes(
     };
     savepoint.rollback().await?;
     if !taken {
-        *probe = None;
+        probe.code = None;
+        probe.refused.push(code);
     }
     Ok(taken)
 }

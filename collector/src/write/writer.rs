@@ -157,7 +157,7 @@ impl Writer {
     ) -> (Stored, Instant) {
         let mut backoff = db::backoff();
         let mut attempts = Attempts::default();
-        attempts.probe.clone_from(&self.probe);
+        attempts.probe.code.clone_from(&self.probe);
         let first = Instant::now();
         loop {
             let began = Instant::now();
@@ -188,8 +188,9 @@ impl Writer {
                     return (Stored::AlreadyCommitted { refused }, first);
                 }
                 Ok(Stored::AllRefused(error)) => {
-                    // A probe refused too is forgotten (`store::takes`).
-                    self.probe.clone_from(&attempts.probe);
+                    // A probe refused too, or one of the batch's codes, is forgotten
+                    // (`store::takes`).
+                    self.probe.clone_from(&attempts.probe.code);
                     tracing::warn!(
                         clicks = batch.len(),
                         %error,
