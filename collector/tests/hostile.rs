@@ -442,6 +442,9 @@ async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_atte
 async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
     let p = place().await;
     let c = start_collector(&p.db, &p.path, &["--write-timeout", "1s"]).await;
+    // A click taken before: the probe, refused too from now on.
+    send_all(&p.path, vec![datagram(17, 0, "taken", 1)]).await;
+    await_rows(&p.client, None, 1).await;
     refuse_slowly(&p.client, "nothing", "true").await;
     let mut enc = Encoder::new(16, DEFAULT_DATAGRAM).unwrap();
     let mut datagrams = Vec::new();
@@ -468,7 +471,7 @@ async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
         .batch_execute("ALTER TABLE clicks DROP CONSTRAINT nothing")
         .await
         .unwrap();
-    await_rows(&p.client, None, 1_000).await;
+    await_rows(&p.client, None, 1_001).await;
     c.ready().await;
     let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     assert_eq!(c.metric(refused).await, 0.0);

@@ -187,8 +187,8 @@ pub(crate) struct Probe {
     /// A code whose click the table took in an earlier batch. Without one, a code `clicks`
     /// holds (`takes`).
     pub(crate) code: Option<String>,
-    /// Codes refused as probes for this batch: not tried again, so that each look tries
-    /// another.
+    /// Codes refused as probes in this attempt at the batch: not tried again in it, so that
+    /// its next look tries another.
     refused: Vec<String>,
 }
 
@@ -256,6 +256,9 @@ impl Conn {
         attempts: &mut Attempts,
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
+        // Ruled out for this attempt only: kept across attempts, a table refusing everything
+        // for a while would rule out every code `clicks` holds.
+        attempts.probe.refused.clear();
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
             clicks.push((self.copy_clicks_of(day.day, today).await?, day));
@@ -531,7 +534,7 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 /// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
 /// without one, of a code `clicks` holds that is neither the batch's nor refused as a probe
 /// before ([`A_CODE_TAKEN`]); `false` if it holds none. A code refused is forgotten as the
-/// probe's and not tried again for this batch.
+/// probe's and not tried again in this attempt.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
