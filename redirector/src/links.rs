@@ -172,6 +172,10 @@ enum SessionError {
     Timeout(Duration),
     #[error("link_changes_state has no row: the schema is not as the migrations left it")]
     NoState,
+    /// Not a failure: the hot standby the session polls was promoted, and a new session on it
+    /// listens for changes instead.
+    #[error("the hot standby was promoted")]
+    Promoted,
 }
 
 /// What an incremental read did.
@@ -422,6 +426,13 @@ impl Loader {
             let err = self.session(config, &mut backoff).await;
             // Between sessions it neither listens nor polls.
             self.metrics.links_polling.set(0);
+            if let SessionError::Promoted = err {
+                tracing::info!(
+                    "the links database was a hot standby and is now promoted: a new session \
+                     listens for changes"
+                );
+                continue;
+            }
             self.metrics.link_load_errors.inc();
             let wait = backoff.next_wait();
             tracing::warn!(
@@ -511,6 +522,8 @@ impl Loader {
             }
             if standby {
                 match self.sync(&mut client, &read).await {
+                    // A read out of recovery has no replay position (`Head::replay`).
+                    Ok(_) if self.replay.is_none() => return SessionError::Promoted,
                     Ok(_) => backoff.reset(),
                     Err(e) => return e,
                 }

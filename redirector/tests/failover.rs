@@ -161,6 +161,33 @@ async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when
     await_above(&r, synced, resumed, "the links to be current again").await;
 }
 
+/// The hot standby the loader polls is promoted: the session ends, not as a failure, and the
+/// next one, on the same server, listens for changes instead of polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_promoted_under_the_loader_is_listened_to() {
+    let (pair, db, _primary) = linked_pair(&[("before", "https://example.com/before")]).await;
+    let on_standby = pair.standby.url(&db.name);
+    let (_dir, r) = links_reader(&db, &on_standby).await;
+    assert_eq!(r.metric("redirector_links_polling").await, 1.0);
+    let errors = r.metric("redirector_link_load_errors_total").await;
+    blocking(|| pair.standby.promote());
+    r.service
+        .wait_for_log("is now promoted: a new session listens", LIMIT)
+        .await;
+    eventually("the loader to listen", LIMIT, || async {
+        (r.metric("redirector_links_polling").await == 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric("redirector_link_load_errors_total").await,
+        errors,
+        "a promotion is no load error"
+    );
+    let promoted = testkit::pgtest::connect(&on_standby).await;
+    add_link(&promoted, "added", "https://example.com/added").await;
+    await_served(r.http, "added", Some("https://example.com/added")).await;
+}
+
 /// Waits until the link loader's session on `standby` has finished a statement begun after
 /// `after` (the database's clock, Unix seconds); returns when it began.
 async fn await_read_after(standby: &tokio_postgres::Client, after: f64) -> f64 {
