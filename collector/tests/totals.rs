@@ -464,15 +464,7 @@ async fn a_prune_that_fails_leaves_the_fold_committed() {
     let p = place().await;
     // Ready first: a round that fails (the prunes, from now on) makes /healthz say 503.
     let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
-    p.client
-        .batch_execute(
-            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
-                 AS $$ BEGIN RAISE EXCEPTION 'no pruning here'; END $$;
-             CREATE TRIGGER refuse_prune BEFORE DELETE ON click_writers
-                 FOR EACH STATEMENT EXECUTE FUNCTION refuse();",
-        )
-        .await
-        .unwrap();
+    refuse_pruning(&p.client).await;
     send_all(&p.path, datagrams(1, &clicks(10, 5, start_us(), 1_000))).await;
     await_rows(&p.client, None, 10).await;
     c.await_metric("collector_compactions_total", 1.0).await;
@@ -485,6 +477,46 @@ async fn a_prune_that_fails_leaves_the_fold_committed() {
         "the prunes failed"
     );
     c.service.wait_for_log("no pruning here", LIMIT).await;
+}
+
+/// Makes every prune fail: a trigger refuses each delete of `click_writers`.
+async fn refuse_pruning(client: &tokio_postgres::Client) {
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN RAISE EXCEPTION 'no pruning here'; END $$;
+             CREATE TRIGGER refuse_prune BEFORE DELETE ON click_writers
+                 FOR EACH STATEMENT EXECUTE FUNCTION refuse();",
+        )
+        .await
+        .unwrap();
+}
+
+/// Rounds that fail back off (100 ms, doubling up to 5 s) rather than coming again at the
+/// next look, which `--compact-interval 1ms` makes every millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_upkeep_rounds_back_off() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1ms"]).await;
+    refuse_pruning(&p.client).await;
+    let errors = "collector_db_errors_total";
+    let failed = |at_least: f64| {
+        let c = &c;
+        testkit::eventually("more failed rounds", LIMIT, move || async move {
+            let n = c.metric(errors).await;
+            (n >= at_least).then_some(n)
+        })
+    };
+    // Past the third failure, the next two wait 400 and 800 ms at least (of which the first
+    // may be nearly over).
+    let seen = failed(3.0).await;
+    let from = std::time::Instant::now();
+    failed(seen + 2.0).await;
+    let took = from.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(800),
+        "two more failed rounds within {took:?}"
+    );
 }
 
 /// A fold that waits past the round's deadline (here on a lock another session holds) is
