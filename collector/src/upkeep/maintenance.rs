@@ -86,16 +86,7 @@ pub(crate) async fn run(
             _ = looks.tick() => {}
             () = own.due_by_memory() => {}
         }
-        let deadline = Instant::now() + policy.timeout;
-        let round = round(
-            &db,
-            &mut conn,
-            &policy,
-            &own,
-            &metrics,
-            &mut pruned,
-            deadline,
-        );
+        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 backoff.reset();
@@ -119,10 +110,11 @@ pub(crate) async fn run(
     }
 }
 
-/// One look on `conn` (opened first if needed), due to end by `deadline`: the gauges, then a
-/// fold if due, pruning if due (`pruned`: when last). The gauges first: a fold that fails or runs out of time at every look
-/// is what they and their alerts (CompactionBehind) are for, and after it they were never set.
-/// A fold's effect shows at the next look.
+/// One look on `conn` (opened first if needed), which has `policy.timeout` from its start: the
+/// gauges, then a fold if due, pruning if due (`pruned`: when last). The gauges first: a fold
+/// that fails or runs out of time at every look is what they and their alerts
+/// (CompactionBehind) are for, and after it they were never set. A fold's effect shows at the
+/// next look.
 async fn round(
     db: &Db,
     conn: &mut Option<Client>,
@@ -130,8 +122,9 @@ async fn round(
     own: &Unfolded,
     metrics: &Metrics,
     pruned: &mut Instant,
-    deadline: Instant,
 ) -> Result<(), tokio_postgres::Error> {
+    // A quarter of the round's time left for the last slice of pruning and the rest.
+    let prune_until = Instant::now() + policy.timeout - policy.timeout / 4;
     let client = match conn {
         Some(client) => client,
         slot => {
@@ -147,9 +140,8 @@ async fn round(
     let folded = compact::due(client, &policy.fold, own).await?
         && fold(client, policy, own, metrics).await?;
     if folded || pruned.elapsed() >= policy.fold.interval {
-        // A quarter of the round's time before its deadline left for the last slice and the
-        // rest of the round; the rest of a backlog waits for the next one.
-        compact::prune(client, (deadline - policy.timeout / 4).into_std()).await?;
+        // The rest of a backlog waits for the next round.
+        compact::prune(client, prune_until.into_std()).await?;
         *pruned = Instant::now();
     }
     Ok(())

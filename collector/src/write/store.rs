@@ -190,6 +190,8 @@ pub(crate) struct Probe {
     /// Codes refused as probes in this attempt at the batch: not tried again in it, so that
     /// its next look tries another.
     refused: Vec<String>,
+    /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
+    taken: bool,
 }
 
 impl Attempts {
@@ -259,6 +261,7 @@ impl Conn {
         // Ruled out for this attempt only: kept across attempts, a table refusing everything
         // for a while would rule out every code `clicks` holds.
         attempts.probe.refused.clear();
+        attempts.probe.taken = false;
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
             clicks.push((self.copy_clicks_of(day.day, today).await?, day));
@@ -460,7 +463,8 @@ async fn sift_in(
     let mut unroutable = 0;
     // Found before the table took any range: remembered once it does.
     let mut unsure: Vec<(usize, String)> = Vec::new();
-    let (mut taken, mut probed) = (false, false);
+    // A probe taken for another day of this attempt already says the table takes rows.
+    let (mut taken, mut probed) = (probe.probe.taken, false);
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
@@ -483,14 +487,15 @@ async fn sift_in(
             }
             Err(e) if refuses_rows(&e) => {
                 savepoint.rollback().await?;
-                if range.len() == 1 || no_partition(&e) {
+                let unroutable_here = no_partition(&e);
+                if range.len() == 1 || unroutable_here {
                     let why = describe(&e);
                     let found = range.clone().map(|at| (tried[at], why.clone()));
-                    if !no_partition(&e) && !taken && !probed {
+                    if !unroutable_here && !taken && !probed {
                         probed = true;
                         taken = takes(tx, probe.copy_clicks, probe.probe, clicks).await?;
                     }
-                    if no_partition(&e) {
+                    if unroutable_here {
                         unroutable += range.len();
                     } else if taken {
                         known.extend(found.clone());
@@ -534,13 +539,16 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 /// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
 /// without one, of a code `clicks` holds that is neither the batch's nor refused as a probe
 /// before ([`A_CODE_TAKEN`]); `false` if it holds none. A code refused is forgotten as the
-/// probe's and not tried again in this attempt.
+/// probe's and not tried again in this attempt; one taken answers for the rest of it.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
     probe: &mut Probe,
     batch: &[copy::ClickRow<'_>],
 ) -> Result<bool, tokio_postgres::Error> {
+    if probe.taken {
+        return Ok(true);
+    }
     let codes: HashSet<&str> = batch.iter().map(|row| row.code).collect();
     if probe
         .code
@@ -569,6 +577,7 @@ async fn takes(
         Err(e) => return Err(e),
     };
     savepoint.rollback().await?;
+    probe.taken = taken;
     if !taken {
         probe.code = None;
         probe.refused.push(code);
