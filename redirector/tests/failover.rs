@@ -27,6 +27,20 @@ async fn await_served(http: SocketAddr, code: &str, want: Option<&str>) -> Durat
     start.elapsed()
 }
 
+/// Waits until the primary's WAL is `bytes` past what the standby has flushed.
+async fn await_standby_behind(pair: &Pair, bytes: f64) {
+    let admin = pair.primary.connect("postgres").await;
+    let behind =
+        "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::float8 \
+                  FROM pg_stat_replication";
+    eventually(
+        &format!("the standby {bytes} bytes behind"),
+        LIMIT,
+        || async { (scalar::<f64>(&admin, behind).await > bytes).then_some(()) },
+    )
+    .await;
+}
+
 async fn execute(db: &tokio_postgres::Client, sql: &str) {
     db.batch_execute(sql)
         .await
@@ -273,6 +287,14 @@ async fn links_a_failover_lost_are_dropped_once_the_redirector_reads_the_new_pri
     r.ready().await;
     let receiver = pair.standby.wal_receiver_pid().await;
     pair.standby.signal_wal_receiver(receiver, Signal::SIGSTOP);
+    // WAL first, more than the socket buffers between the servers hold: what they hold still
+    // reaches the standby once its receiver goes on, after the primary is gone.
+    execute(
+        &primary,
+        "CREATE TABLE filler AS SELECT n FROM generate_series(1, 100000) AS n",
+    )
+    .await;
+    await_standby_behind(&pair, 2e6).await;
     add_link(&primary, "lost", "https://example.com/lost").await;
     execute(
         &primary,
@@ -436,14 +458,7 @@ async fn an_asynchronous_failover_that_lost_acknowledged_clicks_counts_them_and_
     // until well more than the socket buffers between them could still hand over.
     let receiver = pair.standby.wal_receiver_pid().await;
     pair.standby.signal_wal_receiver(receiver, Signal::SIGSTOP);
-    let admin = pair.primary.connect("postgres").await;
-    let behind =
-        "SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::float8 \
-                  FROM pg_stat_replication";
-    eventually("the standby 2 MB behind", LIMIT, || async {
-        (testkit::redirector::scalar::<f64>(&admin, behind).await > 2e6).then_some(())
-    })
-    .await;
+    await_standby_behind(&pair, 2e6).await;
     let acked = r.metric("redirector_clicks_acked_total").await;
     eventually("clicks acknowledged meanwhile", LIMIT, || async {
         (r.metric("redirector_clicks_acked_total").await > acked).then_some(())
