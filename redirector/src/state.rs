@@ -469,8 +469,8 @@ impl Region {
         Ok(region)
     }
 
-    /// The region in `map`; refused (why) if its window holds a datagram longer than a slot,
-    /// which no redirector writes.
+    /// The region in `map`; refused (why) if its window holds a datagram no redirector
+    /// writes (see `Window::check`).
     fn adopt(
         map: Arc<Mapping>,
         geometry: Geometry,
@@ -495,9 +495,8 @@ impl Region {
             marks: &header.marks,
             _region: map.clone(),
         };
-        if !Window::fits(&store, geometry.slot_size as usize) {
-            return Err("its window holds a datagram longer than a slot");
-        }
+        let sender_id = header.sender.load(Ordering::Acquire);
+        Window::check(&store, geometry.slot_size as usize, sender_id)?;
         let mut window = Window::adopt(store, geometry.slot_size as usize);
         let sender = Sender {
             header,
@@ -834,12 +833,23 @@ mod tests {
     use super::*;
     use crate::ring::Read;
     use protocol::dimensions::Dimensions;
+    use protocol::wire::Encoder;
 
     const GEOMETRY: Geometry = Geometry {
         ring: 8,
         window: 4,
         slot_size: 1024,
     };
+
+    /// Datagram `seq` of `sender` holding `codes`, as the drain seals it.
+    fn sealed(sender: u64, seq: u64, codes: &[&str]) -> Vec<u8> {
+        let mut encoder = Encoder::new(sender, GEOMETRY.slot_size as usize).unwrap();
+        encoder.resume_as(sender, seq);
+        for code in codes {
+            encoder.push(code, 1).unwrap();
+        }
+        encoder.datagram().to_vec()
+    }
 
     fn codes(ring: &Ring) -> Vec<String> {
         (ring.head()..ring.tail())
@@ -863,7 +873,8 @@ mod tests {
             }
             // The drain sealed "a" and "b" into a datagram and was killed before it released
             // them from the ring: the window's tag says they are taken.
-            region.window.push(0, b"datagram of a, b", 2, 2);
+            let datagram = sealed(region.sender.id(), 0, &["a", "b"]);
+            region.window.push(0, &datagram, 2, 2);
             (region.sender.id(), region.window.next_seq())
         };
         let region = Region::file(&path, GEOMETRY).unwrap();
@@ -893,7 +904,8 @@ mod tests {
         for code in ["a", "b", "c"] {
             region.ring.push(code, 1, &Dimensions::default()).unwrap();
         }
-        region.window.push(0, b"datagram of a, b", 2, 2);
+        let datagram = sealed(region.sender.id(), 0, &["a", "b"]);
+        region.window.push(0, &datagram, 2, 2);
         if stopped_cleanly {
             region.closing.stopped_cleanly(0).unwrap();
         }
@@ -1036,9 +1048,11 @@ mod tests {
     fn a_region_no_redirector_could_leave_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
-        let meta = GEOMETRY.offsets().unwrap().meta;
+        let Offsets { meta, bytes, .. } = GEOMETRY.offsets().unwrap();
         let marks = std::mem::offset_of!(Header, marks);
-        let cases: [(usize, u64, &str); 5] = [
+        // A record's `len` then `clicks`, u32s; a datagram's first byte, its version.
+        let (len, clicks, version) = (meta, meta + 4, bytes);
+        let cases: [(usize, u64, &str); 8] = [
             (std::mem::offset_of!(Header, head), 5, "ring's positions"),
             (
                 std::mem::offset_of!(Header, tail),
@@ -1046,16 +1060,23 @@ mod tests {
                 "ring's positions",
             ),
             (std::mem::offset_of!(Header, renewing), 1, "no sender"),
-            (meta, GEOMETRY.slot_size + 1, "longer than a slot"),
+            (len, GEOMETRY.slot_size + 1, "longer than a slot"),
             (marks + 8, MAX_POSITION + 1, "past any a redirector reaches"),
+            (version, 7, "does not decode"),
+            (clicks, 3, "other than its record says"),
+            (
+                std::mem::offset_of!(Header, sender),
+                12_345,
+                "other than its record says",
+            ),
         ];
         for (at, value, why) in cases {
             std::fs::remove_file(&path).ok();
             left_with_three_clicks(&path, false);
-            // The record's `len` is its first field, a u32; the rest are u64s.
-            let bytes = match at == meta {
-                true => (value as u32).to_ne_bytes().to_vec(),
-                false => value.to_ne_bytes().to_vec(),
+            let bytes = match at {
+                _ if at == version => vec![value as u8],
+                _ if at == len || at == clicks => (value as u32).to_ne_bytes().to_vec(),
+                _ => value.to_ne_bytes().to_vec(),
             };
             poke(&path, at, &bytes);
             let err = Region::file(&path, GEOMETRY).err().expect(why);

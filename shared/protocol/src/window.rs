@@ -188,13 +188,35 @@ impl<S: Store> Window<S> {
         }
     }
 
-    /// Whether each datagram [`Window::adopt`] would take from `store` fits a slot of
-    /// `slot_size` bytes, as every one a window wrote does: a store that says otherwise (a
-    /// corrupt file) is not to be adopted, whose reads would run past a slot.
-    pub fn fits(store: &S, slot_size: usize) -> bool {
-        let (_, meta, marks) = store.parts();
+    /// Why the datagrams [`Window::adopt`] would take from `store` are not what a window of
+    /// `sender` writes, if they are not: each fits a slot of `slot_size` bytes, decodes, and
+    /// carries `sender`, its own seq and its record's count of clicks. A store that says
+    /// otherwise (a corrupt file) is not to be adopted: its reads would run past a slot, or the
+    /// collector would reject a datagram sent again for ever, stalling the window behind it.
+    pub fn check(store: &S, slot_size: usize, sender: u64) -> Result<(), &'static str> {
+        let (bytes, meta, marks) = store.parts();
         let records = meta.len() as u64;
-        held(meta, marks).all(|seq| meta[(seq % records) as usize].len as usize <= slot_size)
+        let slots = records - 1;
+        for seq in held(meta, marks) {
+            let record = meta[(seq % records) as usize];
+            let len = record.len as usize;
+            if len > slot_size {
+                return Err("its window holds a datagram longer than a slot");
+            }
+            let datagram = &bytes[(seq % slots) as usize * slot_size..][..len];
+            match crate::wire::decode(datagram) {
+                Err(_) => return Err("its window holds a datagram that does not decode"),
+                Ok(d)
+                    if d.sender != sender
+                        || d.seq != seq
+                        || d.clicks.len() != record.clicks as usize =>
+                {
+                    return Err("its window holds a datagram other than its record says")
+                }
+                Ok(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// The storage, for a test that plays a later process adopting it.
