@@ -401,6 +401,39 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     assert_eq!(c.health().await, 200);
 }
 
+/// A trigger's refusal raised as a check violation names no constraint, as PostgreSQL's own
+/// "no partition of relation clicks found for row" does; unlike that one, it names no table
+/// either. The click is a row refused (set aside), not one of a day whose partition is still
+/// to be made, which would hold the batch for as long as the trigger refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_violation_a_trigger_raises_is_a_refused_row_not_a_missing_partition() {
+    let p = place().await;
+    p.client
+        .batch_execute(
+            "CREATE FUNCTION no_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.code = 'poison' THEN
+                     RAISE EXCEPTION 'no poison' USING ERRCODE = 'check_violation';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER no_poison BEFORE INSERT ON clicks
+                 FOR EACH ROW EXECUTE FUNCTION no_poison();",
+        )
+        .await
+        .unwrap();
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
+    let now = protocol::now_us();
+    for (i, code) in ["a", "poison", "b"].into_iter().enumerate() {
+        enc.push(code, now + i as i64).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, 2).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
+        .await;
+}
+
 /// A batch with thousands of clicks refused among thousands taken: finding them, a range
 /// halved at a time down to each refused one, outlives an attempt's deadline. Each attempt
 /// leaves what it found to the next, which sets those aside untried, so the batch lands; before,
