@@ -57,7 +57,8 @@ shared::metrics! {
         /// The database's clock.
         links_synced: FloatGauge = "links_synced_timestamp_seconds",
             "Unix time of the last successful read of the change log (0: none yet); from a hot \
-             standby that stopped replaying what it received, of the last read before it did.";
+             standby behind on replaying what it received, of its last commit replayed or the \
+             read before, whichever is later.";
     }
 }
 
@@ -216,11 +217,13 @@ struct Head {
     horizon: i64,
     /// The database's clock at the read, Unix seconds.
     now: f64,
-    /// On a hot standby, how far it has replayed (a WAL position); `None` on a primary, one
-    /// promoted from a standby included (there both positions stay where recovery left them).
-    replay: Option<i64>,
+    /// Whether the server is a hot standby (in recovery).
+    standby: bool,
     /// On a hot standby, whether it has received WAL it has not replayed yet.
     behind: bool,
+    /// On a hot standby, the commit time of the last transaction it replayed (the primary's
+    /// clock, Unix seconds); `None` if it replayed none since it started.
+    replayed_at: Option<f64>,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -233,10 +236,10 @@ macro_rules! head_columns {
                 CASE WHEN pg_is_in_recovery() THEN pg_snapshot_xmin(pg_current_snapshot())
                      ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8,
-                CASE WHEN pg_is_in_recovery()
-                     THEN pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8 END,
+                pg_is_in_recovery(),
                 pg_is_in_recovery()
-                    AND coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false)
+                    AND coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false),
+                extract(epoch FROM pg_last_xact_replay_timestamp())::float8
            FROM link_changes_state AS s"
     };
 }
@@ -286,7 +289,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 9;
+const HEAD_COLUMNS: usize = 10;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -347,8 +350,9 @@ impl Head {
             xip: row.try_get(4)?,
             horizon: row.try_get(5)?,
             now: row.try_get(6)?,
-            replay: row.try_get(7)?,
+            standby: row.try_get(7)?,
             behind: row.try_get(8)?,
+            replayed_at: row.try_get(9)?,
         })
     }
 
@@ -395,9 +399,8 @@ struct Loader {
     skipped: HashSet<Box<[u8]>>,
     /// The table's bytes of the link being applied (`check`), reused.
     value: Vec<u8>,
-    /// A hot standby's replay position at this session's last read, and the time its table
-    /// was then current to: see `synced`.
-    replay: Option<(i64, f64)>,
+    /// Whether the last read found the server a hot standby.
+    standby: bool,
     /// The change ids the last read of changes returned (each code's highest). A standby's
     /// read returns every change from its horizon on again (`Head::horizon`): those it
     /// returned before are applied again, harmlessly, but neither counted as changes applied
@@ -415,7 +418,7 @@ impl Loader {
             history: None,
             skipped: HashSet::new(),
             value: Vec::new(),
-            replay: None,
+            standby: false,
             returned: HashSet::new(),
         }
     }
@@ -470,8 +473,6 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
-        // Another server's, or the same one's from before: not comparable.
-        self.replay = None;
         // The search path pinned first, as in every session of the services. Each read is
         // planned for its own position: a generic plan would guess at `id > $1`. A
         // `SQL_ASCII` database holds any bytes, which the server refuses to send as UTF-8,
@@ -522,8 +523,7 @@ impl Loader {
             }
             if standby {
                 match self.sync(&mut client, &read).await {
-                    // A read out of recovery has no replay position (`Head::replay`).
-                    Ok(_) if self.replay.is_none() => return SessionError::Promoted,
+                    Ok(_) if !self.standby => return SessionError::Promoted,
                     Ok(_) => backoff.reset(),
                     Err(e) => return e,
                 }
@@ -618,14 +618,18 @@ impl Loader {
     /// The table is as `links` was at `head`'s snapshot.
     fn synced(&mut self, head: &Head) {
         self.position = Some(head.position(self.position.as_ref()));
-        // A hot standby that received WAL it has not replayed, and replayed nothing since the
-        // last read, has stopped replaying (paused, stuck): its snapshot, however fresh its
-        // clock, is as old as when it stopped. One replaying answers for its clock, as a primary.
-        let current = match (head.replay, self.replay) {
-            (Some(at), Some((was, since))) if head.behind && at == was => since,
-            _ => head.now,
+        // A hot standby that received WAL it has not replayed (its replay paused, stuck or
+        // delayed) serves a snapshot as old as its replay, however fresh its clock: as current
+        // as the last commit it replayed, or as the table was at the last read, whichever is
+        // later. One that replayed all it received answers for its clock, as a primary.
+        let current = match head.behind {
+            true => head
+                .replayed_at
+                .map_or(0.0, |at| at.min(head.now))
+                .max(self.metrics.links_synced.get()),
+            false => head.now,
         };
-        self.replay = head.replay.map(|at| (at, current));
+        self.standby = head.standby;
         self.metrics.links_synced.set(current);
         self.metrics.links.set(self.links.table.len() as i64);
         self.metrics.links_skipped.set(self.skipped.len() as i64);

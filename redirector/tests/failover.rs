@@ -124,7 +124,8 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
 /// A hot standby that stops replaying (paused here, or stuck) answers every poll on its own
 /// clock, so the polls alone would say its links are current. Once it has received WAL it
 /// does not replay, `redirector_links_synced_timestamp_seconds` stays where it was at the
-/// first read that saw that, for LinksStale to fire on; once replay goes on, the gauge does.
+/// first read that saw that, for LinksStale to fire on, in a new session too; once replay goes
+/// on, the gauge does.
 #[tokio::test]
 async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when_it_stopped() {
     let (pair, db, primary) = linked_pair(&[("before", "https://example.com/before")]).await;
@@ -145,12 +146,8 @@ async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when
         || async { scalar::<bool>(&standby, behind).await.then_some(()) },
     )
     .await;
-    // Reads that began from now on see the same replay position: the first reports its
-    // clock or the one before's, every one after it the same.
-    let mut read = db_now(&standby).await;
-    for _ in 0..2 {
-        read = await_read_after(&standby, read).await;
-    }
+    // Reads that began from now on find it behind: each reports the read before the first.
+    let read = await_reads(&standby, 2).await;
     let synced = "redirector_links_synced_timestamp_seconds";
     let frozen = r.metric(synced).await;
     let later = await_read_after(&standby, read).await;
@@ -168,11 +165,83 @@ async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when
         None,
         "not replayed: not served"
     );
+    // A new session's first read says the same.
+    let errors = r.metric("redirector_link_load_errors_total").await;
+    execute(
+        &standby,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = 'redirector-links'",
+    )
+    .await;
+    await_above(
+        &r,
+        "redirector_link_load_errors_total",
+        errors,
+        "the session's end",
+    )
+    .await;
+    // Its first statement, then one begun past its first read (at once, then every 1 s).
+    let began = await_read_after(&standby, db_now(&standby).await).await;
+    await_read_after(&standby, began + 1.5).await;
+    assert_eq!(r.metric(synced).await, frozen, "moved by the new session");
 
     execute(&standby, "SELECT pg_wal_replay_resume()").await;
     await_served(r.http, "added", Some("https://example.com/added")).await;
     let resumed = db_now(&standby).await;
     await_above(&r, synced, resumed, "the links to be current again").await;
+}
+
+/// A hot standby that replays late (`recovery_min_apply_delay` here, or a replay slower than
+/// the primary's writes) answers every poll on its own clock too. While it holds WAL it has not
+/// replayed, `redirector_links_synced_timestamp_seconds` follows the commit time of the last
+/// transaction it replayed, seconds behind the polls, and moves on with it.
+#[tokio::test]
+async fn links_from_a_standby_replaying_late_are_reported_as_old_as_its_replay() {
+    let (pair, db, primary) = linked_pair(&[("before", "https://example.com/before")]).await;
+    let on_standby = pair.standby.url(&db.name);
+    let (_dir, r) = links_reader(&db, &on_standby).await;
+    let standby = testkit::pgtest::connect(&on_standby).await;
+    let admin = pair.standby.connect("postgres").await;
+    execute(&admin, "ALTER SYSTEM SET recovery_min_apply_delay = '4s'").await;
+    execute(&admin, "SELECT pg_reload_conf()").await;
+    let started = db_now(&standby).await;
+    // A change on the primary every 200 ms, for as long as the test runs.
+    let writes = tokio::spawn(async move {
+        for n in 0_i64.. {
+            let url = format!("https://example.com/{n}");
+            let update = "UPDATE links SET url = $1 WHERE code = 'before'";
+            primary.execute(update, &[&url]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    // Replaying them, 4 s late: no longer a standby that stopped.
+    let replayed =
+        "SELECT coalesce(extract(epoch FROM pg_last_xact_replay_timestamp()), 0)::float8";
+    eventually("the standby to replay a change late", LIMIT, || async {
+        (scalar::<f64>(&standby, replayed).await > started).then_some(())
+    })
+    .await;
+    await_reads(&standby, 2).await;
+    // Reads on the standby's clock would keep the gauge within a poll (1 s) of it.
+    let series = "redirector_links_synced_timestamp_seconds";
+    let synced = r.metric(series).await;
+    let now = db_now(&standby).await;
+    assert!(
+        synced < now - 3.0,
+        "{synced} is not as old as a replay 4 s late, at {now}"
+    );
+    await_above(&r, series, synced + 1.0, "the gauge to follow the replay").await;
+
+    execute(&admin, "ALTER SYSTEM RESET recovery_min_apply_delay").await;
+    execute(&admin, "SELECT pg_reload_conf()").await;
+    writes.abort();
+    let caught_up = "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()";
+    eventually("the standby to catch up", LIMIT, || async {
+        scalar::<bool>(&standby, caught_up).await.then_some(())
+    })
+    .await;
+    let current = db_now(&standby).await;
+    await_above(&r, series, current, "the links to be current again").await;
 }
 
 /// The hot standby the loader polls is promoted: the session ends, not as a failure, and the
@@ -213,6 +282,16 @@ async fn await_read_after(standby: &tokio_postgres::Client, after: f64) -> f64 {
         (began > after).then_some(began)
     })
     .await
+}
+
+/// Waits until the link loader's session on `standby` has finished `n` statements, each
+/// begun after the one before, the first from now on; returns when the last began.
+async fn await_reads(standby: &tokio_postgres::Client, n: usize) -> f64 {
+    let mut read = db_now(standby).await;
+    for _ in 0..n {
+        read = await_read_after(standby, read).await;
+    }
+    read
 }
 
 /// Two transactions on the primary that change links overlap and commit out of order, and the

@@ -10,8 +10,9 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         xip: xip.to_vec(),
         horizon: 1000,
         now: 0.0,
-        replay: None,
+        standby: false,
         behind: false,
+        replayed_at: None,
     }
 }
 
