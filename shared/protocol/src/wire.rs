@@ -352,6 +352,30 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
     Ok(datagram)
 }
 
+/// What every version of datagram begins with (see [`Encoder::datagram`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Header {
+    pub version: u8,
+    pub sender: u64,
+    pub seq: u64,
+    base_us: i64,
+    /// How many clicks follow.
+    pub clicks: u64,
+}
+
+/// The header of a datagram of a version this build reads, its clicks left unread: what a
+/// sender checks of a datagram it holds, without judging the clicks by this build's rules (a
+/// build before or after it may have written them, and the collector judges them).
+pub fn decode_header(buf: &[u8]) -> Result<Header, Reject> {
+    let (header, _clicks): (Header, &[u8]) =
+        postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
+    if !VERSIONS.contains(&header.version) {
+        let (got, want) = (header.version, VERSION);
+        return Err(Reject::WrongVersion { got, want });
+    }
+    Ok(header)
+}
+
 /// Whether click `index`, at `offset_us` from `base_us`, lies within years 1 to 9999. Checked
 /// with each click's code and dimensions, so that the first bad click names the reject.
 fn check_time(index: usize, base_us: i64, offset_us: u32) -> Result<(), Reject> {
