@@ -585,14 +585,15 @@ async fn takes(
     Ok(taken)
 }
 
-/// Whether PostgreSQL found no partition to route a row to: a check violation that names a
-/// table and no constraint. A CHECK constraint's violation names its constraint; one a
-/// trigger raises names neither (unless it says `USING TABLE`).
+/// Whether PostgreSQL found no partition to route a row to: a check violation that names no
+/// constraint (a CHECK constraint's violation names it), raised where rows are routed (by
+/// its source function, which PostgreSQL 15 and later also say by naming the table): not one
+/// a trigger raises, which names neither.
 fn no_partition(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION
             && db.constraint().is_none()
-            && db.table().is_some()
+            && (db.table().is_some() || db.routine() == Some("ExecFindPartition"))
     })
 }
 
