@@ -17,7 +17,7 @@
 mod apply;
 mod standby;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,10 +57,13 @@ shared::metrics! {
         /// The database's clock.
         links_synced: FloatGauge = "links_synced_timestamp_seconds",
             "Unix time of the last successful read of the change log (0: none yet); from a hot \
-             standby behind on replaying what it received, of its last commit replayed or the \
-             read before, whichever is later.";
+             standby behind on replaying what it received, as current as what it replayed.";
     }
 }
+
+/// How many of a session's reads of a hot standby [`current_to`] looks back over: a
+/// minute's at the default --reload-interval, as long as LinksStale waits.
+const RECEIPTS: usize = 64;
 
 /// After a notification, wait this long for the rest of a burst of changes before reading; and,
 /// while changes keep coming, read this often instead of listening.
@@ -219,8 +222,10 @@ struct Head {
     now: f64,
     /// Whether the server is a hot standby (in recovery).
     standby: bool,
-    /// On a hot standby, whether it has received WAL it has not replayed yet.
-    behind: bool,
+    /// On a hot standby, how far it has received WAL (a position; `None` without a WAL
+    /// receiver: one restoring from an archive) and how far it has replayed it.
+    received: Option<i64>,
+    replayed: Option<i64>,
     /// On a hot standby, the commit time of the last transaction it replayed (the primary's
     /// clock, Unix seconds); `None` if it replayed none since it started.
     replayed_at: Option<f64>,
@@ -237,8 +242,8 @@ macro_rules! head_columns {
                      ELSE pg_snapshot_xmax(pg_current_snapshot()) END::text::bigint,
                 extract(epoch FROM clock_timestamp())::float8,
                 pg_is_in_recovery(),
-                pg_is_in_recovery()
-                    AND coalesce(pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn(), false),
+                pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '0/0')::int8,
+                pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8,
                 extract(epoch FROM pg_last_xact_replay_timestamp())::float8
            FROM link_changes_state AS s"
     };
@@ -289,7 +294,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 10;
+const HEAD_COLUMNS: usize = 11;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -340,6 +345,35 @@ const HISTORY: &str = "SELECT CASE WHEN has_function_privilege('pg_control_syste
                                 ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
 const ALL_CODES: &str = "SELECT code FROM links";
 
+/// How current the table is after a read at `head`: as the read's clock, unless the server is
+/// a hot standby that received WAL it has not replayed (its replay paused, stuck or delayed),
+/// whose snapshot is as old as its replay however fresh its clock. Then the latest of: the
+/// last of this session's reads (`receipts`, to which this one is added) whose WAL received by
+/// then it has replayed since; the commit time of the last transaction it replayed; and
+/// `before`, how current the table was before this read if it left some of it as it was.
+/// None of these known (a first read): the read's clock.
+fn current_to(receipts: &mut VecDeque<(f64, i64)>, head: &Head, before: Option<f64>) -> f64 {
+    let (true, Some(received), Some(replayed)) = (head.standby, head.received, head.replayed)
+    else {
+        return head.now;
+    };
+    let read = receipts.iter().rev().find(|(_, r)| *r <= replayed);
+    let read = read.map(|(at, _)| *at);
+    if receipts.len() == RECEIPTS {
+        receipts.pop_front();
+    }
+    receipts.push_back((head.now, received));
+    if received <= replayed {
+        return head.now;
+    }
+    let replay = head.replayed_at.map(|at| at.min(head.now));
+    [read, replay, before]
+        .into_iter()
+        .flatten()
+        .reduce(f64::max)
+        .unwrap_or(head.now)
+}
+
 impl Head {
     fn from_row(row: &Row) -> Result<Head, tokio_postgres::Error> {
         Ok(Head {
@@ -351,8 +385,9 @@ impl Head {
             horizon: row.try_get(5)?,
             now: row.try_get(6)?,
             standby: row.try_get(7)?,
-            behind: row.try_get(8)?,
-            replayed_at: row.try_get(9)?,
+            received: row.try_get(8)?,
+            replayed: row.try_get(9)?,
+            replayed_at: row.try_get(10)?,
         })
     }
 
@@ -401,6 +436,9 @@ struct Loader {
     value: Vec<u8>,
     /// Whether the last read found the server a hot standby.
     standby: bool,
+    /// This session's last reads of a hot standby, oldest first: each one's clock and how far
+    /// the standby had then received WAL (see [`current_to`]).
+    receipts: VecDeque<(f64, i64)>,
     /// The change ids the last read of changes returned (each code's highest). A standby's
     /// read returns every change from its horizon on again (`Head::horizon`): those it
     /// returned before are applied again, harmlessly, but neither counted as changes applied
@@ -419,6 +457,7 @@ impl Loader {
             skipped: HashSet::new(),
             value: Vec::new(),
             standby: false,
+            receipts: VecDeque::new(),
             returned: HashSet::new(),
         }
     }
@@ -473,6 +512,8 @@ impl Loader {
         };
         let changed = Arc::new(Notify::new());
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
+        // Another server's, or the same one's from before: not comparable.
+        self.receipts.clear();
         // The search path pinned first, as in every session of the services. Each read is
         // planned for its own position: a generic plan would guess at `id > $1`. A
         // `SQL_ASCII` database holds any bytes, which the server refuses to send as UTF-8,
@@ -604,33 +645,25 @@ impl Loader {
             None => "first load",
             Some(at) => match self.apply_changes(client, read, &at).await? {
                 Read::Applied(head, codes) => {
-                    self.synced(&head);
+                    self.synced(&head, false);
                     return Ok(codes > 0);
                 }
                 Read::Behind(why) => why,
             },
         };
         let head = self.full_load(client, why).await?;
-        self.synced(&head);
+        self.synced(&head, true);
         Ok(false)
     }
 
-    /// The table is as `links` was at `head`'s snapshot.
-    fn synced(&mut self, head: &Head) {
+    /// The table is as `links` was at `head`'s snapshot, in full after a full load.
+    fn synced(&mut self, head: &Head, full_load: bool) {
         self.position = Some(head.position(self.position.as_ref()));
-        // A hot standby that received WAL it has not replayed (its replay paused, stuck or
-        // delayed) serves a snapshot as old as its replay, however fresh its clock: as current
-        // as the last commit it replayed, or as the table was at the last read, whichever is
-        // later. One that replayed all it received answers for its clock, as a primary.
-        let current = match head.behind {
-            true => head
-                .replayed_at
-                .map_or(0.0, |at| at.min(head.now))
-                .max(self.metrics.links_synced.get()),
-            false => head.now,
-        };
-        self.standby = head.standby;
+        // After a read of changes, which leaves the rest of the table as it was.
+        let before = Some(self.metrics.links_synced.get()).filter(|&g| !full_load && g > 0.0);
+        let current = current_to(&mut self.receipts, head, before);
         self.metrics.links_synced.set(current);
+        self.standby = head.standby;
         self.metrics.links.set(self.links.table.len() as i64);
         self.metrics.links_skipped.set(self.skipped.len() as i64);
     }

@@ -214,12 +214,19 @@ async fn links_from_a_standby_replaying_late_are_reported_as_old_as_its_replay()
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    // Replaying them, 4 s late: no longer a standby that stopped.
+    // Replaying them, late (once the reload reached its replay): no standby that stopped.
     let replayed =
-        "SELECT coalesce(extract(epoch FROM pg_last_xact_replay_timestamp()), 0)::float8";
-    eventually("the standby to replay a change late", LIMIT, || async {
-        (scalar::<f64>(&standby, replayed).await > started).then_some(())
-    })
+        "SELECT coalesce(extract(epoch FROM pg_last_xact_replay_timestamp()), 0)::float8,
+                           extract(epoch FROM clock_timestamp())::float8";
+    eventually(
+        "the standby to replay the changes 3 s late",
+        LIMIT,
+        || async {
+            let row = standby.query_one(replayed, &[]).await.unwrap();
+            let (at, now): (f64, f64) = (row.get(0), row.get(1));
+            (at > started && now - at > 3.0).then_some(())
+        },
+    )
     .await;
     await_reads(&standby, 2).await;
     // Reads on the standby's clock would keep the gauge within a poll (1 s) of it.

@@ -11,7 +11,8 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         horizon: 1000,
         now: 0.0,
         standby: false,
-        behind: false,
+        received: None,
+        replayed: None,
         replayed_at: None,
     }
 }
@@ -83,4 +84,47 @@ fn lookup_tells_unloaded_from_unknown() {
         Lookup::Found(Answer::Redirect { location, .. }) if location == "http://x/?q=1"
     ));
     assert!(matches!(links.lookup("b", None), Lookup::Unknown));
+}
+
+/// A read of a hot standby at `now` that had received WAL up to `received` and replayed it up
+/// to `replayed`, the last commit it replayed at `replayed_at`.
+fn standby_read(now: f64, received: i64, replayed: i64, replayed_at: Option<f64>) -> Head {
+    Head {
+        now,
+        standby: true,
+        received: Some(received),
+        replayed: Some(replayed),
+        replayed_at,
+        ..head(1, 0, 0, 0, &[])
+    }
+}
+
+#[test]
+fn a_standby_behind_on_replay_is_as_current_as_what_it_replayed() {
+    let mut reads = VecDeque::new();
+    let mut at = |head: Head, before| current_to(&mut reads, &head, before);
+    // Caught up: its clock. Then stopped, at 100: the read before it stopped, however long.
+    assert_eq!(at(standby_read(10.0, 100, 100, Some(1.0)), None), 10.0);
+    assert_eq!(at(standby_read(11.0, 200, 100, Some(1.0)), None), 10.0);
+    assert_eq!(at(standby_read(50.0, 300, 100, Some(1.0)), None), 10.0);
+    // Replaying a run of WAL without commits, late: the last read whose WAL it replayed.
+    assert_eq!(at(standby_read(51.0, 400, 200, Some(1.0)), None), 11.0);
+    assert_eq!(at(standby_read(52.0, 500, 400, Some(1.0)), None), 51.0);
+    // Replaying commits late: their time, if later; never past its clock.
+    assert_eq!(at(standby_read(53.0, 600, 450, Some(51.5)), None), 51.5);
+    assert_eq!(at(standby_read(54.0, 700, 450, Some(99.0)), None), 54.0);
+    // What the table was before, if the read left some of it as it was.
+    assert_eq!(
+        at(standby_read(55.0, 800, 450, Some(51.5)), Some(53.0)),
+        53.0
+    );
+    // A primary, or a first read that knows nothing: its clock.
+    let primary = Head {
+        now: 56.0,
+        ..head(1, 0, 0, 0, &[])
+    };
+    assert_eq!(at(primary, Some(1.0)), 56.0);
+    let mut first = VecDeque::new();
+    let read = standby_read(57.0, 900, 800, None);
+    assert_eq!(current_to(&mut first, &read, None), 57.0);
 }
