@@ -551,10 +551,13 @@ impl Drain {
         if ack.sender != self.encoder.sender() {
             return Err(format!("for sender {:016x}, not this one", ack.sender));
         }
-        let applied = self
-            .window
-            .apply(ack.committed, ack.resend_from)
-            .map_err(|e| e.to_string())?;
+        let applied = match self.window.apply(ack.committed, ack.resend_from) {
+            Ok(applied) => applied,
+            Err(refused) => {
+                self.abandon_history(&refused);
+                return Err(refused.to_string());
+            }
+        };
         if applied.released.datagrams > 0 {
             self.metrics.clicks_acked.inc_by(applied.released.clicks);
             self.progress = Instant::now();
@@ -578,6 +581,41 @@ impl Drain {
         }
         self.metrics.acks.inc();
         Ok(())
+    }
+
+    /// The collector knows a seq of this sender that this process never sent, nor the region
+    /// it adopted holds: another process of the sender went further than the region says, which
+    /// was rolled back (restored from an older copy, or a copy of another host's). What the
+    /// window, the datagram being built and the ring hold may be committed already, and the
+    /// seqs from here on were: all of it is dropped, counted as `stale_region`, and the sender
+    /// goes on under a new id, whose clicks land. Otherwise the collector took every datagram
+    /// up to its record for one it had, and this sender's clicks were freed unwritten.
+    fn abandon_history(&mut self, refused: &protocol::window::Refused) {
+        let mut dropped = self.window.discard() + self.encoder.len() as u64;
+        self.encoder.next();
+        let end = self.ring.tail();
+        while self.cursor < end {
+            match self.ring.read(self.cursor) {
+                // A push still writing its slot: a click of the new id.
+                Read::Empty => break,
+                Read::Torn => {}
+                Read::Click(_) => dropped += 1,
+            }
+            self.cursor += 1;
+        }
+        self.ring.release(self.cursor);
+        self.common
+            .clicks_dropped
+            .add(Dropped::StaleRegion, dropped);
+        let old = self.encoder.sender();
+        let sender = self.sender.renew(&mut self.window);
+        self.encoder.restart_as(sender);
+        tracing::error!(
+            dropped,
+            "the collector {refused}: this sender ({old:016x}) went further than its region \
+             says, which was rolled back; dropping the {dropped} clicks it held as stale_region \
+             (they may have been written) and going on as a new sender ({sender:016x})"
+        );
     }
 
     /// The collector asked for `asked`, acknowledged already: it lost its record of this

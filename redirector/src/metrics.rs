@@ -25,8 +25,9 @@ shared::label! {
         Torn = "torn",
         /// Held in a `--state-file` region found after a reboot that its process did not stop
         /// cleanly before: the file's pages are what the kernel had written back by then, each
-        /// of its own age, so neither the clicks nor their seqs are trusted. Not sent; an
-        /// upper bound (some may have been committed before the crash).
+        /// of its own age, so neither the clicks nor their seqs are trusted. Or held in a region
+        /// restored from an older copy, found out by the collector's record of its sender (see
+        /// `Drain::abandon_history`). Not sent; an upper bound (some may have been committed).
         StaleRegion = "stale_region",
     }
 }
