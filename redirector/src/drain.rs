@@ -172,6 +172,11 @@ pub struct Drain {
     progress: Instant,
     /// When a datagram last entered the window.
     last_datagram: Instant,
+    /// For a sender id adopted with datagrams in its window, until the collector's first
+    /// acknowledgement is accepted: the ring's tail at adoption. Meanwhile nothing new is
+    /// sealed, so that no new seq can hide an acknowledgement past the window, which says the
+    /// region was rolled back ([`Drain::abandon_history`]).
+    unconfirmed: Option<u64>,
     refused_log: Throttle,
 }
 
@@ -199,6 +204,7 @@ impl Drain {
         shared::socket::fit_send_buffer(socket.as_fd(), geometry.slot_size as usize)?;
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
+        let unconfirmed = (!window.is_empty()).then(|| ring.tail());
         Ok(Drain {
             cursor: ring.head(),
             ring,
@@ -218,6 +224,7 @@ impl Drain {
             failures: Throttle::every(REPORT_EVERY),
             progress: now,
             last_datagram: now,
+            unconfirmed,
             refused_log: Throttle::default(),
             settings,
         })
@@ -309,7 +316,7 @@ impl Drain {
     /// datagram that could not be sent (the collector away or its queue full): the ring holds
     /// the clicks meanwhile, rather than the window filling up with a small datagram per tick.
     fn fill(&mut self) {
-        if self.window.has_unsent() {
+        if self.window.has_unsent() || self.unconfirmed.is_some() {
             return;
         }
         let end = self.ring.tail();
@@ -554,10 +561,14 @@ impl Drain {
         let applied = match self.window.apply(ack.committed, ack.resend_from) {
             Ok(applied) => applied,
             Err(refused) => {
-                self.abandon_history(&refused);
+                // Once one was accepted, a refusal cannot mean that: a peer's bad answer.
+                if let Some(adopted) = self.unconfirmed.take() {
+                    self.abandon_history(&refused, adopted);
+                }
                 return Err(refused.to_string());
             }
         };
+        self.unconfirmed = None;
         if applied.released.datagrams > 0 {
             self.metrics.clicks_acked.inc_by(applied.released.clicks);
             self.progress = Instant::now();
@@ -583,20 +594,20 @@ impl Drain {
         Ok(())
     }
 
-    /// The collector knows a seq of this sender that this process never sent, nor the region
-    /// it adopted holds: another process of the sender went further than the region says, which
-    /// was rolled back (restored from an older copy, or a copy of another host's). What the
-    /// window, the datagram being built and the ring hold may be committed already, and the
-    /// seqs from here on were: all of it is dropped, counted as `stale_region`, and the sender
-    /// goes on under a new id, whose clicks land. Otherwise the collector took every datagram
-    /// up to its record for one it had, and this sender's clicks were freed unwritten.
-    fn abandon_history(&mut self, refused: &protocol::window::Refused) {
-        let mut dropped = self.window.discard() + self.encoder.len() as u64;
-        self.encoder.next();
-        let end = self.ring.tail();
-        while self.cursor < end {
+    /// The collector's first acknowledgement to a sender id adopted with datagrams knows a
+    /// seq of it that the region never held: another process of the sender went further than
+    /// the region says, which was rolled back (restored from an older copy). What the region
+    /// held (the window, the ring up to `adopted`, its tail at adoption) may be committed
+    /// already, and the seqs from here on were: it is dropped, counted as `stale_region`, and
+    /// the sender goes on under a new id, with the clicks served since. Otherwise the collector
+    /// took the new datagrams up to its record for ones it had, and their clicks were freed
+    /// unwritten.
+    fn abandon_history(&mut self, refused: &protocol::window::Refused, adopted: u64) {
+        // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty.
+        let mut dropped = self.window.discard();
+        while self.cursor < adopted {
             match self.ring.read(self.cursor) {
-                // A push still writing its slot: a click of the new id.
+                // Not after adoption's repair: kept for the new id, to be safe.
                 Read::Empty => break,
                 Read::Torn => {}
                 Read::Click(_) => dropped += 1,
@@ -614,7 +625,8 @@ impl Drain {
             dropped,
             "the collector {refused}: this sender ({old:016x}) went further than its region \
              says, which was rolled back; dropping the {dropped} clicks it held as stale_region \
-             (they may have been written) and going on as a new sender ({sender:016x})"
+             (they may have been written) and going on as a new sender ({sender:016x}) with \
+             the clicks served since"
         );
     }
 

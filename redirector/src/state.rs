@@ -502,13 +502,10 @@ impl Region {
             header,
             _region: map.clone(),
         };
-        // With nothing held, go on under a new id: nothing of the old one is left to send,
-        // and a collector that knew the old id under another user (a changed User=) would
-        // refuse it. Clicks in the ring alone go under the old id, from its next seq: a region
-        // rolled back behind what the collector committed of it is told so by its record
-        // (`Drain::abandon_history`), where a new id would have them written twice.
-        let held = !window.is_empty() || !ring.is_empty();
-        if header.renewing.load(Ordering::Acquire) != 0 || sender.id() == 0 || !held {
+        // With nothing in the window, go on under a new id: nothing of the old one is left to
+        // send, and a collector that knew the old id at another address or user (a changed
+        // --ack-socket or User=) would refuse it.
+        if header.renewing.load(Ordering::Acquire) != 0 || sender.id() == 0 || window.is_empty() {
             sender.renew(&mut window);
         }
         // The window published a datagram whose ring positions were not released yet.
