@@ -172,11 +172,12 @@ pub struct Drain {
     progress: Instant,
     /// When a datagram last entered the window.
     last_datagram: Instant,
-    /// For a sender id adopted with datagrams in its window, until the collector's first
-    /// acknowledgement is accepted: the ring's tail at adoption. Meanwhile nothing new is
-    /// sealed, so that no new seq can hide an acknowledgement past the window, which says the
-    /// region was rolled back ([`Drain::abandon_history`]).
-    unconfirmed: Option<u64>,
+    /// For a sender id adopted with datagrams in its window, until the collector confirms that
+    /// its record of the sender is not past them: the ring's tail and the window's end (its
+    /// next seq) at adoption. Meanwhile nothing new is sealed, so that no new seq can hide an
+    /// acknowledgement past the window, which says the region was rolled back
+    /// ([`Drain::abandon_history`]).
+    unconfirmed: Option<Unconfirmed>,
     refused_log: Throttle,
 }
 
@@ -204,7 +205,10 @@ impl Drain {
         shared::socket::fit_send_buffer(socket.as_fd(), geometry.slot_size as usize)?;
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
-        let unconfirmed = (!window.is_empty()).then(|| ring.tail());
+        let unconfirmed = (!window.is_empty()).then(|| Unconfirmed {
+            tail: ring.tail(),
+            end: window.next_seq(),
+        });
         Ok(Drain {
             cursor: ring.head(),
             ring,
@@ -563,12 +567,14 @@ impl Drain {
             Err(refused) => {
                 // Once one was accepted, a refusal cannot mean that: a peer's bad answer.
                 if let Some(adopted) = self.unconfirmed.take() {
-                    self.abandon_history(&refused, adopted);
+                    self.abandon_history(&refused, adopted.tail);
                 }
                 return Err(refused.to_string());
             }
         };
-        self.unconfirmed = None;
+        if self.unconfirmed.is_some_and(|u| u.confirmed_by(&ack)) {
+            self.unconfirmed = None;
+        }
         if applied.released.datagrams > 0 {
             self.metrics.clicks_acked.inc_by(applied.released.clicks);
             self.progress = Instant::now();
@@ -603,8 +609,9 @@ impl Drain {
     /// took the new datagrams up to its record for ones it had, and their clicks were freed
     /// unwritten.
     fn abandon_history(&mut self, refused: &protocol::window::Refused, adopted: u64) {
-        // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty.
-        let mut dropped = self.window.discard();
+        // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty. The ring
+        // first: killed before the window is emptied, the next start finds the same again.
+        let mut dropped = 0;
         while self.cursor < adopted {
             match self.ring.read(self.cursor) {
                 // Not after adoption's repair: kept for the new id, to be safe.
@@ -615,6 +622,7 @@ impl Drain {
             self.cursor += 1;
         }
         self.ring.release(self.cursor);
+        dropped += self.window.discard();
         self.common
             .clicks_dropped
             .add(Dropped::StaleRegion, dropped);
@@ -696,6 +704,26 @@ impl Drain {
 /// Whether a failed send is tried again within milliseconds: after EAGAIN (the collector's
 /// queue full, which it empties fast) only; after ENOBUFS (the kernel short of memory) the
 /// drain waits out the longer backoff.
+/// See `Drain::unconfirmed`.
+#[derive(Debug, Clone, Copy)]
+struct Unconfirmed {
+    tail: u64,
+    end: u64,
+}
+
+impl Unconfirmed {
+    /// Whether `ack`, accepted, says the collector's record of the sender is not past the
+    /// adopted window: it committed all of it, or it asks to resend from a seq in it (so it has
+    /// not taken the window's last). An acknowledgement of less may come from a collector
+    /// that took more and has not committed it yet.
+    fn confirmed_by(&self, ack: &protocol::wire::Ack) -> bool {
+        ack.resend_from.is_some()
+            || ack
+                .committed
+                .is_some_and(|seq| seq.saturating_add(1) >= self.end)
+    }
+}
+
 fn retries_soon(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::WouldBlock
 }
@@ -758,6 +786,19 @@ mod tests {
                 unacked: 0
             }
         );
+    }
+
+    /// An adopted window of seqs up to 4: only an acknowledgement of all of it, or a request to
+    /// resend from a seq in it, says the collector took no more.
+    #[test]
+    fn only_the_whole_adopted_window_acknowledged_or_a_resend_request_confirms_it() {
+        let adopted = Unconfirmed { tail: 0, end: 5 };
+        let ack = |committed, resend_from| protocol::wire::Ack::new(1, committed, resend_from);
+        assert!(!adopted.confirmed_by(&ack(None, None)));
+        assert!(!adopted.confirmed_by(&ack(Some(3), None)));
+        assert!(adopted.confirmed_by(&ack(Some(4), None)));
+        assert!(adopted.confirmed_by(&ack(Some(u64::MAX), None)));
+        assert!(adopted.confirmed_by(&ack(None, Some(2))));
     }
 
     #[test]
