@@ -402,9 +402,10 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
 }
 
 /// A trigger's refusal raised as a check violation names no constraint, as PostgreSQL's own
-/// "no partition of relation clicks found for row" does; unlike that one, it names no table
-/// either. The click is a row refused (set aside), not one of a day whose partition is still
-/// to be made, which would hold the batch for as long as the trigger refuses.
+/// "no partition of relation clicks found for row" does; unlike that one, it is not raised
+/// by `ExecFindPartition`. The click is a row refused (set aside), not one of a day whose
+/// partition is still to be made, which would hold the batch for as long as the trigger
+/// refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_violation_a_trigger_raises_is_a_refused_row_not_a_missing_partition() {
     let p = place().await;

@@ -319,6 +319,7 @@ impl Drain {
     /// for the next tick, so one fill is bounded. Nothing moves while the window still holds a
     /// datagram that could not be sent (the collector away or its queue full): the ring holds
     /// the clicks meanwhile, rather than the window filling up with a small datagram per tick.
+    /// Nor while an adopted window is unconfirmed (`Drain::unconfirmed`).
     fn fill(&mut self) {
         if self.window.has_unsent() || self.unconfirmed.is_some() {
             return;
@@ -565,7 +566,8 @@ impl Drain {
         let applied = match self.window.apply(ack.committed, ack.resend_from) {
             Ok(applied) => applied,
             Err(refused) => {
-                // Once one was accepted, a refusal cannot mean that: a peer's bad answer.
+                // Until an acknowledgement confirmed the adopted window, a refusal says the
+                // collector's record is past it; after, it is a peer's bad answer.
                 if let Some(adopted) = self.unconfirmed.take() {
                     self.abandon_history(&refused, adopted.tail);
                 }
@@ -600,19 +602,19 @@ impl Drain {
         Ok(())
     }
 
-    /// The collector's first acknowledgement to a sender id adopted with datagrams knows a
-    /// seq of it that the region never held: another process of the sender went further than
-    /// the region says, which was rolled back (restored from an older copy). What the region
-    /// held (the window, the ring up to `adopted`, its tail at adoption) may be committed
+    /// An acknowledgement refused while the adopted window is unconfirmed knows a seq of the
+    /// sender that the region never held: another process of the sender went further than the
+    /// region says, which was rolled back (restored from an older copy). What the region held
+    /// (the window, the ring up to `adopted_tail`, its tail at adoption) may be committed
     /// already, and the seqs from here on were: it is dropped, counted as `stale_region`, and
     /// the sender goes on under a new id, with the clicks served since. Otherwise the collector
     /// took the new datagrams up to its record for ones it had, and their clicks were freed
     /// unwritten.
-    fn abandon_history(&mut self, refused: &protocol::window::Refused, adopted: u64) {
+    fn abandon_history(&mut self, refused: &protocol::window::Refused, adopted_tail: u64) {
         // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty. The ring
         // first: killed before the window is emptied, the next start finds the same again.
         let mut dropped = 0;
-        while self.cursor < adopted {
+        while self.cursor < adopted_tail {
             match self.ring.read(self.cursor) {
                 // Not after adoption's repair: kept for the new id, to be safe.
                 Read::Empty => break,
@@ -701,9 +703,6 @@ impl Drain {
     }
 }
 
-/// Whether a failed send is tried again within milliseconds: after EAGAIN (the collector's
-/// queue full, which it empties fast) only; after ENOBUFS (the kernel short of memory) the
-/// drain waits out the longer backoff.
 /// See `Drain::unconfirmed`.
 #[derive(Debug, Clone, Copy)]
 struct Unconfirmed {
@@ -713,9 +712,9 @@ struct Unconfirmed {
 
 impl Unconfirmed {
     /// Whether `ack`, accepted, says the collector's record of the sender is not past the
-    /// adopted window: it committed all of it, or it asks to resend from a seq in it (so it has
-    /// not taken the window's last). An acknowledgement of less may come from a collector
-    /// that took more and has not committed it yet.
+    /// adopted window: it committed all of it, or it asks to resend from a seq up to its end
+    /// (so it has not taken the window's last; below the window, a resync). An acknowledgement
+    /// of less may come from a collector that took more and has not committed it yet.
     fn confirmed_by(&self, ack: &protocol::wire::Ack) -> bool {
         ack.resend_from.is_some()
             || ack
@@ -724,6 +723,9 @@ impl Unconfirmed {
     }
 }
 
+/// Whether a failed send is tried again within milliseconds: after EAGAIN (the collector's
+/// queue full, which it empties fast) only; after ENOBUFS (the kernel short of memory) the
+/// drain waits out the longer backoff.
 fn retries_soon(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::WouldBlock
 }

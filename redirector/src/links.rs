@@ -222,8 +222,9 @@ struct Head {
     now: f64,
     /// Whether the server is a hot standby (in recovery).
     standby: bool,
-    /// On a hot standby, how far it has received WAL (a position; `None` without a WAL
-    /// receiver: one restoring from an archive) and how far it has replayed it.
+    /// On a hot standby, how far it has received WAL (a position; `None` while no WAL receiver
+    /// has streamed since it started: one restoring from an archive, or not connected yet)
+    /// and how far it has replayed it.
     received: Option<i64>,
     replayed: Option<i64>,
     /// On a hot standby, the commit time of the last transaction it replayed (the primary's
@@ -350,9 +351,15 @@ const ALL_CODES: &str = "SELECT code FROM links";
 /// whose snapshot is as old as its replay however fresh its clock. Then the latest of: the
 /// last of this session's reads (`receipts`, to which this one is added) whose WAL received by
 /// then it has replayed since; the commit time of the last transaction it replayed; and
-/// `before`, how current the table was before this read if it left some of it as it was.
-/// None of these known (a first read): the read's clock.
-fn current_to(receipts: &mut VecDeque<(f64, i64)>, head: &Head, before: Option<f64>) -> f64 {
+/// `before`, how current the table was before this read, if the read left some of it as it
+/// was (not a `full_load`). After a full load, `before` only if neither of the others is
+/// known; none of these known (a first read): the read's clock.
+fn current_to(
+    receipts: &mut VecDeque<(f64, i64)>,
+    head: &Head,
+    before: Option<f64>,
+    full_load: bool,
+) -> f64 {
     let (true, Some(received), Some(replayed)) = (head.standby, head.received, head.replayed)
     else {
         return head.now;
@@ -367,10 +374,11 @@ fn current_to(receipts: &mut VecDeque<(f64, i64)>, head: &Head, before: Option<f
         return head.now;
     }
     let replay = head.replayed_at.map(|at| at.min(head.now));
-    [read, replay, before]
+    [read, replay, before.filter(|_| !full_load)]
         .into_iter()
         .flatten()
         .reduce(f64::max)
+        .or(before)
         .unwrap_or(head.now)
 }
 
@@ -659,9 +667,8 @@ impl Loader {
     /// The table is as `links` was at `head`'s snapshot, in full after a full load.
     fn synced(&mut self, head: &Head, full_load: bool) {
         self.position = Some(head.position(self.position.as_ref()));
-        // After a read of changes, which leaves the rest of the table as it was.
-        let before = Some(self.metrics.links_synced.get()).filter(|&g| !full_load && g > 0.0);
-        let current = current_to(&mut self.receipts, head, before);
+        let before = Some(self.metrics.links_synced.get()).filter(|&g| g > 0.0);
+        let current = current_to(&mut self.receipts, head, before, full_load);
         self.metrics.links_synced.set(current);
         self.standby = head.standby;
         self.metrics.links.set(self.links.table.len() as i64);

@@ -1052,7 +1052,7 @@ mod tests {
         let marks = std::mem::offset_of!(Header, marks);
         // A record's `len` then `clicks`, u32s; a datagram's first byte, its version.
         let (len, clicks, version) = (meta, meta + 4, bytes);
-        let cases: [(usize, u64, &str); 8] = [
+        let cases: [(usize, u64, &str); 9] = [
             (std::mem::offset_of!(Header, head), 5, "ring's positions"),
             (
                 std::mem::offset_of!(Header, tail),
@@ -1062,7 +1062,8 @@ mod tests {
             (std::mem::offset_of!(Header, renewing), 1, "no sender"),
             (len, GEOMETRY.slot_size + 1, "longer than a slot"),
             (marks + 8, MAX_POSITION + 1, "past any a redirector reaches"),
-            (version, 7, "does not decode"),
+            (version, 7, "a version this build does not read"),
+            (len, 1, "does not decode"),
             (clicks, 3, "other than its record says"),
             (
                 std::mem::offset_of!(Header, sender),

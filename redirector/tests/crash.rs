@@ -120,11 +120,12 @@ async fn a_state_file_left_by_a_crash_before_a_reboot_is_counted_not_sent() {
 }
 
 /// A state file restored from an older copy (a backup, a snapshot) after its sender went on:
-/// the collector committed seqs of that sender the copy never held, and says so in its first
-/// acknowledgement of the datagrams the copy holds. What the copy held is counted as
-/// `stale_region` (here it was written: "may have been"), not sent again, and the clicks served
-/// since the start land under a new sender id: nothing new is sent before that first
-/// acknowledgement. Before, the collector took the new datagrams up to its record for ones it
+/// the collector committed seqs of that sender the copy never held, and says so in its
+/// acknowledgement of the datagrams the copy holds: past them. Nothing new is sent until an
+/// acknowledgement of the whole adopted window or a resend request, so no new seq can hide
+/// that. What the copy held is counted as `stale_region` (here it was written: "may have
+/// been"), not sent again, and the clicks served since the start land under a new sender id.
+/// Before, the collector took the new datagrams up to its record for ones it
 /// had committed, and the redirector freed those clicks unwritten, uncounted.
 #[tokio::test]
 async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted() {

@@ -123,8 +123,8 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
 
 /// A hot standby that stops replaying (paused here, or stuck) answers every poll on its own
 /// clock, so the polls alone would say its links are current. Once it has received WAL it
-/// does not replay, `redirector_links_synced_timestamp_seconds` stays where it was at the
-/// first read that saw that, for LinksStale to fire on, in a new session too; once replay goes
+/// does not replay, `redirector_links_synced_timestamp_seconds` stays at the last read before
+/// the first that saw that, for LinksStale to fire on, in a new session too; once replay goes
 /// on, the gauge does.
 #[tokio::test]
 async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when_it_stopped() {

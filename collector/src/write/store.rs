@@ -586,14 +586,14 @@ async fn takes(
 }
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no
-/// constraint (a CHECK constraint's violation names it), raised where rows are routed (by
-/// its source function, which PostgreSQL 15 and later also say by naming the table): not one
-/// a trigger raises, which names neither.
+/// constraint (a CHECK constraint's violation names it), raised where rows are routed (its
+/// source function, `ExecFindPartition` in every release since 11): not one a trigger
+/// raises, whatever table it names.
 fn no_partition(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION
             && db.constraint().is_none()
-            && (db.table().is_some() || db.routine() == Some("ExecFindPartition"))
+            && db.routine() == Some("ExecFindPartition")
     })
 }
 

@@ -102,8 +102,8 @@ fn standby_read(now: f64, received: i64, replayed: i64, replayed_at: Option<f64>
 #[test]
 fn a_standby_behind_on_replay_is_as_current_as_what_it_replayed() {
     let mut reads = VecDeque::new();
-    let mut at = |head: Head, before| current_to(&mut reads, &head, before);
-    // Caught up: its clock. Then stopped, at 100: the read before it stopped, however long.
+    let mut at = |head: Head, before| current_to(&mut reads, &head, before, false);
+    // Caught up: its clock. Then stopped, at 100: the read before it stopped (of the last 64).
     assert_eq!(at(standby_read(10.0, 100, 100, Some(1.0)), None), 10.0);
     assert_eq!(at(standby_read(11.0, 200, 100, Some(1.0)), None), 10.0);
     assert_eq!(at(standby_read(50.0, 300, 100, Some(1.0)), None), 10.0);
@@ -126,5 +126,12 @@ fn a_standby_behind_on_replay_is_as_current_as_what_it_replayed() {
     assert_eq!(at(primary, Some(1.0)), 56.0);
     let mut first = VecDeque::new();
     let read = standby_read(57.0, 900, 800, None);
-    assert_eq!(current_to(&mut first, &read, None), 57.0);
+    assert_eq!(current_to(&mut first, &read, None, false), 57.0);
+    // A full load replaces the table: how current it was counts only if nothing else is known.
+    let mut first = VecDeque::new();
+    let read = standby_read(58.0, 900, 800, Some(30.0));
+    assert_eq!(current_to(&mut first, &read, Some(40.0), true), 30.0);
+    let mut first = VecDeque::new();
+    let read = standby_read(59.0, 900, 800, None);
+    assert_eq!(current_to(&mut first, &read, Some(40.0), true), 40.0);
 }

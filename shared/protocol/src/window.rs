@@ -194,7 +194,8 @@ impl<S: Store> Window<S> {
     /// says otherwise (a corrupt file) is not to be adopted: its reads would run past a slot, or
     /// the collector would reject a datagram sent again for ever, stalling the window behind
     /// it. The clicks themselves are the collector's to judge: a build before or after this
-    /// one may have written them by other rules (a country it knows, say).
+    /// one, of the same datagram version, may have written them by other rules (a country it
+    /// knows, say). A version this build does not read is refused for what it is.
     pub fn check(store: &S, slot_size: usize, sender: u64) -> Result<(), &'static str> {
         let (bytes, meta, marks) = store.parts();
         let records = meta.len() as u64;
@@ -207,6 +208,9 @@ impl<S: Store> Window<S> {
             }
             let datagram = &bytes[(seq % slots) as usize * slot_size..][..len];
             match crate::wire::decode_header(datagram) {
+                Err(crate::wire::Reject::WrongVersion { .. }) => {
+                    return Err("its window holds a datagram of a version this build does not read")
+                }
                 Err(_) => return Err("its window holds a datagram that does not decode"),
                 Ok(h)
                     if h.sender != sender
