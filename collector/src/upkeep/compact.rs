@@ -456,4 +456,29 @@ mod tests {
             format!("DELETE FROM click_senders WHERE updated_at < now() - interval '{days} days'");
         assert!(super::PRUNE.contains(&prune), "{}", super::PRUNE);
     }
+
+    /// The change log goes a slice at a time while the round has time: past `until`, not a
+    /// slice; given time, slices until one finds less than a whole one (25,000 rows a day old:
+    /// 10,000, 10,000, then the last 5,000).
+    #[tokio::test]
+    async fn the_change_log_is_pruned_in_slices_only_while_the_round_has_time() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "INSERT INTO links (code, url)
+                     SELECT 'c' || n, 'https://x/' || n FROM generate_series(1, 25000) AS n;
+                 UPDATE link_changes SET changed_at = now() - interval '2 days';",
+            )
+            .await
+            .unwrap();
+        testkit::pgtest::await_link_changes_prunable(&client).await;
+        let count = "SELECT count(*) FROM link_changes";
+        let left = || async { client.query_one(count, &[]).await.unwrap().get::<_, i64>(0) };
+        super::prune(&client, super::Instant::now()).await.unwrap();
+        assert_eq!(left().await, 25_000, "a slice past the round's time");
+        let until = super::Instant::now() + std::time::Duration::from_secs(600);
+        super::prune(&client, until).await.unwrap();
+        assert_eq!(left().await, 0, "slices stopped before a short one");
+    }
 }
