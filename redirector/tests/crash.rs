@@ -65,16 +65,23 @@ async fn drops(r: &Redirector) -> Vec<String> {
 /// A redirector on a `--state-file` that served `n` clicks with no collector, then was
 /// killed; with the path of its state file.
 async fn killed_holding(n: u64) -> (Fixture, String) {
+    let (f, state, mut r) = holding(n).await;
+    r.kill().await;
+    (f, state)
+}
+
+/// A redirector on a `--state-file` that served `n` clicks with no collector; with the path
+/// of its state file.
+async fn holding(n: u64) -> (Fixture, String, Redirector) {
     let f = fixture(&[(CODE, "https://example.com/crash")]).await;
     let state = f.socket.with_file_name("redirector.state");
     let state = state.to_str().unwrap().to_owned();
     let flags = ["--state-file", &state];
-    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
     r.ready().await;
     assert_eq!(redirected(&r, n).await, n);
     assert_eq!(r.metric("redirector_clicks_queued_total").await, n as f64);
-    r.kill().await;
-    (f, state)
+    (f, state, r)
 }
 
 #[tokio::test]
@@ -130,13 +137,8 @@ async fn a_state_file_left_by_a_crash_before_a_reboot_is_counted_not_sent() {
 #[tokio::test]
 async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted() {
     const N: u64 = 500;
-    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
-    let state = f.socket.with_file_name("redirector.state");
-    let state = state.to_str().unwrap().to_owned();
+    let (f, state, mut r) = holding(N).await;
     let flags = ["--state-file", &state];
-    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
-    r.ready().await;
-    assert_eq!(redirected(&r, N).await, N);
     eventually("datagrams in the window", LIMIT, || async {
         (r.metric("redirector_unacked_clicks").await > 0.0).then_some(())
     })
