@@ -1,7 +1,7 @@
 //! The link table follows `links` through the change log: bursts of changes on a large table
 //! under load, a steady stream (read by polling, then listened for again), commits out of id
-//! order, a change too large for one read, TRUNCATE, a pruned log, and a session that stops
-//! answering.
+//! order, a change too large for one read, TRUNCATE, a pruned log, a session that stops
+//! answering, and `links` kept by logical replication.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -339,6 +339,56 @@ async fn a_change_of_more_links_than_one_read_takes_makes_a_full_load() {
         served(r.http, "kept").await.as_deref(),
         Some("https://example.com/kept")
     );
+}
+
+/// `links` kept by logical replication from another database's (an application's own, say):
+/// a subscription's apply worker fires row triggers only, and only those enabled for replica
+/// sessions. Each change made on the publisher is served, by notification (the interval is an
+/// hour), the rows its first copy brought included, and a TRUNCATE there loads in full.
+#[tokio::test]
+async fn links_kept_by_logical_replication_are_followed() {
+    let f = fixture(&[]).await;
+    let publisher = testkit::pgtest::test_db().await;
+    let origin = testkit::pgtest::connect(&publisher.url).await;
+    add_link(&origin, "copied", "https://example.com/copied").await;
+    execute(&origin, "CREATE PUBLICATION links_out FOR TABLE links").await;
+    // A slot made apart, in a transaction of its own: CREATE SUBSCRIPTION would wait for its
+    // own transaction to make one in the same cluster.
+    let slot = format!("links_of_{}", f.db.name);
+    let make_slot = format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')");
+    execute(&origin, &make_slot).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    let subscribe = format!(
+        "CREATE SUBSCRIPTION {slot} CONNECTION '{}' PUBLICATION links_out
+         WITH (create_slot = false, slot_name = '{slot}')",
+        publisher.url
+    );
+    execute(&f.client, &subscribe).await;
+    await_served(r.http, "copied", Some("https://example.com/copied"), LIMIT).await;
+    add_link(&origin, "new", "https://example.com/new").await;
+    await_served(r.http, "new", Some("https://example.com/new"), LIMIT).await;
+    execute(
+        &origin,
+        "UPDATE links SET url = 'https://example.com/v2' WHERE code = 'new';
+         UPDATE links SET code = 'renamed' WHERE code = 'copied';",
+    )
+    .await;
+    await_served(r.http, "renamed", Some("https://example.com/copied"), LIMIT).await;
+    assert_eq!(served(r.http, "copied").await, None, "renamed away");
+    await_served(r.http, "new", Some("https://example.com/v2"), LIMIT).await;
+    execute(&origin, "DELETE FROM links WHERE code = 'new'").await;
+    await_served(r.http, "new", None, LIMIT).await;
+    execute(
+        &origin,
+        "BEGIN; TRUNCATE links;
+         INSERT INTO links (code, url) VALUES ('after', 'https://example.com/after'); COMMIT;",
+    )
+    .await;
+    await_served(r.http, "after", Some("https://example.com/after"), LIMIT).await;
+    await_loads(&r, 2.0).await;
+    assert_eq!(served(r.http, "renamed").await, None, "truncated");
+    execute(&f.client, &format!("DROP SUBSCRIPTION {slot}")).await;
 }
 
 #[tokio::test]

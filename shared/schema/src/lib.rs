@@ -105,6 +105,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "prune_in_slices",
         include_str!("../migrations/0020_prune_in_slices.sql"),
     ),
+    (
+        21,
+        "replicated_links",
+        include_str!("../migrations/0021_replicated_links.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -54,23 +54,28 @@ async fn prunes_read(db: &pgtest::TestDb, sql: &str, calls: usize) -> (Vec<i64>,
     (pruned, fetched)
 }
 
+/// Four statements after `setup` (three links inserted, one's URL changed, one renamed, one
+/// deleted): what the log then holds.
+async fn four_changes_logged(client: &tokio_postgres::Client, setup: &str) -> Vec<String> {
+    let changes = "INSERT INTO links (code, url) SELECT 'c' || n, 'https://x/' || n FROM generate_series(1, 3) AS n;
+                   UPDATE links SET url = 'https://y/' WHERE code = 'c1';
+                   UPDATE links SET code = 'renamed' WHERE code = 'c2';
+                   DELETE FROM links WHERE code = 'c3';";
+    client
+        .batch_execute(&format!("{setup}{changes}"))
+        .await
+        .unwrap();
+    logged(client).await
+}
+
+/// What the log holds after `four_changes_logged`'s statements: each code each changed.
+const FOUR_CHANGES: [&str; 7] = ["c1", "c2", "c3", "c1", "c2", "renamed", "c3"];
+
 #[tokio::test]
 async fn every_changed_code_is_logged_once_per_statement_and_a_rename_logs_both() {
     let db = pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
-    client
-        .batch_execute(
-            "INSERT INTO links (code, url) SELECT 'c' || n, 'https://x/' || n FROM generate_series(1, 3) AS n;
-             UPDATE links SET url = 'https://y/' WHERE code = 'c1';
-             UPDATE links SET code = 'renamed' WHERE code = 'c2';
-             DELETE FROM links WHERE code = 'c3';",
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        logged(&client).await,
-        ["c1", "c2", "c3", "c1", "c2", "renamed", "c3"]
-    );
+    assert_eq!(four_changes_logged(&client, "").await, FOUR_CHANGES);
 }
 
 #[tokio::test]
@@ -124,6 +129,20 @@ async fn a_role_that_may_only_change_links_still_logs_its_changes() {
     assert_eq!(state(&client).await.2, 1);
 }
 
+/// Migration 21: a session as a replica (what a logical replication subscription's apply
+/// worker is, and the only sessions whose row triggers it fires) logs each changed row, renames
+/// under both codes, and its TRUNCATE bumps the epoch; an ordinary session logs once a
+/// statement, as before (the first test), not a row more.
+#[tokio::test]
+async fn a_replica_sessions_changes_are_logged_row_by_row_and_its_truncate_bumps_the_epoch() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let replica = "SET session_replication_role = replica;";
+    assert_eq!(four_changes_logged(&client, replica).await, FOUR_CHANGES);
+    client.batch_execute("TRUNCATE links").await.unwrap();
+    assert_eq!(state(&client).await.2, 1);
+}
+
 /// Migration 16: the log's trigger functions run as their owner, and PostgreSQL checks who may
 /// execute a trigger's function only when the trigger is made. Any role (the link reader here)
 /// could once attach them to a temporary table of its own and, as their owner, log made-up
@@ -136,7 +155,11 @@ async fn nobody_else_may_attach_the_logs_trigger_functions_to_a_table_of_its_own
     let role = format!("reader_{}", db.name);
     let grant = format!("CREATE ROLE {role}; GRANT clicks_link_reader TO {role}");
     client.batch_execute(&grant).await.unwrap();
-    for function in ["log_link_changes", "bump_links_epoch"] {
+    for function in [
+        "log_link_changes",
+        "bump_links_epoch",
+        "log_replicated_link_change",
+    ] {
         let attach = format!(
             "SET ROLE {role};
              CREATE TEMP TABLE mine (code text);

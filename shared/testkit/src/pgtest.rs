@@ -38,9 +38,9 @@ rm -rf "$DIR"
 "#;
 
 /// The server's options besides its socket directory; [`Cluster::start_server`] restarts with
-/// the same ones.
+/// the same ones. `wal_level=logical`: a test may subscribe one database to another's `links`.
 const SERVER_OPTIONS: &str = "-c listen_addresses= -c fsync=off -c synchronous_commit=off \
-     -c full_page_writes=off -c max_connections=300";
+     -c full_page_writes=off -c max_connections=300 -c wal_level=logical";
 
 /// How a cluster is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
