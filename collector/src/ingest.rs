@@ -60,6 +60,10 @@ shared::metrics! {
         resyncs: LabeledCounter<Resync> = "resyncs",
             "Resyncs from senders asked for seqs they no longer hold, by outcome.";
         clicks_received: Counter = "clicks_received", "Clicks accepted into a batch.";
+        clicks_rejected: Counter = "clicks_rejected",
+            "Clicks of datagrams rejected whole that were passed over: the header named their \
+             sender, the seq it was at and how many clicks it held (so it is not held there \
+             resending them for good); lost, counted here.";
         mirror_sent: Counter = "mirror_sent", "Datagrams forwarded to the mirror socket.";
         mirror_failed: Counter = "mirror_failed", "Datagrams the mirror socket did not take.";
     }

@@ -84,6 +84,14 @@ async fn holding(n: u64) -> (Fixture, String, Redirector) {
     (f, state, r)
 }
 
+/// Waits until `r`'s window holds datagrams.
+async fn await_window(r: &Redirector) {
+    eventually("datagrams in the window", LIMIT, || async {
+        (r.metric("redirector_unacked_clicks").await > 0.0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirector() {
     const N: u64 = 5_000;
@@ -139,10 +147,7 @@ async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted(
     const N: u64 = 500;
     let (f, state, mut r) = holding(N).await;
     let flags = ["--state-file", &state];
-    eventually("datagrams in the window", LIMIT, || async {
-        (r.metric("redirector_unacked_clicks").await > 0.0).then_some(())
-    })
-    .await;
+    await_window(&r).await;
     r.kill().await;
     let copy = format!("{state}.copy");
     std::fs::copy(&state, &copy).unwrap();
@@ -164,6 +169,44 @@ async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted(
     r.service
         .wait_for_log("went further than its region says", LIMIT)
         .await;
+}
+
+/// A state file whose window holds a datagram with a damaged click (a byte of its code; the
+/// header intact, so the start adopts it): the collector rejects it at every resend, and
+/// before, the sender resent it for good while its ring filled and dropped everything after.
+/// The collector passes it over, counting its clicks as rejected, and every other click is
+/// written, those served after the start included.
+#[tokio::test]
+async fn a_window_datagram_with_a_damaged_click_is_passed_over_not_resent_for_good() {
+    const N: u64 = 500;
+    let (f, state, mut r) = holding(N).await;
+    await_window(&r).await;
+    r.kill().await;
+    // In a datagram a code follows its length; in a ring cell, the country's bytes.
+    let mut bytes = std::fs::read(&state).unwrap();
+    let encoded: Vec<u8> = [&[CODE.len() as u8], CODE.as_bytes()].concat();
+    let at = bytes.windows(encoded.len()).position(|w| w == encoded);
+    bytes[at.expect("a datagram in the state file") + 2] = b' ';
+    std::fs::write(&state, bytes).unwrap();
+
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let cmd = redirector_command(&f.db.url, &f.socket, &["--state-file", &state]);
+    let r = start_redirector(cmd).await;
+    r.ready().await;
+    assert_eq!(redirected(&r, N).await, N);
+    let series = "collector_clicks_rejected_total";
+    let rejected = eventually("the damaged datagram passed over", LIMIT, || async {
+        let rejected = testkit::services::metric(collector_admin, series).await;
+        (rejected > 0.0).then_some(rejected as u64)
+    })
+    .await;
+    assert!(
+        rejected <= N,
+        "{rejected} rejected: only what the file held"
+    );
+    let written = 2 * N - rejected;
+    await_rows_settled(&f.client, Some(CODE), written, &[r.admin, collector_admin]).await;
+    assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
 }
 
 /// A redirector killed while the collector holds its datagrams unread, started again on its

@@ -71,6 +71,15 @@ impl std::fmt::Display for Why {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Rejected(Why),
+    /// Rejected whole, but its header names its sender, seq and count of clicks, and the seq
+    /// is the one its sender's next datagram must have: passed over (its seq accepted, with no
+    /// click), so that a sender that resends until acknowledged is not held there for good.
+    /// Its `clicks` are lost, counted as rejected.
+    PassedOver {
+        taken: Taken,
+        why: Why,
+        clicks: u64,
+    },
     /// Accepted before: skipped.
     Duplicate,
     /// Past the seq its sender's next datagram must have: not accepted, resent later.
@@ -87,15 +96,22 @@ pub enum Outcome {
     StaleResync,
     /// A resync that answers no resend request this collector made: ignored.
     UnaskedResync,
-    /// Its clicks are in the batch; `lost` datagrams of its sender were skipped before it;
-    /// `evicted` sender ids were forgotten (idle, or past the bounds) since the last one.
+    /// Its clicks are in the batch.
     Accepted {
-        sender: u64,
-        seq: u64,
+        taken: Taken,
         clicks: usize,
-        lost: u64,
-        evicted: usize,
     },
+}
+
+/// A datagram's seq accepted: whose and which, how many datagrams of its sender were skipped
+/// before it (`lost`), and how many sender ids were forgotten (idle, or past the bounds) since
+/// the last one (`evicted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub sender: u64,
+    pub seq: u64,
+    pub lost: u64,
+    pub evicted: usize,
 }
 
 pub struct Intake {
@@ -154,7 +170,7 @@ impl Intake {
         }
         let datagram = match protocol::wire::decode(bytes) {
             Ok(datagram) => datagram,
-            Err(reject) => return (Outcome::Rejected(Why::Wire(reject)), None),
+            Err(reject) => return self.pass_over(bytes, Why::Wire(reject), meta, batch, now),
         };
         let (sender, seq) = (datagram.sender, datagram.seq);
         let clicks = datagram.clicks.len() as u64;
@@ -169,21 +185,68 @@ impl Intake {
             Verdict::Ahead => Outcome::Ahead,
             Verdict::Accept { lost } => {
                 batch.push(&datagram, &self.window, now_us);
-                let clicks = self.senders.clicks_through(sender);
-                batch.note_sender(sender, noted(seq, clicks, meta));
-                let evicted = self.senders.forgotten();
-                let evicted_count = evicted.len();
-                batch.forget_senders(evicted);
                 Outcome::Accepted {
-                    sender,
-                    seq,
+                    taken: self.note_accepted((sender, seq, lost), meta, batch),
                     clicks: datagram.clicks.len(),
-                    lost,
-                    evicted: evicted_count,
                 }
             }
         };
         (outcome, reply)
+    }
+
+    /// A datagram `why` rejects whole, judged by its header if that decodes: passed over if
+    /// its seq is the one its sender's next datagram must have. Such a datagram comes from its
+    /// sender's own process (another's claim is refused), from a corrupt copy it holds or a
+    /// rule of this build's it did not know: resent, it would be rejected again for good.
+    fn pass_over(
+        &mut self,
+        bytes: &[u8],
+        why: Why,
+        meta: &Received,
+        batch: &mut Batch,
+        now: Instant,
+    ) -> (Outcome, Option<Reply>) {
+        let Ok(header) = protocol::wire::decode_header(bytes) else {
+            return (Outcome::Rejected(why), None);
+        };
+        // More clicks than bytes: the header is not to be believed either.
+        if header.clicks > bytes.len() as u64 {
+            return (Outcome::Rejected(why), None);
+        }
+        let (sender, seq, clicks) = (header.sender, header.seq, header.clicks);
+        let (verdict, reply) =
+            (self.senders).judge(sender, (seq, clicks), meta.from, meta.creds, now);
+        let Verdict::Accept { lost } = verdict else {
+            // Judged as any other: a resend request for a seq before it goes out.
+            return (Outcome::Rejected(why), reply);
+        };
+        let outcome = Outcome::PassedOver {
+            taken: self.note_accepted((sender, seq, lost), meta, batch),
+            why,
+            clicks,
+        };
+        (outcome, reply)
+    }
+
+    /// Notes in `batch` that `sender` was accepted up to `seq`, `lost` datagrams skipped
+    /// before it, and forgets the senders the bounds pushed out.
+    fn note_accepted(
+        &mut self,
+        (sender, seq, lost): (u64, u64, u64),
+        meta: &Received,
+        batch: &mut Batch,
+    ) -> Taken {
+        let clicks = self.senders.clicks_through(sender);
+        batch.note_sender(sender, noted(seq, clicks, meta));
+        let evicted = self.senders.forgotten();
+        let count = evicted.len();
+        batch.forget_senders(evicted);
+        Taken {
+            sender,
+            seq,
+            lost,
+            evicted: count,
+        }
     }
 
     /// Whether `sender`, claimed by a later process of its owner's user from another address
@@ -291,6 +354,78 @@ mod tests {
         enc.datagram().to_vec()
     }
 
+    /// A datagram of a sender that awaits acknowledgements, rejected for a click (a byte of a
+    /// code corrupted, as in a damaged copy of its state file) with its header intact: at the
+    /// seq awaited it is passed over and the next one accepted; before, the sender resent it
+    /// for good. Ahead of the seq awaited it is judged as any other (a resend request), and
+    /// from another process it is rejected (by its own reason, as before) and passes nothing.
+    #[test]
+    fn a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| UnixAddr::new(&dir.path().join(name)).unwrap();
+        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
+        let mut batch = Batch::default();
+        let now = Instant::now();
+        let mut take = |seq: u64, corrupt: bool, pid: i32, from: &str| {
+            let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
+            enc.resume_as(5, seq);
+            enc.push("abc", 1_000_000).unwrap();
+            enc.push("abd", 1_000_000).unwrap();
+            let mut bytes = enc.datagram().to_vec();
+            if corrupt {
+                let at = bytes.windows(3).position(|w| w == b"abd").unwrap();
+                bytes[at + 1] = b' ';
+            }
+            let m = Received {
+                from: Some(at(from)),
+                ..meta(pid, 1000, bytes.len())
+            };
+            intake.take(&bytes, &m, &mut batch, now, 0)
+        };
+        let taken = |seq| Taken {
+            sender: 5,
+            seq,
+            lost: 0,
+            evicted: 0,
+        };
+        let accepted = |seq| Outcome::Accepted {
+            taken: taken(seq),
+            clicks: 2,
+        };
+        let bad_code = |o: &Outcome| match o {
+            Outcome::Rejected(why) | Outcome::PassedOver { why, .. } => {
+                matches!(why, Why::Wire(Reject::BadCode { index: 1, .. }))
+            }
+            _ => false,
+        };
+        assert_eq!(take(0, false, 10, "a").0, accepted(0));
+        let (other, reply) = take(1, true, 11, "b");
+        assert!(
+            matches!(other, Outcome::Rejected(_)) && bad_code(&other),
+            "{other:?}"
+        );
+        assert!(reply.is_none());
+        let (ahead, reply) = take(2, true, 10, "a");
+        assert!(
+            matches!(ahead, Outcome::Rejected(_)) && bad_code(&ahead),
+            "{ahead:?}"
+        );
+        assert_eq!(reply.map(|r| r.ack.resend_from), Some(Some(1)));
+        let (passed, _) = take(1, true, 10, "a");
+        assert!(bad_code(&passed), "{passed:?}");
+        assert!(
+            matches!(passed, Outcome::PassedOver { taken: t, clicks: 2, .. } if t == taken(1)),
+            "{passed:?}"
+        );
+        assert_eq!(take(2, false, 10, "a").0, accepted(2));
+        assert_eq!(batch.received(), 4, "the clicks of seqs 0 and 2");
+        assert_eq!(
+            intake.senders().clicks_through(5),
+            6,
+            "as its sender counts"
+        );
+    }
+
     /// A later process of the same user claims an id from another address while nobody is
     /// bound at the first: it moves there only from the same directory (where binding takes
     /// what binding the first did), not while the first is bound, and not to an address
@@ -357,11 +492,13 @@ mod tests {
             intake.take(bytes, &m, batch, now, 0).0
         };
         let accepted = Outcome::Accepted {
-            sender: 5,
-            seq: 0,
+            taken: Taken {
+                sender: 5,
+                seq: 0,
+                lost: 0,
+                evicted: 0,
+            },
             clicks: 3,
-            lost: 0,
-            evicted: 0,
         };
         assert_eq!(
             take(&mut intake, &good, meta(10, 1000, good.len()), &mut batch),

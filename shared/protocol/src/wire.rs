@@ -354,19 +354,20 @@ pub fn decode(buf: &[u8]) -> Result<Datagram<'_>, Reject> {
 
 /// What every version of datagram begins with (see [`Encoder::datagram`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub(crate) struct DatagramHeader {
-    pub(crate) version: u8,
-    pub(crate) sender: u64,
-    pub(crate) seq: u64,
+pub struct DatagramHeader {
+    pub version: u8,
+    pub sender: u64,
+    pub seq: u64,
     base_us: i64,
     /// How many clicks follow.
-    pub(crate) clicks: u64,
+    pub clicks: u64,
 }
 
 /// The header of a datagram of a version this build reads, its clicks left unread: what a
 /// sender checks of a datagram it holds, without judging the clicks by this build's rules (a
-/// build before or after it may have written them, and the collector judges them).
-pub(crate) fn decode_header(buf: &[u8]) -> Result<DatagramHeader, Reject> {
+/// build before or after it may have written them, and the collector judges them); what the
+/// collector judges a datagram it rejects by.
+pub fn decode_header(buf: &[u8]) -> Result<DatagramHeader, Reject> {
     let (header, _clicks): (DatagramHeader, &[u8]) =
         postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
     if !VERSIONS.contains(&header.version) {

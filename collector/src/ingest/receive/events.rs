@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use shared::throttle::Throttle;
 
-use crate::ingest::intake::{Outcome, Why};
+use crate::ingest::intake::{Outcome, Taken, Why};
 use crate::ingest::senders::Reply;
 use crate::ingest::{Metrics, Resync};
 use crate::metrics::Shared;
@@ -21,6 +21,7 @@ pub(crate) struct Events {
     recv_log: Throttle,
     reply_log: Throttle,
     resync_log: Throttle,
+    passed_log: Throttle,
 }
 
 impl Events {
@@ -34,6 +35,7 @@ impl Events {
             recv_log: Throttle::default(),
             reply_log: Throttle::default(),
             resync_log: Throttle::default(),
+            passed_log: Throttle::default(),
         }
     }
 
@@ -97,6 +99,10 @@ impl Events {
         let m = &self.metrics;
         match outcome {
             Outcome::Rejected(why) => self.rejected(&why),
+            Outcome::PassedOver { taken, why, clicks } => {
+                self.seq_accepted(senders, taken);
+                self.passed_over(&why, taken, clicks);
+            }
             Outcome::Duplicate => {
                 m.datagrams_duplicate.inc();
             }
@@ -135,21 +141,37 @@ impl Events {
                     );
                 }
             }
-            Outcome::Accepted {
-                sender,
-                seq,
-                clicks,
-                lost,
-                evicted,
-            } => {
+            Outcome::Accepted { taken, clicks } => {
                 m.clicks_received.inc_by(clicks as u64);
                 self.shared.counts.pending_clicks.inc_by(clicks as i64);
-                m.senders_evicted.inc_by(evicted as u64);
-                m.senders.set(senders as i64);
-                if lost > 0 {
-                    self.lost(sender, seq, lost);
-                }
+                self.seq_accepted(senders, taken);
             }
+        }
+    }
+
+    /// A datagram's seq was `taken`; `senders` are known after it.
+    fn seq_accepted(&mut self, senders: usize, taken: Taken) {
+        self.metrics.senders_evicted.inc_by(taken.evicted as u64);
+        self.metrics.senders.set(senders as i64);
+        if taken.lost > 0 {
+            self.lost(taken.sender, taken.seq, taken.lost);
+        }
+    }
+
+    /// `sender`'s datagram at `seq`, rejected for `why`, was passed over: its `clicks` are lost.
+    fn passed_over(&mut self, why: &Why, Taken { sender, seq, .. }: Taken, clicks: u64) {
+        self.metrics.clicks_rejected.inc_by(clicks);
+        self.rejected(why);
+        if let Some(held) = self.passed_log.allow() {
+            tracing::error!(
+                sender = %format_args!("{sender:016x}"),
+                seq,
+                clicks,
+                held,
+                "sender {sender:016x}: seq {seq} is rejected ({why}); passed over so that its \
+                 sender goes on, its {clicks} clicks lost (clicks_rejected); {held} more not \
+                 logged"
+            );
         }
     }
 
