@@ -345,6 +345,12 @@ async fn try_prepare(
     let mut client = db::timed(upkeep.timeout, db.connect()).await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
+    for (found, set_back) in migrations::restore_link_trigger_modes(&client).await? {
+        match set_back {
+            true => tracing::warn!("{found}"),
+            false => tracing::error!("{found}"),
+        }
+    }
     let today = copy::pg_day(protocol::now_us());
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);

@@ -173,12 +173,7 @@ impl Intake {
             Err(reject) => return self.pass_over(bytes, Why::Wire(reject), meta, batch, now),
         };
         let (sender, seq) = (datagram.sender, datagram.seq);
-        let clicks = datagram.clicks.len() as u64;
-        let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
-        let (mut verdict, mut reply) = judge(&mut self.senders);
-        if verdict == Verdict::Refused(Refusal::SenderMismatch) && self.follow_move(sender, meta) {
-            (verdict, reply) = judge(&mut self.senders);
-        }
+        let (verdict, reply) = self.judge(sender, (seq, datagram.clicks.len() as u64), meta, now);
         let outcome = match verdict {
             Verdict::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
             Verdict::Duplicate => Outcome::Duplicate,
@@ -194,10 +189,31 @@ impl Intake {
         (outcome, reply)
     }
 
-    /// A datagram `why` rejects whole, judged by its header if that decodes: passed over if
-    /// its seq is the one its sender's next datagram must have. Such a datagram comes from its
-    /// sender's own process (another's claim is refused), from a corrupt copy it holds or a
-    /// rule of this build's it did not know: resent, it would be rejected again for good.
+    /// `sender`'s verdict on its datagram `seq` of `clicks` clicks, from `meta`'s sender; a
+    /// claim from another address that turns out to be the id's move there is judged again.
+    fn judge(
+        &mut self,
+        sender: u64,
+        (seq, clicks): (u64, u64),
+        meta: &Received,
+        now: Instant,
+    ) -> (Verdict, Option<Reply>) {
+        let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
+        let (verdict, reply) = judge(&mut self.senders);
+        if verdict == Verdict::Refused(Refusal::SenderMismatch) && self.follow_move(sender, meta) {
+            return judge(&mut self.senders);
+        }
+        (verdict, reply)
+    }
+
+    /// A datagram `why` rejects whole, from a sender that resends until acknowledged (it has
+    /// an address): judged by its header if that decodes, and passed over if its seq is the
+    /// one the sender's next datagram must have. Only the sender's own process gets that far
+    /// (another's claim is refused), with a damaged copy of a datagram it holds: resent, it
+    /// would be rejected again for good, and the sender held there. Not a datagram whose only
+    /// fault is a dimension this build does not know: a redirector's build newer than this
+    /// collector's may write one, and it is held until the collector is upgraded, as a
+    /// version this build does not read is (the header does not decode).
     fn pass_over(
         &mut self,
         bytes: &[u8],
@@ -206,16 +222,13 @@ impl Intake {
         batch: &mut Batch,
         now: Instant,
     ) -> (Outcome, Option<Reply>) {
-        let Ok(header) = protocol::wire::decode_header(bytes) else {
+        let skew = matches!(why, Why::Wire(Reject::BadDimension { .. }));
+        let header = protocol::wire::decode_header(bytes);
+        let (Some(_), false, Ok(header)) = (&meta.from, skew, header) else {
             return (Outcome::Rejected(why), None);
         };
-        // More clicks than bytes: the header is not to be believed either.
-        if header.clicks > bytes.len() as u64 {
-            return (Outcome::Rejected(why), None);
-        }
         let (sender, seq, clicks) = (header.sender, header.seq, header.clicks);
-        let (verdict, reply) =
-            (self.senders).judge(sender, (seq, clicks), meta.from, meta.creds, now);
+        let (verdict, reply) = self.judge(sender, (seq, clicks), meta, now);
         let Verdict::Accept { lost } = verdict else {
             // Judged as any other: a resend request for a seq before it goes out.
             return (Outcome::Rejected(why), reply);
@@ -355,29 +368,36 @@ mod tests {
     }
 
     /// A datagram of a sender that awaits acknowledgements, rejected for a click (a byte of a
-    /// code corrupted, as in a damaged copy of its state file) with its header intact: at the
+    /// code damaged, as in a damaged copy of its state file) with its header intact: at the
     /// seq awaited it is passed over and the next one accepted; before, the sender resent it
-    /// for good. Ahead of the seq awaited it is judged as any other (a resend request), and
-    /// from another process it is rejected (by its own reason, as before) and passes nothing.
+    /// for good. Ahead of the seq awaited it is judged as any other (a resend request); from
+    /// another process it is rejected (by its own reason, as before) and passes nothing; and
+    /// so is one whose only fault is a dimension (a newer build's, held until the collector is
+    /// upgraded), and one of a sender without an address, which resends nothing.
     #[test]
     fn a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over() {
         let dir = tempfile::tempdir().unwrap();
-        let at = |name: &str| UnixAddr::new(&dir.path().join(name)).unwrap();
         let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
         let mut batch = Batch::default();
         let now = Instant::now();
-        let mut take = |seq: u64, corrupt: bool, pid: i32, from: &str| {
-            let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
-            enc.resume_as(5, seq);
+        let mut take = |(sender, seq): (u64, u64), damage: Damage, pid: i32, from: Option<&str>| {
+            let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
+            enc.resume_as(sender, seq);
             enc.push("abc", 1_000_000).unwrap();
             enc.push("abd", 1_000_000).unwrap();
             let mut bytes = enc.datagram().to_vec();
-            if corrupt {
-                let at = bytes.windows(3).position(|w| w == b"abd").unwrap();
-                bytes[at + 1] = b' ';
+            let at = match damage {
+                Damage::None => None,
+                Damage::Code => bytes.windows(3).position(|w| w == b"abd").map(|at| at + 1),
+                // The last click's dimensions end it: its agent, then no referrer, device nor
+                // country.
+                Damage::Agent => Some(bytes.len() - 4),
+            };
+            if let Some(at) = at {
+                bytes[at] = 0x20;
             }
             let m = Received {
-                from: Some(at(from)),
+                from: from.map(|name| UnixAddr::new(&dir.path().join(name)).unwrap()),
                 ..meta(pid, 1000, bytes.len())
             };
             intake.take(&bytes, &m, &mut batch, now, 0)
@@ -392,38 +412,50 @@ mod tests {
             taken: taken(seq),
             clicks: 2,
         };
-        let bad_code = |o: &Outcome| match o {
-            Outcome::Rejected(why) | Outcome::PassedOver { why, .. } => {
-                matches!(why, Why::Wire(Reject::BadCode { index: 1, .. }))
-            }
+        let rejected_for = |o: &Outcome, damage: Damage| match o {
+            Outcome::Rejected(Why::Wire(reject)) => match damage {
+                Damage::Code => matches!(reject, Reject::BadCode { index: 1, .. }),
+                _ => matches!(reject, Reject::BadDimension { index: 1 }),
+            },
             _ => false,
         };
-        assert_eq!(take(0, false, 10, "a").0, accepted(0));
-        let (other, reply) = take(1, true, 11, "b");
-        assert!(
-            matches!(other, Outcome::Rejected(_)) && bad_code(&other),
-            "{other:?}"
-        );
+        let owner = (10, Some("a"));
+        assert_eq!(take((5, 0), Damage::None, owner.0, owner.1).0, accepted(0));
+        let (other, reply) = take((5, 1), Damage::Code, 11, Some("b"));
+        assert!(rejected_for(&other, Damage::Code), "{other:?}");
         assert!(reply.is_none());
-        let (ahead, reply) = take(2, true, 10, "a");
-        assert!(
-            matches!(ahead, Outcome::Rejected(_)) && bad_code(&ahead),
-            "{ahead:?}"
-        );
+        let (ahead, reply) = take((5, 2), Damage::Code, owner.0, owner.1);
+        assert!(rejected_for(&ahead, Damage::Code), "{ahead:?}");
         assert_eq!(reply.map(|r| r.ack.resend_from), Some(Some(1)));
-        let (passed, _) = take(1, true, 10, "a");
-        assert!(bad_code(&passed), "{passed:?}");
+        let (passed, _) = take((5, 1), Damage::Code, owner.0, owner.1);
         assert!(
-            matches!(passed, Outcome::PassedOver { taken: t, clicks: 2, .. } if t == taken(1)),
+            matches!(&passed, Outcome::PassedOver { taken: t, clicks: 2, why: Why::Wire(Reject::BadCode { .. }) } if *t == taken(1)),
             "{passed:?}"
         );
-        assert_eq!(take(2, false, 10, "a").0, accepted(2));
-        assert_eq!(batch.received(), 4, "the clicks of seqs 0 and 2");
+        assert_eq!(take((5, 2), Damage::None, owner.0, owner.1).0, accepted(2));
+        let (skew, reply) = take((5, 3), Damage::Agent, owner.0, owner.1);
+        assert!(rejected_for(&skew, Damage::Agent), "{skew:?}");
+        assert!(reply.is_none());
+        assert_eq!(take((5, 3), Damage::None, owner.0, owner.1).0, accepted(3));
+        let (unbound, reply) = take((6, 0), Damage::Code, 12, None);
+        assert!(rejected_for(&unbound, Damage::Code), "{unbound:?}");
+        assert!(reply.is_none());
+        assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
+        let senders = intake.senders();
+        assert_eq!(senders.clicks_through(5), 8, "as its sender counts");
         assert_eq!(
-            intake.senders().clicks_through(5),
-            6,
-            "as its sender counts"
+            senders.len(),
+            1,
+            "no record of the sender without an address"
         );
+    }
+
+    /// What `a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over` damages.
+    #[derive(Clone, Copy)]
+    enum Damage {
+        None,
+        Code,
+        Agent,
     }
 
     /// A later process of the same user claims an id from another address while nobody is

@@ -62,7 +62,8 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 pub const PER_PROCESS: usize = 4;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
 /// claiming more per skipped datagram is not believed.
-const MAX_CLICKS_PER_DATAGRAM: u64 = crate::wire::MAX_DATAGRAM as u64 / 3;
+const MAX_CLICKS_PER_DATAGRAM: u64 =
+    (crate::wire::MAX_DATAGRAM / crate::wire::MIN_CLICK_LEN) as u64;
 /// Resend requests remembered (for senders with an address), to check that a resync answers
 /// one: a flood of fresh ids pushes out arbitrary ones, whose senders are asked again.
 const MAX_ASKED: usize = 4_096;

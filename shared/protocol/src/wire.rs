@@ -28,6 +28,9 @@ use crate::RejectReason;
 pub const VERSION: u8 = 2;
 /// The click datagram versions this crate reads.
 pub const VERSIONS: std::ops::RangeInclusive<u8> = 1..=VERSION;
+/// The fewest bytes a click takes, in any version: a code's length and one byte of it, and its
+/// offset.
+pub const MIN_CLICK_LEN: usize = 3;
 /// Longest click code, in bytes.
 pub const MAX_CODE_LEN: usize = 64;
 /// No datagram is ever larger than this.
@@ -366,13 +369,21 @@ pub struct DatagramHeader {
 /// The header of a datagram of a version this build reads, its clicks left unread: what a
 /// sender checks of a datagram it holds, without judging the clicks by this build's rules (a
 /// build before or after it may have written them, and the collector judges them); what the
-/// collector judges a datagram it rejects by.
+/// collector judges a datagram it rejects by. Undecodable if it counts more clicks than the
+/// bytes after it could hold.
 pub fn decode_header(buf: &[u8]) -> Result<DatagramHeader, Reject> {
-    let (header, _clicks): (DatagramHeader, &[u8]) =
+    let (header, clicks): (DatagramHeader, &[u8]) =
         postcard::take_from_bytes(buf).map_err(|e| Reject::Undecodable(e.to_string()))?;
     if !VERSIONS.contains(&header.version) {
         let (got, want) = (header.version, VERSION);
         return Err(Reject::WrongVersion { got, want });
+    }
+    if header.clicks > (clicks.len() / MIN_CLICK_LEN) as u64 {
+        let counted = header.clicks;
+        return Err(Reject::Undecodable(format!(
+            "{counted} clicks counted in {} bytes",
+            clicks.len()
+        )));
     }
     Ok(header)
 }

@@ -164,3 +164,57 @@ pub async fn apply_up_to(
     tx.commit().await?;
     Ok(applied)
 }
+
+/// The triggers on `links` that must not fire in ordinary sessions only (migration 21), and
+/// the mode each fires in: `ENABLE REPLICA` (`R`) or `ENABLE ALWAYS` (`A`).
+const LINK_TRIGGER_MODES: [(&str, &str); 3] = [
+    ("links_log_replicated", "REPLICA"),
+    ("links_truncated", "ALWAYS"),
+    ("links_changed", "ALWAYS"),
+];
+
+/// Sets back the modes of migration 21's triggers on `links` that `ALTER TABLE links ENABLE
+/// TRIGGER ALL` (or `ENABLE TRIGGER` of one) reset to fire in ordinary sessions only, which
+/// leaves what a logical replication subscription applies unlogged. A disabled one is left
+/// as it is (disabled on purpose, for a bulk load say). Returns what it found, each a line
+/// for the log, and whether it set it back.
+pub async fn restore_link_trigger_modes(
+    client: &Client,
+) -> Result<Vec<(String, bool)>, tokio_postgres::Error> {
+    let names: Vec<&str> = LINK_TRIGGER_MODES.iter().map(|t| t.0).collect();
+    let rows = client
+        .query(
+            "SELECT tgname::text, tgenabled::text FROM pg_trigger
+             WHERE tgrelid = 'public.links'::regclass AND tgname = ANY($1)",
+            &[&names],
+        )
+        .await?;
+    let mut found = Vec::new();
+    for row in rows {
+        let (name, enabled): (String, String) = (row.get(0), row.get(1));
+        let Some(&(_, mode)) = LINK_TRIGGER_MODES.iter().find(|t| t.0 == name) else {
+            continue;
+        };
+        let set = format!("ALTER TABLE links ENABLE {mode} TRIGGER {name}");
+        match enabled.as_str() {
+            "O" => {
+                client.batch_execute(&set).await?;
+                let line = format!(
+                    "trigger {name} on links fired in ordinary sessions only (after ENABLE \
+                     TRIGGER ALL?): what a logical replication subscription applied went \
+                     unseen by the redirectors; set back by `{set}`"
+                );
+                found.push((line, true));
+            }
+            "D" => {
+                let line = format!(
+                    "trigger {name} on links is disabled: what it logs or announces goes \
+                     unseen by the redirectors until `{set}`"
+                );
+                found.push((line, false));
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
+}

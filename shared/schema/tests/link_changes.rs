@@ -143,6 +143,49 @@ async fn a_replica_sessions_changes_are_logged_row_by_row_and_its_truncate_bumps
     assert_eq!(state(&client).await.2, 1);
 }
 
+/// Migration 21's modes as `ALTER TABLE links ENABLE TRIGGER ALL` leaves them (a data-only
+/// pg_restore --disable-triggers ends with it): an ordinary session still logs once a
+/// statement, not twice, and a replica session's changes go unlogged, until the collector's
+/// start sets the modes back. A trigger disabled is named, and left so.
+#[tokio::test]
+async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_is_named() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let modes = "SELECT string_agg(tgname::text || ' ' || tgenabled::text, ', ' ORDER BY tgname)
+                 FROM pg_trigger WHERE tgrelid = 'links'::regclass AND tgname IN
+                     ('links_log_replicated', 'links_truncated', 'links_changed')";
+    let modes = || async { pgtest::strings(&client, modes).await.join("") };
+    client
+        .batch_execute("ALTER TABLE links ENABLE TRIGGER ALL")
+        .await
+        .unwrap();
+    assert_eq!(four_changes_logged(&client, "").await, FOUR_CHANGES);
+    client
+        .batch_execute(
+            "TRUNCATE links, link_changes;
+             ALTER TABLE links DISABLE TRIGGER links_changed",
+        )
+        .await
+        .unwrap();
+    let found = schema::restore_link_trigger_modes(&client).await.unwrap();
+    let set_back: Vec<bool> = found.iter().map(|f| f.1).collect();
+    assert_eq!(set_back.iter().filter(|&&b| b).count(), 2, "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|(line, back)| !back && line.contains("links_changed")),
+        "{found:?}"
+    );
+    assert_eq!(
+        modes().await,
+        "links_changed D, links_log_replicated R, links_truncated A"
+    );
+    let replica = "SET session_replication_role = replica;";
+    assert_eq!(four_changes_logged(&client, replica).await, FOUR_CHANGES);
+    let again = schema::restore_link_trigger_modes(&client).await.unwrap();
+    assert_eq!(again.len(), 1, "only the disabled one: {again:?}");
+}
+
 /// Migration 16: the log's trigger functions run as their owner, and PostgreSQL checks who may
 /// execute a trigger's function only when the trigger is made. Any role (the link reader here)
 /// could once attach them to a temporary table of its own and, as their owner, log made-up
@@ -179,13 +222,19 @@ async fn nobody_else_may_attach_the_logs_trigger_functions_to_a_table_of_its_own
             "RESET ROLE;
              CREATE TABLE other (code text);
              CREATE TRIGGER t AFTER TRUNCATE ON other
-             FOR EACH STATEMENT EXECUTE FUNCTION bump_links_epoch()",
+             FOR EACH STATEMENT EXECUTE FUNCTION bump_links_epoch();
+             CREATE TRIGGER r AFTER INSERT ON other
+             FOR EACH ROW EXECUTE FUNCTION log_replicated_link_change()",
         )
         .await
         .unwrap();
     let refused = client.batch_execute("TRUNCATE other").await.unwrap_err();
     let message = shared::db::describe(&refused);
     assert!(message.contains("truncations of links only"), "{message}");
+    let insert = "INSERT INTO other VALUES ('made-up')";
+    let refused = client.batch_execute(insert).await.unwrap_err();
+    let message = shared::db::describe(&refused);
+    assert!(message.contains("changes of links only"), "{message}");
     assert_eq!(state(&client).await.2, 0, "the epoch untouched");
 }
 

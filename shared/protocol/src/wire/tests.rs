@@ -534,3 +534,22 @@ proptest! {
         let _ = decode_resync(&bytes);
     }
 }
+
+/// A header is read without its clicks, but not believed when it counts more clicks than the
+/// bytes after it could hold (`MIN_CLICK_LEN` each): a collector judges a rejected datagram
+/// by it, and would otherwise count what a forger claims.
+#[test]
+fn a_header_counting_more_clicks_than_its_bytes_hold_is_undecodable() {
+    let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
+    enc.push("abc", 1_000_000).unwrap();
+    let header = decode_header(enc.datagram()).unwrap();
+    assert_eq!((header.sender, header.seq, header.clicks), (5, 0, 1));
+    let tail = [0u8; 2 * MIN_CLICK_LEN];
+    let counted = |clicks: u64| {
+        let mut bytes = postcard::to_allocvec(&(VERSION, 5u64, 0u64, 0i64, clicks)).unwrap();
+        bytes.extend(tail);
+        decode_header(&bytes).map(|h| h.clicks)
+    };
+    assert_eq!(counted(2), Ok(2));
+    assert!(matches!(counted(3), Err(Reject::Undecodable(_))));
+}
