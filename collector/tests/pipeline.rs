@@ -525,3 +525,30 @@ async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
     assert_eq!(c.metric(&bucket("2.5")).await, 3_000.0);
     assert!(c.metric("collector_commit_lag_seconds_sum").await >= 4_500.0);
 }
+
+/// `ALTER TABLE links ENABLE TRIGGER ALL` reset the modes of migration 21's triggers (what
+/// logs `links` kept by logical replication): the collector's start sets them back, and says
+/// so in its log.
+#[tokio::test]
+async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset() {
+    let p = place().await;
+    p.client
+        .batch_execute("ALTER TABLE links ENABLE TRIGGER ALL")
+        .await
+        .unwrap();
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    let set = "set back by `ALTER TABLE links ENABLE REPLICA TRIGGER links_log_replicated`";
+    c.service.wait_for_log(set, LIMIT).await;
+    let modes = pgtest::strings(
+        &p.client,
+        "SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = 'links'::regclass
+         AND tgname IN ('links_log_replicated', 'links_truncated', 'links_changed')
+         ORDER BY tgname",
+    )
+    .await;
+    assert_eq!(
+        modes,
+        ["A", "R", "A"],
+        "links_changed, _log_replicated, _truncated"
+    );
+}
