@@ -528,7 +528,8 @@ async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
 
 /// `ALTER TABLE links ENABLE TRIGGER ALL` reset the modes of migration 21's triggers (what
 /// logs `links` kept by logical replication): the collector's start sets them back, and says
-/// so in its log.
+/// so in its log. Not at any cost: while a writer's transaction holds links, a start waits a
+/// second for its lock, says it could not, and starts all the same.
 #[tokio::test]
 async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset() {
     let p = place().await;
@@ -536,6 +537,17 @@ async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset(
         .batch_execute("ALTER TABLE links ENABLE TRIGGER ALL")
         .await
         .unwrap();
+    let mut writer = pgtest::connect(&p.db.url).await;
+    let tx = writer.transaction().await.unwrap();
+    let lock = "LOCK TABLE links IN ROW EXCLUSIVE MODE";
+    tx.batch_execute(lock).await.unwrap();
+    let mut c = start_collector(&p.db, &p.path, &[]).await;
+    let failed = "setting back the modes of the triggers on links";
+    c.service.wait_for_log(failed, LIMIT).await;
+    tx.rollback().await.unwrap();
+    c.service.signal(Signal::SIGTERM);
+    assert!(c.service.wait_exit(LIMIT).await.success());
+
     let c = start_collector(&p.db, &p.path, &[]).await;
     let set = "set back by `ALTER TABLE links ENABLE REPLICA TRIGGER links_log_replicated`";
     c.service.wait_for_log(set, LIMIT).await;

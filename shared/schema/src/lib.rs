@@ -177,7 +177,7 @@ const LINK_TRIGGER_MODES: [(&str, &str); 3] = [
 /// TRIGGER ALL` (or `ENABLE TRIGGER` of one) reset to fire in ordinary sessions only, which
 /// leaves what a logical replication subscription applies unlogged. A disabled one is left
 /// as it is (disabled on purpose, for a bulk load say). Returns what it found, each a line
-/// for the log, and whether it set it back.
+/// for the log, and whether it set it back. Waits a second at most for its lock on `links`.
 pub async fn restore_link_trigger_modes(
     client: &Client,
 ) -> Result<Vec<(String, bool)>, tokio_postgres::Error> {
@@ -198,7 +198,9 @@ pub async fn restore_link_trigger_modes(
         let set = format!("ALTER TABLE links ENABLE {mode} TRIGGER {name}");
         match enabled.as_str() {
             "O" => {
-                client.batch_execute(&set).await?;
+                // A moment at most: it waits for every writer of links, and they behind it.
+                let bounded = format!("SET LOCAL lock_timeout = '1s'; {set}");
+                client.batch_execute(&bounded).await?;
                 let line = format!(
                     "trigger {name} on links fired in ordinary sessions only (after ENABLE \
                      TRIGGER ALL?): what a logical replication subscription applied went \
