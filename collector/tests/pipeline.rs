@@ -549,7 +549,7 @@ async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset(
     assert!(c.service.wait_exit(LIMIT).await.success());
 
     let c = start_collector(&p.db, &p.path, &[]).await;
-    let set = "set back by `ALTER TABLE links ENABLE REPLICA TRIGGER links_log_replicated`";
+    let set = "set back by `ALTER TABLE public.links ENABLE REPLICA TRIGGER links_log_replicated`";
     c.service.wait_for_log(set, LIMIT).await;
     let modes = pgtest::strings(
         &p.client,

@@ -173,9 +173,10 @@ const LINK_TRIGGER_MODES: [(&str, &str); 3] = [
     ("links_changed", "ALWAYS"),
 ];
 
-/// Sets back the modes of migration 21's triggers on `links` that `ALTER TABLE links ENABLE
-/// TRIGGER ALL` (or `ENABLE TRIGGER` of one) reset to fire in ordinary sessions only, which
-/// leaves what a logical replication subscription applies unlogged. A disabled one is left
+/// Sets back the modes of migration 21's triggers on `links` where they are not theirs:
+/// `ALTER TABLE links ENABLE TRIGGER ALL` (or `ENABLE TRIGGER` of one) resets them to fire
+/// in ordinary sessions only, which leaves what a logical replication subscription applies
+/// unlogged. A disabled one is left
 /// as it is (disabled on purpose, for a bulk load say). Returns what it found, each a line
 /// for the log, and whether it set it back. Waits a second at most for its lock on `links`.
 pub async fn restore_link_trigger_modes(
@@ -195,19 +196,9 @@ pub async fn restore_link_trigger_modes(
         let Some(&(_, mode)) = LINK_TRIGGER_MODES.iter().find(|t| t.0 == name) else {
             continue;
         };
-        let set = format!("ALTER TABLE links ENABLE {mode} TRIGGER {name}");
+        let set = format!("ALTER TABLE public.links ENABLE {mode} TRIGGER {name}");
         match enabled.as_str() {
-            "O" => {
-                // A moment at most: it waits for every writer of links, and they behind it.
-                let bounded = format!("SET LOCAL lock_timeout = '1s'; {set}");
-                client.batch_execute(&bounded).await?;
-                let line = format!(
-                    "trigger {name} on links fired in ordinary sessions only (after ENABLE \
-                     TRIGGER ALL?): what a logical replication subscription applied went \
-                     unseen by the redirectors; set back by `{set}`"
-                );
-                found.push((line, true));
-            }
+            // Disabled on purpose, maybe: said, and left.
             "D" => {
                 let line = format!(
                     "trigger {name} on links is disabled: what it logs or announces goes \
@@ -215,7 +206,18 @@ pub async fn restore_link_trigger_modes(
                 );
                 found.push((line, false));
             }
-            _ => {}
+            now if now == &mode[..1] => {}
+            _ => {
+                // A moment at most: it waits for every writer of links, and they behind it.
+                let bounded = format!("SET LOCAL lock_timeout = '1s'; {set}");
+                client.batch_execute(&bounded).await?;
+                let line = format!(
+                    "trigger {name} on links fired in the wrong sessions (mode {enabled}; \
+                     after ENABLE TRIGGER ALL?): what a logical replication subscription \
+                     applied went unseen by the redirectors; set back by `{set}`"
+                );
+                found.push((line, true));
+            }
         }
     }
     Ok(found)

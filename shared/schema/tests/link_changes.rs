@@ -146,7 +146,8 @@ async fn a_replica_sessions_changes_are_logged_row_by_row_and_its_truncate_bumps
 /// Migration 21's modes as `ALTER TABLE links ENABLE TRIGGER ALL` leaves them (a data-only
 /// pg_restore --disable-triggers ends with it): an ordinary session still logs once a
 /// statement, not twice, and a replica session's changes go unlogged, until the collector's
-/// start sets the modes back. A trigger disabled is named, and left so.
+/// start sets the modes back, and any other wrong one. A trigger disabled is named, and left
+/// so.
 #[tokio::test]
 async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_is_named() {
     let db = pgtest::test_db().await;
@@ -163,6 +164,7 @@ async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_i
     client
         .batch_execute(
             "TRUNCATE links, link_changes;
+             ALTER TABLE links ENABLE REPLICA TRIGGER links_truncated;
              ALTER TABLE links DISABLE TRIGGER links_changed",
         )
         .await

@@ -386,6 +386,8 @@ proptest! {
         };
         let bytes = batch.encode();
         prop_assert_eq!(decode(&bytes).unwrap(), batch);
+        let header = decode_header(&bytes).unwrap();
+        prop_assert_eq!((header.sender, header.seq, header.clicks), (sender, seq, clicks.len() as u64));
     }
 
     #[test]
