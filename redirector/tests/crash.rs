@@ -65,18 +65,18 @@ async fn drops(r: &Redirector) -> Vec<String> {
 /// A redirector on a `--state-file` that served `n` clicks with no collector, then was
 /// killed; with the path of its state file.
 async fn killed_holding(n: u64) -> (Fixture, String) {
-    let (f, state, mut r) = holding(n).await;
+    let (f, state, mut r) = holding(n, &[]).await;
     r.kill().await;
     (f, state)
 }
 
-/// A redirector on a `--state-file` that served `n` clicks with no collector; with the path
-/// of its state file.
-async fn holding(n: u64) -> (Fixture, String, Redirector) {
+/// A redirector on a `--state-file`, given `extra` flags too, that served `n` clicks with no
+/// collector; with the path of its state file.
+async fn holding(n: u64, extra: &[&str]) -> (Fixture, String, Redirector) {
     let f = fixture(&[(CODE, "https://example.com/crash")]).await;
     let state = f.socket.with_file_name("redirector.state");
     let state = state.to_str().unwrap().to_owned();
-    let flags = ["--state-file", &state];
+    let flags = [&["--state-file", state.as_str()], extra].concat();
     let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
     r.ready().await;
     assert_eq!(redirected(&r, n).await, n);
@@ -145,7 +145,7 @@ async fn a_state_file_left_by_a_crash_before_a_reboot_is_counted_not_sent() {
 #[tokio::test]
 async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted() {
     const N: u64 = 500;
-    let (f, state, mut r) = holding(N).await;
+    let (f, state, mut r) = holding(N, &[]).await;
     let flags = ["--state-file", &state];
     await_window(&r).await;
     r.kill().await;
@@ -179,7 +179,7 @@ async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted(
 #[tokio::test]
 async fn a_window_datagram_with_a_damaged_click_is_passed_over_not_resent_for_good() {
     const N: u64 = 500;
-    let (f, state, mut r) = holding(N).await;
+    let (f, state, mut r) = holding(N, &[]).await;
     await_window(&r).await;
     r.kill().await;
     // In a datagram a code follows its length; in a ring cell, the country's bytes.
@@ -207,6 +207,38 @@ async fn a_window_datagram_with_a_damaged_click_is_passed_over_not_resent_for_go
     let written = 2 * N - rejected;
     await_rows_settled(&f.client, Some(CODE), written, &[r.admin, collector_admin]).await;
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+}
+
+/// A start that adopts datagrams in its window while its collector is stopped (alive,
+/// reading nothing): the ring holds what is served and drops the rest as `ring_full`,
+/// counted; once the collector reads again, its acknowledgement confirms the adopted window
+/// (until then nothing new is sealed) and every click held is written: nothing stalls,
+/// nothing is lost uncounted.
+#[tokio::test]
+async fn an_adopted_window_its_collector_does_not_answer_holds_the_ring_then_goes_on() {
+    const N: u64 = 200;
+    const M: u64 = 1_000;
+    let (f, state, mut r) = holding(N, &["--ring-capacity", "256"]).await;
+    await_window(&r).await;
+    r.kill().await;
+    let (collector, collector_admin) = start_collector(&f).await;
+    collector.signal(Signal::SIGSTOP);
+    let cmd = redirector_command(&f.db.url, &f.socket, &["--state-file", &state]);
+    let r = start_redirector(cmd).await;
+    r.ready().await;
+    assert_eq!(redirected(&r, M).await, M);
+    let full = "redirector_clicks_dropped_total{reason=\"ring_full\"}";
+    let dropped = r.metric(full).await as u64;
+    assert!(dropped >= M - 256, "{dropped} dropped: the ring holds 256");
+    collector.signal(Signal::SIGCONT);
+    await_rows_settled(
+        &f.client,
+        Some(CODE),
+        N + M - dropped,
+        &[r.admin, collector_admin],
+    )
+    .await;
+    assert_eq!(drops(&r).await, [format!("{full} {dropped}")]);
 }
 
 /// A redirector killed while the collector holds its datagrams unread, started again on its
