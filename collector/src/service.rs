@@ -17,7 +17,7 @@ use crate::ingest::receive::{Receiver, Settings};
 use crate::ingest::senders::{self, Senders};
 use crate::ingest::socket::Inbox;
 use crate::metrics::{AdminView, Shared};
-use crate::upkeep::{compact, maintenance, partitions};
+use crate::upkeep::{compact, link_triggers, maintenance, partitions};
 use crate::write::batch::{self, DateWindow, Handoff};
 use crate::write::store::Conn;
 use crate::write::unfolded::{Meters, Unfolded};
@@ -345,7 +345,7 @@ async fn try_prepare(
     let mut client = db::timed(upkeep.timeout, db.connect()).await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
-    restore_link_trigger_modes(&client).await;
+    link_triggers::set_back(&client, link_triggers::Report::All).await;
     let today = copy::pg_day(protocol::now_us());
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);
@@ -354,27 +354,6 @@ async fn try_prepare(
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })
-}
-
-/// Sets back the modes of the triggers on `links` that log what logical replication applies
-/// (`schema::restore_link_trigger_modes`), and says what it found. A failure (the lock not
-/// had within its second, links owned by a role this one is not) is logged, not fatal: clicks
-/// need none of it.
-async fn restore_link_trigger_modes(client: &tokio_postgres::Client) {
-    match migrations::restore_link_trigger_modes(client).await {
-        Ok(found) => {
-            for (found, set_back) in found {
-                match set_back {
-                    true => tracing::warn!("{found}"),
-                    false => tracing::error!("{found}"),
-                }
-            }
-        }
-        Err(e) => {
-            let error = shared::db::describe(&e);
-            tracing::error!(%error, "setting back the modes of the triggers on links: {error}; tried again at the next start");
-        }
-    }
 }
 
 /// Whether `a` and `b` name the same file (both there).

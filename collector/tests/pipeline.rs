@@ -8,6 +8,7 @@ use nix::sys::signal::Signal;
 use protocol::wire::{Encoder, DEFAULT_DATAGRAM};
 use shared::socket::SendErrorKind;
 use testkit::collector::*;
+use testkit::eventually;
 use testkit::pgtest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,15 +529,14 @@ async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
 
 /// `ALTER TABLE links ENABLE TRIGGER ALL` reset the modes of migration 21's triggers (what
 /// logs `links` kept by logical replication): the collector's start sets them back, and says
-/// so in its log. Not at any cost: while a writer's transaction holds links, a start waits a
-/// second for its lock, says it could not, and starts all the same.
+/// so in its log, and so does each pruning of the change log while it runs. Not at any cost:
+/// while a writer's transaction holds links, a start waits a second for its lock, says it
+/// could not, and starts all the same.
 #[tokio::test]
-async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset() {
+async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     let p = place().await;
-    p.client
-        .batch_execute("ALTER TABLE links ENABLE TRIGGER ALL")
-        .await
-        .unwrap();
+    let reset = "ALTER TABLE links ENABLE TRIGGER ALL";
+    p.client.batch_execute(reset).await.unwrap();
     let mut writer = pgtest::connect(&p.db.url).await;
     let tx = writer.transaction().await.unwrap();
     let lock = "LOCK TABLE links IN ROW EXCLUSIVE MODE";
@@ -544,23 +544,26 @@ async fn a_start_sets_back_the_link_trigger_modes_that_enable_trigger_all_reset(
     let mut c = start_collector(&p.db, &p.path, &[]).await;
     let failed = "setting back the modes of the triggers on links";
     c.service.wait_for_log(failed, LIMIT).await;
-    tx.rollback().await.unwrap();
+    // Stopped first: its pruning would set the modes back once the writer is done.
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
+    tx.rollback().await.unwrap();
 
-    let c = start_collector(&p.db, &p.path, &[]).await;
+    let modes = || async {
+        let sql = "SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = 'links'::regclass
+                   AND tgname IN ('links_log_replicated', 'links_truncated', 'links_changed')
+                   ORDER BY tgname";
+        pgtest::strings(&p.client, sql).await
+    };
+    // links_changed, links_log_replicated, links_truncated.
+    let theirs = ["A", "R", "A"];
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
     let set = "set back by `ALTER TABLE public.links ENABLE REPLICA TRIGGER links_log_replicated`";
     c.service.wait_for_log(set, LIMIT).await;
-    let modes = pgtest::strings(
-        &p.client,
-        "SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = 'links'::regclass
-         AND tgname IN ('links_log_replicated', 'links_truncated', 'links_changed')
-         ORDER BY tgname",
-    )
+    assert_eq!(modes().await, theirs);
+    p.client.batch_execute(reset).await.unwrap();
+    eventually("the modes set back by a pruning", LIMIT, || async {
+        (modes().await == theirs).then_some(())
+    })
     .await;
-    assert_eq!(
-        modes,
-        ["A", "R", "A"],
-        "links_changed, _log_replicated, _truncated"
-    );
 }

@@ -15,6 +15,7 @@ use tokio_postgres::Client;
 use crate::db::{timed, Db, Failure};
 use crate::metrics::Shared;
 use crate::upkeep::compact::{self, Backlog};
+use crate::upkeep::link_triggers;
 use crate::upkeep::partitions::{self, Plan};
 use crate::upkeep::Metrics;
 use crate::write::unfolded::Unfolded;
@@ -142,6 +143,7 @@ async fn round(
     if folded || pruned.elapsed() >= policy.fold.interval {
         // The rest of a backlog waits for the next round.
         compact::prune(client, prune_until.into_std()).await?;
+        link_triggers::set_back(client, link_triggers::Report::SetBack).await;
         *pruned = Instant::now();
     }
     Ok(())

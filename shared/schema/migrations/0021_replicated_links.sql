@@ -6,7 +6,7 @@
 --
 -- `ALTER TABLE links ENABLE TRIGGER ALL` (which a data-only pg_restore --disable-triggers
 -- ends with) sets every trigger back to fire in ordinary sessions only: the collector sets
--- these three back at start (schema::restore_link_trigger_modes).
+-- these three back at start and with each pruning (schema::restore_link_trigger_modes).
 --
 -- A row trigger enabled for replica sessions alone logs those changes (and wakes the
 -- redirectors): it never fires in an ordinary session, whose changes the statement triggers
@@ -20,8 +20,8 @@ BEGIN
     IF TG_RELID <> 'public.links'::regclass THEN
         RAISE EXCEPTION 'log_replicated_link_change() logs changes of links only, not of %', TG_RELID::regclass;
     END IF;
-    -- Fired in an ordinary session only once `ENABLE TRIGGER ALL` reset its mode (until the
-    -- collector's next start sets it back): the statement triggers log that session's changes.
+    -- Fired in an ordinary session only once `ENABLE TRIGGER ALL` reset its mode (until a
+    -- collector sets it back): the statement triggers log that session's changes.
     IF current_setting('session_replication_role') <> 'replica' THEN
         RETURN NULL;
     END IF;
