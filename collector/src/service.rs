@@ -345,7 +345,12 @@ async fn try_prepare(
     let mut client = db::timed(upkeep.timeout, db.connect()).await?;
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
-    link_triggers::set_back(&client, link_triggers::Report::All).await;
+    link_triggers::set_back(
+        &client,
+        link_triggers::Report::All,
+        link_triggers::LOCK_WAIT,
+    )
+    .await;
     let today = copy::pg_day(protocol::now_us());
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);

@@ -1,7 +1,7 @@
 //! The periodic tasks, each on a connection of its own (`maintenance`): the fold of the
-//! per-batch counts (`compact`, from the sums the writer keeps in `write::unfolded`), the
-//! pruning of the change log of `links` and the modes of its triggers (`link_triggers`), and
-//! the daily partitions of `clicks` (`partitions`).
+//! per-batch counts and the pruning after it (`compact`, from the sums the writer keeps in
+//! `write::unfolded`), the modes of the triggers on `links` (`link_triggers`), and the daily
+//! partitions of `clicks` (`partitions`).
 
 pub mod compact;
 pub(crate) mod link_triggers;

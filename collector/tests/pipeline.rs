@@ -544,26 +544,26 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     let mut c = start_collector(&p.db, &p.path, &[]).await;
     let failed = "setting back the modes of the triggers on links";
     c.service.wait_for_log(failed, LIMIT).await;
-    // Stopped first: its pruning would set the modes back once the writer is done.
+    // Stopped first, and its last wait for the lock over: its pruning would set the modes
+    // back once the writer is done.
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
+    let waiting =
+        "SELECT count(*) FROM pg_locks WHERE relation = 'links'::regclass AND NOT granted";
+    eventually("no wait for links' lock", LIMIT, || async {
+        (count(&p.client, waiting).await == 0).then_some(())
+    })
+    .await;
     tx.rollback().await.unwrap();
 
-    let modes = || async {
-        let sql = "SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = 'links'::regclass
-                   AND tgname IN ('links_log_replicated', 'links_truncated', 'links_changed')
-                   ORDER BY tgname";
-        pgtest::strings(&p.client, sql).await
-    };
-    // links_changed, links_log_replicated, links_truncated.
-    let theirs = ["A", "R", "A"];
     let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
-    let set = "set back by `ALTER TABLE public.links ENABLE REPLICA TRIGGER links_log_replicated`";
+    let set = "set back by `ALTER TABLE public.links ENABLE REPLICA TRIGGER links_log_replicated";
     c.service.wait_for_log(set, LIMIT).await;
-    assert_eq!(modes().await, theirs);
+    let theirs = pgtest::LINK_TRIGGER_MODES;
+    assert_eq!(pgtest::link_trigger_modes(&p.client).await, theirs);
     p.client.batch_execute(reset).await.unwrap();
     eventually("the modes set back by a pruning", LIMIT, || async {
-        (modes().await == theirs).then_some(())
+        (pgtest::link_trigger_modes(&p.client).await == theirs).then_some(())
     })
     .await;
 }

@@ -223,6 +223,7 @@ async fn an_adopted_window_its_collector_does_not_answer_holds_the_ring_then_goe
     r.kill().await;
     let (collector, collector_admin) = start_collector(&f).await;
     collector.signal(Signal::SIGSTOP);
+    // Without --ring-capacity: a state file is adopted with the layout it was made with.
     let cmd = redirector_command(&f.db.url, &f.socket, &["--state-file", &state]);
     let r = start_redirector(cmd).await;
     r.ready().await;

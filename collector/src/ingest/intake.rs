@@ -210,10 +210,10 @@ impl Intake {
     /// an address): judged by its header if that decodes, and passed over if its seq is the
     /// one the sender's next datagram must have. Only the sender's own process gets that far
     /// (another's claim is refused), with a damaged copy of a datagram it holds: resent, it
-    /// would be rejected again for good, and the sender held there. Not a datagram whose only
-    /// fault is a dimension this build does not know: a redirector's build newer than this
-    /// collector's may write one, and it is held until the collector is upgraded, as a
-    /// version this build does not read is (the header does not decode).
+    /// would be rejected again for good, and the sender held there. Not a datagram whose
+    /// decoding first meets a dimension value this build does not know: a redirector's build
+    /// newer than this collector's may write one, and it is held until the collector is
+    /// upgraded, as a version this build does not read is (the header does not decode).
     fn pass_over(
         &mut self,
         bytes: &[u8],
@@ -372,7 +372,7 @@ mod tests {
     /// seq awaited it is passed over and the next one accepted; before, the sender resent it
     /// for good. Ahead of the seq awaited it is judged as any other (a resend request); from
     /// another process it is rejected (by its own reason, as before) and passes nothing; and
-    /// so is one whose only fault is a dimension (a newer build's, held until the collector is
+    /// so is one rejected for a dimension value (a newer build's, held until the collector is
     /// upgraded), and one of a sender without an address, which resends nothing.
     #[test]
     fn a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over() {

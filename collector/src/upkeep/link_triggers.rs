@@ -1,44 +1,69 @@
 //! The modes of the triggers on `links` that log what a logical replication subscription
 //! applies (migration 21), set back where they are not theirs: `ALTER TABLE links ENABLE
 //! TRIGGER ALL` (a data-only `pg_restore --disable-triggers` ends with it) resets them, and
-//! what the subscription applies then goes unseen by the redirectors. At start, and with each
-//! pruning of the change log.
+//! what the subscription applies then goes unseen by the redirectors. At start, and after
+//! each pruning of the change log (`maintenance`).
+
+use std::time::Duration;
 
 use tokio_postgres::Client;
 
-/// What a look at the modes logs.
+/// The longest a look waits for its lock on `links`, behind a writer's transaction (every
+/// writer of links then waits behind it).
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// What a look logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Report {
-    /// Everything: a mode set back, a trigger disabled, a failure (at start).
+    /// Everything: modes set back, triggers disabled or missing, a failure (at start).
     All,
-    /// A mode set back only (each pruning: a trigger disabled on purpose, or a failure that
-    /// lasts, is not said again every minute).
+    /// Modes set back only (after each pruning: a trigger disabled on purpose, or a failure
+    /// that lasts, is not said again every interval).
     SetBack,
 }
 
-/// Sets the modes back (`schema::restore_link_trigger_modes`) and logs what `report` asks
-/// for. A failure (the lock on `links` not had within its second, `links` owned by a role this
-/// one is not) is not the caller's: clicks need none of it, and the next look tries again.
-pub(crate) async fn set_back(client: &Client, report: Report) {
-    match schema::restore_link_trigger_modes(client).await {
-        Ok(found) => {
-            for (found, set_back) in found {
-                match (set_back, report) {
-                    (true, _) => tracing::warn!("{found}"),
-                    (false, Report::All) => tracing::error!("{found}"),
-                    (false, Report::SetBack) => tracing::debug!("{found}"),
-                }
-            }
-        }
+/// Sets the modes back (`schema::restore_link_trigger_modes`), waiting at most `lock_wait`
+/// for the lock, and logs what `report` asks for. A failure (the lock not had in time, links
+/// owned by a role this one is not) is not the caller's: clicks need none of it, and the
+/// next pruning tries again.
+pub(crate) async fn set_back(client: &Client, report: Report, lock_wait: Duration) {
+    let modes = match schema::restore_link_trigger_modes(client, lock_wait).await {
+        Ok(modes) => modes,
         Err(e) => {
             let error = shared::db::describe(&e);
             let what = "setting back the modes of the triggers on links";
             match report {
                 Report::All => {
-                    tracing::error!(%error, "{what}: {error}; tried again with the next pruning")
+                    tracing::error!(%error, "{what}: {error}; tried again after the next pruning")
                 }
                 Report::SetBack => tracing::debug!(%error, "{what}: {error}"),
             }
+            return;
+        }
+    };
+    if let Some(statement) = &modes.set_back {
+        let wrong: Vec<String> = (modes.wrong.iter())
+            .map(|(name, letter)| format!("{name} in mode {letter}"))
+            .collect();
+        tracing::warn!(
+            "triggers on links fired in the wrong sessions ({}; ENABLE TRIGGER ALL leaves mode \
+             O): what a logical replication subscription applied went unseen by the \
+             redirectors; set back by `{statement}`",
+            wrong.join(", ")
+        );
+    }
+    if report == Report::All {
+        for name in &modes.disabled {
+            tracing::error!(
+                "trigger {name} on links is disabled: what it logs or announces goes unseen by \
+                 the redirectors until it is enabled (docs/schema.md)"
+            );
+        }
+        for name in &modes.missing {
+            tracing::error!(
+                "trigger {name} is missing from links (migration 21 made it): what it logs or \
+                 announces goes unseen by the redirectors"
+            );
         }
     }
 }

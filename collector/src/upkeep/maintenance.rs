@@ -30,6 +30,9 @@ const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The task's own deadline for a round is this much longer, so that the server has stopped the
 /// statement first; past it, a session that stopped answering is dropped.
 const PARTITIONS_GRACE: Duration = Duration::from_secs(60);
+/// Less time than this left in a round after its pruning, and the modes of the triggers on
+/// `links` wait for the next.
+const MIN_LOCK_WAIT: Duration = Duration::from_millis(10);
 /// Held (for the session, until the round is done or its connection goes) by the collector
 /// seeing to the partitions, so that one collector of the database does at a time: two would
 /// queue their VACUUM, ANALYZE and index builds of the same day behind each other's locks (a
@@ -112,7 +115,8 @@ pub(crate) async fn run(
 }
 
 /// One look on `conn` (opened first if needed), which has `policy.timeout` from its start: the
-/// gauges, then a fold if due, pruning if due (`pruned`: when last). The gauges first: a fold
+/// gauges, then a fold if due, pruning if due (`pruned`: when last) and after it the modes of
+/// the triggers on `links` (`link_triggers`), if the round has time left for them. The gauges first: a fold
 /// that fails or runs out of time at every look is what they and their alerts
 /// (CompactionBehind) are for, and after it they were never set. A fold's effect shows at the
 /// next look.
@@ -125,7 +129,8 @@ async fn round(
     pruned: &mut Instant,
 ) -> Result<(), tokio_postgres::Error> {
     // A quarter of the round's time left for the last slice of pruning and the rest.
-    let prune_until = Instant::now() + policy.timeout - policy.timeout / 4;
+    let deadline = Instant::now() + policy.timeout;
+    let prune_until = deadline - policy.timeout / 4;
     let client = match conn {
         Some(client) => client,
         slot => {
@@ -143,7 +148,12 @@ async fn round(
     if folded || pruned.elapsed() >= policy.fold.interval {
         // The rest of a backlog waits for the next round.
         compact::prune(client, prune_until.into_std()).await?;
-        link_triggers::set_back(client, link_triggers::Report::SetBack).await;
+        // Half of what the round has left, at most: waiting for its lock may not undo it.
+        let wait = deadline.saturating_duration_since(Instant::now()) / 2;
+        if wait >= MIN_LOCK_WAIT {
+            let wait = wait.min(link_triggers::LOCK_WAIT);
+            link_triggers::set_back(client, link_triggers::Report::SetBack, wait).await;
+        }
         *pruned = Instant::now();
     }
     Ok(())

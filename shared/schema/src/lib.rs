@@ -165,24 +165,56 @@ pub async fn apply_up_to(
     Ok(applied)
 }
 
-/// The triggers on `links` that must not fire in ordinary sessions only (migration 21), and
-/// the mode each fires in: `ENABLE REPLICA` (`R`) or `ENABLE ALWAYS` (`A`).
-const LINK_TRIGGER_MODES: [(&str, &str); 3] = [
-    ("links_log_replicated", "REPLICA"),
-    ("links_truncated", "ALWAYS"),
-    ("links_changed", "ALWAYS"),
+/// A trigger on `links` of migration 21 that must not fire in ordinary sessions only: its
+/// name, the `tgenabled` letter of its mode and the words `ALTER TABLE` sets it with.
+struct LinkTrigger {
+    name: &'static str,
+    letter: &'static str,
+    mode: &'static str,
+}
+
+const LINK_TRIGGERS: [LinkTrigger; 3] = [
+    LinkTrigger {
+        name: "links_log_replicated",
+        letter: "R",
+        mode: "ENABLE REPLICA",
+    },
+    LinkTrigger {
+        name: "links_truncated",
+        letter: "A",
+        mode: "ENABLE ALWAYS",
+    },
+    LinkTrigger {
+        name: "links_changed",
+        letter: "A",
+        mode: "ENABLE ALWAYS",
+    },
 ];
 
+/// What [`restore_link_trigger_modes`] found, by trigger name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LinkTriggerModes {
+    /// In another mode than theirs, with the `tgenabled` letter found (`O` after `ALTER TABLE
+    /// links ENABLE TRIGGER ALL`).
+    pub wrong: Vec<(&'static str, String)>,
+    /// The one statement that set those back, if any.
+    pub set_back: Option<String>,
+    /// Disabled (`D`), on purpose maybe (a bulk load): left so.
+    pub disabled: Vec<&'static str>,
+    /// Not on `links` at all.
+    pub missing: Vec<&'static str>,
+}
+
 /// Sets back the modes of migration 21's triggers on `links` where they are not theirs:
-/// `ALTER TABLE links ENABLE TRIGGER ALL` (or `ENABLE TRIGGER` of one) resets them to fire
-/// in ordinary sessions only, which leaves what a logical replication subscription applies
-/// unlogged. A disabled one is left
-/// as it is (disabled on purpose, for a bulk load say). Returns what it found, each a line
-/// for the log, and whether it set it back. Waits a second at most for its lock on `links`.
+/// `ALTER TABLE links ENABLE TRIGGER ALL` (or `ENABLE TRIGGER` of one) resets them to fire in
+/// ordinary sessions only, which leaves what a logical replication subscription applies
+/// unlogged. In one statement, which waits at most `lock_wait` for its lock on `links` (it
+/// waits for every writer of links, and they behind it).
 pub async fn restore_link_trigger_modes(
     client: &Client,
-) -> Result<Vec<(String, bool)>, tokio_postgres::Error> {
-    let names: Vec<&str> = LINK_TRIGGER_MODES.iter().map(|t| t.0).collect();
+    lock_wait: std::time::Duration,
+) -> Result<LinkTriggerModes, tokio_postgres::Error> {
+    let names: Vec<&str> = LINK_TRIGGERS.iter().map(|t| t.name).collect();
     let rows = client
         .query(
             "SELECT tgname::text, tgenabled::text FROM pg_trigger
@@ -190,35 +222,29 @@ pub async fn restore_link_trigger_modes(
             &[&names],
         )
         .await?;
-    let mut found = Vec::new();
-    for row in rows {
-        let (name, enabled): (String, String) = (row.get(0), row.get(1));
-        let Some(&(_, mode)) = LINK_TRIGGER_MODES.iter().find(|t| t.0 == name) else {
-            continue;
-        };
-        let set = format!("ALTER TABLE public.links ENABLE {mode} TRIGGER {name}");
-        match enabled.as_str() {
-            // Disabled on purpose, maybe: said, and left.
-            "D" => {
-                let line = format!(
-                    "trigger {name} on links is disabled: what it logs or announces goes \
-                     unseen by the redirectors until `{set}`"
-                );
-                found.push((line, false));
-            }
-            now if now == &mode[..1] => {}
-            _ => {
-                // A moment at most: it waits for every writer of links, and they behind it.
-                let bounded = format!("SET LOCAL lock_timeout = '1s'; {set}");
-                client.batch_execute(&bounded).await?;
-                let line = format!(
-                    "trigger {name} on links fired in the wrong sessions (mode {enabled}; \
-                     after ENABLE TRIGGER ALL?): what a logical replication subscription \
-                     applied went unseen by the redirectors; set back by `{set}`"
-                );
-                found.push((line, true));
+    let mut found = LinkTriggerModes::default();
+    let mut clauses = Vec::new();
+    for t in &LINK_TRIGGERS {
+        let letter = rows
+            .iter()
+            .find(|r| r.get::<_, &str>(0) == t.name)
+            .map(|r| r.get::<_, String>(1));
+        match letter.as_deref() {
+            None => found.missing.push(t.name),
+            Some("D") => found.disabled.push(t.name),
+            Some(letter) if letter == t.letter => {}
+            Some(letter) => {
+                found.wrong.push((t.name, letter.to_owned()));
+                clauses.push(format!("{} TRIGGER {}", t.mode, t.name));
             }
         }
+    }
+    if !clauses.is_empty() {
+        let alter = format!("ALTER TABLE public.links {}", clauses.join(", "));
+        let wait = lock_wait.as_millis().max(1);
+        let bounded = format!("SET LOCAL lock_timeout = '{wait}ms'; {alter}");
+        client.batch_execute(&bounded).await?;
+        found.set_back = Some(alter);
     }
     Ok(found)
 }

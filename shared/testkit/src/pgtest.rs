@@ -276,6 +276,22 @@ impl Cluster {
     }
 }
 
+/// The modes of migration 21's triggers on `links`, as "name letter" (`tgenabled`) by name.
+pub async fn link_trigger_modes(client: &tokio_postgres::Client) -> Vec<String> {
+    let sql = "SELECT tgname::text || ' ' || tgenabled::text FROM pg_trigger
+               WHERE tgrelid = 'links'::regclass
+                 AND tgname IN ('links_log_replicated', 'links_truncated', 'links_changed')
+               ORDER BY tgname";
+    strings(client, sql).await
+}
+
+/// What [`link_trigger_modes`] reads once migration 21's modes are in place.
+pub const LINK_TRIGGER_MODES: [&str; 3] = [
+    "links_changed A",
+    "links_log_replicated R",
+    "links_truncated A",
+];
+
 /// The first column of every row `sql` returns, as text.
 pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     let rows = client.query(sql, &[]).await;

@@ -161,7 +161,8 @@ impl Events {
     /// `sender`'s datagram at `seq`, rejected for `why`, was passed over: its `clicks` are lost.
     fn passed_over(&mut self, why: &Why, Taken { sender, seq, .. }: Taken, clicks: u64) {
         self.metrics.clicks_rejected.inc_by(clicks);
-        self.rejected(why);
+        // Counted as rejected, and logged once, here.
+        self.metrics.datagrams_rejected.inc(why.reason());
         if let Some(held) = self.passed_log.allow() {
             tracing::error!(
                 sender = %format_args!("{sender:016x}"),
