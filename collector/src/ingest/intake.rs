@@ -7,7 +7,8 @@
 use protocol::wire::Reject;
 use protocol::RejectReason;
 use shared::socket::Received;
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::write::batch::{Batch, DateWindow, Noted};
 use protocol::senders::{Refusal, Resynced, Verdict};
@@ -121,7 +122,20 @@ pub struct Intake {
     allowed_uids: Option<Vec<u32>>,
     /// The receive buffer's size: a datagram that filled it is cut.
     buffer: usize,
+    /// Per sender, the seq of a datagram held for a dimension value (`pass_over`) and when it
+    /// was first seen.
+    held: HashMap<u64, (u64, Instant)>,
 }
+
+/// How long a datagram rejected for a dimension value is held (rejected, its sender resending
+/// it) before it is passed over: a redirector's build newer than the collector's may write a
+/// value the collector's does not know, and has this long for the collector's upgrade before
+/// its datagrams holding one are lost (counted). Past it, holding them loses more: everything
+/// its sender serves meanwhile fills its ring and drops. A damaged dimension byte holds its
+/// sender as long.
+pub const HOLD_UNKNOWN_DIMENSION: Duration = Duration::from_secs(60);
+/// The most senders `Intake::held` keeps (emptied past it: each only holds a while longer).
+const MAX_HELD: usize = 4_096;
 
 impl Intake {
     pub fn new(
@@ -135,6 +149,7 @@ impl Intake {
             window,
             allowed_uids,
             buffer,
+            held: HashMap::new(),
         }
     }
 
@@ -210,10 +225,10 @@ impl Intake {
     /// an address): judged by its header if that decodes, and passed over if its seq is the
     /// one the sender's next datagram must have. Only the sender's own process gets that far
     /// (another's claim is refused), with a damaged copy of a datagram it holds: resent, it
-    /// would be rejected again for good, and the sender held there. Not a datagram whose
-    /// decoding first meets a dimension value this build does not know: a redirector's build
-    /// newer than this collector's may write one, and it is held until the collector is
-    /// upgraded, as a version this build does not read is (the header does not decode).
+    /// would be rejected again for good, and the sender held there. A datagram whose decoding
+    /// first meets a dimension value this build does not know only once it has been held
+    /// `HOLD_UNKNOWN_DIMENSION` (a newer build's, whose collector is being upgraded); a version
+    /// this build does not read never (its header does not decode).
     fn pass_over(
         &mut self,
         bytes: &[u8],
@@ -222,12 +237,15 @@ impl Intake {
         batch: &mut Batch,
         now: Instant,
     ) -> (Outcome, Option<Reply>) {
-        let skew = matches!(why, Why::Wire(Reject::BadDimension { .. }));
         let header = protocol::wire::decode_header(bytes);
-        let (Some(_), false, Ok(header)) = (&meta.from, skew, header) else {
+        let (Some(_), Ok(header)) = (&meta.from, header) else {
             return (Outcome::Rejected(why), None);
         };
         let (sender, seq, clicks) = (header.sender, header.seq, header.clicks);
+        let skew = matches!(why, Why::Wire(Reject::BadDimension { .. }));
+        if skew && !self.held_long_enough(sender, seq, now) {
+            return (Outcome::Rejected(why), None);
+        }
         let (verdict, reply) = self.judge(sender, (seq, clicks), meta, now);
         let Verdict::Accept { lost } = verdict else {
             // Judged as any other: a resend request for a seq before it goes out.
@@ -241,6 +259,19 @@ impl Intake {
         (outcome, reply)
     }
 
+    /// Whether `sender`'s datagram `seq`, rejected for a dimension value, has been held since
+    /// `HOLD_UNKNOWN_DIMENSION` before `now` (first seen now, if not before).
+    fn held_long_enough(&mut self, sender: u64, seq: u64, now: Instant) -> bool {
+        if self.held.len() >= MAX_HELD && !self.held.contains_key(&sender) {
+            self.held.clear();
+        }
+        let since = self.held.entry(sender).or_insert((seq, now));
+        if since.0 != seq {
+            *since = (seq, now);
+        }
+        now.duration_since(since.1) >= HOLD_UNKNOWN_DIMENSION
+    }
+
     /// Notes in `batch` that `sender` was accepted up to `seq`, `lost` datagrams skipped
     /// before it, and forgets the senders the bounds pushed out.
     fn note_accepted(
@@ -249,6 +280,9 @@ impl Intake {
         meta: &Received,
         batch: &mut Batch,
     ) -> Taken {
+        if !self.held.is_empty() {
+            self.held.remove(&sender);
+        }
         let clicks = self.senders.clicks_through(sender);
         batch.note_sender(sender, noted(seq, clicks, meta));
         let evicted = self.senders.forgotten();
@@ -371,15 +405,16 @@ mod tests {
     /// code damaged, as in a damaged copy of its state file) with its header intact: at the
     /// seq awaited it is passed over and the next one accepted; before, the sender resent it
     /// for good. Ahead of the seq awaited it is judged as any other (a resend request); from
-    /// another process it is rejected (by its own reason, as before) and passes nothing; and
-    /// so is one rejected for a dimension value (a newer build's, held until the collector is
-    /// upgraded), and one of a sender without an address, which resends nothing.
+    /// another process it is rejected (by its own reason, as before) and passes nothing; one
+    /// rejected for a dimension value (a newer build's) is held for `HOLD_UNKNOWN_DIMENSION`
+    /// first; and one of a sender without an address, which resends nothing, is rejected.
     #[test]
     fn a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over() {
         let dir = tempfile::tempdir().unwrap();
         let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
         let mut batch = Batch::default();
         let now = Instant::now();
+        let clock = std::cell::Cell::new(now);
         let mut take = |(sender, seq): (u64, u64), damage: Damage, pid: i32, from: Option<&str>| {
             let mut enc = Encoder::new(sender, DEFAULT_DATAGRAM).unwrap();
             enc.resume_as(sender, seq);
@@ -400,7 +435,7 @@ mod tests {
                 from: from.map(|name| UnixAddr::new(&dir.path().join(name)).unwrap()),
                 ..meta(pid, 1000, bytes.len())
             };
-            intake.take(&bytes, &m, &mut batch, now, 0)
+            intake.take(&bytes, &m, &mut batch, clock.get(), 0)
         };
         let taken = |seq| Taken {
             sender: 5,
@@ -437,12 +472,27 @@ mod tests {
         assert!(rejected_for(&skew, Damage::Agent), "{skew:?}");
         assert!(reply.is_none());
         assert_eq!(take((5, 3), Damage::None, owner.0, owner.1).0, accepted(3));
+        // Held for HOLD_UNKNOWN_DIMENSION from its first sight, then passed over.
+        let (held, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
+        assert!(rejected_for(&held, Damage::Agent), "{held:?}");
+        clock.set(now + HOLD_UNKNOWN_DIMENSION - Duration::from_millis(1));
+        let (held, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
+        assert!(rejected_for(&held, Damage::Agent), "{held:?}");
+        clock.set(now + HOLD_UNKNOWN_DIMENSION);
+        let (passed, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
+        assert!(
+            matches!(&passed, Outcome::PassedOver { taken: t, clicks: 2, why: Why::Wire(Reject::BadDimension { .. }) } if *t == taken(4)),
+            "{passed:?}"
+        );
+        // The next one held starts its own wait.
+        let (held, _) = take((5, 5), Damage::Agent, owner.0, owner.1);
+        assert!(rejected_for(&held, Damage::Agent), "{held:?}");
         let (unbound, reply) = take((6, 0), Damage::Code, 12, None);
         assert!(rejected_for(&unbound, Damage::Code), "{unbound:?}");
         assert!(reply.is_none());
         assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
         let senders = intake.senders();
-        assert_eq!(senders.clicks_through(5), 8, "as its sender counts");
+        assert_eq!(senders.clicks_through(5), 10, "as its sender counts");
         assert_eq!(
             senders.len(),
             1,
