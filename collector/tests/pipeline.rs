@@ -544,14 +544,14 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     let mut c = start_collector(&p.db, &p.path, &[]).await;
     let failed = "setting back the modes of the triggers on links";
     c.service.wait_for_log(failed, LIMIT).await;
-    // Stopped first, and its last wait for the lock over: its pruning would set the modes
-    // back once the writer is done.
+    // Stopped first, and its sessions gone (one may still wait for the lock, and would set
+    // the modes back once the writer is done).
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
-    let waiting =
-        "SELECT count(*) FROM pg_locks WHERE relation = 'links'::regclass AND NOT granted";
-    eventually("no wait for links' lock", LIMIT, || async {
-        (count(&p.client, waiting).await == 0).then_some(())
+    let sessions = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND application_name LIKE 'collector %'";
+    eventually("the stopped collector's sessions gone", LIMIT, || async {
+        (count(&p.client, sessions).await == 0).then_some(())
     })
     .await;
     tx.rollback().await.unwrap();

@@ -7,7 +7,6 @@
 use protocol::wire::Reject;
 use protocol::RejectReason;
 use shared::socket::Received;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::write::batch::{Batch, DateWindow, Noted};
@@ -122,20 +121,20 @@ pub struct Intake {
     allowed_uids: Option<Vec<u32>>,
     /// The receive buffer's size: a datagram that filled it is cut.
     buffer: usize,
-    /// Per sender, the seq of a datagram held for a dimension value (`pass_over`) and when it
-    /// was first seen.
-    held: HashMap<u64, (u64, Instant)>,
+    /// Since when datagrams rejected for a dimension value have come, and when the last one
+    /// came (`pass_over`).
+    unknown_dimensions: Option<(Instant, Instant)>,
 }
 
-/// How long a datagram rejected for a dimension value is held (rejected, its sender resending
-/// it) before it is passed over: a redirector's build newer than the collector's may write a
-/// value the collector's does not know, and has this long for the collector's upgrade before
-/// its datagrams holding one are lost (counted). Past it, holding them loses more: everything
-/// its sender serves meanwhile fills its ring and drops. A damaged dimension byte holds its
-/// sender as long.
+/// How long datagrams rejected for a dimension value are held (rejected, their senders
+/// resending them) before they are passed over: a redirector's build newer than the
+/// collector's may write a value the collector's does not know, and has this long for the
+/// collector's upgrade before its datagrams holding one are lost (counted). Past it, holding
+/// them loses more: everything their senders serve meanwhile fills the rings and drops. Timed
+/// from the first of them since one last came this long ago, whoever sent it: one sender's
+/// datagrams cannot hold another's longer, only end its wait early. A damaged dimension byte
+/// holds its sender as long.
 pub const HOLD_UNKNOWN_DIMENSION: Duration = Duration::from_secs(60);
-/// The most senders `Intake::held` keeps (emptied past it: each only holds a while longer).
-const MAX_HELD: usize = 4_096;
 
 impl Intake {
     pub fn new(
@@ -149,7 +148,7 @@ impl Intake {
             window,
             allowed_uids,
             buffer,
-            held: HashMap::new(),
+            unknown_dimensions: None,
         }
     }
 
@@ -226,9 +225,9 @@ impl Intake {
     /// one the sender's next datagram must have. Only the sender's own process gets that far
     /// (another's claim is refused), with a damaged copy of a datagram it holds: resent, it
     /// would be rejected again for good, and the sender held there. A datagram whose decoding
-    /// first meets a dimension value this build does not know only once it has been held
-    /// `HOLD_UNKNOWN_DIMENSION` (a newer build's, whose collector is being upgraded); a version
-    /// this build does not read never (its header does not decode).
+    /// first meets a dimension value this build does not know only once such datagrams have
+    /// been held `HOLD_UNKNOWN_DIMENSION` (a newer build's, whose collector is being upgraded);
+    /// a version this build does not read never (its header does not decode).
     fn pass_over(
         &mut self,
         bytes: &[u8],
@@ -243,7 +242,7 @@ impl Intake {
         };
         let (sender, seq, clicks) = (header.sender, header.seq, header.clicks);
         let skew = matches!(why, Why::Wire(Reject::BadDimension { .. }));
-        if skew && !self.held_long_enough(sender, seq, now) {
+        if skew && !self.held_long_enough(now) {
             return (Outcome::Rejected(why), None);
         }
         let (verdict, reply) = self.judge(sender, (seq, clicks), meta, now);
@@ -259,17 +258,17 @@ impl Intake {
         (outcome, reply)
     }
 
-    /// Whether `sender`'s datagram `seq`, rejected for a dimension value, has been held since
-    /// `HOLD_UNKNOWN_DIMENSION` before `now` (first seen now, if not before).
-    fn held_long_enough(&mut self, sender: u64, seq: u64, now: Instant) -> bool {
-        if self.held.len() >= MAX_HELD && !self.held.contains_key(&sender) {
-            self.held.clear();
-        }
-        let since = self.held.entry(sender).or_insert((seq, now));
-        if since.0 != seq {
-            *since = (seq, now);
-        }
-        now.duration_since(since.1) >= HOLD_UNKNOWN_DIMENSION
+    /// Whether datagrams rejected for a dimension value, one of them now, have come since
+    /// `HOLD_UNKNOWN_DIMENSION` before `now` (a new run of them, if the last came longer ago).
+    fn held_long_enough(&mut self, now: Instant) -> bool {
+        let since = match self.unknown_dimensions {
+            Some((since, last)) if now.saturating_duration_since(last) < HOLD_UNKNOWN_DIMENSION => {
+                since
+            }
+            _ => now,
+        };
+        self.unknown_dimensions = Some((since, now));
+        now.saturating_duration_since(since) >= HOLD_UNKNOWN_DIMENSION
     }
 
     /// Notes in `batch` that `sender` was accepted up to `seq`, `lost` datagrams skipped
@@ -280,9 +279,6 @@ impl Intake {
         meta: &Received,
         batch: &mut Batch,
     ) -> Taken {
-        if !self.held.is_empty() {
-            self.held.remove(&sender);
-        }
         let clicks = self.senders.clicks_through(sender);
         batch.note_sender(sender, noted(seq, clicks, meta));
         let evicted = self.senders.forgotten();
@@ -405,8 +401,8 @@ mod tests {
     /// code damaged, as in a damaged copy of its state file) with its header intact: at the
     /// seq awaited it is passed over and the next one accepted; before, the sender resent it
     /// for good. Ahead of the seq awaited it is judged as any other (a resend request); from
-    /// another process it is rejected (by its own reason, as before) and passes nothing; one
-    /// rejected for a dimension value (a newer build's) is held for `HOLD_UNKNOWN_DIMENSION`
+    /// another process it is rejected (by its own reason, as before) and passes nothing; ones
+    /// rejected for a dimension value (a newer build's) are held for `HOLD_UNKNOWN_DIMENSION`
     /// first; and one of a sender without an address, which resends nothing, is rejected.
     #[test]
     fn a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over() {
@@ -472,27 +468,40 @@ mod tests {
         assert!(rejected_for(&skew, Damage::Agent), "{skew:?}");
         assert!(reply.is_none());
         assert_eq!(take((5, 3), Damage::None, owner.0, owner.1).0, accepted(3));
-        // Held for HOLD_UNKNOWN_DIMENSION from its first sight, then passed over.
-        let (held, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
-        assert!(rejected_for(&held, Damage::Agent), "{held:?}");
-        clock.set(now + HOLD_UNKNOWN_DIMENSION - Duration::from_millis(1));
-        let (held, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
-        assert!(rejected_for(&held, Damage::Agent), "{held:?}");
-        clock.set(now + HOLD_UNKNOWN_DIMENSION);
+        // Held while such datagrams have come for less than HOLD_UNKNOWN_DIMENSION, several
+        // of its sender's among them (resent every --ack-timeout), and another sender's; then
+        // passed over, and the next one with it.
+        let hold = HOLD_UNKNOWN_DIMENSION;
+        let mut at = Duration::ZERO;
+        while at < hold {
+            clock.set(now + at);
+            for seq in [4, 5] {
+                let (held, reply) = take((5, seq), Damage::Agent, owner.0, owner.1);
+                assert!(rejected_for(&held, Damage::Agent), "{at:?}: {held:?}");
+                assert!(reply.is_none());
+            }
+            let (other, _) = take((7, 0), Damage::Agent, 13, Some("c"));
+            assert!(rejected_for(&other, Damage::Agent), "{at:?}: {other:?}");
+            at += Duration::from_secs(2);
+        }
+        clock.set(now + hold);
         let (passed, _) = take((5, 4), Damage::Agent, owner.0, owner.1);
         assert!(
             matches!(&passed, Outcome::PassedOver { taken: t, clicks: 2, why: Why::Wire(Reject::BadDimension { .. }) } if *t == taken(4)),
             "{passed:?}"
         );
-        // The next one held starts its own wait.
-        let (held, _) = take((5, 5), Damage::Agent, owner.0, owner.1);
+        let (passed, _) = take((5, 5), Damage::Agent, owner.0, owner.1);
+        assert!(matches!(passed, Outcome::PassedOver { .. }), "{passed:?}");
+        // A run of them ended a hold ago: the next one starts a new wait.
+        clock.set(now + 3 * hold);
+        let (held, _) = take((5, 6), Damage::Agent, owner.0, owner.1);
         assert!(rejected_for(&held, Damage::Agent), "{held:?}");
         let (unbound, reply) = take((6, 0), Damage::Code, 12, None);
         assert!(rejected_for(&unbound, Damage::Code), "{unbound:?}");
         assert!(reply.is_none());
         assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
         let senders = intake.senders();
-        assert_eq!(senders.clicks_through(5), 10, "as its sender counts");
+        assert_eq!(senders.clicks_through(5), 12, "as its sender counts");
         assert_eq!(
             senders.len(),
             1,

@@ -30,8 +30,8 @@ const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The task's own deadline for a round is this much longer, so that the server has stopped the
 /// statement first; past it, a session that stopped answering is dropped.
 const PARTITIONS_GRACE: Duration = Duration::from_secs(60);
-/// Less time than this left in a round after its pruning, and the modes of the triggers on
-/// `links` wait for the next.
+/// The shortest wait for the lock on `links` worth making after a pruning (half of what the
+/// round has left); under it, the modes of its triggers wait for the next round.
 const MIN_LOCK_WAIT: Duration = Duration::from_millis(10);
 /// Held (for the session, until the round is done or its connection goes) by the collector
 /// seeing to the partitions, so that one collector of the database does at a time: two would
