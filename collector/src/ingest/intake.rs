@@ -131,10 +131,14 @@ pub struct Intake {
 /// collector's may write a value the collector's does not know, and has this long for the
 /// collector's upgrade before its datagrams holding one are lost (counted). Past it, holding
 /// them loses more: everything their senders serve meanwhile fills the rings and drops. Timed
-/// from the first of them since one last came this long ago, whoever sent it: one sender's
+/// from the first of a run of them, whoever sent it (`RUN_ENDS_AFTER`): one sender's
 /// datagrams cannot hold another's longer, only end its wait early. A damaged dimension byte
-/// holds its sender as long.
+/// holds its sender at most as long.
 pub const HOLD_UNKNOWN_DIMENSION: Duration = Duration::from_secs(60);
+/// A run of datagrams rejected for a dimension value ends when none came for this long: far
+/// longer than a sender's resends of one held (`--ack-timeout`, 2 s by default) or a pause
+/// of the collector's reading (its database away), which must not start the hold again.
+pub const RUN_ENDS_AFTER: Duration = Duration::from_secs(3600);
 
 impl Intake {
     pub fn new(
@@ -259,12 +263,11 @@ impl Intake {
     }
 
     /// Whether datagrams rejected for a dimension value, one of them now, have come since
-    /// `HOLD_UNKNOWN_DIMENSION` before `now` (a new run of them, if the last came longer ago).
+    /// `HOLD_UNKNOWN_DIMENSION` before `now` (a new run of them, if the last came
+    /// `RUN_ENDS_AFTER` ago or longer).
     fn held_long_enough(&mut self, now: Instant) -> bool {
         let since = match self.unknown_dimensions {
-            Some((since, last)) if now.saturating_duration_since(last) < HOLD_UNKNOWN_DIMENSION => {
-                since
-            }
+            Some((since, last)) if now.saturating_duration_since(last) < RUN_ENDS_AFTER => since,
             _ => now,
         };
         self.unknown_dimensions = Some((since, now));
@@ -492,16 +495,30 @@ mod tests {
         );
         let (passed, _) = take((5, 5), Damage::Agent, owner.0, owner.1);
         assert!(matches!(passed, Outcome::PassedOver { .. }), "{passed:?}");
-        // A run of them ended a hold ago: the next one starts a new wait.
-        clock.set(now + 3 * hold);
-        let (held, _) = take((5, 6), Damage::Agent, owner.0, owner.1);
+        // The run goes on across a silence shorter than RUN_ENDS_AFTER (a long --ack-timeout,
+        // the collector's reading paused): the next one is passed over at once.
+        let quiet = now + hold + RUN_ENDS_AFTER - Duration::from_millis(1);
+        clock.set(quiet);
+        let (passed, _) = take((5, 6), Damage::Agent, owner.0, owner.1);
+        assert!(matches!(passed, Outcome::PassedOver { .. }), "{passed:?}");
+        // After one as long, a new run, started by another sender, holds this one until its
+        // hold is over.
+        let started = quiet + RUN_ENDS_AFTER;
+        clock.set(started);
+        let (other, _) = take((7, 0), Damage::Agent, 13, Some("c"));
+        assert!(rejected_for(&other, Damage::Agent), "{other:?}");
+        clock.set(started + hold - Duration::from_millis(1));
+        let (held, _) = take((5, 7), Damage::Agent, owner.0, owner.1);
         assert!(rejected_for(&held, Damage::Agent), "{held:?}");
+        clock.set(started + hold);
+        let (passed, _) = take((5, 7), Damage::Agent, owner.0, owner.1);
+        assert!(matches!(passed, Outcome::PassedOver { .. }), "{passed:?}");
         let (unbound, reply) = take((6, 0), Damage::Code, 12, None);
         assert!(rejected_for(&unbound, Damage::Code), "{unbound:?}");
         assert!(reply.is_none());
         assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
         let senders = intake.senders();
-        assert_eq!(senders.clicks_through(5), 12, "as its sender counts");
+        assert_eq!(senders.clicks_through(5), 16, "as its sender counts");
         assert_eq!(
             senders.len(),
             1,
