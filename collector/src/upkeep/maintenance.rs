@@ -116,8 +116,8 @@ pub(crate) async fn run(
 
 /// One look on `conn` (opened first if needed), which has `policy.timeout` from its start: the
 /// gauges, then a fold if due, pruning if due (`pruned`: when last) and after it the modes of
-/// the triggers on `links` (`link_triggers`), if the round has time left for them. The gauges first: a fold
-/// that fails or runs out of time at every look is what they and their alerts
+/// the triggers on `links` (`link_triggers`), if the round has time left for them. The gauges
+/// first: a fold that fails or runs out of time at every look is what they and their alerts
 /// (CompactionBehind) are for, and after it they were never set. A fold's effect shows at the
 /// next look.
 async fn round(
