@@ -346,9 +346,10 @@ async fn try_prepare(
     lock::take(&client, instance, &mut Throttle::per_outage()).await?;
     migrations::apply(&mut client).await?;
     link_triggers::set_back(
-        &client,
+        &mut client,
         link_triggers::Report::All,
         link_triggers::LOCK_WAIT,
+        metrics,
     )
     .await;
     let today = copy::pg_day(protocol::now_us());

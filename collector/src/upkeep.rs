@@ -33,6 +33,16 @@ shared::metrics! {
         unfolded_bytes: Gauge = "unfolded_bytes",
             "Estimated memory of this collector's sums of unfolded counts, a fold's under way \
              included; a fold is due at half of --compact-memory.";
+        link_trigger_modes_set_back: Counter = "link_trigger_modes_set_back",
+            "Triggers on links found firing in the wrong sessions (ALTER TABLE links ENABLE \
+             TRIGGER ALL resets them) and set back, with the TRUNCATE epoch bumped so that every \
+             redirector loads links in full.";
+        link_triggers_off: Gauge = "link_triggers_off",
+            "Triggers on links of migration 21 disabled or missing at the latest look (at start \
+             and after each pruning): what they log or announce goes unseen by the redirectors.";
+        link_trigger_checks_failed: Counter = "link_trigger_checks_failed",
+            "Looks at the modes of the triggers on links that failed (their lock not had in \
+             time, a role that may not alter links): tried again after the next pruning.";
         unfolded_dropped: Counter = "unfolded_dropped",
             "Times the sums of unfolded counts reached --compact-memory before a fold took \
              them: they were dropped, and their batches folded from their rows (the SQL way).";

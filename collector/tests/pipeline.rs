@@ -529,7 +529,9 @@ async fn the_commit_lag_is_measured_per_click_from_its_click_time() {
 
 /// `ALTER TABLE links ENABLE TRIGGER ALL` reset the modes of migration 21's triggers (what
 /// logs `links` kept by logical replication): the collector's start sets them back, and says
-/// so in its log, and so does each pruning of the change log while it runs. Not at any cost:
+/// so in its log and its metrics, and reloads every redirector (the `TRUNCATE` epoch), and so
+/// does each pruning of the change log while it runs; a trigger disabled is counted, and left
+/// so. Not at any cost:
 /// while a writer's transaction holds links, a start waits a second for its lock, says it
 /// could not, and starts all the same.
 #[tokio::test]
@@ -544,6 +546,10 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     let mut c = start_collector(&p.db, &p.path, &[]).await;
     let failed = "setting back the modes of the triggers on links";
     c.service.wait_for_log(failed, LIMIT).await;
+    assert_eq!(
+        c.metric("collector_link_trigger_checks_failed_total").await,
+        1.0
+    );
     // Stopped first, and its sessions gone (one may still wait for the lock, and would set
     // the modes back once the writer is done).
     c.service.signal(Signal::SIGTERM);
@@ -556,14 +562,37 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     .await;
     tx.rollback().await.unwrap();
 
+    let epoch = "SELECT epoch FROM link_changes_state";
     let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
     let set = "set back by `ALTER TABLE public.links ENABLE REPLICA TRIGGER links_log_replicated";
     c.service.wait_for_log(set, LIMIT).await;
     let theirs = pgtest::LINK_TRIGGER_MODES;
     assert_eq!(pgtest::link_trigger_modes(&p.client).await, theirs);
+    assert_eq!(
+        c.metric("collector_link_trigger_modes_set_back_total")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        count(&p.client, epoch).await,
+        1,
+        "every redirector reloaded"
+    );
     p.client.batch_execute(reset).await.unwrap();
     eventually("the modes set back by a pruning", LIMIT, || async {
         (pgtest::link_trigger_modes(&p.client).await == theirs).then_some(())
     })
     .await;
+    c.await_metric("collector_link_trigger_modes_set_back_total", 6.0)
+        .await;
+    assert_eq!(count(&p.client, epoch).await, 2);
+    assert_eq!(c.metric("collector_link_triggers_off").await, 0.0);
+    let disable = "ALTER TABLE links DISABLE TRIGGER links_changed";
+    p.client.batch_execute(disable).await.unwrap();
+    c.await_metric("collector_link_triggers_off", 1.0).await;
+    assert_eq!(
+        count(&p.client, epoch).await,
+        2,
+        "a disabled trigger left so"
+    );
 }

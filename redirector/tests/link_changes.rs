@@ -350,7 +350,8 @@ async fn a_change_of_more_links_than_one_read_takes_makes_a_full_load() {
 /// a subscription's apply worker fires row triggers only, and only those enabled for replica
 /// sessions. Each change made on the publisher is served, by notification (the interval is an
 /// hour), the rows its first copy brought included, and a TRUNCATE there (alone in its
-/// transaction: no row trigger fires) loads in full.
+/// transaction: no row trigger fires) loads in full. So does setting the modes back after
+/// `ENABLE TRIGGER ALL` reset them, which serves what was applied meanwhile.
 #[tokio::test]
 async fn links_kept_by_logical_replication_are_followed() {
     let f = fixture(&[]).await;
@@ -393,6 +394,24 @@ async fn links_kept_by_logical_replication_are_followed() {
     await_loads(&r, 2.0).await;
     add_link(&origin, "after", "https://example.com/after").await;
     await_served(r.http, "after", Some("https://example.com/after"), LIMIT).await;
+
+    // The modes reset (a data-only restore ends so): what is applied then goes unlogged,
+    // until a collector sets them back, which loads every redirector in full.
+    execute(&f.client, "ALTER TABLE links ENABLE TRIGGER ALL").await;
+    add_link(&origin, "unseen", "https://example.com/unseen").await;
+    let applied = "SELECT count(*) FROM links WHERE code = 'unseen'";
+    eventually("the link applied by the subscription", LIMIT, || async {
+        let n: i64 = f.client.query_one(applied, &[]).await.unwrap().get(0);
+        (n == 1).then_some(())
+    })
+    .await;
+    assert_eq!(served(r.http, "unseen").await, None, "applied, unlogged");
+    let mut client = testkit::pgtest::connect(&f.db.url).await;
+    let wait = Duration::from_secs(5);
+    let modes = schema::restore_link_trigger_modes(&mut client, wait);
+    assert!(modes.await.unwrap().set_back.is_some());
+    await_served(r.http, "unseen", Some("https://example.com/unseen"), LIMIT).await;
+    await_loads(&r, 3.0).await;
     execute(&f.client, &format!("DROP SUBSCRIPTION {slot}")).await;
 }
 

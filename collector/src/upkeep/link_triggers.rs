@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use super::Metrics;
+
 /// The longest a look waits for its lock on `links`, behind a writer's transaction (every
 /// writer of links then waits behind it).
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(1);
@@ -22,14 +24,21 @@ pub(crate) enum Report {
     SetBack,
 }
 
-/// Sets the modes back (`schema::restore_link_trigger_modes`), waiting at most `lock_wait`
-/// for the lock, and logs what `report` asks for. A failure (the lock not had in time, links
-/// owned by a role this one is not) is not the caller's: clicks need none of it, and the
-/// next pruning tries again.
-pub(crate) async fn set_back(client: &Client, report: Report, lock_wait: Duration) {
+/// Sets the modes back (`schema::restore_link_trigger_modes`, which reloads every redirector
+/// then), waiting at most `lock_wait` for the lock, counts what it found in `metrics`, and
+/// logs what `report` asks for. A failure (the lock not had in time, links owned by a role
+/// this one is not) is counted, not the caller's: clicks need none of it, and the next
+/// pruning tries again.
+pub(crate) async fn set_back(
+    client: &mut Client,
+    report: Report,
+    lock_wait: Duration,
+    metrics: &Metrics,
+) {
     let modes = match schema::restore_link_trigger_modes(client, lock_wait).await {
         Ok(modes) => modes,
         Err(e) => {
+            metrics.link_trigger_checks_failed.inc();
             let error = shared::db::describe(&e);
             let what = "setting back the modes of the triggers on links";
             match report {
@@ -41,14 +50,19 @@ pub(crate) async fn set_back(client: &Client, report: Report, lock_wait: Duratio
             return;
         }
     };
+    let off = modes.disabled.len() + modes.missing.len();
+    metrics.link_triggers_off.set(off as i64);
     if let Some(statement) = &modes.set_back {
+        metrics
+            .link_trigger_modes_set_back
+            .inc_by(modes.wrong.len() as u64);
         let wrong: Vec<String> = (modes.wrong.iter())
             .map(|(name, letter)| format!("{name} in mode {letter}"))
             .collect();
         tracing::warn!(
             "triggers on links fired in the wrong sessions ({}; ENABLE TRIGGER ALL leaves mode \
              O): what a logical replication subscription applied went unseen by the \
-             redirectors; set back by `{statement}`",
+             redirectors; set back by `{statement}`, and every redirector loads links in full",
             wrong.join(", ")
         );
     }

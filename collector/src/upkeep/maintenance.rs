@@ -152,7 +152,7 @@ async fn round(
         let wait = deadline.saturating_duration_since(Instant::now()) / 2;
         if wait >= MIN_LOCK_WAIT {
             let wait = wait.min(link_triggers::LOCK_WAIT);
-            link_triggers::set_back(client, link_triggers::Report::SetBack, wait).await;
+            link_triggers::set_back(client, link_triggers::Report::SetBack, wait, metrics).await;
         }
         *pruned = Instant::now();
     }

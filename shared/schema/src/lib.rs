@@ -6,7 +6,7 @@
 //! collectors starting together apply each migration exactly once, and a failed migration
 //! leaves the schema as it was.
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 /// Arbitrary, fixed: the advisory lock key that serialises migrations ("clicks" in ASCII).
 const LOCK_KEY: i64 = 0x636c_6963_6b73;
@@ -197,7 +197,7 @@ pub struct LinkTriggerModes {
     /// In another mode than theirs, with the `tgenabled` letter found (`O` after `ALTER TABLE
     /// links ENABLE TRIGGER ALL`).
     pub wrong: Vec<(&'static str, String)>,
-    /// The one statement that set those back, if any.
+    /// The one statement that set those back, if any (the `TRUNCATE` epoch bumped with it).
     pub set_back: Option<String>,
     /// Disabled (`D`), on purpose maybe (a bulk load): left so.
     pub disabled: Vec<&'static str>,
@@ -208,11 +208,48 @@ pub struct LinkTriggerModes {
 /// Sets back the modes of migration 21's triggers on `links` where they are not theirs:
 /// `ALTER TABLE links ENABLE TRIGGER ALL` (or `ENABLE TRIGGER` of one) resets them to fire in
 /// ordinary sessions only, which leaves what a logical replication subscription applies
-/// unlogged. In one statement, which waits at most `lock_wait` for its lock on `links` (it
-/// waits for every writer of links, and they behind it).
+/// unlogged. With them it bumps the `TRUNCATE` epoch, so that every redirector loads the table
+/// in full and serves what went unlogged meanwhile (and what a restore with triggers disabled,
+/// which ends with that reset, loaded). The modes are read first without a lock, so that a
+/// look that finds them right holds up no writer; wrong, they are read again under the lock
+/// the `ALTER` takes, which waits at most `lock_wait` (it waits for every writer of links,
+/// and they behind it), so that collectors looking at once set them back, and reload every
+/// redirector, once.
 pub async fn restore_link_trigger_modes(
-    client: &Client,
+    client: &mut Client,
     lock_wait: std::time::Duration,
+) -> Result<LinkTriggerModes, tokio_postgres::Error> {
+    let unlocked = read_link_trigger_modes(client).await?;
+    if unlocked.wrong.is_empty() {
+        return Ok(unlocked);
+    }
+    let tx = client.transaction().await?;
+    let wait = lock_wait.as_millis().max(1);
+    let lock = format!(
+        "SET LOCAL lock_timeout = '{wait}ms';
+         LOCK TABLE public.links IN SHARE ROW EXCLUSIVE MODE"
+    );
+    tx.batch_execute(&lock).await?;
+    let mut found = read_link_trigger_modes(&tx).await?;
+    if !found.wrong.is_empty() {
+        let clauses: Vec<String> = (found.wrong.iter())
+            .filter_map(|(name, _)| LINK_TRIGGERS.iter().find(|t| t.name == *name))
+            .map(|t| format!("{} TRIGGER {}", t.mode, t.name))
+            .collect();
+        let alter = format!("ALTER TABLE public.links {}", clauses.join(", "));
+        // The notification wakes redirectors that wait for one (`--reload-interval` long).
+        let reload = "UPDATE public.link_changes_state SET epoch = epoch + 1;
+                      NOTIFY links_changed";
+        tx.batch_execute(&format!("{alter}; {reload}")).await?;
+        found.set_back = Some(alter);
+    }
+    tx.commit().await?;
+    Ok(found)
+}
+
+/// The modes of migration 21's triggers, as [`restore_link_trigger_modes`] sorts them.
+async fn read_link_trigger_modes(
+    client: &impl GenericClient,
 ) -> Result<LinkTriggerModes, tokio_postgres::Error> {
     let names: Vec<&str> = LINK_TRIGGERS.iter().map(|t| t.name).collect();
     let rows = client
@@ -223,7 +260,6 @@ pub async fn restore_link_trigger_modes(
         )
         .await?;
     let mut found = LinkTriggerModes::default();
-    let mut clauses = Vec::new();
     for t in &LINK_TRIGGERS {
         let letter = rows
             .iter()
@@ -233,18 +269,8 @@ pub async fn restore_link_trigger_modes(
             None => found.missing.push(t.name),
             Some("D") => found.disabled.push(t.name),
             Some(letter) if letter == t.letter => {}
-            Some(letter) => {
-                found.wrong.push((t.name, letter.to_owned()));
-                clauses.push(format!("{} TRIGGER {}", t.mode, t.name));
-            }
+            Some(letter) => found.wrong.push((t.name, letter.to_owned())),
         }
-    }
-    if !clauses.is_empty() {
-        let alter = format!("ALTER TABLE public.links {}", clauses.join(", "));
-        let wait = lock_wait.as_millis().max(1);
-        let bounded = format!("SET LOCAL lock_timeout = '{wait}ms'; {alter}");
-        client.batch_execute(&bounded).await?;
-        found.set_back = Some(alter);
     }
     Ok(found)
 }

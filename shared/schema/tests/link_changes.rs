@@ -151,7 +151,7 @@ async fn a_replica_sessions_changes_are_logged_row_by_row_and_its_truncate_bumps
 #[tokio::test]
 async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_is_named() {
     let db = pgtest::test_db().await;
-    let client = pgtest::connect(&db.url).await;
+    let mut client = pgtest::connect(&db.url).await;
     client
         .batch_execute("ALTER TABLE links ENABLE TRIGGER ALL")
         .await
@@ -165,8 +165,9 @@ async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_i
         )
         .await
         .unwrap();
+    let epoch = state(&client).await.2;
     let wait = std::time::Duration::from_secs(1);
-    let found = schema::restore_link_trigger_modes(&client, wait)
+    let found = schema::restore_link_trigger_modes(&mut client, wait)
         .await
         .unwrap();
     let wrong = [
@@ -186,11 +187,66 @@ async fn modes_reset_by_enable_trigger_all_are_set_back_and_a_disabled_trigger_i
     );
     let replica = "SET session_replication_role = replica;";
     assert_eq!(four_changes_logged(&client, replica).await, FOUR_CHANGES);
-    let again = schema::restore_link_trigger_modes(&client, wait)
+    assert_eq!(
+        state(&client).await.2,
+        epoch + 1,
+        "every redirector reloaded"
+    );
+    let again = schema::restore_link_trigger_modes(&mut client, wait)
         .await
         .unwrap();
     assert_eq!(again.set_back, None, "nothing more to set back: {again:?}");
     assert_eq!(again.disabled, ["links_changed"]);
+    assert_eq!(
+        state(&client).await.2,
+        epoch + 1,
+        "no reload for right modes"
+    );
+}
+
+/// Two collectors that find the modes wrong at once (both read them before either sets them
+/// back: a writer holds links meanwhile) set them back, and reload every redirector, once:
+/// the second reads them again under the lock and finds them right.
+#[tokio::test]
+async fn modes_two_collectors_find_wrong_at_once_are_set_back_once() {
+    let db = pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let reset = "ALTER TABLE links ENABLE TRIGGER ALL";
+    client.batch_execute(reset).await.unwrap();
+    let mut writer = pgtest::connect(&db.url).await;
+    let tx = writer.transaction().await.unwrap();
+    let lock = "LOCK TABLE links IN ROW EXCLUSIVE MODE";
+    tx.batch_execute(lock).await.unwrap();
+    let wait = std::time::Duration::from_secs(60);
+    let mut looks = Vec::new();
+    for _ in 0..2 {
+        let mut collector = pgtest::connect(&db.url).await;
+        looks.push(tokio::spawn(async move {
+            schema::restore_link_trigger_modes(&mut collector, wait).await
+        }));
+    }
+    let waiting = "SELECT count(*) FROM pg_locks
+                   WHERE relation = 'links'::regclass AND mode = 'ShareRowExclusiveLock'
+                     AND NOT granted";
+    testkit::eventually(
+        "both looks waiting for the lock",
+        testkit::LIMIT,
+        || async {
+            let n: i64 = client.query_one(waiting, &[]).await.unwrap().get(0);
+            (n == 2).then_some(())
+        },
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    let mut set_back = 0;
+    for look in looks {
+        let found = look.await.unwrap().unwrap();
+        set_back += usize::from(found.set_back.is_some());
+    }
+    assert_eq!(set_back, 1, "one of the two set the modes back");
+    assert_eq!(state(&client).await.2, 1, "every redirector reloaded once");
+    let theirs = pgtest::LINK_TRIGGER_MODES;
+    assert_eq!(pgtest::link_trigger_modes(&client).await, theirs);
 }
 
 /// Migration 16: the log's trigger functions run as their owner, and PostgreSQL checks who may
