@@ -38,11 +38,12 @@ shared::metrics! {
              TRIGGER ALL resets them) and set back, with the TRUNCATE epoch bumped so that every \
              redirector loads links in full.";
         link_triggers_off: Gauge = "link_triggers_off",
-            "Triggers on links of migration 21 disabled or missing at the latest look (at start \
-             and after each pruning): what they log or announce goes unseen by the redirectors.";
+            "Triggers on links of migration 21 disabled, missing, or in another mode that could \
+             not be set back, at the latest look (at start and after each pruning): what they \
+             log or announce goes unseen by the redirectors.";
         link_trigger_checks_failed: Counter = "link_trigger_checks_failed",
-            "Looks at the modes of the triggers on links that failed (their lock not had in \
-             time, a role that may not alter links): tried again after the next pruning.";
+            "Looks at the modes of the triggers on links that failed (a lock not had in time, \
+             a role that does not own links): tried again after the next pruning.";
         unfolded_dropped: Counter = "unfolded_dropped",
             "Times the sums of unfolded counts reached --compact-memory before a fold took \
              them: they were dropped, and their batches folded from their rows (the SQL way).";

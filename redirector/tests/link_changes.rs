@@ -405,7 +405,10 @@ async fn links_kept_by_logical_replication_are_followed() {
         (n == 1).then_some(())
     })
     .await;
-    assert_eq!(served(r.http, "unseen").await, None, "applied, unlogged");
+    let logged = "SELECT count(*) FROM link_changes WHERE code = 'unseen'";
+    let logged: i64 = f.client.query_one(logged, &[]).await.unwrap().get(0);
+    assert_eq!(logged, 0, "applied, unlogged");
+    assert_eq!(served(r.http, "unseen").await, None);
     let mut client = testkit::pgtest::connect(&f.db.url).await;
     let wait = Duration::from_secs(5);
     let modes = schema::restore_link_trigger_modes(&mut client, wait);

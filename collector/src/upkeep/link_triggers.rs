@@ -10,8 +10,8 @@ use tokio_postgres::Client;
 
 use super::Metrics;
 
-/// The longest a look waits for its lock on `links`, behind a writer's transaction (every
-/// writer of links then waits behind it).
+/// The longest a look waits for each of its locks: on `links`, behind a writer's transaction
+/// (every writer of links then waits behind it), and two more when it sets modes back.
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// What a look logs.
@@ -39,6 +39,10 @@ pub(crate) async fn set_back(
         Ok(modes) => modes,
         Err(e) => {
             metrics.link_trigger_checks_failed.inc();
+            // What was not set back still counts (the transaction is rolled back by now).
+            if let Ok(found) = schema::link_trigger_modes(client).await {
+                metrics.link_triggers_off.set(found.not_firing() as i64);
+            }
             let error = shared::db::describe(&e);
             let what = "setting back the modes of the triggers on links";
             match report {
@@ -50,8 +54,7 @@ pub(crate) async fn set_back(
             return;
         }
     };
-    let off = modes.disabled.len() + modes.missing.len();
-    metrics.link_triggers_off.set(off as i64);
+    metrics.link_triggers_off.set(modes.not_firing() as i64);
     if let Some(statement) = &modes.set_back {
         metrics
             .link_trigger_modes_set_back

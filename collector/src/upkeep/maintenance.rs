@@ -30,8 +30,9 @@ const PARTITIONS_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The task's own deadline for a round is this much longer, so that the server has stopped the
 /// statement first; past it, a session that stopped answering is dropped.
 const PARTITIONS_GRACE: Duration = Duration::from_secs(60);
-/// The shortest wait for the lock on `links` worth making after a pruning (half of what the
-/// round has left); under it, the modes of its triggers wait for the next round.
+/// The shortest wait for each lock of the look at the modes of the triggers on `links` worth
+/// making after a pruning (a quarter of what the round has left); under it, that look waits
+/// for the next round.
 const MIN_LOCK_WAIT: Duration = Duration::from_millis(10);
 /// Held (for the session, until the round is done or its connection goes) by the collector
 /// seeing to the partitions, so that one collector of the database does at a time: two would
@@ -148,8 +149,9 @@ async fn round(
     if folded || pruned.elapsed() >= policy.fold.interval {
         // The rest of a backlog waits for the next round.
         compact::prune(client, prune_until.into_std()).await?;
-        // Half of what the round has left, at most: waiting for its lock may not undo it.
-        let wait = deadline.saturating_duration_since(Instant::now()) / 2;
+        // A quarter of what the round has left, at most, for each of the three locks it may
+        // wait for (`schema::restore_link_trigger_modes`): waiting may not undo the round.
+        let wait = deadline.saturating_duration_since(Instant::now()) / 4;
         if wait >= MIN_LOCK_WAIT {
             let wait = wait.min(link_triggers::LOCK_WAIT);
             link_triggers::set_back(client, link_triggers::Report::SetBack, wait, metrics).await;

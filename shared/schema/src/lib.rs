@@ -205,6 +205,19 @@ pub struct LinkTriggerModes {
     pub missing: Vec<&'static str>,
 }
 
+impl LinkTriggerModes {
+    /// Triggers that do not fire where theirs should: disabled, missing, or in another mode
+    /// and not set back.
+    pub fn not_firing(&self) -> usize {
+        let wrong = if self.set_back.is_some() {
+            0
+        } else {
+            self.wrong.len()
+        };
+        self.disabled.len() + self.missing.len() + wrong
+    }
+}
+
 /// Sets back the modes of migration 21's triggers on `links` where they are not theirs:
 /// `ALTER TABLE links ENABLE TRIGGER ALL` (or `ENABLE TRIGGER` of one) resets them to fire in
 /// ordinary sessions only, which leaves what a logical replication subscription applies
@@ -212,14 +225,16 @@ pub struct LinkTriggerModes {
 /// in full and serves what went unlogged meanwhile (and what a restore with triggers disabled,
 /// which ends with that reset, loaded). The modes are read first without a lock, so that a
 /// look that finds them right holds up no writer; wrong, they are read again under the lock
-/// the `ALTER` takes, which waits at most `lock_wait` (it waits for every writer of links,
-/// and they behind it), so that collectors looking at once set them back, and reload every
-/// redirector, once.
+/// the `ALTER` takes (`LOCK TABLE` in its mode, by the table's owner only: another role would
+/// hold up every writer only to be refused), so that collectors looking at once set them
+/// back, and reload every redirector, once. Each of the three locks it may wait for (that
+/// one, the epoch's row, the notification queue's at commit) it waits for at most
+/// `lock_wait`: for `links`', every writer of links waits behind it.
 pub async fn restore_link_trigger_modes(
     client: &mut Client,
     lock_wait: std::time::Duration,
 ) -> Result<LinkTriggerModes, tokio_postgres::Error> {
-    let unlocked = read_link_trigger_modes(client).await?;
+    let unlocked = link_trigger_modes(client).await?;
     if unlocked.wrong.is_empty() {
         return Ok(unlocked);
     }
@@ -227,10 +242,17 @@ pub async fn restore_link_trigger_modes(
     let wait = lock_wait.as_millis().max(1);
     let lock = format!(
         "SET LOCAL lock_timeout = '{wait}ms';
+         DO $$ BEGIN
+             IF NOT pg_has_role((SELECT relowner FROM pg_class
+                                 WHERE oid = 'public.links'::regclass), 'USAGE') THEN
+                 RAISE EXCEPTION 'must be owner of table links'
+                     USING ERRCODE = 'insufficient_privilege';
+             END IF;
+         END $$;
          LOCK TABLE public.links IN SHARE ROW EXCLUSIVE MODE"
     );
     tx.batch_execute(&lock).await?;
-    let mut found = read_link_trigger_modes(&tx).await?;
+    let mut found = link_trigger_modes(&tx).await?;
     if !found.wrong.is_empty() {
         let clauses: Vec<String> = (found.wrong.iter())
             .filter_map(|(name, _)| LINK_TRIGGERS.iter().find(|t| t.name == *name))
@@ -247,8 +269,9 @@ pub async fn restore_link_trigger_modes(
     Ok(found)
 }
 
-/// The modes of migration 21's triggers, as [`restore_link_trigger_modes`] sorts them.
-async fn read_link_trigger_modes(
+/// The modes of migration 21's triggers, read without a lock, as
+/// [`restore_link_trigger_modes`] sorts them.
+pub async fn link_trigger_modes(
     client: &impl GenericClient,
 ) -> Result<LinkTriggerModes, tokio_postgres::Error> {
     let names: Vec<&str> = LINK_TRIGGERS.iter().map(|t| t.name).collect();

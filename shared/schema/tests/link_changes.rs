@@ -227,6 +227,7 @@ async fn modes_two_collectors_find_wrong_at_once_are_set_back_once() {
     }
     let waiting = "SELECT count(*) FROM pg_locks
                    WHERE relation = 'links'::regclass AND mode = 'ShareRowExclusiveLock'
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                      AND NOT granted";
     testkit::eventually(
         "both looks waiting for the lock",
@@ -247,6 +248,39 @@ async fn modes_two_collectors_find_wrong_at_once_are_set_back_once() {
     assert_eq!(state(&client).await.2, 1, "every redirector reloaded once");
     let theirs = pgtest::LINK_TRIGGER_MODES;
     assert_eq!(pgtest::link_trigger_modes(&client).await, theirs);
+}
+
+/// A role that may write links but does not own it cannot set the modes back: it is refused
+/// at once, rather than after holding up every writer of links behind its wait for the lock.
+#[tokio::test]
+async fn modes_are_not_set_back_by_a_role_that_does_not_own_links() {
+    let db = pgtest::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    let role = format!("writer_{}", db.name);
+    let setup = format!(
+        "ALTER TABLE links ENABLE TRIGGER ALL;
+         CREATE ROLE {role}; GRANT UPDATE ON links TO {role}"
+    );
+    client.batch_execute(&setup).await.unwrap();
+    let writer = pgtest::connect(&db.url).await;
+    writer
+        .batch_execute("BEGIN; LOCK TABLE links IN ROW EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let set_role = format!("SET ROLE {role}");
+    client.batch_execute(&set_role).await.unwrap();
+    let wait = std::time::Duration::from_secs(60);
+    let refused = schema::restore_link_trigger_modes(&mut client, wait).await;
+    let error = refused.expect_err("not the owner");
+    let code = error.code();
+    assert_eq!(
+        code,
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{error}"
+    );
+    client.batch_execute("RESET ROLE").await.unwrap();
+    let found = schema::link_trigger_modes(&client).await.unwrap();
+    assert_eq!((found.wrong.len(), found.not_firing()), (3, 3));
 }
 
 /// Migration 16: the log's trigger functions run as their owner, and PostgreSQL checks who may
