@@ -553,6 +553,10 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
         3.0,
         "not set back"
     );
+    // A pruning's look that fails is said too, once (a start's is an error).
+    c.service
+        .wait_for_log("said once until it works", LIMIT)
+        .await;
     // Stopped first, and its sessions gone (one may still wait for the lock, and would set
     // the modes back once the writer is done).
     c.service.signal(Signal::SIGTERM);

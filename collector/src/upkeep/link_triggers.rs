@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use shared::throttle::Throttle;
 use tokio_postgres::Client;
 
 use super::Metrics;
@@ -15,23 +16,24 @@ use super::Metrics;
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// What a look logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Report {
+#[derive(Debug)]
+pub(crate) enum Report<'a> {
     /// Everything: modes set back, triggers disabled or missing, a failure (at start).
     All,
-    /// Modes set back only (after each pruning: a trigger disabled on purpose, or a failure
-    /// that lasts, is not said again every interval).
-    SetBack,
+    /// Modes set back, and the first failure of a run of them (`failures`), after each
+    /// pruning: a trigger disabled on purpose, or a failure that lasts, is not said again
+    /// every interval.
+    SetBack { failures: &'a mut Throttle },
 }
 
 /// Sets the modes back (`schema::restore_link_trigger_modes`, which reloads every redirector
-/// then), waiting at most `lock_wait` for the lock, counts what it found in `metrics`, and
-/// logs what `report` asks for. A failure (the lock not had in time, links owned by a role
-/// this one is not) is counted, not the caller's: clicks need none of it, and the next
-/// pruning tries again.
+/// then), waiting at most `lock_wait` for each of its locks, counts what it found in
+/// `metrics`, and logs what `report` asks for. A failure (a lock not had in time, links owned
+/// by a role this one is not) is counted, not the caller's: clicks need none of it, and the
+/// next pruning tries again.
 pub(crate) async fn set_back(
     client: &mut Client,
-    report: Report,
+    mut report: Report<'_>,
     lock_wait: Duration,
     metrics: &Metrics,
 ) {
@@ -45,15 +47,22 @@ pub(crate) async fn set_back(
             }
             let error = shared::db::describe(&e);
             let what = "setting back the modes of the triggers on links";
+            let again = "tried again after each pruning";
             match report {
-                Report::All => {
-                    tracing::error!(%error, "{what}: {error}; tried again after the next pruning")
-                }
-                Report::SetBack => tracing::debug!(%error, "{what}: {error}"),
+                Report::All => tracing::error!(%error, "{what}: {error}; {again}"),
+                Report::SetBack { failures } => match failures.hit() {
+                    Some(_) => {
+                        tracing::warn!(%error, "{what}: {error}; {again}, said once until it works")
+                    }
+                    None => tracing::debug!(%error, "{what}: {error}"),
+                },
             }
             return;
         }
     };
+    if let Report::SetBack { failures } = &mut report {
+        failures.end();
+    }
     metrics.link_triggers_off.set(modes.not_firing() as i64);
     if let Some(statement) = &modes.set_back {
         metrics
@@ -69,7 +78,7 @@ pub(crate) async fn set_back(
             wrong.join(", ")
         );
     }
-    if report == Report::All {
+    if matches!(report, Report::All) {
         for name in &modes.disabled {
             tracing::error!(
                 "trigger {name} on links is disabled: what it logs or announces goes unseen by \

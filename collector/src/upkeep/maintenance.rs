@@ -85,13 +85,15 @@ pub(crate) async fn run(
     let mut backoff = crate::db::backoff();
     // Pruning rides on a fold or on the first look after an interval without one.
     let mut pruned = Instant::now() - policy.fold.interval;
+    let mut trigger_failures = Throttle::per_outage();
     loop {
         // Sums growing fast (many distinct codes) can pass their memory bound within a look.
         tokio::select! {
             _ = looks.tick() => {}
             () = own.due_by_memory() => {}
         }
-        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruned);
+        let pruning = (&mut pruned, &mut trigger_failures);
+        let round = round(&db, &mut conn, &policy, &own, &metrics, pruning);
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 backoff.reset();
@@ -116,8 +118,9 @@ pub(crate) async fn run(
 }
 
 /// One look on `conn` (opened first if needed), which has `policy.timeout` from its start: the
-/// gauges, then a fold if due, pruning if due (`pruned`: when last) and after it the modes of
-/// the triggers on `links` (`link_triggers`), if the round has time left for them. The gauges
+/// gauges, then a fold if due, pruning if due (`pruning`: when last, and the throttle of the
+/// trigger look's failures) and after it the modes of the triggers on `links`
+/// (`link_triggers`), if the round has time left for them. The gauges
 /// first: a fold that fails or runs out of time at every look is what they and their alerts
 /// (CompactionBehind) are for, and after it they were never set. A fold's effect shows at the
 /// next look.
@@ -127,7 +130,7 @@ async fn round(
     policy: &Policy,
     own: &Unfolded,
     metrics: &Metrics,
-    pruned: &mut Instant,
+    (pruned, failures): (&mut Instant, &mut Throttle),
 ) -> Result<(), tokio_postgres::Error> {
     // A quarter of the round's time left for the last slice of pruning and the rest.
     let deadline = Instant::now() + policy.timeout;
@@ -154,7 +157,8 @@ async fn round(
         let wait = deadline.saturating_duration_since(Instant::now()) / 4;
         if wait >= MIN_LOCK_WAIT {
             let wait = wait.min(link_triggers::LOCK_WAIT);
-            link_triggers::set_back(client, link_triggers::Report::SetBack, wait, metrics).await;
+            let report = link_triggers::Report::SetBack { failures };
+            link_triggers::set_back(client, report, wait, metrics).await;
         }
         *pruned = Instant::now();
     }

@@ -250,6 +250,30 @@ async fn modes_two_collectors_find_wrong_at_once_are_set_back_once() {
     assert_eq!(pgtest::link_trigger_modes(&client).await, theirs);
 }
 
+/// A collector's own role, a member of `clicks_collector` (which owns links) and no
+/// superuser, as `systemd/database.sql` makes it, sets the modes back.
+#[tokio::test]
+async fn modes_are_set_back_by_a_member_of_the_owner() {
+    let db = pgtest::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    let role = format!("collector_{}", db.name);
+    let setup = format!(
+        "ALTER TABLE links ENABLE TRIGGER ALL;
+         CREATE ROLE {role} IN ROLE clicks_collector;
+         SET ROLE {role}"
+    );
+    client.batch_execute(&setup).await.unwrap();
+    let epoch = state(&client).await.2;
+    let wait = std::time::Duration::from_secs(5);
+    let found = schema::restore_link_trigger_modes(&mut client, wait).await;
+    assert!(found.unwrap().set_back.is_some());
+    assert_eq!(state(&client).await.2, epoch + 1);
+    assert_eq!(
+        pgtest::link_trigger_modes(&client).await,
+        pgtest::LINK_TRIGGER_MODES
+    );
+}
+
 /// A role that may write links but does not own it cannot set the modes back: it is refused
 /// at once, rather than after holding up every writer of links behind its wait for the lock.
 #[tokio::test]
