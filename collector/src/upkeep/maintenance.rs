@@ -83,17 +83,18 @@ pub(crate) async fn run(
     // One warning per outage; each look's retry would repeat it.
     let mut outage = Throttle::per_outage();
     let mut backoff = crate::db::backoff();
-    // Pruning rides on a fold or on the first look after an interval without one.
-    let mut pruned = Instant::now() - policy.fold.interval;
-    let mut trigger_failures = Throttle::per_outage();
+    let mut pruning = Pruning {
+        // Pruning rides on a fold or on the first look after an interval without one.
+        last: Instant::now() - policy.fold.interval,
+        trigger_failures: Throttle::per_outage(),
+    };
     loop {
         // Sums growing fast (many distinct codes) can pass their memory bound within a look.
         tokio::select! {
             _ = looks.tick() => {}
             () = own.due_by_memory() => {}
         }
-        let pruning = (&mut pruned, &mut trigger_failures);
-        let round = round(&db, &mut conn, &policy, &own, &metrics, pruning);
+        let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruning);
         match timed(policy.timeout, round).await {
             Ok(()) => {
                 backoff.reset();
@@ -117,10 +118,17 @@ pub(crate) async fn run(
     }
 }
 
+/// What the rounds keep of their prunings.
+struct Pruning {
+    /// When the last one ran.
+    last: Instant,
+    /// The failures of the look at the modes of the triggers on `links` after each.
+    trigger_failures: Throttle,
+}
+
 /// One look on `conn` (opened first if needed), which has `policy.timeout` from its start: the
-/// gauges, then a fold if due, pruning if due (`pruning`: when last, and the throttle of the
-/// trigger look's failures) and after it the modes of the triggers on `links`
-/// (`link_triggers`), if the round has time left for them. The gauges
+/// gauges, then a fold if due, pruning if due (`pruning`) and after it the modes of the
+/// triggers on `links` (`link_triggers`), if the round has time left for them. The gauges
 /// first: a fold that fails or runs out of time at every look is what they and their alerts
 /// (CompactionBehind) are for, and after it they were never set. A fold's effect shows at the
 /// next look.
@@ -130,7 +138,7 @@ async fn round(
     policy: &Policy,
     own: &Unfolded,
     metrics: &Metrics,
-    (pruned, failures): (&mut Instant, &mut Throttle),
+    pruning: &mut Pruning,
 ) -> Result<(), tokio_postgres::Error> {
     // A quarter of the round's time left for the last slice of pruning and the rest.
     let deadline = Instant::now() + policy.timeout;
@@ -149,7 +157,7 @@ async fn round(
     show(metrics, &compact::backlog(client).await?);
     let folded = compact::due(client, &policy.fold, own).await?
         && fold(client, policy, own, metrics).await?;
-    if folded || pruned.elapsed() >= policy.fold.interval {
+    if folded || pruning.last.elapsed() >= policy.fold.interval {
         // The rest of a backlog waits for the next round.
         compact::prune(client, prune_until.into_std()).await?;
         // A quarter of what the round has left, at most, for each of the three locks it may
@@ -157,10 +165,11 @@ async fn round(
         let wait = deadline.saturating_duration_since(Instant::now()) / 4;
         if wait >= MIN_LOCK_WAIT {
             let wait = wait.min(link_triggers::LOCK_WAIT);
+            let failures = &mut pruning.trigger_failures;
             let report = link_triggers::Report::SetBack { failures };
             link_triggers::set_back(client, report, wait, metrics).await;
         }
-        *pruned = Instant::now();
+        pruning.last = Instant::now();
     }
     Ok(())
 }
