@@ -55,6 +55,11 @@ const QUEUE_FULL_CAP: Duration = Duration::from_millis(20);
 /// Datagrams sent in a row before the task yields, so that a backlog after an outage does not
 /// hold a runtime thread that request handlers are waiting for.
 const SENDS_PER_YIELD: u32 = 32;
+/// Datagrams read from the ack socket a wake: the collector sends one a commit, so a few are
+/// all it ever queues. Anything that may write to the socket can keep its queue full (the
+/// collector, every redirector of the group): read without a bound, and ahead of the timers, it
+/// held up the tick, resends and the stop's deadline for as long as it kept writing.
+const ACKS_A_WAKE: usize = 8;
 /// A sender with nothing unacknowledged that has sent nothing for this long goes on under a
 /// new sender id, from seq 0, well within the 29 days a collector keeps an idle sender
 /// (`protocol::senders::IDLE`): one that forgot it must not wait for seqs it cannot know were
@@ -131,6 +136,7 @@ enum Link {
 }
 
 /// What woke the loop.
+#[derive(Debug)]
 enum Wake {
     Stop,
     Deadline,
@@ -288,10 +294,14 @@ impl Drain {
             // A closed channel means nobody will ever send a deadline: stop now.
             _ = stop.wait_for(Option::is_some), if deadline.is_none() => Wake::Stop,
             () = at(deadline), if deadline.is_some() => Wake::Deadline,
-            Ok(()) = self.socket.readable() => Wake::Readable,
+            // The timers before the socket, which its writers can keep readable
+            // (`ACKS_A_WAKE`); each is past only once until handled. An acknowledgement
+            // queued as its timeout passes is read after the resend, which the collector
+            // takes for repeats.
             () = at(retry_at), if retry_at.is_some() => Wake::Retry,
             () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
             _ = tick.tick() => Wake::Tick,
+            Ok(()) = self.socket.readable() => Wake::Readable,
         }
     }
 
@@ -494,10 +504,10 @@ impl Drain {
         );
     }
 
-    /// Reads every acknowledgement queued on the socket.
+    /// Reads the acknowledgements queued on the socket, `ACKS_A_WAKE` at most.
     fn read_acks(&mut self) {
         let mut buf = [0u8; MAX_ACK + 1];
-        loop {
+        for _ in 0..ACKS_A_WAKE {
             let fd = self.socket.as_fd();
             let read = self
                 .socket
@@ -788,6 +798,48 @@ mod tests {
                 unacked: 0
             }
         );
+    }
+
+    /// A drain whose collector is not there, and `n` datagrams of garbage queued on its ack
+    /// socket (the socket's queue holds 10 unless `net.unix.max_dgram_qlen` says otherwise).
+    async fn flooded(dir: &std::path::Path, n: usize) -> Drain {
+        let settings = Settings {
+            collector: dir.join("nobody.sock"),
+            ack_socket: dir.join("ack.sock"),
+            ack_socket_mode: 0o600,
+            flush_every: Duration::from_millis(5),
+            ack_timeout: Duration::from_secs(3600),
+        };
+        let region = Region::in_process(16, 4).unwrap();
+        let drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
+        let garbage = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        for _ in 0..n {
+            garbage.send_to(&[0xff], dir.join("ack.sock")).unwrap();
+        }
+        drain.socket.readable().await.unwrap();
+        drain
+    }
+
+    /// Garbage written to the ack socket as fast as it is read neither keeps a wake reading
+    /// nor keeps the timers from their turn.
+    #[tokio::test]
+    async fn a_full_ack_socket_is_read_a_few_at_a_wake_after_the_timers() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut drain = flooded(dir.path(), ACKS_A_WAKE + 1).await;
+        drain.read_acks();
+        assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64);
+        // A tick overdue, and the socket still holding one.
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (_stop, mut stopped) = watch::channel(None);
+        let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
+        assert!(matches!(wake, Wake::Tick), "{wake:?}");
+        let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
+        assert!(matches!(wake, Wake::Readable), "{wake:?}");
+        drain.read_acks();
+        assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64 + 1);
     }
 
     /// An adopted window of seqs up to 4: only an acknowledgement of all of it, or a request to
