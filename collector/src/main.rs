@@ -15,7 +15,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
+            shared::fatal!("{e}");
             ExitCode::FAILURE
         }
     }

@@ -426,6 +426,20 @@ async fn a_missing_database_url_is_a_usage_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
 }
 
+/// A connection string naming no host (libpq would take its default socket) is refused at
+/// start rather than waited on as a database that is down, and the reason reaches stderr even
+/// with `RUST_LOG=off`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_url_naming_no_host_is_refused_at_start_even_with_logging_off() {
+    let mut cmd = std::process::Command::new(testkit::binary("collector"));
+    cmd.env("RUST_LOG", "off")
+        .args(["--database-url", "dbname=clicks user=clicks-collector"]);
+    let mut collector = testkit::Service::spawn("collector", cmd);
+    assert_eq!(collector.wait_exit(LIMIT).await.code(), Some(1));
+    let log = collector.log();
+    assert!(log.iter().any(|l| l.contains("names no host")), "{log:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_for_the_database_unhealthy_and_unbound_until_it_is_there() {
     let cluster = pgtest::cluster();

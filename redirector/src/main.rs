@@ -9,14 +9,14 @@ async fn main() -> ExitCode {
     let result = match redirector::service::signalled() {
         Ok(shutdown) => redirector::service::run(cfg, shutdown).await,
         Err(e) => {
-            tracing::error!("installing signal handlers: {e}");
+            shared::fatal!("installing signal handlers: {e}");
             return ExitCode::FAILURE;
         }
     };
     match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("redirector: {e}");
+            shared::fatal!("redirector: {e}");
             ExitCode::FAILURE
         }
     }

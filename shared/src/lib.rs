@@ -27,13 +27,71 @@ pub fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'stat
     })
 }
 
-/// Logs to stderr through `tracing`, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr through `tracing`, filtered by `RUST_LOG` (default `info`; an empty value too,
+/// which `tracing_subscriber` takes for no logging at all, as an `EnvironmentFile` line
+/// `RUST_LOG=` would give). A value that is no filter logs at `info`, and says so.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, refused) = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    if let Some(refused) = refused {
+        tracing::warn!("{refused}");
+    }
+}
+
+/// The filter `RUST_LOG`'s `value` asks for, or `info` and why not.
+fn log_filter(value: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    use tracing_subscriber::EnvFilter;
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => (EnvFilter::new("info"), None),
+        Some(value) => match EnvFilter::try_new(value) {
+            Ok(filter) => (filter, None),
+            Err(e) => (
+                EnvFilter::new("info"),
+                Some(format!(
+                    "RUST_LOG={value:?} is not a filter ({e}): logging at info"
+                )),
+            ),
+        },
+    }
+}
+
+/// Says why the process exits, as `format!` would: logged as an error (under the caller's
+/// target), or written to stderr where `RUST_LOG` turned errors off, so that a start that fails
+/// is never silent.
+#[macro_export]
+macro_rules! fatal {
+    ($($arg:tt)*) => {
+        if ::tracing::enabled!(::tracing::Level::ERROR) {
+            ::tracing::error!($($arg)*)
+        } else {
+            ::std::eprintln!($($arg)*)
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::filter::LevelFilter;
+
+    #[test]
+    fn rust_log_unset_empty_or_no_filter_logs_at_info() {
+        let level = |value| {
+            let (filter, refused) = super::log_filter(value);
+            (filter.max_level_hint(), refused.is_some())
+        };
+        let info = (Some(LevelFilter::INFO), false);
+        assert_eq!(level(None), info);
+        assert_eq!(level(Some("")), info);
+        assert_eq!(level(Some("  ")), info);
+        assert_eq!(level(Some("debug")), (Some(LevelFilter::DEBUG), false));
+        assert_eq!(level(Some("off")), (Some(LevelFilter::OFF), false));
+        assert_eq!(
+            level(Some("collector=verbose")),
+            (Some(LevelFilter::INFO), true)
+        );
+    }
 }

@@ -24,6 +24,13 @@ pub enum ConfigError {
     Parse(#[source] tokio_postgres::Error),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// libpq would take `PGHOST` or its own socket directory; tokio-postgres takes neither,
+    /// and every connection would fail as if the database were down.
+    #[error(
+        "names no host: add host=/run/postgresql (the directory of a Unix socket) or \
+         host=NAME (PGHOST and libpq's default socket directory are not read)"
+    )]
+    NoHost,
 }
 
 /// A parsed connection string: tokio-postgres' settings plus the TLS ones it does not know.
@@ -49,7 +56,10 @@ impl std::str::FromStr for Config {
 
     fn from_str(url: &str) -> Result<Config, ConfigError> {
         let (tls, rest) = options::split(url)?;
-        let pg = rest.parse().map_err(ConfigError::Parse)?;
+        let pg: tokio_postgres::Config = rest.parse().map_err(ConfigError::Parse)?;
+        if pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty() {
+            return Err(ConfigError::NoHost);
+        }
         let client = tls::client_config(&tls)?;
         Ok(Config { pg, tls, client })
     }
@@ -180,6 +190,27 @@ pub fn backoff() -> crate::backoff::Backoff {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    #[test]
+    fn a_url_naming_no_host_is_refused() {
+        let parse = |url: &str| url.parse::<super::Config>();
+        for url in [
+            "dbname=clicks user=c",
+            "postgres:///clicks",
+            "postgres://c@/clicks",
+        ] {
+            let err = parse(url).expect_err(url);
+            assert!(matches!(err, super::ConfigError::NoHost), "{url}: {err}");
+        }
+        for url in [
+            "host=/run/postgresql dbname=clicks",
+            "hostaddr=127.0.0.1 dbname=clicks",
+            "postgres://db.example.com/clicks",
+            "postgres://%2Frun%2Fpostgresql/clicks",
+        ] {
+            parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
+    }
 
     #[test]
     fn a_statement_timeout_is_kept_within_what_postgresql_takes() {
