@@ -156,7 +156,8 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
 
-    /// A keep-alive connection idle between requests this long is closed.
+    /// A keep-alive connection idle between requests this long is closed. At most
+    /// --header-read-timeout, whose timer runs while a connection waits for its next request.
     #[arg(long, value_name = "DURATION", env = "REDIRECTOR_IDLE_TIMEOUT", default_value = "5s", value_parser = shared::flags::duration)]
     pub idle_timeout: Duration,
 
@@ -232,6 +233,24 @@ impl Config {
             _ => Ok(()),
         }
     }
+
+    /// The drain's own socket is not the collector's: it would replace a leftover collector
+    /// socket, and send every datagram to itself.
+    pub fn check_sockets(&self) -> Result<(), &'static str> {
+        let same = |a: &std::path::Path, b: &std::path::Path| {
+            use std::os::unix::fs::MetadataExt;
+            let absolute = |p| std::path::absolute(p).ok();
+            let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+            absolute(a) == absolute(b) || inode(a).is_some_and(|i| Some(i) == inode(b))
+        };
+        if self.clicks == ClickMode::Pipeline && same(&self.ack_socket, &self.socket) {
+            return Err(
+                "--ack-socket is the collector's --socket: give the redirector a socket \
+                        of its own",
+            );
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -272,6 +291,34 @@ mod tests {
         assert_eq!(c.check_dimensions(), Ok(()));
         let unflagged = Config::try_parse_from(["redirector", "--database-url", "x"]).unwrap();
         assert_eq!(unflagged.flush_interval, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn an_ack_socket_at_the_collectors_is_refused() {
+        let check = |extra: &[&str]| {
+            let args = ["redirector", "--database-url", "x"].iter().chain(extra);
+            Config::try_parse_from(args).unwrap().check_sockets()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("collector.sock");
+        let linked = dir.path().join("linked.sock");
+        std::fs::write(&socket, "").unwrap();
+        std::os::unix::fs::symlink(&socket, &linked).unwrap();
+        let own = dir.path().join("own.sock");
+        let pair = |ack: &std::path::Path, mode| {
+            let (socket, ack) = (socket.to_str().unwrap(), ack.to_str().unwrap());
+            check(&["--socket", socket, "--ack-socket", ack, "--clicks", mode])
+        };
+        assert_eq!(pair(&own, "pipeline"), Ok(()));
+        for ack in [
+            &socket,
+            &linked,
+            &dir.path().join(".").join("collector.sock"),
+        ] {
+            let err = pair(ack, "pipeline").unwrap_err();
+            assert!(err.starts_with("--ack-socket"), "{}: {err}", ack.display());
+        }
+        assert_eq!(pair(&socket, "off"), Ok(()), "no drain, no ack socket");
     }
 
     #[test]

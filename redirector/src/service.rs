@@ -55,6 +55,8 @@ pub enum Error {
     MaxConnections(String),
     #[error("--dimensions: {0}")]
     Dimensions(&'static str),
+    #[error("{0}")]
+    Sockets(&'static str),
 }
 
 /// The final counts, as logged at exit.
@@ -88,6 +90,7 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     cfg.check_dimensions().map_err(Error::Dimensions)?;
+    cfg.check_sockets().map_err(Error::Sockets)?;
     let mut registry = Registry::with_prefix("redirector");
     let metrics = Metrics::register(&mut registry);
     let table = Arc::new(LinkTable::default());
