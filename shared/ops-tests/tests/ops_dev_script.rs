@@ -52,6 +52,23 @@ fn dev_command(dev_dir: &Path) -> Command {
     cmd
 }
 
+/// A wait that is no whole number of seconds is refused before anything starts (bash took
+/// `abc` for 0, and `2m` failed inside a later wait, blaming a process that had started).
+#[test]
+fn dev_script_refuses_a_wait_that_is_no_number_of_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    for wait in ["abc", "2m", "0", "-5"] {
+        let out = dev_command(dir.path())
+            .env("DEV_WAIT", wait)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "DEV_WAIT={wait}: {said}");
+        assert!(said.contains("DEV_WAIT is a whole number"), "{said}");
+        assert!(!dir.path().join("pg").exists(), "nothing started");
+    }
+}
+
 /// What the script printed once ready: the addresses, the psql command, the pids it started.
 struct Ready {
     redirect: SocketAddr,
