@@ -63,7 +63,8 @@ shared::metrics! {
         clicks_rejected: Counter = "clicks_rejected",
             "Clicks of datagrams rejected whole that were passed over: the header named their \
              sender, the seq it was at and how many clicks it held (so it is not held there \
-             resending them for good); lost, counted here.";
+             resending them for good); lost, counted here once the batch that passes them over \
+             commits.";
         mirror_sent: Counter = "mirror_sent", "Datagrams forwarded to the mirror socket.";
         mirror_failed: Counter = "mirror_failed", "Datagrams the mirror socket did not take.";
     }

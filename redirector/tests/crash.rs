@@ -174,8 +174,9 @@ async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted(
 /// A state file whose window holds a datagram with a damaged click (a byte of its code; the
 /// header intact, so the start adopts it): the collector rejects it at every resend, and
 /// before, the sender resent it for good while its ring filled and dropped everything after.
-/// The collector passes it over, counting its clicks as rejected, and every other click is
-/// written, those served after the start included.
+/// The collector passes it over, counting its clicks as rejected once the batch that passes
+/// it over commits (a collector killed before would count them, and its next process again),
+/// and every other click is written, those served after the start included.
 #[tokio::test]
 async fn a_window_datagram_with_a_damaged_click_is_passed_over_not_resent_for_good() {
     const N: u64 = 500;
@@ -189,12 +190,21 @@ async fn a_window_datagram_with_a_damaged_click_is_passed_over_not_resent_for_go
     bytes[at.expect("a datagram in the state file") + 2] = b' ';
     std::fs::write(&state, bytes).unwrap();
 
-    let (_collector, collector_admin) = start_collector(&f).await;
+    let (collector, collector_admin) = start_collector(&f).await;
+    // The collector's batches wait on click_senders until this transaction ends.
+    let mut holder = testkit::pgtest::connect(&f.db.url).await;
+    let held = holder.transaction().await.unwrap();
+    let lock = "LOCK TABLE click_senders IN EXCLUSIVE MODE";
+    held.batch_execute(lock).await.unwrap();
     let cmd = redirector_command(&f.db.url, &f.socket, &["--state-file", &state]);
     let r = start_redirector(cmd).await;
     r.ready().await;
-    assert_eq!(redirected(&r, N).await, N);
+    collector.wait_for_log("passed over so that", LIMIT).await;
     let series = "collector_clicks_rejected_total";
+    let before_commit = testkit::services::metric(collector_admin, series).await;
+    assert_eq!(before_commit, 0.0, "counted before its batch committed");
+    held.rollback().await.unwrap();
+    assert_eq!(redirected(&r, N).await, N);
     let rejected = eventually("the damaged datagram passed over", LIMIT, || async {
         let rejected = testkit::services::metric(collector_admin, series).await;
         (rejected > 0.0).then_some(rejected as u64)

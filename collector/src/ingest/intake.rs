@@ -9,7 +9,7 @@ use protocol::RejectReason;
 use shared::socket::Received;
 use std::time::{Duration, Instant};
 
-use crate::write::batch::{Batch, DateWindow, Noted};
+use crate::write::batch::{Batch, DateWindow, Noted, PassedOver};
 use protocol::senders::{Refusal, Resynced, Verdict};
 
 use crate::ingest::senders::{Reply, Senders};
@@ -254,6 +254,10 @@ impl Intake {
             // Judged as any other: a resend request for a seq before it goes out.
             return (Outcome::Rejected(why), reply);
         };
+        batch.pass_over(PassedOver {
+            rejected: clicks,
+            unaccounted: 0,
+        });
         let outcome = Outcome::PassedOver {
             taken: self.note_accepted((sender, seq, lost), meta, batch),
             why,
@@ -347,6 +351,10 @@ impl Intake {
             } => {
                 let noted = noted(first - 1, resync.clicks_before, meta);
                 batch.note_sender(resync.sender, noted);
+                batch.pass_over(PassedOver {
+                    rejected: 0,
+                    unaccounted,
+                });
                 Outcome::Resynced {
                     sender: resync.sender,
                     first,
@@ -521,6 +529,11 @@ mod tests {
         assert!(rejected_for(&unbound, Damage::Code), "{unbound:?}");
         assert!(reply.is_none());
         assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
+        let passed_over = PassedOver {
+            rejected: 10,
+            unaccounted: 0,
+        };
+        assert_eq!(batch.passed_over(), passed_over, "seqs 1, 4, 5, 6 and 7");
         let senders = intake.senders();
         assert_eq!(senders.clicks_through(5), 16, "as its sender counts");
         assert_eq!(

@@ -238,6 +238,7 @@ impl Receiver {
 impl Receiver {
     /// Tells every sender of a committed batch what is committed.
     fn acknowledge(&mut self, batch: &Batch) {
+        self.events.committed(batch.passed_over());
         let now = std::time::Instant::now();
         for (sender, seq) in batch.senders() {
             if let Some(reply) = self.intake.senders().commit(sender, seq, now) {

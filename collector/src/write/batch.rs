@@ -129,6 +129,15 @@ pub(crate) struct DayRows {
     pub(crate) dimensions: Bytes,
 }
 
+/// Clicks a batch's sender records pass over, by the metric each is counted in.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassedOver {
+    /// `clicks_rejected`: a datagram rejected whole at the seq its sender was at.
+    pub(crate) rejected: u64,
+    /// `clicks_unaccounted`: skipped by a resync.
+    pub(crate) unaccounted: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Batch {
     /// `clicks` COPY rows per UTC day: each day's go straight into that day's partition
@@ -155,6 +164,11 @@ pub struct Batch {
     senders: HashMap<u64, Noted>,
     /// Sender ids the collector forgot: their click_senders rows go with this batch.
     forgotten: Vec<u64>,
+    /// Clicks the senders' records in this batch pass over: of datagrams rejected whole, and
+    /// those a resync says nobody can account for. Counted once the batch commits, not as
+    /// they are passed: a collector killed before that has them passed over again, by its
+    /// next process, from the same records.
+    passed_over: PassedOver,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,
     /// The hashes of the codes of the datagram being pushed, reused from datagram to datagram.
@@ -267,6 +281,16 @@ impl Batch {
             key.push_str(value);
             *values.slot(key, code_map::hash(key), || 0).0 += 1;
         }
+    }
+
+    /// Clicks this batch's sender records pass over (see `PassedOver`).
+    pub(crate) fn pass_over(&mut self, clicks: PassedOver) {
+        self.passed_over.rejected += clicks.rejected;
+        self.passed_over.unaccounted += clicks.unaccounted;
+    }
+
+    pub(crate) fn passed_over(&self) -> PassedOver {
+        self.passed_over
     }
 
     /// Sender ids to delete from click_senders with this batch.
@@ -453,6 +477,7 @@ impl Batch {
         }
         self.senders.clear();
         self.forgotten.clear();
+        self.passed_over = PassedOver::default();
         self.clicked_at.clear();
         self.started = None;
     }

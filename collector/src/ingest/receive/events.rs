@@ -11,6 +11,7 @@ use crate::ingest::intake::{Outcome, Taken, Why};
 use crate::ingest::senders::Reply;
 use crate::ingest::{Metrics, Resync};
 use crate::metrics::Shared;
+use crate::write::batch::PassedOver;
 
 pub(crate) struct Events {
     metrics: Arc<Metrics>,
@@ -37,6 +38,13 @@ impl Events {
             resync_log: Throttle::default(),
             passed_log: Throttle::default(),
         }
+    }
+
+    /// A batch was committed: the clicks its sender records pass over are lost for good.
+    pub(crate) fn committed(&self, passed_over: PassedOver) {
+        self.metrics.clicks_rejected.inc_by(passed_over.rejected);
+        let unaccounted = &self.shared.counts.clicks_unaccounted;
+        unaccounted.inc_by(passed_over.unaccounted);
     }
 
     /// A datagram was read from the socket.
@@ -122,7 +130,6 @@ impl Events {
                 unaccounted,
             } => {
                 m.resyncs.inc(Resync::Skipped);
-                self.shared.counts.clicks_unaccounted.inc_by(unaccounted);
                 m.senders.set(senders as i64);
                 // Throttled as the other events are: a peer can bring a resync of a fresh id
                 // about at will (a datagram ahead, then the resync asked for).
@@ -160,8 +167,7 @@ impl Events {
 
     /// `sender`'s datagram at `seq`, rejected for `why`, was passed over: its `clicks` are lost.
     fn passed_over(&mut self, why: &Why, Taken { sender, seq, .. }: Taken, clicks: u64) {
-        self.metrics.clicks_rejected.inc_by(clicks);
-        // Counted as rejected, and logged once, here.
+        // Counted as rejected, and logged once, here; its clicks once committed (`committed`).
         self.metrics.datagrams_rejected.inc(why.reason());
         if let Some(held) = self.passed_log.allow() {
             tracing::error!(
