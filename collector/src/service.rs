@@ -126,13 +126,14 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
     let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
-    if config
-        .mirror
-        .as_deref()
-        .is_some_and(|m| same_file(m, &config.socket))
+    let inbox_path = inbox.path();
+    if (config.mirror.as_deref())
+        .zip(inbox_path.as_deref())
+        .is_some_and(|(mirror, inbox)| same_file(mirror, inbox))
     {
         // Each datagram forwarded would come back to be forwarded again, for ever.
-        let own = "is the collector's own socket (--socket): a tap needs a socket of its own";
+        let own = "is the collector's own socket (--socket, or the one systemd passed): a tap \
+                   needs a socket of its own";
         return Err(Fatal::Mirror(std::io::Error::other(own)));
     }
     metrics.upkeep.deltas_pending.set(start.deltas_pending);

@@ -100,17 +100,30 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
 }
 
 /// A `--mirror` that names the collector's own socket is refused at start: every datagram
-/// forwarded would come back to be forwarded again, for ever, filling the queue.
+/// forwarded would come back to be forwarded again, for ever, filling the queue. Also where
+/// the socket is the one systemd passed, bound at a path other than `--socket`'s.
 #[tokio::test]
 async fn a_mirror_on_the_collectors_own_socket_is_refused() {
     let db = testkit::pgtest::test_db().await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("collector.sock");
     let own = socket.to_str().unwrap();
-    let cmd = testkit::services::collector_command(&db.url, &socket, &["--mirror", own]);
-    let mut collector = Service::spawn("collector", cmd);
-    let status = collector.wait_exit(LIMIT).await;
-    assert!(!status.success(), "{status}");
-    let log = collector.log().join("\n");
-    assert!(log.contains("is the collector's own socket"), "{log}");
+    let refused = |cmd| async {
+        let mut collector = Service::spawn("collector", cmd);
+        let status = collector.wait_exit(LIMIT).await;
+        assert!(!status.success(), "{status}");
+        let log = collector.log().join("\n");
+        assert!(log.contains("is the collector's own socket"), "{log}");
+    };
+    refused(testkit::services::collector_command(
+        &db.url,
+        &socket,
+        &["--mirror", own],
+    ))
+    .await;
+    let passed = shared::socket::bind_datagram(&socket, 0o600).unwrap();
+    let elsewhere = dir.path().join("not-bound.sock");
+    let cmd = testkit::services::collector_command(&db.url, &elsewhere, &["--mirror", own]);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&passed);
+    refused(testkit::socket_activated(&cmd, fd)).await;
 }

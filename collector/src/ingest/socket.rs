@@ -80,6 +80,17 @@ impl Inbox {
         })
     }
 
+    /// Where it is bound: `--socket`, or where systemd bound the one it passed (`None` if
+    /// that has no path).
+    pub(crate) fn path(&self) -> Option<PathBuf> {
+        match &self.origin {
+            Origin::Bound(path) => Some(path.clone()),
+            Origin::Activated => socket::getsockname::<UnixAddr>(self.sock.as_fd().as_raw_fd())
+                .ok()
+                .and_then(|addr| addr.path().map(Path::to_owned)),
+        }
+    }
+
     /// Whether stopping drains the queue (a bound socket) or leaves it to systemd.
     pub(crate) fn drains_at_stop(&self) -> bool {
         matches!(self.origin, Origin::Bound(_))
