@@ -241,7 +241,8 @@ impl Config {
             use std::os::unix::fs::MetadataExt;
             let absolute = |p| std::path::absolute(p).ok();
             let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-            absolute(a) == absolute(b) || inode(a).is_some_and(|i| Some(i) == inode(b))
+            matches!((absolute(a), absolute(b)), (Some(a), Some(b)) if a == b)
+                || inode(a).is_some_and(|i| Some(i) == inode(b))
         };
         if self.clicks == ClickMode::Pipeline && same(&self.ack_socket, &self.socket) {
             return Err(

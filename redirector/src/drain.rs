@@ -251,9 +251,17 @@ impl Drain {
                 Wake::Stop => deadline = Some(stop.borrow().unwrap_or_else(Instant::now)),
                 Wake::Deadline => break,
                 Wake::Tick => self.fill(),
-                Wake::Readable => self.read_acks(),
+                Wake::Readable => self.take_acks(),
                 Wake::Retry => self.retry(),
-                Wake::AckTimeout => self.resend_unacked(),
+                Wake::AckTimeout => {
+                    // An acknowledgement queued by now (the task woke late) is no timeout.
+                    self.read_acks();
+                    if self.window.awaits_ack()
+                        && self.progress + self.settings.ack_timeout <= Instant::now()
+                    {
+                        self.resend_unacked();
+                    }
+                }
             }
             if deadline.is_some() {
                 // Stopping: no handler pushes any more; move whatever is left at once.
@@ -295,9 +303,7 @@ impl Drain {
             _ = stop.wait_for(Option::is_some), if deadline.is_none() => Wake::Stop,
             () = at(deadline), if deadline.is_some() => Wake::Deadline,
             // The timers before the socket, which its writers can keep readable
-            // (`ACKS_A_WAKE`); each is past only once until handled. An acknowledgement
-            // queued as its timeout passes is read after the resend, which the collector
-            // takes for repeats.
+            // (`ACKS_A_WAKE`); each is past only once until handled.
             () = at(retry_at), if retry_at.is_some() => Wake::Retry,
             () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
             _ = tick.tick() => Wake::Tick,
@@ -502,6 +508,17 @@ impl Drain {
             "no acknowledgement for {:?}: resending {again} datagrams",
             self.settings.ack_timeout
         );
+    }
+
+    /// Reads acknowledgements (`read_acks`), and fills what they free of a window that was full:
+    /// a tick that came with them went first, to the full window, and the ring would otherwise
+    /// wait a flush interval more.
+    fn take_acks(&mut self) {
+        let was_full = self.window.is_full();
+        self.read_acks();
+        if was_full && !self.window.is_full() {
+            self.fill();
+        }
     }
 
     /// Reads the acknowledgements queued on the socket, `ACKS_A_WAKE` at most.
@@ -813,8 +830,10 @@ mod tests {
         let region = Region::in_process(16, 4).unwrap();
         let drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
         let garbage = std::os::unix::net::UnixDatagram::unbound().unwrap();
-        for _ in 0..n {
-            garbage.send_to(&[0xff], dir.join("ack.sock")).unwrap();
+        garbage.set_nonblocking(true).unwrap();
+        for i in 0..n {
+            let sent = garbage.send_to(&[0xff], dir.join("ack.sock"));
+            sent.unwrap_or_else(|e| panic!("queueing datagram {i} of {n}: {e}"));
         }
         drain.socket.readable().await.unwrap();
         drain
@@ -829,9 +848,10 @@ mod tests {
         drain.read_acks();
         assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64);
         // A tick overdue, and the socket still holding one.
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
         tick.tick().await;
+        tick.reset_immediately();
+        // A turn of the timer wheel past it, so that it is due when first polled.
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (_stop, mut stopped) = watch::channel(None);
         let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
@@ -840,6 +860,44 @@ mod tests {
         assert!(matches!(wake, Wake::Readable), "{wake:?}");
         drain.read_acks();
         assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64 + 1);
+    }
+
+    /// An acknowledgement that frees a full window fills it from the ring at once, rather than
+    /// a flush interval later.
+    #[tokio::test]
+    async fn an_acknowledgement_that_frees_a_full_window_fills_it_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings {
+            collector: dir.path().join("collector.sock"),
+            ack_socket: dir.path().join("ack.sock"),
+            ack_socket_mode: 0o600,
+            flush_every: Duration::from_secs(3600),
+            ack_timeout: Duration::from_secs(3600),
+        };
+        let collector = std::os::unix::net::UnixDatagram::bind(&settings.collector).unwrap();
+        let region = Region::in_process(16, 1).unwrap();
+        let mut drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
+        drain.connect();
+        let human = Default::default();
+        drain.ring.push("a", 1, &human).unwrap();
+        drain.fill();
+        drain.pump().await;
+        drain.ring.push("b", 2, &human).unwrap();
+        drain.fill();
+        assert!(
+            drain.window.is_full() && !drain.window.has_unsent(),
+            "b waits in the ring"
+        );
+        let mut buf = [0u8; 256];
+        let (_, from) = collector.recv_from(&mut buf).unwrap();
+        let ack = protocol::wire::Ack::new(drain.encoder.sender(), Some(0), None).encode();
+        collector
+            .send_to(&ack, from.as_pathname().unwrap())
+            .unwrap();
+        drain.socket.readable().await.unwrap();
+        drain.take_acks();
+        assert_eq!(drain.metrics.clicks_acked.get(), 1);
+        assert!(drain.window.has_unsent(), "b sealed into the window freed");
     }
 
     /// An adopted window of seqs up to 4: only an acknowledgement of all of it, or a request to

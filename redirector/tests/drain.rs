@@ -381,6 +381,38 @@ async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
     assert_eq!(rig.metrics.clicks_acked.get(), got.datagrams[0].1 as u64);
 }
 
+/// A drain woken late, with an acknowledgement queued and its timeout past at once (its
+/// runtime held up: a busy host, a stop signal), takes the acknowledgement and resends nothing.
+#[tokio::test]
+async fn an_acknowledgement_queued_as_its_timeout_passes_is_no_timeout() {
+    let ack_timeout = Duration::from_millis(300);
+    let rig = rig_with(100, 512, ack_timeout);
+    // The collector, on a thread of its own: acknowledges the first datagram 100 ms after it.
+    let socket = std::os::unix::net::UnixDatagram::bind(&rig.path).unwrap();
+    let sender = rig.sender;
+    let collector = std::thread::spawn(move || {
+        let mut buf = vec![0u8; protocol::wire::MAX_DATAGRAM];
+        let (n, from) = socket.recv_from(&mut buf).unwrap();
+        let seq = protocol::wire::decode(&buf[..n]).unwrap().seq;
+        std::thread::sleep(Duration::from_millis(100));
+        let ack = Ack::new(sender, Some(seq), None).encode();
+        socket.send_to(&ack, from.as_pathname().unwrap()).unwrap();
+        // Still bound, so that a resend would be taken (and counted).
+        socket
+    });
+    rig.push("late", 10);
+    let metrics = rig.metrics.clone();
+    eventually("the datagram sent", LIMIT, || async {
+        (metrics.datagrams_sent.get() == 1).then_some(())
+    })
+    .await;
+    // This test's one runtime thread, the drain's too, held up past the timeout.
+    std::thread::sleep(ack_timeout + Duration::from_secs(1));
+    let _bound = collector.join().unwrap();
+    await_acked(&rig, 10).await;
+    assert_eq!(rig.metrics.resends.get(), 0);
+}
+
 #[tokio::test]
 async fn a_full_window_stops_the_drain_and_the_ring_holds_the_rest() {
     let rig = rig_with(50_000, 2, Duration::from_secs(3600));

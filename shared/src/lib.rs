@@ -45,7 +45,9 @@ pub fn init_logging() {
 /// The filter `RUST_LOG`'s `value` asks for, or `info` and why not.
 fn log_filter(value: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<String>) {
     use tracing_subscriber::EnvFilter;
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
+    // No directive at all (`""`, `","`) would turn every log off.
+    let directives = |v: &str| v.split(',').any(|d| !d.trim().is_empty());
+    match value.map(str::trim).filter(|v| directives(v)) {
         None => (EnvFilter::new("info"), None),
         Some(value) => match EnvFilter::try_new(value) {
             Ok(filter) => (filter, None),
@@ -87,6 +89,7 @@ mod tests {
         assert_eq!(level(None), info);
         assert_eq!(level(Some("")), info);
         assert_eq!(level(Some("  ")), info);
+        assert_eq!(level(Some(" , ")), info);
         assert_eq!(level(Some("debug")), (Some(LevelFilter::DEBUG), false));
         assert_eq!(level(Some("off")), (Some(LevelFilter::OFF), false));
         assert_eq!(
