@@ -200,6 +200,8 @@ struct Position {
     in_progress: Vec<i64>,
     horizon: i64,
     epoch: i64,
+    /// `Head::log_table` at that read.
+    log_table: i64,
 }
 
 /// What one read of the change log's state says, in the read's snapshot.
@@ -230,6 +232,10 @@ struct Head {
     /// On a hot standby, the commit time of the last transaction it replayed (the primary's
     /// clock, Unix seconds); `None` if it replayed none since it started.
     replayed_at: Option<f64>,
+    /// The oid of `link_changes_state`: another once the tables are made again (a
+    /// `pg_restore --clean`, the database dropped and made anew), on the same server and
+    /// timeline, where the log's ids and epoch may start again below those read.
+    log_table: i64,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -245,7 +251,8 @@ macro_rules! head_columns {
                 pg_is_in_recovery(),
                 pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '0/0')::int8,
                 pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8,
-                extract(epoch FROM pg_last_xact_replay_timestamp())::float8
+                extract(epoch FROM pg_last_xact_replay_timestamp())::float8,
+                s.tableoid::int8
            FROM link_changes_state AS s"
     };
 }
@@ -295,7 +302,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 11;
+const HEAD_COLUMNS: usize = 12;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -396,6 +403,7 @@ impl Head {
             received: row.try_get(8)?,
             replayed: row.try_get(9)?,
             replayed_at: row.try_get(10)?,
+            log_table: row.try_get(11)?,
         })
     }
 
@@ -404,6 +412,9 @@ impl Head {
         let Some(at) = at else {
             return Some("first load");
         };
+        if self.log_table != at.log_table {
+            return Some("the change log's tables were made again (a restore, a new database)");
+        }
         if self.epoch != at.epoch {
             return Some("links was truncated");
         }
@@ -427,6 +438,7 @@ impl Head {
             in_progress: self.xip.clone(),
             horizon: self.horizon,
             epoch: self.epoch,
+            log_table: self.log_table,
         }
     }
 }

@@ -155,13 +155,16 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     let mut out = BytesMut::with_capacity(url.len() + query.len() + 1);
     out.put_slice(before_fragment);
     let mut separator = match (own.is_empty(), before_fragment.last()) {
-        (true, Some(b'?')) => None,
+        (true, Some(b'?')) | (false, Some(b'&')) => None,
         (true, _) => Some(b'?'),
         (false, _) => Some(b'&'),
     };
     // Sorted once, so that a request of thousands of parameters against a URL of hundreds
     // costs a search each, not a scan of the URL each.
-    let mut names: Vec<&[u8]> = own.split(|&b| b == b'&').map(name).collect();
+    // Empty parameters name nothing: a URL without a query, or ending in `&`, has no
+    // parameter named "" for a request's `=x` to be taken for.
+    let params = own.split(|&b| b == b'&').filter(|p| !p.is_empty());
+    let mut names: Vec<&[u8]> = params.map(name).collect();
     names.sort_unstable();
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         // As the URL's own, encoded when loaded: the names compare alike.
@@ -233,6 +236,16 @@ mod tests {
         assert_eq!(
             location("https://e.com/p?a=1#top", Some("&&x=1&")),
             "https://e.com/p?a=1&x=1#top"
+        );
+        // A parameter with no name is forwarded as any other, unless the URL has one.
+        assert_eq!(location(t, Some("=x")), "https://example.com/p?=x");
+        assert_eq!(
+            location("https://e.com/p?a&", Some("=x")),
+            "https://e.com/p?a&=x"
+        );
+        assert_eq!(
+            location("https://e.com/p?=1", Some("=x")),
+            "https://e.com/p?=1"
         );
     }
 

@@ -14,6 +14,7 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         received: None,
         replayed: None,
         replayed_at: None,
+        log_table: 7,
     }
 }
 
@@ -24,6 +25,7 @@ fn at(last_id: i64, in_progress: &[i64], epoch: i64) -> Position {
         in_progress: in_progress.to_vec(),
         horizon: 1000,
         epoch,
+        log_table: 7,
     }
 }
 
@@ -52,6 +54,15 @@ fn a_full_load_only_when_the_log_cannot_catch_up() {
         ..at(10, &[], 1)
     };
     assert!(h.needs_full_load(Some(&beyond)).unwrap().contains("pruned"));
+    // The log's tables made again: their ids and epoch start again.
+    let remade = Position {
+        log_table: 8,
+        ..at(10, &[501], 1)
+    };
+    assert!(h
+        .needs_full_load(Some(&remade))
+        .unwrap()
+        .contains("made again"));
     // Ids past what the log has or pruned: a server behind the one read last (a lagging
     // standby) catches up, it is not loaded from (which would serve an older state).
     assert_eq!(h.needs_full_load(Some(&at(25, &[], 1))), None);
