@@ -197,8 +197,10 @@ const OTHERS_DUE: &str = "
 
 /// Held for the fold's transaction, so one collector folds at a time; the others skip their
 /// turn instead of waiting (or deadlocking) on rows another fold is moving. A fixed key, not
-/// the migrations' and not any instance lock's ("compact" in ASCII).
-const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(27988538521903988)";
+/// the migrations' and not any instance lock's ("compact" in ASCII); also taken by what must
+/// not run beside a fold (`partitions::expire_breakdowns`).
+pub(crate) const FOLD_LOCK: i64 = 27988538521903988;
+const TRY_FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
 
 /// Pruned after each fold and at least once an interval, outside the fold's transaction (a
 /// prune that fails or runs out of time leaves the fold committed): bookkeeping rows nobody
@@ -337,7 +339,11 @@ pub async fn fold_with(
     apply: Apply,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
     let mut tx = client.transaction().await?;
-    if !tx.query_one(TRY_FOLD_LOCK, &[]).await?.get::<_, bool>(0) {
+    if !tx
+        .query_one(TRY_FOLD_LOCK, &[&FOLD_LOCK])
+        .await?
+        .get::<_, bool>(0)
+    {
         return Ok(None);
     }
     // This collector's sums only once they are due by their own rule: a fold due for other

@@ -148,9 +148,14 @@ async fn round(
         slot => {
             let client = db.connect().await?;
             // The server gives up when the round does: a statement the round's deadline
-            // abandoned would otherwise run on, holding what it locked (the fold's lock).
+            // abandoned would otherwise run on, holding what it locked (the fold's lock). A
+            // fold's commit is durable when it returns, whatever the server's default, as the
+            // writer's are: its sums are let go then, and the rows of a fold a crash undid
+            // would wait for this process's end to be folded again.
             let limit = shared::db::set_statement_timeout(policy.timeout);
-            client.batch_execute(&limit).await?;
+            client
+                .batch_execute(&format!("{limit}; SET synchronous_commit = on"))
+                .await?;
             slot.insert(client)
         }
     };

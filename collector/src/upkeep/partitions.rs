@@ -279,7 +279,7 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
             let row = client.query_one(sql, &[&day]).await?;
             Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
         };
-        let breakdowns = expired(EXPIRE_BREAKDOWNS).await;
+        let breakdowns = expire_breakdowns(client, day).await;
         done.breakdowns_expired = done
             .ok("deleting expired breakdowns", breakdowns)
             .unwrap_or(0);
@@ -458,6 +458,24 @@ async fn settle_closed_days(client: &Client, today: i32, done: &mut Done) {
 
 /// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
 /// autovacuum: whether it did.
+/// Deletes the breakdowns of days before `day` (`EXPIRE_BREAKDOWNS`) once no fold runs, and
+/// holds folds off meanwhile (a fold that finds the lock taken skips its turn): a fold deletes
+/// lists and then upserts counts, this the other way round, and the two deadlocked on a day
+/// that expired while its lists were being folded.
+async fn expire_breakdowns(client: &Client, day: i32) -> Result<u64, tokio_postgres::Error> {
+    let fold = super::compact::FOLD_LOCK;
+    client
+        .query_one("SELECT pg_advisory_lock($1)", &[&fold])
+        .await?;
+    let expired = client.query_one(EXPIRE_BREAKDOWNS, &[&day]).await;
+    let unlocked = client
+        .query_one("SELECT pg_advisory_unlock($1)", &[&fold])
+        .await;
+    let expired = expired?.get::<_, i64>(0) as u64;
+    unlocked?;
+    Ok(expired)
+}
+
 async fn settle_day(client: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
     let table = ident(name);
     // One statement each: VACUUM cannot run inside the implicit transaction of several.
@@ -502,6 +520,61 @@ mod tests {
         assert_eq!(Plan::for_today(100, 3, 1, Some(1)).drop_before, Some(97));
         // A window far ahead gets its partitions too.
         assert_eq!(Plan::for_today(100, 1, 30, None).last, 132);
+    }
+
+    /// Expiry beside a fold that has deleted an expired day's list and is about to upsert its
+    /// count (a fold's order): it waits for the fold, rather than deleting the count first and
+    /// then waiting for the list (a deadlock, one of the two aborted).
+    #[tokio::test]
+    async fn expiring_breakdowns_waits_for_a_fold_rather_than_deadlocking() {
+        let db = testkit::pgtest::test_db().await;
+        let mut fold = testkit::pgtest::connect(&db.url).await;
+        let (expiry, watch) = (
+            testkit::pgtest::connect(&db.url).await,
+            testkit::pgtest::connect(&db.url).await,
+        );
+        fold.batch_execute(
+            "INSERT INTO click_breakdown_counts (code, day, dimension, value, clicks)
+             VALUES ('c', current_date - 30, 'referrer', 'x.org', 1);
+             INSERT INTO click_breakdown_lists
+                 (day, dimension, entries, code_list, value_list, count_list, writer, batch)
+             VALUES (current_date - 30, 'referrer', 1, 'c', 'x.org', '1', 1, 1)",
+        )
+        .await
+        .unwrap();
+        let sql = "SELECT current_date - 3 - date '2000-01-01', pg_backend_pid()";
+        let row = expiry.query_one(sql, &[]).await.unwrap();
+        let (day, pid): (i32, i32) = (row.get(0), row.get(1));
+        let tx = fold.transaction().await.unwrap();
+        let lock = "SELECT pg_try_advisory_xact_lock($1)";
+        let fold_lock = super::super::compact::FOLD_LOCK;
+        assert!(tx
+            .query_one(lock, &[&fold_lock])
+            .await
+            .unwrap()
+            .get::<_, bool>(0));
+        let folded = "DELETE FROM click_breakdown_lists WHERE dimension = 'referrer'";
+        tx.batch_execute(folded).await.unwrap();
+        let expiring = tokio::spawn(async move { expire_breakdowns(&expiry, day).await });
+        let waits = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1";
+        testkit::eventually(
+            "the expiry waiting",
+            std::time::Duration::from_secs(20),
+            || {
+                let watch = &watch;
+                async move {
+                    let row = watch.query_one(waits, &[&pid]).await.unwrap();
+                    row.get::<_, Option<bool>>(0).unwrap_or(false).then_some(())
+                }
+            },
+        )
+        .await;
+        let counted = "UPDATE click_breakdown_counts SET clicks = clicks + 1 WHERE code = 'c'";
+        tx.batch_execute(counted).await.unwrap();
+        tx.commit().await.unwrap();
+        let expired = expiring.await.unwrap();
+        let expired = expired.unwrap_or_else(|e| panic!("{}", shared::db::describe(&e)));
+        assert_eq!(expired, 1, "the count, the list having been folded");
     }
 
     /// Retention's delete of breakdowns visits only the rows it deletes (migration 18): each
