@@ -255,7 +255,7 @@ impl Drain {
                 Wake::Retry => self.retry(),
                 Wake::AckTimeout => {
                     // An acknowledgement queued by now (the task woke late) is no timeout.
-                    self.read_acks();
+                    self.take_acks();
                     if self.window.awaits_ack()
                         && self.progress + self.settings.ack_timeout <= Instant::now()
                     {

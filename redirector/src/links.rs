@@ -176,6 +176,12 @@ enum SessionError {
     Timeout(Duration),
     #[error("link_changes_state has no row: the schema is not as the migrations left it")]
     NoState,
+    #[error(
+        "the change log's tables were made again and links has no triggers yet (a restore in \
+         progress, or the triggers dropped): the table is served as it was until they are \
+         there, then loaded in full"
+    )]
+    Restoring,
     /// Not a failure: the hot standby the session polls was promoted, and a new session on it
     /// listens for changes instead.
     #[error("the hot standby was promoted")]
@@ -236,6 +242,11 @@ struct Head {
     /// `pg_restore --clean`, the database dropped and made anew), on the same server and
     /// timeline, where the log's ids and epoch may start again below those read.
     log_table: i64,
+    /// Whether `links` has triggers: a restore makes them after every table's rows (with
+    /// `pg_restore` not run as one transaction, each table's rows commit on their own), so
+    /// until then a full load may find `links` empty or partly loaded, and the rest of its rows
+    /// go unlogged.
+    links_triggered: bool,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -252,7 +263,9 @@ macro_rules! head_columns {
                 pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '0/0')::int8,
                 pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::int8,
                 extract(epoch FROM pg_last_xact_replay_timestamp())::float8,
-                s.tableoid::int8
+                s.tableoid::int8,
+                EXISTS (SELECT FROM pg_trigger
+                        WHERE tgrelid = 'links'::regclass AND NOT tgisinternal)
            FROM link_changes_state AS s"
     };
 }
@@ -302,7 +315,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 12;
+const HEAD_COLUMNS: usize = 13;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -404,6 +417,7 @@ impl Head {
             replayed: row.try_get(9)?,
             replayed_at: row.try_get(10)?,
             log_table: row.try_get(11)?,
+            links_triggered: row.try_get(12)?,
         })
     }
 
@@ -707,6 +721,9 @@ impl Loader {
         let mut row = self.timed(next(rows.as_mut())).await?;
         let first = row.as_ref().ok_or(SessionError::NoState)?;
         let head = Head::from_row(first)?;
+        if head.log_table != at.log_table && !head.links_triggered {
+            return Err(SessionError::Restoring);
+        }
         if let Some(why) = head.needs_full_load(Some(at)) {
             return Ok(Read::Behind(why));
         }

@@ -387,14 +387,15 @@ async fn a_resend_request_goes_back_to_the_seq_asked_for_at_once() {
 async fn an_acknowledgement_queued_as_its_timeout_passes_is_no_timeout() {
     let ack_timeout = Duration::from_millis(300);
     let rig = rig_with(100, 512, ack_timeout);
-    // The collector, on a thread of its own: acknowledges the first datagram 100 ms after it.
+    // The collector, on a thread of its own: acknowledges the first datagram once told to.
     let socket = std::os::unix::net::UnixDatagram::bind(&rig.path).unwrap();
     let sender = rig.sender;
+    let (go, told) = std::sync::mpsc::channel::<()>();
     let collector = std::thread::spawn(move || {
         let mut buf = vec![0u8; protocol::wire::MAX_DATAGRAM];
         let (n, from) = socket.recv_from(&mut buf).unwrap();
         let seq = protocol::wire::decode(&buf[..n]).unwrap().seq;
-        std::thread::sleep(Duration::from_millis(100));
+        told.recv().unwrap();
         let ack = Ack::new(sender, Some(seq), None).encode();
         socket.send_to(&ack, from.as_pathname().unwrap()).unwrap();
         // Still bound, so that a resend would be taken (and counted).
@@ -406,7 +407,9 @@ async fn an_acknowledgement_queued_as_its_timeout_passes_is_no_timeout() {
         (metrics.datagrams_sent.get() == 1).then_some(())
     })
     .await;
-    // This test's one runtime thread, the drain's too, held up past the timeout.
+    // This test's one runtime thread, the drain's too, held up past the timeout; the
+    // acknowledgement comes meanwhile.
+    go.send(()).unwrap();
     std::thread::sleep(ack_timeout + Duration::from_secs(1));
     let _bound = collector.join().unwrap();
     await_acked(&rig, 10).await;

@@ -456,12 +456,11 @@ async fn settle_closed_days(client: &Client, today: i32, done: &mut Done) {
     }
 }
 
-/// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
-/// autovacuum: whether it did.
 /// Deletes the breakdowns of days before `day` (`EXPIRE_BREAKDOWNS`) once no fold runs, and
-/// holds folds off meanwhile (a fold that finds the lock taken skips its turn): a fold deletes
-/// lists and then upserts counts, this the other way round, and the two deadlocked on a day
-/// that expired while its lists were being folded.
+/// holds folds off meanwhile (a fold that finds the lock taken skips its turn; a large first
+/// expiry, as when retention is first set on a long history, holds them off for its length):
+/// a fold deletes lists and then upserts counts, this the other way round, and the two
+/// deadlocked on a day that expired while its lists were being folded.
 async fn expire_breakdowns(client: &Client, day: i32) -> Result<u64, tokio_postgres::Error> {
     let fold = super::compact::FOLD_LOCK;
     client
@@ -476,6 +475,8 @@ async fn expire_breakdowns(client: &Client, day: i32) -> Result<u64, tokio_postg
     Ok(expired)
 }
 
+/// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
+/// autovacuum: whether it did.
 async fn settle_day(client: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
     let table = ident(name);
     // One statement each: VACUUM cannot run inside the implicit transaction of several.

@@ -15,6 +15,7 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         replayed: None,
         replayed_at: None,
         log_table: 7,
+        links_triggered: true,
     }
 }
 
