@@ -146,7 +146,9 @@ const DETACHED: &str = concat!(
 );
 
 /// Partitions of days before $1 without a valid index on (code, clicked_at): an invalid one
-/// is what an interrupted `CREATE INDEX CONCURRENTLY` leaves.
+/// is what an interrupted `CREATE INDEX CONCURRENTLY` leaves. The newest day first, and the
+/// clicks from before partitioning (migration 6) last: on a long history their build may run
+/// past the round's hour, and every day waited behind it, round after round.
 const UNINDEXED: &str = "
     SELECT c.relname,
            EXISTS (SELECT FROM pg_class AS x WHERE x.relname = c.relname || '_code') AS broken
@@ -158,7 +160,7 @@ const UNINDEXED: &str = "
       AND NOT EXISTS (
           SELECT FROM pg_index AS ix JOIN pg_class AS x ON x.oid = ix.indexrelid
           WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code' AND ix.indisvalid)
-    ORDER BY 1";
+    ORDER BY c.relname = 'clicks_before_partitioning', c.relname DESC";
 
 /// Partitions of days before $1 that autovacuum was kept off while they filled (migration 11):
 /// not yet vacuumed once their day was over.
@@ -576,6 +578,40 @@ mod tests {
         let expired = expiring.await.unwrap();
         let expired = expired.unwrap_or_else(|e| panic!("{}", shared::db::describe(&e)));
         assert_eq!(expired, 1, "the count, the list having been folded");
+    }
+
+    /// Days to index come newest first, and the clicks from before partitioning last.
+    #[tokio::test]
+    async fn closed_days_are_indexed_newest_first_and_the_clicks_before_partitioning_last() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "CREATE TABLE clicks_before_partitioning PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z');
+                 CREATE TABLE clicks_p19900102 PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-02Z') TO ('1990-01-03Z');
+                 CREATE TABLE clicks_p19900103 PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-03Z') TO ('1990-01-04Z')",
+            )
+            .await
+            .unwrap();
+        let today: i32 = client
+            .query_one("SELECT current_date - date '2000-01-01'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let names: Vec<String> = (client.query(UNINDEXED, &[&today]).await.unwrap())
+            .iter()
+            .map(|row| row.get(0))
+            .filter(|name: &String| name.contains("1990") || name.ends_with("partitioning"))
+            .collect();
+        let order = [
+            "clicks_p19900103",
+            "clicks_p19900102",
+            "clicks_before_partitioning",
+        ];
+        assert_eq!(names, order);
     }
 
     /// Retention's delete of breakdowns visits only the rows it deletes (migration 18): each
