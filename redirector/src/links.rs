@@ -354,11 +354,14 @@ const SQL_ASCII_AS_STORED: &str = "SELECT set_config('client_encoding', 'SQL_ASC
                                     WHERE current_setting('server_encoding') = 'SQL_ASCII'";
 
 const ALL_LINKS: &str = concat!("SELECT code, ", link_columns!(), " FROM links");
+/// Whether this role may read the server's system identifier: a query calling
+/// `pg_control_system()` fails without that right, whatever branch of it runs (a function's
+/// right is checked when the query starts), so [`HISTORY`] is asked only where it may.
+const HISTORY_VISIBLE: &str = "SELECT has_function_privilege('pg_control_system()', 'EXECUTE')";
 /// The server's history: its cluster's system identifier and its timeline (in hexadecimal: a
-/// primary's from the WAL file it writes, a standby's from its WAL receiver); NULL where
-/// either is hidden from this role or unknown.
-const HISTORY: &str = "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE')
-                                THEN (SELECT system_identifier FROM pg_control_system()) END
+/// primary's from the WAL file it writes, a standby's from its WAL receiver); NULL where the
+/// timeline is hidden from this role or unknown.
+const HISTORY: &str = "SELECT (SELECT system_identifier FROM pg_control_system())
                            || '/' ||
                            CASE WHEN pg_is_in_recovery()
                                 THEN (SELECT lpad(upper(to_hex(received_tli)), 8, '0')
@@ -421,6 +424,13 @@ impl Head {
         })
     }
 
+    /// Whether the change log's tables were made again since `known` (their oid) and `links`
+    /// has no triggers yet: a restore under way, whose `links` a full load would find empty or
+    /// partly loaded, the rest of its rows then unlogged.
+    fn restoring(&self, known: Option<i64>) -> bool {
+        !self.links_triggered && known.is_some_and(|t| t != self.log_table)
+    }
+
     /// Why the change log cannot bring a table at `at` up to date, if it cannot.
     fn needs_full_load(&self, at: Option<&Position>) -> Option<&'static str> {
         let Some(at) = at else {
@@ -464,6 +474,10 @@ struct Loader {
     position: Option<Position>,
     /// The history of the server the last session read (`HISTORY`), if it said.
     history: Option<String>,
+    /// `Head::log_table` as of the table served, kept when the position is let go (a new
+    /// session on a server whose history is unknown), so that a full load can tell the log's
+    /// tables made again too.
+    log_table: Option<i64>,
     /// Codes left out for a bad code or URL, for the `links_skipped` gauge.
     skipped: HashSet<Box<[u8]>>,
     /// The table's bytes of the link being applied (`check`), reused.
@@ -488,6 +502,7 @@ impl Loader {
             options,
             position: None,
             history: None,
+            log_table: None,
             skipped: HashSet::new(),
             value: Vec::new(),
             standby: false,
@@ -621,10 +636,17 @@ impl Loader {
     /// receiver streams), every new session loads the whole table, and so does the first
     /// session after one on a server whose history was unknown.
     async fn check_history(&mut self, client: &Client) -> Result<(), SessionError> {
-        let now: Option<String> = self
-            .timed(client.query_one(HISTORY, &[]))
+        let visible: bool = self
+            .timed(client.query_one(HISTORY_VISIBLE, &[]))
             .await?
             .try_get(0)?;
+        let now: Option<String> = match visible {
+            true => self
+                .timed(client.query_one(HISTORY, &[]))
+                .await?
+                .try_get(0)?,
+            false => None,
+        };
         let same = now.is_some() && now == self.history;
         if !same && self.position.take().is_some() {
             let (before, after) = (self.history.as_deref(), now.as_deref());
@@ -693,6 +715,7 @@ impl Loader {
     /// The table is as `links` was at `head`'s snapshot, in full after a full load.
     fn synced(&mut self, head: &Head, full_load: bool) {
         self.position = Some(head.position(self.position.as_ref()));
+        self.log_table = Some(head.log_table);
         let before = Some(self.metrics.links_synced.get()).filter(|&g| g > 0.0);
         let current = current_to(&mut self.receipts, head, before, full_load);
         self.metrics.links_synced.set(current);
@@ -721,7 +744,7 @@ impl Loader {
         let mut row = self.timed(next(rows.as_mut())).await?;
         let first = row.as_ref().ok_or(SessionError::NoState)?;
         let head = Head::from_row(first)?;
-        if head.log_table != at.log_table && !head.links_triggered {
+        if head.restoring(Some(at.log_table)) {
             return Err(SessionError::Restoring);
         }
         if let Some(why) = head.needs_full_load(Some(at)) {
@@ -771,6 +794,9 @@ impl Loader {
         let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?)?;
         let started = Instant::now();
         let serving = self.links.is_loaded();
+        if serving && head.restoring(self.log_table) {
+            return Err(SessionError::Restoring);
+        }
         // The client-side timeout guards each row instead: a big table takes a while.
         self.timed(tx.batch_execute("SET LOCAL statement_timeout = 0"))
             .await?;

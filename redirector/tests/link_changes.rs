@@ -457,12 +457,9 @@ fn pg_client(program: &str, args: &[&str]) {
 /// read, so a link added after the dump was served on for good. The log's tables are new ones
 /// (another oid), which makes a full load; but not while the restore has yet to load `links`
 /// (each table's rows commit on their own, the triggers come last): such a load emptied the
-/// table, and the rows restored after it went unlogged.
-#[tokio::test]
-async fn a_dump_restored_over_the_database_makes_a_full_reload() {
-    let f = fixture(&[("a", "https://example.com/a")]).await;
-    let r = redirector(&f.db.url, &f.socket, &[]).await;
-    r.ready().await;
+/// table, and the rows restored after it went unlogged. `r` reads `f`'s database and serves
+/// `a`.
+async fn restore_over(f: &Fixture, r: &Redirector) {
     let dir = tempfile::tempdir().unwrap();
     let dump = dir.path().join("clicks.dump");
     let dump = dump.to_str().unwrap();
@@ -476,26 +473,58 @@ async fn a_dump_restored_over_the_database_makes_a_full_reload() {
     // The restore's first steps: the tables made again, the change log's rows back, `links`
     // still empty and without its triggers.
     restore(&["--clean", "--if-exists", "--section=pre-data"]);
-    restore(&[
-        "--section=data",
-        "--table=link_changes",
-        "--table=link_changes_state",
-    ]);
-    r.service
-        .wait_for_log("links has no triggers yet", LIMIT)
-        .await;
-    assert_eq!(
-        served(r.http, "a").await.as_deref(),
-        Some("https://example.com/a")
-    );
+    let log = ["--table=link_changes", "--table=link_changes_state"];
+    restore(&[&["--section=data"][..], &log].concat());
+    // Said again by the next session, which starts from a full load where the history is
+    // hidden: that waits too.
+    let waiting = "links has no triggers yet";
+    eventually("the wait for the triggers said twice", LIMIT, || async {
+        let said = r
+            .service
+            .log()
+            .iter()
+            .filter(|l| l.contains(waiting))
+            .count();
+        (said >= 2).then_some(())
+    })
+    .await;
+    let a = Some("https://example.com/a");
+    assert_eq!(served(r.http, "a").await.as_deref(), a);
     restore(&["--section=data", "--table=links"]);
     restore(&["--section=post-data"]);
     await_served(r.http, "x", None, LIMIT).await;
-    assert_eq!(
-        served(r.http, "a").await.as_deref(),
-        Some("https://example.com/a")
-    );
-    r.service.wait_for_log("made again", LIMIT).await;
+    assert_eq!(served(r.http, "a").await.as_deref(), a);
+}
+
+#[tokio::test]
+async fn a_dump_restored_over_the_database_makes_a_full_reload() {
+    let f = fixture(&[("a", "https://example.com/a")]).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    restore_over(&f, &r).await;
+    let reloaded = "link table loaded (the change log's tables were made again";
+    r.service.wait_for_log(reloaded, LIMIT).await;
+}
+
+/// The same, read by a role the server's history is hidden from: each new session starts from
+/// a full load, which waits for `links`' triggers too.
+#[tokio::test]
+async fn a_dump_restored_over_a_database_whose_history_is_hidden_makes_a_full_reload() {
+    let f = fixture(&[("a", "https://example.com/a")]).await;
+    let role = format!("reader_{}", f.db.name);
+    let create = format!("CREATE ROLE {role} LOGIN IN ROLE clicks_link_reader");
+    execute(&f.client, &create).await;
+    // As where the server's system identifier is kept from its readers (this database only).
+    let hide = "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC";
+    execute(&f.client, hide).await;
+    let reader = f.db.url.replace("user=postgres", &format!("user={role}"));
+    let links = ["--links-database-url", reader.as_str()];
+    let r = redirector(&f.db.url, &f.socket, &links).await;
+    r.ready().await;
+    let hidden = "SELECT has_function_privilege($1, 'pg_control_system()', 'EXECUTE')";
+    let row = f.client.query_one(hidden, &[&role]).await.unwrap();
+    assert!(!row.get::<_, bool>(0), "the history hidden from {role}");
+    restore_over(&f, &r).await;
 }
 
 #[tokio::test]
