@@ -129,7 +129,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let inbox_path = inbox.path();
     if (config.mirror.as_deref())
         .zip(inbox_path.as_deref())
-        .is_some_and(|(mirror, inbox)| same_file(mirror, inbox))
+        .is_some_and(|(mirror, inbox)| shared::socket::same_path(mirror, inbox))
     {
         // Each datagram forwarded would come back to be forwarded again, for ever.
         let own = "is the collector's own socket (--socket, or the one systemd passed): a tap \
@@ -361,13 +361,4 @@ async fn try_prepare(
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })
-}
-
-/// Whether `a` and `b` name the same file (both there).
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => false,
-    }
 }

@@ -237,14 +237,8 @@ impl Config {
     /// The drain's own socket is not the collector's: it would replace a leftover collector
     /// socket, and send every datagram to itself.
     pub fn check_sockets(&self) -> Result<(), &'static str> {
-        let same = |a: &std::path::Path, b: &std::path::Path| {
-            use std::os::unix::fs::MetadataExt;
-            let absolute = |p| std::path::absolute(p).ok();
-            let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-            matches!((absolute(a), absolute(b)), (Some(a), Some(b)) if a == b)
-                || inode(a).is_some_and(|i| Some(i) == inode(b))
-        };
-        if self.clicks == ClickMode::Pipeline && same(&self.ack_socket, &self.socket) {
+        let same = shared::socket::same_path(&self.ack_socket, &self.socket);
+        if self.clicks == ClickMode::Pipeline && same {
             return Err(
                 "--ack-socket is the collector's --socket: give the redirector a socket \
                         of its own",

@@ -35,6 +35,16 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
+/// Whether `a` and `b` name one socket: the same path made absolute (one not bound yet), or
+/// the same file (through a link, or another spelling).
+pub fn same_path(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let absolute = |p| std::path::absolute(p).ok();
+    let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    matches!((absolute(a), absolute(b)), (Some(a), Some(b)) if a == b)
+        || inode(a).is_some_and(|i| Some(i) == inode(b))
+}
+
 /// Binds a datagram socket at `path` with SO_PASSCRED set before bind and the file mode set to
 /// `mode`. Creates the parent directory. A leftover socket file that nobody is bound to (a
 /// killed process's) is removed; anything else at the path is an error, never removed. The

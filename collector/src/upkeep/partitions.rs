@@ -511,6 +511,12 @@ fn ident(name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The database's day `n` days ago, as the partitions count days (since 2000-01-01).
+    async fn days_ago(client: &Client, n: i32) -> i32 {
+        let sql = "SELECT current_date - $1::int - date '2000-01-01'";
+        client.query_one(sql, &[&n]).await.unwrap().get(0)
+    }
+
     #[test]
     fn the_plan_covers_the_window_and_ahead_and_never_drops_inside_the_window() {
         let plan = Plan::for_today(100, 1, 1, Some(30));
@@ -545,9 +551,9 @@ mod tests {
         )
         .await
         .unwrap();
-        let sql = "SELECT current_date - 3 - date '2000-01-01', pg_backend_pid()";
-        let row = expiry.query_one(sql, &[]).await.unwrap();
-        let (day, pid): (i32, i32) = (row.get(0), row.get(1));
+        let day = days_ago(&expiry, 3).await;
+        let pid_of = "SELECT pg_backend_pid()";
+        let pid: i32 = expiry.query_one(pid_of, &[]).await.unwrap().get(0);
         let tx = fold.transaction().await.unwrap();
         let lock = "SELECT pg_try_advisory_xact_lock($1)";
         let fold_lock = super::super::compact::FOLD_LOCK;
@@ -596,11 +602,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let today: i32 = client
-            .query_one("SELECT current_date - date '2000-01-01'", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let today = days_ago(&client, 0).await;
         let names: Vec<String> = (client.query(UNINDEXED, &[&today]).await.unwrap())
             .iter()
             .map(|row| row.get(0))
@@ -634,11 +636,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let day: i32 = client
-            .query_one("SELECT current_date - 3 - date '2000-01-01'", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let day = days_ago(&client, 3).await;
         let explain = format!("EXPLAIN (ANALYZE, COSTS OFF) {EXPIRE_BREAKDOWNS}");
         let plan: Vec<String> = client
             .query(&explain, &[&day])
