@@ -8,6 +8,9 @@ pub(crate) mod link_triggers;
 pub mod maintenance;
 pub(crate) mod partitions;
 
+use std::future::Future;
+use std::time::Instant;
+
 use shared::metrics::{Counter, Gauge, Histogram};
 
 shared::metrics! {
@@ -48,4 +51,26 @@ shared::metrics! {
             "Times the sums of unfolded counts reached --compact-memory before a fold took \
              them: they were dropped, and their batches folded from their rows (the SQL way).";
     }
+}
+
+/// Deletes a backlog a slice at a time: runs `slice` (one statement that deletes at most a
+/// slice, and says how many rows went and whether a whole slice did) until one finds less than
+/// a whole slice or `until` has passed (then not even once). Each slice commits on its own, so
+/// a backlog of millions of rows goes over several rounds, none of them failing or holding
+/// anything up for long; what a slice deleted stays deleted. The rows deleted.
+pub(crate) async fn in_slices<F, Fut>(
+    until: Instant,
+    mut slice: F,
+) -> Result<u64, tokio_postgres::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(u64, bool), tokio_postgres::Error>>,
+{
+    let (mut deleted, mut more) = (0, true);
+    while more && Instant::now() < until {
+        let (rows, whole) = slice().await?;
+        deleted += rows;
+        more = whole;
+    }
+    Ok(deleted)
 }

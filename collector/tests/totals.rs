@@ -289,6 +289,50 @@ async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
     assert_eq!(count(&f.client, DISAGREEING).await, 0);
 }
 
+/// A fold that an asynchronous failover lost after its commit returned (its batches' rows back,
+/// click_counts without their counts, the sums gone from memory) is folded again, the SQL way,
+/// once those rows are older than `orphaned_after`; before, they waited for a restart of the
+/// collector, and `CompactionBehind` fired meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
+    let mut f = folding("lost").await;
+    let sent = clicks(2_000, 200, start_us(), 1_000);
+    for (sender, part) in [(3, &sent[..1_000]), (4, &sent[1_000..])] {
+        write(&mut f.handoff, batch_of(&datagrams(sender, part))).await;
+    }
+    let keep = "CREATE TABLE kept AS SELECT * FROM click_count_lists";
+    f.client.batch_execute(keep).await.unwrap();
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let keys = expected_totals(&sent).len() as i64;
+    assert_eq!(moved.unwrap(), Some(keys), "folded from its sums");
+    let lost = "INSERT INTO click_count_lists SELECT * FROM kept; TRUNCATE click_counts;
+                UPDATE click_count_lists SET written_at = now()";
+    f.client.batch_execute(lost).await.unwrap();
+    assert_eq!(count(&f.client, DISAGREEING).await, 0);
+    // Its own sums not due, and the rows younger than orphaned_after: left for now.
+    f.policy = compact::Policy {
+        interval: std::time::Duration::from_secs(60),
+        backlog: 1_000_000,
+    };
+    let due = compact::due(&f.client, &f.policy, &f.own).await.unwrap();
+    assert!(!due, "due for rows younger than orphaned_after");
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    assert_eq!(moved.unwrap(), Some(0));
+    let aged = "UPDATE click_count_lists SET written_at = now() - interval '1 hour'";
+    f.client.batch_execute(aged).await.unwrap();
+    let due = compact::due(&f.client, &f.policy, &f.own).await.unwrap();
+    assert!(due, "not due for its own rows that no sums hold");
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let entries = count(&f.client, "SELECT sum(entries)::int8 FROM kept").await;
+    assert_eq!(moved.unwrap(), Some(entries), "folded from its rows");
+    let left = "SELECT count(*) FROM click_count_lists";
+    assert_eq!(count(&f.client, left).await, 0);
+    assert_eq!(
+        totals(&f.client, "click_counts").await,
+        expected_totals(&sent)
+    );
+}
+
 /// A backlog that only the SQL way folds goes a slice a fold, oldest first: a fold's round has a
 /// deadline, and one that took a large backlog whole outlasted it at every round, so that it
 /// was never folded. Other writers' orphaned counts and the breakdown lists, each in rows of

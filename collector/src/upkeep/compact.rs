@@ -46,9 +46,11 @@ macro_rules! slice {
 }
 
 /// One statement: moves the committed counts the collector does not hold in memory (the rows
-/// of batches $1's sums lost track of, up to batch $2; rows of other writers older than $3
-/// seconds, which a live collector would have folded itself: those of a previous life or of a
-/// host gone, the oldest of them up to $4 entries (`slice!`); and what collectors of earlier
+/// of batches $1's sums lost track of, up to batch $2; rows older than $3 seconds of other
+/// writers, which a live collector would have folded itself (those of a previous life or of a
+/// host gone), and of $1's batches before $5, the first its sums hold, which it folded itself
+/// (left by a fold that an asynchronous failover lost after its commit returned), the oldest
+/// of them up to $4 entries (`slice!`); and what collectors of earlier
 /// versions write, during a rolling upgrade: rows of click_count_batches (arrays, before
 /// migration 10) and of click_count_deltas (before migration 5)), sums per key, upserts in
 /// key order, and returns how many counts it moved.
@@ -57,10 +59,11 @@ const FOLD_ROWS: &str = concat!(
     WITH lists AS (
         DELETE FROM click_count_lists
         WHERE (writer = $1 AND batch <= $2)
-           OR (writer <> $1 AND written_at <= ",
+           OR ((writer <> $1 OR batch < $5) AND written_at <= ",
     slice!(
         "click_count_lists
-                WHERE writer <> $1 AND written_at < now() - $3::float8 * interval '1 second'",
+                WHERE (writer <> $1 OR batch < $5)
+                  AND written_at < now() - $3::float8 * interval '1 second'",
         "$4"
     ),
     ")
@@ -178,15 +181,16 @@ const BACKLOG: &str = "
                          (SELECT min(written_at) FROM click_count_batches))), 0)::float8
            END";
 
-/// Whether FOLD_ROWS would find anything but this collector's own batches, or breakdown
-/// lists are due by the policy's rule: the oldest written $3 seconds ago, or $4 entries
+/// Whether FOLD_ROWS would find anything but this collector's own batches from $5 on, or
+/// breakdown lists are due by the policy's rule: the oldest written $3 seconds ago, or $4 entries
 /// waiting. (A batch writes its breakdowns with its counts, so they are mostly due together;
 /// a batch's breakdowns hold an entry per code and value of each dimension, often more than
 /// its counts, which the in-memory rule of the counts does not see. A fold due for them alone
 /// leaves this collector's sums until they are due.)
 const OTHERS_DUE: &str = "
     SELECT EXISTS (SELECT FROM click_count_lists
-                   WHERE writer <> $1 AND written_at < now() - $2::float8 * interval '1 second')
+                   WHERE (writer <> $1 OR batch < $5)
+                     AND written_at < now() - $2::float8 * interval '1 second')
         OR EXISTS (SELECT FROM click_count_batches
                    WHERE writer IS NULL
                       OR (writer <> $1 AND written_at < now() - $2::float8 * interval '1 second'))
@@ -221,17 +225,17 @@ const PRUNE_LINK_CHANGES: &str = "SELECT prune_link_changes(interval '1 day', $1
 /// statement, however large the backlog.
 const PRUNE_SLICE: i64 = 10_000;
 
-/// Prunes: the bookkeeping rows, then the change log slice by slice until a slice finds less
-/// than a whole one or it is `until` (a backlog of millions of rows goes over several
-/// rounds, none of them failing for it; each slice deleted stays deleted).
+/// Prunes: the bookkeeping rows, then the change log slice by slice until `until`
+/// (`super::in_slices`).
 pub(crate) async fn prune(client: &Client, until: Instant) -> Result<(), tokio_postgres::Error> {
     client.batch_execute(PRUNE).await?;
     let slice = client.prepare(PRUNE_LINK_CHANGES).await?;
-    let mut more = true;
-    while more && Instant::now() < until {
-        let deleted: i64 = client.query_one(&slice, &[&PRUNE_SLICE]).await?.get(0);
-        more = deleted == PRUNE_SLICE;
-    }
+    let slice = &slice;
+    super::in_slices(until, || async move {
+        let deleted: i64 = client.query_one(slice, &[&PRUNE_SLICE]).await?.get(0);
+        Ok((deleted as u64, deleted == PRUNE_SLICE))
+    })
+    .await?;
     Ok(())
 }
 
@@ -271,7 +275,7 @@ pub(crate) async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::
 
 /// Whether this collector has anything to fold: its own sums (`Unfolded::due`), counts that
 /// only the SQL way folds, or breakdown lists.
-pub(crate) async fn due(
+pub async fn due(
     client: &Client,
     policy: &Policy,
     own: &Unfolded,
@@ -284,7 +288,13 @@ pub(crate) async fn due(
     let row = client
         .query_one(
             OTHERS_DUE,
-            &[&own.writer(), &orphaned, &interval, &policy.backlog],
+            &[
+                &own.writer(),
+                &orphaned,
+                &interval,
+                &policy.backlog,
+                &own.held_from(),
+            ],
         )
         .await?;
     Ok(row.get(0))
@@ -355,7 +365,10 @@ pub async fn fold_with(
         taken: if due { own.take() } else { Taken::default() },
         committed: false,
     };
-    let moved = fold_taken(&mut tx, policy, own.writer(), &mut taking.taken, apply).await?;
+    // Taken or not, the sums start at this batch: this writer's rows before it are folded.
+    let held_from = (taking.taken.sums.as_ref()).map_or_else(|| own.held_from(), |s| s.first);
+    let writer = (own.writer(), held_from);
+    let moved = fold_taken(&mut tx, policy, writer, &mut taking.taken, apply).await?;
     let breakdowns: i64 = tx
         .query_one(FOLD_BREAKDOWNS, &[&SLICE_ENTRIES])
         .await?
@@ -399,10 +412,11 @@ impl Drop for Taking<'_> {
 /// The fold's statements: the sums, unless another collector's fold took some of their rows
 /// (then those batches go the SQL way), and the SQL way for the rest. The sums go a chunk a
 /// statement, in key order, all in the fold's transaction; each chunk is freed once sent.
+/// `writer`: this writer, and the first batch its sums hold.
 async fn fold_taken(
     tx: &mut tokio_postgres::Transaction<'_>,
     policy: &Policy,
-    writer: i64,
+    (writer, held_from): (i64, i64),
     taken: &mut Taken,
     apply: Apply,
 ) -> Result<i64, tokio_postgres::Error> {
@@ -445,7 +459,7 @@ async fn fold_taken(
     let row = tx
         .query_one(
             FOLD_ROWS,
-            &[&writer, &stray_upto, &orphaned, &SLICE_ENTRIES],
+            &[&writer, &stray_upto, &orphaned, &SLICE_ENTRIES, &held_from],
         )
         .await?;
     Ok(moved + row.get::<_, i64>(0))

@@ -105,18 +105,34 @@ const EXPIRED: &str = concat!(
     " ORDER BY 1"
 );
 
-/// The breakdowns of days before $1 (a number of days since 2000-01-01), folded and not yet
-/// folded: retention keeps no day of them that it keeps no clicks of, but the agent's, which
-/// are kept as click_counts keeps every day's total (the view derives the humans from both). How many rows went. A fold that moves an expired day's list while this runs
-/// may leave its counts row, which the next round deletes.
+/// A slice of the breakdowns of days before $1 (a number of days since 2000-01-01), folded and
+/// not yet folded, at most $2 rows of each table: retention keeps no day of them that it keeps
+/// no clicks of, but the agent's, which are kept as click_counts keeps every day's total (the
+/// view derives the humans from both). How many rows of each went. A fold that moves an
+/// expired day's list between two slices may leave its counts row, which a later one deletes.
 const EXPIRE_BREAKDOWNS: &str = "
     WITH counts AS (
         DELETE FROM click_breakdown_counts
-        WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1),
+        WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM click_breakdown_counts
+            WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' LIMIT $2))
+        RETURNING 1),
     lists AS (
         DELETE FROM click_breakdown_lists
-        WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' RETURNING 1)
-    SELECT (SELECT count(*) FROM counts) + (SELECT count(*) FROM lists)";
+        WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM click_breakdown_lists
+            WHERE day < date '2000-01-01' + $1::int AND dimension <> 'agent' LIMIT $2))
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM counts), (SELECT count(*) FROM lists)";
+
+/// Rows of each breakdown table one slice of `EXPIRE_BREAKDOWNS` deletes at most: a short
+/// hold of the folds' lock.
+const EXPIRE_SLICE: i64 = 10_000;
+
+/// How long a round goes on expiring breakdowns, a slice after another: a first expiry over a
+/// long history (retention first set on it) goes over many rounds, folding going on between
+/// them, rather than holding every fold off for its whole length.
+const EXPIRE_TIME: Duration = Duration::from_secs(5);
 
 /// Clicks set aside before day $1: retention keeps them no longer than the clicks it drops
 /// (how many rows went). The table has no index by time, so this runs only in a round that
@@ -281,7 +297,8 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
             let row = client.query_one(sql, &[&day]).await?;
             Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
         };
-        let breakdowns = expire_breakdowns(client, day).await;
+        let until = Instant::now() + EXPIRE_TIME;
+        let breakdowns = expire_breakdowns(client, day, EXPIRE_SLICE, until).await;
         done.breakdowns_expired = done
             .ok("deleting expired breakdowns", breakdowns)
             .unwrap_or(0);
@@ -458,23 +475,32 @@ async fn settle_closed_days(client: &Client, today: i32, done: &mut Done) {
     }
 }
 
-/// Deletes the breakdowns of days before `day` (`EXPIRE_BREAKDOWNS`) once no fold runs, and
-/// holds folds off meanwhile (a fold that finds the lock taken skips its turn; a large first
-/// expiry, as when retention is first set on a long history, holds them off for its length):
-/// a fold deletes lists and then upserts counts, this the other way round, and the two
-/// deadlocked on a day that expired while its lists were being folded.
-async fn expire_breakdowns(client: &Client, day: i32) -> Result<u64, tokio_postgres::Error> {
+/// Deletes the breakdowns of days before `day`, `slice` rows of each table at a time
+/// (`EXPIRE_BREAKDOWNS`) until `until` (`super::in_slices`). Each slice waits for a fold in
+/// progress and holds the next one off (a fold that finds the lock taken skips its turn): a
+/// fold deletes lists and then upserts counts, this the other way round, and the two
+/// deadlocked on a day that expired while its lists were being folded. How many rows went.
+async fn expire_breakdowns(
+    client: &Client,
+    day: i32,
+    slice: i64,
+    until: Instant,
+) -> Result<u64, tokio_postgres::Error> {
     let fold = super::compact::FOLD_LOCK;
-    client
-        .query_one("SELECT pg_advisory_lock($1)", &[&fold])
-        .await?;
-    let expired = client.query_one(EXPIRE_BREAKDOWNS, &[&day]).await;
-    let unlocked = client
-        .query_one("SELECT pg_advisory_unlock($1)", &[&fold])
-        .await;
-    let expired = expired?.get::<_, i64>(0) as u64;
-    unlocked?;
-    Ok(expired)
+    super::in_slices(until, || async move {
+        client
+            .query_one("SELECT pg_advisory_lock($1)", &[&fold])
+            .await?;
+        let expired = client.query_one(EXPIRE_BREAKDOWNS, &[&day, &slice]).await;
+        let unlocked = client
+            .query_one("SELECT pg_advisory_unlock($1)", &[&fold])
+            .await;
+        let row = expired?;
+        unlocked?;
+        let (counts, lists): (i64, i64) = (row.get(0), row.get(1));
+        Ok(((counts + lists) as u64, counts == slice || lists == slice))
+    })
+    .await
 }
 
 /// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
@@ -515,6 +541,14 @@ mod tests {
     async fn days_ago(client: &Client, n: i32) -> i32 {
         let sql = "SELECT current_date - $1::int - date '2000-01-01'";
         client.query_one(sql, &[&n]).await.unwrap().get(0)
+    }
+
+    /// The rows of click_breakdown_counts left: the agent's, and all.
+    async fn breakdowns_left(client: &Client) -> (i64, i64) {
+        let left = "SELECT count(*) FILTER (WHERE dimension = 'agent'), count(*)
+                      FROM click_breakdown_counts";
+        let row = client.query_one(left, &[]).await.unwrap();
+        (row.get(0), row.get(1))
     }
 
     #[test]
@@ -564,7 +598,9 @@ mod tests {
             .get::<_, bool>(0));
         let folded = "DELETE FROM click_breakdown_lists WHERE dimension = 'referrer'";
         tx.batch_execute(folded).await.unwrap();
-        let expiring = tokio::spawn(async move { expire_breakdowns(&expiry, day).await });
+        let until = Instant::now() + Duration::from_secs(60);
+        let expiring =
+            tokio::spawn(async move { expire_breakdowns(&expiry, day, 10, until).await });
         let waits = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1";
         testkit::eventually(
             "the expiry waiting",
@@ -639,7 +675,7 @@ mod tests {
         let day = days_ago(&client, 3).await;
         let explain = format!("EXPLAIN (ANALYZE, COSTS OFF) {EXPIRE_BREAKDOWNS}");
         let plan: Vec<String> = client
-            .query(&explain, &[&day])
+            .query(&explain, &[&day, &EXPIRE_SLICE])
             .await
             .unwrap()
             .iter()
@@ -660,10 +696,38 @@ mod tests {
             ten && !scan.iter().any(|l| l.contains("Removed by Filter")),
             "the scan finds the 10 expired referrer rows and nothing else: {plan:#?}"
         );
-        let left = "SELECT count(*) FILTER (WHERE dimension = 'agent'), count(*)
-                      FROM click_breakdown_counts";
-        let row = client.query_one(left, &[]).await.unwrap();
-        assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (2000, 2010));
+        assert_eq!(breakdowns_left(&client).await, (2000, 2010));
+    }
+
+    /// Expiry goes a slice at a time, and only while the round has time: 25 expired referrer
+    /// counts and 3 lists in slices of 10 are 10 and 3 in one statement; none with no time
+    /// left; with time, the rest of them, the agent's kept.
+    #[tokio::test]
+    async fn breakdowns_expire_a_slice_at_a_time_while_the_round_has_time() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "INSERT INTO click_breakdown_counts (code, day, dimension, value, clicks)
+                 SELECT 'c' || n, current_date - 20, d, 'x', 1
+                   FROM generate_series(1, 25) AS n, unnest('{agent,referrer}'::text[]) AS d;
+                 INSERT INTO click_breakdown_lists
+                     (day, dimension, entries, code_list, value_list, count_list, writer, batch)
+                 SELECT current_date - 20, 'referrer', 1, 'c', 'x.org', '1', 1, n
+                   FROM generate_series(1, 3) AS n",
+            )
+            .await
+            .unwrap();
+        let day = days_ago(&client, 3).await;
+        let row = client.query_one(EXPIRE_BREAKDOWNS, &[&day, &10i64]).await;
+        let row = row.unwrap();
+        assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (10, 3));
+        let expired = expire_breakdowns(&client, day, 10, Instant::now()).await;
+        assert_eq!(expired.unwrap(), 0, "a slice past the round's time");
+        let until = Instant::now() + Duration::from_secs(60);
+        let expired = expire_breakdowns(&client, day, 10, until).await;
+        assert_eq!(expired.unwrap(), 15, "the rest, in two slices");
+        assert_eq!(breakdowns_left(&client).await, (25, 25));
     }
 
     #[test]

@@ -145,6 +145,13 @@ impl Unfolded {
         self.writer
     }
 
+    /// The first batch the sums hold, or will: this writer's rows of the batches before it were
+    /// folded by this process, but the stray ones (and unless an asynchronous failover lost
+    /// that fold after its commit returned: the SQL way folds them then).
+    pub(crate) fn held_from(&self) -> i64 {
+        self.lock().first
+    }
+
     /// Batch `number`, committed with exactly the counts of `batch`.
     pub fn add(&self, number: i64, batch: &Batch) {
         let mut s = self.lock();
