@@ -171,6 +171,55 @@ async fn a_sender_forgotten_by_a_commit_whose_answer_was_lost_is_not_counted_los
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 800);
 }
 
+/// An asynchronous failover lost a batch whose clicks were in part set aside (counted so as it
+/// committed): the writer's next session counts as unaccounted only the rest of them, whatever
+/// the batch it kept set aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clicks_a_failover_lost_that_were_set_aside_are_not_counted_again() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let metrics = Arc::new(Counted::default());
+    let mut handoff = writer(&db.url, INSTANCE, LIMIT, metrics.clone()).await;
+    let day_us = 86_400_000_000;
+    let window = collector::write::batch::DateWindow {
+        max_age_us: day_us,
+        max_skew_us: day_us,
+    };
+    // `new` recent clicks of `sender`, and `old` ones that the window sets aside.
+    let batch = |sender, new, old| {
+        let mut sent = clicks(new, 20, start_us(), 1_000);
+        sent.extend(clicks(old, 20, start_us() - 10 * day_us, 1_000));
+        batch_within(&datagrams(sender, &sent), &window)
+    };
+    write(&mut handoff, batch(71, 500, 50)).await;
+    // The standby's state when the primary died: the first batch, not the second.
+    let (senders, writers) = ("click_senders", "click_writers");
+    for table in [senders, writers] {
+        let keep = format!("CREATE TABLE kept_{table} AS SELECT * FROM {table}");
+        client.batch_execute(&keep).await.unwrap();
+    }
+    write(&mut handoff, batch(72, 300, 200)).await;
+    let aside = "SELECT count(*) FROM clicks_set_aside";
+    assert_eq!(count(&client, aside).await, 250, "set aside as too old");
+    for table in [senders, writers] {
+        let back = format!("DELETE FROM {table}; INSERT INTO {table} SELECT * FROM kept_{table}");
+        client.batch_execute(&back).await.unwrap();
+    }
+    let others = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    client.batch_execute(others).await.unwrap();
+    write(
+        &mut handoff,
+        batch_of(&datagrams(73, &clicks(100, 20, start_us(), 1_000))),
+    )
+    .await;
+    assert_eq!(
+        metrics.shared.counts.clicks_unaccounted.get(),
+        300,
+        "the lost clicks that were not set aside"
+    );
+}
+
 /// What another session (as an abandoned attempt of the writer's would) did with the claim of
 /// the writer's second batch.
 enum Orphan {

@@ -21,7 +21,7 @@
 //!   record put back, so that nothing is counted twice and no sender is asked for what it no
 //!   longer holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use tokio_postgres::Client;
 use crate::db::{describe, Db};
 use crate::metrics::Common;
 use crate::write::batch::{Batch, Noted, SenderColumns};
-use crate::write::store::ADVANCE_SENDERS;
+use crate::write::store::{BatchNumber, ADVANCE_SENDERS};
 use crate::write::Metrics;
 
 /// How often the watch looks while a write is in flight.
@@ -279,9 +279,17 @@ pub struct Committed {
     /// Each sender's last commit: its seq, its clicks, and when the attempt that stored it
     /// began (no later than the transaction's `updated_at`, which the prune goes by).
     senders: HashMap<u64, Commit>,
+    /// The latest of its batches with clicks counted as they committed otherwise than as rows
+    /// (set aside, or passed over): each one's number and those clicks, oldest first, at most
+    /// [`ELSEWHERE_KEPT`]. A failover that lost such a batch lost clicks already counted: they
+    /// are not counted again as unaccounted.
+    elsewhere: VecDeque<(i64, u64)>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
+
+/// Batches [`Committed::elsewhere`] keeps: far more than an asynchronous standby lags by.
+const ELSEWHERE_KEPT: usize = 1024;
 
 impl Committed {
     /// `batch` is about to be written: the senders it forgets are not checked from now on.
@@ -293,8 +301,15 @@ impl Committed {
         }
     }
 
-    /// `batch` committed, by an attempt that began `at`.
-    pub fn add(&mut self, batch: &Batch, at: Instant) {
+    /// `batch` committed as batch `number`, `elsewhere` of its clicks counted otherwise than
+    /// as rows, by an attempt that began `at`.
+    pub fn add(&mut self, batch: &Batch, (number, elsewhere): (i64, u64), at: Instant) {
+        if elsewhere > 0 {
+            if self.elsewhere.len() == ELSEWHERE_KEPT {
+                self.elsewhere.pop_front();
+            }
+            self.elsewhere.push_back((number, elsewhere));
+        }
         for (sender, noted) in batch.noted() {
             let commit = Commit { noted, at };
             let entry = self.senders.entry(sender).or_insert(commit);
@@ -312,11 +327,13 @@ impl Committed {
     }
 
     /// On a new session: compares `click_senders` with what this process committed, counts
-    /// what is missing as unaccounted, and puts the records back. Returns the clicks counted.
-    pub async fn check(
+    /// what is missing as unaccounted (but the clicks of the batches missing, by
+    /// `click_writers`, that were counted otherwise as they committed), and puts the records
+    /// back. `number`: this writer and its instance. Returns the clicks counted.
+    pub(crate) async fn check(
         &mut self,
         client: &Client,
-        instance: &str,
+        number: &BatchNumber,
         counts: &Common,
     ) -> Result<u64, tokio_postgres::Error> {
         if !self.check {
@@ -341,27 +358,39 @@ impl Committed {
             datagrams,
             clicks,
         } = self.behind(&there, Instant::now());
+        let mut unaccounted = 0;
         if !behind.is_empty() {
             let mut rows = SenderColumns::default();
             for (sender, noted) in &behind {
                 rows.push(*sender, noted);
             }
-            let instance = instance.to_owned();
             client
-                .execute(ADVANCE_SENDERS, &rows.params(&instance))
+                .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
                 .await?;
-            counts.clicks_unaccounted.inc_by(clicks);
+            let last = "SELECT last_batch FROM click_writers WHERE writer = $1";
+            let there = client.query_opt(last, &[&number.writer]).await?;
+            let elsewhere = self.counted_elsewhere(there.map_or(0, |r| r.get(0)));
+            unaccounted = clicks.saturating_sub(elsewhere);
+            counts.clicks_unaccounted.inc_by(unaccounted);
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
-                 behind by {datagrams} datagrams, {clicks} clicks. It failed over to a standby \
+                 behind by {datagrams} datagrams, {clicks} clicks ({elsewhere} of them counted \
+                 as set aside or passed over as they committed). It failed over to a standby \
                  that had not received them (asynchronous replication); the senders no longer \
-                 hold them. Counted in collector_clicks_unaccounted_total; their records are \
-                 put back, and writing goes on",
+                 hold them. {unaccounted} counted in collector_clicks_unaccounted_total; their \
+                 records are put back, and writing goes on",
                 behind.len()
             );
         }
         self.check = false;
-        Ok(clicks)
+        Ok(unaccounted)
+    }
+
+    /// The clicks counted otherwise than as rows by this process's batches after `last`, the
+    /// last one the database has.
+    fn counted_elsewhere(&self, last: i64) -> u64 {
+        let after = self.elsewhere.iter().filter(|(number, _)| *number > last);
+        after.map(|(_, clicks)| clicks).sum()
     }
 
     /// What the database's rows (`there`) lack of this process's commits. A sender last
@@ -422,10 +451,10 @@ mod tests {
             batch
         };
         let mut c = Committed::default();
-        c.add(&batch(&[(1, 2, 20), (5, 3, 30), (6, 8, 80)]), start);
-        c.add(&batch(&[(1, 4, 40)]), start);
+        c.add(&batch(&[(1, 2, 20), (5, 3, 30), (6, 8, 80)]), (1, 0), start);
+        c.add(&batch(&[(1, 4, 40)]), (2, 0), start);
         let recent = [(2, 9, 90), (3, 5, 50), (4, 7, 70), (5, 6, 60)];
-        c.add(&batch(&recent), hour_later);
+        c.add(&batch(&recent), (3, 0), hour_later);
         let there = HashMap::from([(3, (5, 50)), (4, (5, 52)), (6, (3, 30))]);
         let behind = c.behind(&there, start + protocol::senders::IDLE);
         let mut lacking: Vec<_> = behind

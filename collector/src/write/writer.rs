@@ -103,7 +103,14 @@ impl Writer {
             self.committed.forget(&batch);
             let (written, began) = self.write(&batch, &rows, &number).instrument(span).await;
             self.watch.written();
-            self.committed.add(&batch, began);
+            let refused = match written {
+                Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
+                Stored::AllRefused(_) | Stored::Retry(_) => 0,
+            };
+            let passed = batch.passed_over();
+            let set_aside: u64 = batch.set_aside().map(|(_, n)| n).sum();
+            let elsewhere = set_aside + refused + passed.rejected + passed.unaccounted;
+            self.committed.add(&batch, (number.batch, elsewhere), began);
             let whole = matches!(
                 written,
                 Stored::Written { refused: 0 } | Stored::AlreadyCommitted { refused: 0 }
@@ -119,10 +126,6 @@ impl Writer {
                 // Its counts are not the batch's: the rows will tell.
                 _ => self.unfolded.lose(number.batch),
             }
-            let refused = match written {
-                Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
-                Stored::AllRefused(_) | Stored::Retry(_) => 0,
-            };
             let m = &self.metrics;
             let now = protocol::now_us();
             let lag = |&at: &i64| Duration::from_micros(now.saturating_sub(at).max(0) as u64);
@@ -293,9 +296,7 @@ impl Writer {
                     // Perhaps another server now (a failover): does it have what was
                     // committed before?
                     committed.reconnected();
-                    committed
-                        .check(conn.client(), &number.instance, counts)
-                        .await?;
+                    committed.check(conn.client(), number, counts).await?;
                     slot.insert(conn)
                 }
             };

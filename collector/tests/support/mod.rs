@@ -30,11 +30,17 @@ pub struct Counted {
 
 /// A batch holding `grams`, as the receiver builds it.
 pub fn batch_of(grams: &[Vec<u8>]) -> Batch {
+    batch_within(grams, &WIDE_OPEN)
+}
+
+/// A batch holding `grams`, as the receiver builds it with `window` at [`start_us`]: clicks
+/// outside it set aside.
+pub fn batch_within(grams: &[Vec<u8>], window: &batch::DateWindow) -> Batch {
     let mut batch = Batch::default();
     let mut clicks = std::collections::HashMap::new();
     for g in grams {
         let d = protocol::wire::decode(g).unwrap();
-        batch.push(&d, &WIDE_OPEN, start_us());
+        batch.push(&d, window, start_us());
         let through = clicks.entry(d.sender).or_insert(0);
         *through += d.clicks.len() as u64;
         batch.note_sender(d.sender, Noted::at(d.seq, *through));
