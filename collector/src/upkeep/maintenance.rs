@@ -351,6 +351,17 @@ pub async fn keep_partitions(
     for name in &done.indexed {
         tracing::info!(partition = %name, "indexed partition {name} by code: its day is over");
     }
+    for name in &done.gave_up {
+        tracing::warn!(
+            partition = %name,
+            "building the index by code of {name} ran past the statement timeout ({}s) and \
+             was given up, not to be tried again round after round: its queries by code read \
+             it whole until someone builds it (DROP INDEX CONCURRENTLY {name}_code; CREATE \
+             INDEX CONCURRENTLY {name}_code ON {name} (code, clicked_at), in a session without \
+             a statement timeout), or drops the index to have the collector try again",
+            PARTITIONS_TIMEOUT.as_secs()
+        );
+    }
     for name in &done.settled {
         tracing::info!(partition = %name, "vacuumed partition {name}: its day is over");
     }

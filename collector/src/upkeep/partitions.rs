@@ -65,6 +65,8 @@ pub(crate) struct Done {
     /// Rows of clicks_set_aside deleted for being older than the retention.
     pub(crate) set_aside_expired: u64,
     pub(crate) indexed: Vec<String>,
+    /// Whose index build ran past the statement timeout: given up ([`GAVE_UP`]).
+    pub(crate) gave_up: Vec<String>,
     /// Vacuumed and analyzed once their day was over, and handed back to autovacuum.
     pub(crate) settled: Vec<String>,
     /// The steps that failed, the first first.
@@ -175,8 +177,16 @@ const UNINDEXED: &str = "
                AND to_date(substr(c.relname, 9), 'YYYYMMDD') < date '2000-01-01' + $1::int))
       AND NOT EXISTS (
           SELECT FROM pg_index AS ix JOIN pg_class AS x ON x.oid = ix.indexrelid
-          WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code' AND ix.indisvalid)
+          WHERE ix.indrelid = c.oid AND x.relname = c.relname || '_code'
+            AND (ix.indisvalid OR obj_description(x.oid, 'pg_class') = $2))
     ORDER BY c.relname = 'clicks_before_partitioning', c.relname DESC";
+
+/// The comment on an index whose build ran past the partitions session's statement timeout
+/// (the legacy `clicks_before_partitioning` of a large history, or a very large day): the build
+/// is not tried again, round after round, each time for that long; an operator builds it
+/// (docs/operating.md), or drops the index to have it tried again.
+pub(crate) const GAVE_UP: &str =
+    "given up by the collector: its build ran past the statement timeout; build it by hand";
 
 /// Partitions of days before $1 that autovacuum was kept off while they filled (migration 11):
 /// not yet vacuumed once their day was over.
@@ -410,15 +420,27 @@ async fn drop_table(client: &Client, name: String, started: Instant, done: &mut 
 /// index: built once its day is over, so that today's partition, where every click lands,
 /// stays without one and COPY keeps its speed.
 async fn index_closed_days(client: &Client, today: i32, done: &mut Done) {
-    let unindexed = client.query(UNINDEXED, &[&today]).await;
+    let unindexed = client.query(UNINDEXED, &[&today, &GAVE_UP]).await;
     for row in done
         .ok("looking for days to index", unindexed)
         .unwrap_or_default()
     {
         let (name, broken): (String, bool) = (row.get(0), row.get(1));
-        let indexed = index_day(client, &name, broken).await;
-        if done.ok(&format!("indexing {name}"), indexed).is_some() {
-            done.indexed.push(name);
+        match index_day(client, &name, broken).await {
+            Ok(()) => done.indexed.push(name),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                let comment = format!("COMMENT ON INDEX {} IS $${GAVE_UP}$$", index_of(&name));
+                let marked = client.batch_execute(&comment).await;
+                if done
+                    .ok(&format!("giving up {name}'s index"), marked)
+                    .is_some()
+                {
+                    done.gave_up.push(name);
+                }
+            }
+            Err(e) => {
+                done.ok::<()>(&format!("indexing {name}"), Err(e));
+            }
         }
         if done.cut_off(client) {
             return;
@@ -428,7 +450,7 @@ async fn index_closed_days(client: &Client, today: i32, done: &mut Done) {
 
 /// Builds the index of the day `name`, dropping first a `broken` one an interrupted build left.
 async fn index_day(client: &Client, name: &str, broken: bool) -> Result<(), tokio_postgres::Error> {
-    let index = ident(&format!("{name}_code"));
+    let index = index_of(name);
     if broken {
         client
             .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
@@ -501,6 +523,11 @@ async fn expire_breakdowns(
         Ok(((counts + lists) as u64, counts == slice || lists == slice))
     })
     .await
+}
+
+/// The index by code of the partition `name`, quoted.
+fn index_of(name: &str) -> String {
+    ident(&format!("{name}_code"))
 }
 
 /// Vacuums the day `name`; once every page is all-visible, analyzes it and hands it back to
@@ -639,7 +666,7 @@ mod tests {
             .await
             .unwrap();
         let today = days_ago(&client, 0).await;
-        let names: Vec<String> = (client.query(UNINDEXED, &[&today]).await.unwrap())
+        let names: Vec<String> = (client.query(UNINDEXED, &[&today, &GAVE_UP]).await.unwrap())
             .iter()
             .map(|row| row.get(0))
             .filter(|name: &String| name.contains("1990") || name.ends_with("partitioning"))
@@ -650,6 +677,48 @@ mod tests {
             "clicks_before_partitioning",
         ];
         assert_eq!(names, order);
+    }
+
+    /// An index build stopped by the statement timeout is given up, marked so on the index
+    /// left invalid, and not tried again round after round; dropped, it is tried again.
+    #[tokio::test]
+    async fn an_index_build_past_the_statement_timeout_is_given_up_until_dropped() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let mut writer = testkit::pgtest::connect(&db.url).await;
+        let day = "clicks_p19900102";
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {day} PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-02Z') TO ('1990-01-03Z')"
+            ))
+            .await
+            .unwrap();
+        // A writer's transaction open on the day: the build waits for it, past the timeout.
+        let open = writer.transaction().await.unwrap();
+        let insert = format!("INSERT INTO {day} VALUES ('a', '1990-01-02 12:00Z')");
+        open.batch_execute(&insert).await.unwrap();
+        let today = days_ago(&client, 0).await;
+        let round = || async {
+            let mut done = Done::default();
+            index_closed_days(&client, today, &mut done).await;
+            let old = |names: Vec<String>| names.into_iter().filter(|n| n == day).count();
+            (old(done.gave_up), old(done.indexed), done.failed.len())
+        };
+        client
+            .batch_execute("SET statement_timeout = '300ms'")
+            .await
+            .unwrap();
+        assert_eq!(round().await, (1, 0, 0), "(given up, indexed, failed)");
+        open.rollback().await.unwrap();
+        client
+            .batch_execute("RESET statement_timeout")
+            .await
+            .unwrap();
+        assert_eq!(round().await, (0, 0, 0), "not tried again");
+        let drop = format!("DROP INDEX {day}_code");
+        client.batch_execute(&drop).await.unwrap();
+        assert_eq!(round().await, (0, 1, 0), "tried again once dropped");
     }
 
     /// Retention's delete of breakdowns visits only the rows it deletes (migration 18): each
