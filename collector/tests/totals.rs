@@ -292,7 +292,8 @@ async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
 /// A fold that an asynchronous failover lost after its commit returned (its batches' rows back,
 /// click_counts without their counts, the sums gone from memory) is folded again, the SQL way,
 /// once those rows are older than `orphaned_after`; before, they waited for a restart of the
-/// collector, and `CompactionBehind` fired meanwhile.
+/// collector, and `CompactionBehind` fired meanwhile. The rows of a later batch, whose sums the
+/// collector holds, wait for those sums, however old.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     let mut f = folding("lost").await;
@@ -314,6 +315,8 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
         interval: std::time::Duration::from_secs(60),
         backlog: 1_000_000,
     };
+    let later = clicks(500, 200, start_us() + 5_000_000, 1_000);
+    write(&mut f.handoff, batch_of(&datagrams(5, &later))).await;
     let due = compact::due(&f.client, &f.policy, &f.own).await.unwrap();
     assert!(!due, "due for rows younger than orphaned_after");
     let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
@@ -325,11 +328,21 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
     let entries = count(&f.client, "SELECT sum(entries)::int8 FROM kept").await;
     assert_eq!(moved.unwrap(), Some(entries), "folded from its rows");
-    let left = "SELECT count(*) FROM click_count_lists";
-    assert_eq!(count(&f.client, left).await, 0);
+    assert_eq!(count(&f.client, DISAGREEING).await, 0);
     assert_eq!(
         totals(&f.client, "click_counts").await,
         expected_totals(&sent)
+    );
+    let own = "SELECT count(*) FROM click_count_lists";
+    assert!(count(&f.client, own).await > 0, "the held sums' rows wait");
+    f.policy.interval = std::time::Duration::ZERO;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    assert!(moved.unwrap().is_some_and(|keys| keys > 0), "from its sums");
+    assert_eq!(count(&f.client, own).await, 0);
+    let all: Vec<_> = sent.iter().chain(&later).cloned().collect();
+    assert_eq!(
+        totals(&f.client, "click_counts").await,
+        expected_totals(&all)
     );
 }
 

@@ -254,10 +254,11 @@ impl Intake {
             // Judged as any other: a resend request for a seq before it goes out.
             return (Outcome::Rejected(why), reply);
         };
-        batch.pass_over(PassedOver {
+        let rejected = PassedOver {
             rejected: clicks,
             unaccounted: 0,
-        });
+        };
+        batch.pass_over(sender, rejected);
         let outcome = Outcome::PassedOver {
             taken: self.note_accepted((sender, seq, lost), meta, batch),
             why,
@@ -351,10 +352,11 @@ impl Intake {
             } => {
                 let noted = noted(first - 1, resync.clicks_before, meta);
                 batch.note_sender(resync.sender, noted);
-                batch.pass_over(PassedOver {
+                let passed = PassedOver {
                     rejected: 0,
                     unaccounted,
-                });
+                };
+                batch.pass_over(resync.sender, passed);
                 Outcome::Resynced {
                     sender: resync.sender,
                     first,

@@ -131,11 +131,11 @@ pub(crate) struct DayRows {
 
 /// Clicks a batch's sender records pass over, by the metric each is counted in.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PassedOver {
+pub struct PassedOver {
     /// `clicks_rejected`: a datagram rejected whole at the seq its sender was at.
-    pub(crate) rejected: u64,
+    pub rejected: u64,
     /// `clicks_unaccounted`: skipped by a resync.
-    pub(crate) unaccounted: u64,
+    pub unaccounted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -169,6 +169,9 @@ pub struct Batch {
     /// they are passed: a collector killed before that has them passed over again, by its
     /// next process, from the same records.
     passed_over: PassedOver,
+    /// The same per sender, both kinds together: those of a batch that a failover lost are
+    /// not counted again (`replication::Committed`).
+    passed_over_by: Vec<(u64, u64)>,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,
     /// The hashes of the codes of the datagram being pushed, reused from datagram to datagram.
@@ -283,14 +286,24 @@ impl Batch {
         }
     }
 
-    /// Clicks this batch's sender records pass over (see `PassedOver`).
-    pub(crate) fn pass_over(&mut self, clicks: PassedOver) {
+    /// Clicks the records of `sender` in this batch pass over (see `PassedOver`).
+    pub fn pass_over(&mut self, sender: u64, clicks: PassedOver) {
         self.passed_over.rejected += clicks.rejected;
         self.passed_over.unaccounted += clicks.unaccounted;
+        let both = clicks.rejected + clicks.unaccounted;
+        match self.passed_over_by.iter_mut().find(|(s, _)| *s == sender) {
+            Some((_, n)) => *n += both,
+            None => self.passed_over_by.push((sender, both)),
+        }
     }
 
     pub(crate) fn passed_over(&self) -> PassedOver {
         self.passed_over
+    }
+
+    /// The clicks passed over, per sender: (sender, clicks).
+    pub(crate) fn passed_over_by(&self) -> &[(u64, u64)] {
+        &self.passed_over_by
     }
 
     /// Sender ids to delete from click_senders with this batch.
@@ -478,6 +491,7 @@ impl Batch {
         self.senders.clear();
         self.forgotten.clear();
         self.passed_over = PassedOver::default();
+        self.passed_over_by.clear();
         self.clicked_at.clear();
         self.started = None;
     }

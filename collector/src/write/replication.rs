@@ -17,7 +17,8 @@
 //!   On every new connection the writer compares `click_senders` there with what it
 //!   committed itself ([`Committed`]; a row missing for a sender last committed 29 days ago
 //!   or more may have been pruned, and is passed over); what is missing is counted in
-//!   `collector_clicks_unaccounted_total` (as a resync counts it after a restart) and the
+//!   `collector_clicks_unaccounted_total` (as a resync counts it after a restart), but the
+//!   clicks the lost batches passed over (counted as they committed, in no row), and the
 //!   record put back, so that nothing is counted twice and no sender is asked for what it no
 //!   longer holds.
 
@@ -279,17 +280,18 @@ pub struct Committed {
     /// Each sender's last commit: its seq, its clicks, and when the attempt that stored it
     /// began (no later than the transaction's `updated_at`, which the prune goes by).
     senders: HashMap<u64, Commit>,
-    /// The latest of its batches with clicks counted as they committed otherwise than as rows
-    /// (set aside, or passed over): each one's number and those clicks, oldest first, at most
-    /// [`ELSEWHERE_KEPT`]. A failover that lost such a batch lost clicks already counted: they
-    /// are not counted again as unaccounted.
-    elsewhere: VecDeque<(i64, u64)>,
+    /// The latest of its batches whose sender records passed clicks over (a datagram rejected
+    /// whole, or skipped by a resync: counted as the batch committed, in `clicks_rejected` or
+    /// `clicks_unaccounted`, and in no row): each one's number and those clicks per sender,
+    /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
+    /// clicks already counted: they are not counted again as unaccounted.
+    passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
 
-/// Batches [`Committed::elsewhere`] keeps: far more than an asynchronous standby lags by.
-const ELSEWHERE_KEPT: usize = 1024;
+/// Batches [`Committed::passed_over`] keeps: far more than an asynchronous standby lags by.
+const PASSED_OVER_KEPT: usize = 1024;
 
 impl Committed {
     /// `batch` is about to be written: the senders it forgets are not checked from now on.
@@ -301,14 +303,14 @@ impl Committed {
         }
     }
 
-    /// `batch` committed as batch `number`, `elsewhere` of its clicks counted otherwise than
-    /// as rows, by an attempt that began `at`.
-    pub fn add(&mut self, batch: &Batch, (number, elsewhere): (i64, u64), at: Instant) {
-        if elsewhere > 0 {
-            if self.elsewhere.len() == ELSEWHERE_KEPT {
-                self.elsewhere.pop_front();
+    /// `batch` committed as batch `number`, by an attempt that began `at`.
+    pub fn add(&mut self, batch: &Batch, number: i64, at: Instant) {
+        if !batch.passed_over_by().is_empty() {
+            if self.passed_over.len() == PASSED_OVER_KEPT {
+                self.passed_over.pop_front();
             }
-            self.elsewhere.push_back((number, elsewhere));
+            self.passed_over
+                .push_back((number, batch.passed_over_by().to_vec()));
         }
         for (sender, noted) in batch.noted() {
             let commit = Commit { noted, at };
@@ -327,9 +329,9 @@ impl Committed {
     }
 
     /// On a new session: compares `click_senders` with what this process committed, counts
-    /// what is missing as unaccounted (but the clicks of the batches missing, by
-    /// `click_writers`, that were counted otherwise as they committed), and puts the records
-    /// back. `number`: this writer and its instance. Returns the clicks counted.
+    /// what is missing as unaccounted (but the clicks that the batches missing, by
+    /// `click_writers`, passed over), and puts the records back. `number`: this writer and its
+    /// instance. Returns the clicks counted.
     pub(crate) async fn check(
         &mut self,
         client: &Client,
@@ -339,6 +341,9 @@ impl Committed {
         if !self.check {
             return Ok(0);
         }
+        let last = "SELECT last_batch FROM click_writers WHERE writer = $1";
+        let last = client.query_opt(last, &[&number.writer]).await?;
+        let passed_over = self.passed_over_after(last.map_or(0, |r| r.get(0)));
         let ids: Vec<i64> = self.senders.keys().map(|&s| s as i64).collect();
         let rows = client
             .query(
@@ -357,8 +362,8 @@ impl Committed {
             senders: behind,
             datagrams,
             clicks,
-        } = self.behind(&there, Instant::now());
-        let mut unaccounted = 0;
+            passed_over,
+        } = self.behind(&there, &passed_over, Instant::now());
         if !behind.is_empty() {
             let mut rows = SenderColumns::default();
             for (sender, noted) in &behind {
@@ -367,37 +372,45 @@ impl Committed {
             client
                 .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
                 .await?;
-            let last = "SELECT last_batch FROM click_writers WHERE writer = $1";
-            let there = client.query_opt(last, &[&number.writer]).await?;
-            let elsewhere = self.counted_elsewhere(there.map_or(0, |r| r.get(0)));
-            unaccounted = clicks.saturating_sub(elsewhere);
-            counts.clicks_unaccounted.inc_by(unaccounted);
+            counts.clicks_unaccounted.inc_by(clicks);
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
-                 behind by {datagrams} datagrams, {clicks} clicks ({elsewhere} of them counted \
-                 as set aside or passed over as they committed). It failed over to a standby \
-                 that had not received them (asynchronous replication); the senders no longer \
-                 hold them. {unaccounted} counted in collector_clicks_unaccounted_total; their \
-                 records are put back, and writing goes on",
+                 behind by {datagrams} datagrams, {clicks} clicks (and {passed_over} passed \
+                 over, counted so as they committed). It failed over to a standby that had not \
+                 received them (asynchronous replication); the senders no longer hold them. \
+                 Counted in collector_clicks_unaccounted_total; their records are put back, \
+                 and writing goes on",
                 behind.len()
             );
         }
         self.check = false;
-        Ok(unaccounted)
+        Ok(clicks)
     }
 
-    /// The clicks counted otherwise than as rows by this process's batches after `last`, the
-    /// last one the database has.
-    fn counted_elsewhere(&self, last: i64) -> u64 {
-        let after = self.elsewhere.iter().filter(|(number, _)| *number > last);
-        after.map(|(_, clicks)| clicks).sum()
+    /// The clicks passed over per sender by this process's batches after `last`, the last one
+    /// the database has.
+    fn passed_over_after(&self, last: i64) -> HashMap<u64, u64> {
+        let mut by_sender = HashMap::new();
+        for (_, passed) in self.passed_over.iter().filter(|(n, _)| *n > last) {
+            for &(sender, clicks) in passed {
+                *by_sender.entry(sender).or_default() += clicks;
+            }
+        }
+        by_sender
     }
 
     /// What the database's rows (`there`) lack of this process's commits. A sender last
     /// committed longer ago than the collector's memory keeps an idle one may have had its row
     /// pruned (a day later than that, by `updated_at`): its missing row is no sign of a failover.
-    /// A row behind is, at any age: the prune deletes rows, and a row never goes back.
-    fn behind(&self, there: &HashMap<u64, (u64, u64)>, now: Instant) -> Behind {
+    /// A row behind is, at any age: the prune deletes rows, and a row never goes back. Of a
+    /// sender's clicks missing, those its lost batches passed over (`passed_over`, per sender)
+    /// were counted as they committed: apart.
+    fn behind(
+        &self,
+        there: &HashMap<u64, (u64, u64)>,
+        passed_over: &HashMap<u64, u64>,
+        now: Instant,
+    ) -> Behind {
         let mut behind = Behind::default();
         for (&sender, c) in &self.senders {
             let row = there.get(&sender).copied();
@@ -409,7 +422,10 @@ impl Committed {
             let n = c.noted;
             if missing || db_seq < n.seq {
                 behind.datagrams += n.seq.saturating_sub(db_seq) + u64::from(missing);
-                behind.clicks += n.clicks.saturating_sub(db_clicks);
+                let missing = n.clicks.saturating_sub(db_clicks);
+                let passed = passed_over.get(&sender).map_or(0, |&p| p.min(missing));
+                behind.clicks += missing - passed;
+                behind.passed_over += passed;
                 behind.senders.push((sender, n));
             }
         }
@@ -423,22 +439,25 @@ struct Commit {
     at: Instant,
 }
 
-/// Senders whose rows lack commits of this process, as committed, to put back; and the
-/// datagrams and clicks missing.
+/// Senders whose rows lack commits of this process, as committed, to put back; the datagrams
+/// and clicks missing, and apart the clicks missing that were passed over.
 #[derive(Debug, Default)]
 struct Behind {
     senders: Vec<(u64, Noted)>,
     datagrams: u64,
     clicks: u64,
+    passed_over: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::write::batch::PassedOver;
 
     /// What a new session's rows lack of this process's commits is lost to a failover, except
     /// for the missing row of a sender last committed longer ago than memory keeps an idle
-    /// one, which the prune may have taken.
+    /// one, which the prune may have taken; and the clicks passed over by the batches lost
+    /// (after the database's last), each sender's at most what it lacks, are apart.
     #[test]
     fn a_row_missing_or_behind_counts_as_lost_unless_it_may_have_been_pruned() {
         let start = Instant::now();
@@ -450,13 +469,30 @@ mod tests {
             }
             batch
         };
+        let passing = |mut batch: Batch, passed: &[(u64, u64, u64)]| {
+            for &(sender, rejected, unaccounted) in passed {
+                let clicks = PassedOver {
+                    rejected,
+                    unaccounted,
+                };
+                batch.pass_over(sender, clicks);
+            }
+            batch
+        };
         let mut c = Committed::default();
-        c.add(&batch(&[(1, 2, 20), (5, 3, 30), (6, 8, 80)]), (1, 0), start);
-        c.add(&batch(&[(1, 4, 40)]), (2, 0), start);
+        let kept = batch(&[(1, 2, 20), (5, 3, 30), (6, 8, 80)]);
+        c.add(&passing(kept, &[(6, 5, 0)]), 1, start);
+        c.add(&batch(&[(1, 4, 40)]), 2, start);
         let recent = [(2, 9, 90), (3, 5, 50), (4, 7, 70), (5, 6, 60)];
-        c.add(&batch(&recent), (3, 0), hour_later);
+        let recent = passing(
+            batch(&recent),
+            &[(4, 30, 0), (2, 0, 6), (3, 7, 0), (2, 4, 0)],
+        );
+        c.add(&recent, 3, hour_later);
         let there = HashMap::from([(3, (5, 50)), (4, (5, 52)), (6, (3, 30))]);
-        let behind = c.behind(&there, start + protocol::senders::IDLE);
+        let passed_over = c.passed_over_after(1);
+        assert_eq!(passed_over, HashMap::from([(2, 10), (3, 7), (4, 30)]));
+        let behind = c.behind(&there, &passed_over, start + protocol::senders::IDLE);
         let mut lacking: Vec<_> = behind
             .senders
             .iter()
@@ -468,7 +504,9 @@ mod tests {
         let lost = [(2, 9, 90), (4, 7, 70), (5, 6, 60), (6, 8, 80)];
         assert_eq!(lacking, lost);
         assert_eq!(behind.datagrams, 10 + 2 + 7 + 5);
-        assert_eq!(behind.clicks, 90 + 18 + 60 + 50);
+        // 2 lacks 90, 10 of them passed over; 4 lacks 18, all passed over (30 at most).
+        assert_eq!(behind.clicks, 80 + 60 + 50);
+        assert_eq!(behind.passed_over, 10 + 18);
     }
 
     #[test]

@@ -107,10 +107,7 @@ impl Writer {
                 Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
                 Stored::AllRefused(_) | Stored::Retry(_) => 0,
             };
-            let passed = batch.passed_over();
-            let set_aside: u64 = batch.set_aside().map(|(_, n)| n).sum();
-            let elsewhere = set_aside + refused + passed.rejected + passed.unaccounted;
-            self.committed.add(&batch, (number.batch, elsewhere), began);
+            self.committed.add(&batch, number.batch, began);
             let whole = matches!(
                 written,
                 Stored::Written { refused: 0 } | Stored::AlreadyCommitted { refused: 0 }
