@@ -174,7 +174,8 @@ async fn a_sender_forgotten_by_a_commit_whose_answer_was_lost_is_not_counted_los
 /// An asynchronous failover lost a batch whose sender record passed clicks over (a datagram
 /// rejected whole: counted as rejected as it committed, in no row): the writer's next session
 /// counts as unaccounted only the clicks it wrote, whatever the batch it kept passed over.
-/// Clicks it set aside are counted as unaccounted too: their rows are lost as well.
+/// Clicks it set aside are counted as unaccounted too: their rows are lost as well. The records
+/// put back are refused at first: the loss is counted once all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clicks_a_failover_lost_that_were_passed_over_are_not_counted_again() {
     let db = testkit::pgtest::test_db().await;
@@ -217,20 +218,46 @@ async fn clicks_a_failover_lost_that_were_passed_over_are_not_counted_again() {
         let back = format!("DELETE FROM {table}; INSERT INTO {table} SELECT * FROM kept_{table}");
         client.batch_execute(&back).await.unwrap();
     }
+    client.batch_execute(REFUSING_SENDERS).await.unwrap();
     let others = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                   WHERE datname = current_database() AND pid <> pg_backend_pid()";
     client.batch_execute(others).await.unwrap();
-    write(
-        &mut handoff,
-        batch_of(&datagrams(73, &clicks(100, 20, start_us(), 1_000))),
-    )
+    let last = batch_of(&datagrams(73, &clicks(100, 20, start_us(), 1_000)));
+    handoff.full.send(last).await.unwrap();
+    let unaccounted = || metrics.shared.counts.clicks_unaccounted.get();
+    testkit::eventually("the loss counted", LIMIT, || async {
+        (unaccounted() > 0).then_some(())
+    })
     .await;
+    let refused = metrics.shared.counts.db_errors.get();
+    testkit::eventually("the put-back refused again", LIMIT, || async {
+        (metrics.shared.counts.db_errors.get() > refused).then_some(())
+    })
+    .await;
+    client.batch_execute("DELETE FROM refusing").await.unwrap();
+    handed_back(&mut handoff).await;
+    let row = "SELECT count(*) FROM click_senders WHERE sender = 72";
+    assert_eq!(count(&client, row).await, 1, "put back");
     assert_eq!(
-        metrics.shared.counts.clicks_unaccounted.get(),
+        unaccounted(),
         300 + 100,
-        "the lost clicks that were not passed over"
+        "the lost clicks that were not passed over, once"
     );
 }
+
+/// While `refusing` has a row, every write to click_senders fails.
+const REFUSING_SENDERS: &str = "
+    CREATE TABLE refusing AS SELECT 1 AS n;
+    CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (SELECT FROM refusing) THEN
+            RAISE EXCEPTION 'refused by the test';
+        END IF;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON click_senders
+        FOR EACH ROW EXECUTE FUNCTION refuse();";
 
 /// What another session (as an abandoned attempt of the writer's would) did with the claim of
 /// the writer's second batch.

@@ -286,6 +286,10 @@ pub struct Committed {
     /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
     /// clicks already counted: they are not counted again as unaccounted.
     passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
+    /// Records a check counted as lost and has not put back yet (its statement failed, or
+    /// its answer was lost): put back at the next check, before anything is compared, and not
+    /// counted again.
+    put_back: Option<SenderColumns>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
@@ -341,6 +345,12 @@ impl Committed {
         if !self.check {
             return Ok(0);
         }
+        if let Some(rows) = &self.put_back {
+            client
+                .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
+                .await?;
+            self.put_back = None;
+        }
         let last = "SELECT last_batch FROM click_writers WHERE writer = $1";
         let last = client.query_opt(last, &[&number.writer]).await?;
         let passed_over = self.passed_over_after(last.map_or(0, |r| r.get(0)));
@@ -369,9 +379,6 @@ impl Committed {
             for (sender, noted) in &behind {
                 rows.push(*sender, noted);
             }
-            client
-                .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
-                .await?;
             counts.clicks_unaccounted.inc_by(clicks);
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
@@ -382,6 +389,11 @@ impl Committed {
                  and writing goes on",
                 behind.len()
             );
+            let rows = self.put_back.insert(rows);
+            client
+                .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
+                .await?;
+            self.put_back = None;
         }
         self.check = false;
         Ok(clicks)
