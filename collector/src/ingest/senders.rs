@@ -11,17 +11,25 @@ pub type Senders = protocol::senders::Senders<UnixAddr>;
 /// A message for a sender at its address.
 pub(crate) type Reply = protocol::senders::Reply<UnixAddr>;
 
+/// The most senders loaded at start: what a sweep over `MAX_SENDERS` leaves.
+const LOADED: i64 = (protocol::senders::MAX_SENDERS / 10 * 9) as i64;
+
 /// The seqs committed so far, of every instance's senders, and where each one's
 /// acknowledgements go: a sender not among them is judged from seq 0, so a record skipped here
 /// (say, under an instance name since changed) would have its committed datagrams written
 /// again; and a sender's address is what its id is taken from (`Senders::replying_at`). Only
 /// this instance's rows are ever deleted (`store`), so loading another host's senders costs
-/// memory (bounded), never their rows.
+/// memory (bounded), never their rows. Of more than `LOADED`, the most recently committed:
+/// loaded all, they would all look alike to the first sweep (none seen yet), which would forget
+/// a tenth of them at random, a live sender's record among them (its datagram committed and not
+/// acknowledged yet, resent, then written again). Those left out are the ones the sweep would
+/// forget first.
 pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT sender, last_seq, clicks, reply_to, reply_uid FROM click_senders",
-            &[],
+            "SELECT sender, last_seq, clicks, reply_to, reply_uid FROM click_senders
+             ORDER BY updated_at DESC LIMIT $1",
+            &[&LOADED],
         )
         .await?;
     // Stored as bigint: the u64 bits reinterpreted.
@@ -36,4 +44,23 @@ pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Err
         Some((id(r, 0), at, uid))
     });
     Ok(Senders::committed(last).replying_at(addresses))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Past `LOADED` senders, the most recently committed are loaded: the first sweep would
+    /// otherwise forget a tenth of them, whichever.
+    #[tokio::test]
+    async fn past_the_bound_the_most_recently_committed_senders_are_loaded() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let rows = "INSERT INTO click_senders (sender, last_seq, clicks, updated_at)
+                    SELECT n, 7, 70, now() - n * interval '1 second'
+                    FROM generate_series(1, $1::int8 + 1000) AS n";
+        client.execute(rows, &[&super::LOADED]).await.unwrap();
+        let senders = super::load(&client).await.unwrap();
+        assert_eq!(senders.len(), super::LOADED as usize);
+        let newest_and_oldest = (senders.knows(1), senders.knows(super::LOADED as u64 + 1000));
+        assert_eq!(newest_and_oldest, (true, false));
+    }
 }
