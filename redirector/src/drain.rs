@@ -303,10 +303,12 @@ impl Drain {
             _ = stop.wait_for(Option::is_some), if deadline.is_none() => Wake::Stop,
             () = at(deadline), if deadline.is_some() => Wake::Deadline,
             // The timers before the socket, which its writers can keep readable
-            // (`ACKS_A_WAKE`); each is past only once until handled.
+            // (`ACKS_A_WAKE`); each is past only once until handled. The tick before the
+            // acknowledgement timeout, which a resend that outlasts a short --ack-timeout
+            // leaves past at every wake: the ring would never be emptied into the window.
             () = at(retry_at), if retry_at.is_some() => Wake::Retry,
-            () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
             _ = tick.tick() => Wake::Tick,
+            () = at(ack_due), if ack_due.is_some() => Wake::AckTimeout,
             Ok(()) = self.socket.readable() => Wake::Readable,
         }
     }
@@ -460,13 +462,14 @@ impl Drain {
         let kind = SendErrorKind::of(err);
         self.metrics.send_errors.inc(kind);
         self.note_failure(kind, err);
-        let later = Instant::now() + self.backoff.next_wait();
+        // Each backoff moves on for its own kind only: a run of full queues does not leave the
+        // next reconnect waiting the longest.
         self.link = if retries_soon(err) {
             Link::Blocked(Instant::now() + self.queue_full.next_wait())
         } else if kind.receiver_away() {
-            Link::Away(later)
+            Link::Away(Instant::now() + self.backoff.next_wait())
         } else {
-            Link::Paused(later)
+            Link::Paused(Instant::now() + self.backoff.next_wait())
         };
     }
 
@@ -638,33 +641,39 @@ impl Drain {
     /// took the new datagrams up to its record for ones it had, and their clicks were freed
     /// unwritten.
     fn abandon_history(&mut self, refused: &protocol::window::Refused, adopted_tail: u64) {
-        // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty. The ring
-        // first: killed before the window is emptied, the next start finds the same again.
-        let mut dropped = 0;
-        while self.cursor < adopted_tail {
-            match self.ring.read(self.cursor) {
+        // Nothing was sealed since adoption (`unconfirmed`): the encoder is empty. What goes is
+        // counted and logged before anything goes: a process killed midway has said so (the
+        // next start finds the rest again, and says it again).
+        let mut upto = self.cursor;
+        let mut dropped = self.window.clicks();
+        while upto < adopted_tail {
+            match self.ring.read(upto) {
                 // Not after adoption's repair: kept for the new id, to be safe.
                 Read::Empty => break,
                 Read::Torn => {}
                 Read::Click(_) => dropped += 1,
             }
-            self.cursor += 1;
+            upto += 1;
         }
-        self.ring.release(self.cursor);
-        dropped += self.window.discard();
-        self.common
-            .clicks_dropped
-            .add(Dropped::StaleRegion, dropped);
         let old = self.encoder.sender();
-        let sender = self.sender.renew(&mut self.window);
-        self.encoder.restart_as(sender);
         tracing::error!(
             dropped,
             "the collector {refused}: this sender ({old:016x}) went further than its region \
              says, which was rolled back; dropping the {dropped} clicks it held as stale_region \
-             (they may have been written) and going on as a new sender ({sender:016x}) with \
-             the clicks served since"
+             (they may have been written) and going on as a new sender with the clicks served \
+             since"
         );
+        self.common
+            .clicks_dropped
+            .add(Dropped::StaleRegion, dropped);
+        // The ring first: killed before the window is emptied, the next start finds the same
+        // window again.
+        self.cursor = upto;
+        self.ring.release(self.cursor);
+        self.window.discard();
+        let sender = self.sender.renew(&mut self.window);
+        self.encoder.restart_as(sender);
+        tracing::info!("going on as sender {sender:016x}");
     }
 
     /// The collector asked for `asked`, acknowledged already: it lost its record of this
@@ -673,16 +682,18 @@ impl Drain {
         let resync = Resync::new(self.encoder.sender(), first, clicks_before).encode();
         let fd = self.socket.as_raw_fd();
         let sent = nix::sys::socket::sendto(fd, &resync, &self.collector, MsgFlags::MSG_DONTWAIT);
-        self.metrics.resyncs.inc();
         match sent {
-            Ok(_) => tracing::warn!(
-                asked,
-                first,
-                clicks_before,
-                "the collector asks for seq {asked}, acknowledged already: it lost its record of \
-                 this sender; resyncing from seq {first} ({clicks_before} clicks acknowledged \
-                 before it)"
-            ),
+            Ok(_) => {
+                self.metrics.resyncs.inc();
+                tracing::warn!(
+                    asked,
+                    first,
+                    clicks_before,
+                    "the collector asks for seq {asked}, acknowledged already: it lost its \
+                     record of this sender; resyncing from seq {first} ({clicks_before} clicks \
+                     acknowledged before it)"
+                )
+            }
             // The collector asks again, and is answered again.
             Err(e) => tracing::debug!(error = %e, "sending a resync: {e}"),
         }
@@ -839,6 +850,16 @@ mod tests {
         drain
     }
 
+    /// A tick of an hour, overdue: a turn of the timer wheel past it (and past whatever else
+    /// is due within 10 ms), so that it is due when first polled.
+    async fn overdue_tick() -> tokio::time::Interval {
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        tick.tick().await;
+        tick.reset_immediately();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        tick
+    }
+
     /// Garbage written to the ack socket as fast as it is read neither keeps a wake reading
     /// nor keeps the timers from their turn.
     #[tokio::test]
@@ -848,11 +869,7 @@ mod tests {
         drain.read_acks();
         assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64);
         // A tick overdue, and the socket still holding one.
-        let mut tick = tokio::time::interval(Duration::from_secs(3600));
-        tick.tick().await;
-        tick.reset_immediately();
-        // A turn of the timer wheel past it, so that it is due when first polled.
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let mut tick = overdue_tick().await;
         let (_stop, mut stopped) = watch::channel(None);
         let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
         assert!(matches!(wake, Wake::Tick), "{wake:?}");
@@ -862,22 +879,71 @@ mod tests {
         assert_eq!(drain.metrics.acks_rejected.get(), ACKS_A_WAKE as u64 + 1);
     }
 
+    /// A drain of a window of `window` datagrams and `ack_timeout`, connected to a collector
+    /// socket of the test's, and the tick an hour apart.
+    fn connected(
+        dir: &std::path::Path,
+        window: u64,
+        ack_timeout: Duration,
+    ) -> (Drain, std::os::unix::net::UnixDatagram) {
+        let settings = Settings {
+            collector: dir.join("collector.sock"),
+            ack_socket: dir.join("ack.sock"),
+            ack_socket_mode: 0o600,
+            flush_every: Duration::from_secs(3600),
+            ack_timeout,
+        };
+        let collector = std::os::unix::net::UnixDatagram::bind(&settings.collector).unwrap();
+        let region = Region::in_process(16, window).unwrap();
+        let mut drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
+        drain.connect();
+        (drain, collector)
+    }
+
+    /// A tick comes before an acknowledgement timeout that is past as well: with an
+    /// --ack-timeout shorter than a resend of the window takes, the timeout is past at every
+    /// wake, and a tick behind it never came (the ring filled, and dropped clicks).
+    #[tokio::test]
+    async fn a_tick_is_not_held_off_by_an_acknowledgement_timeout_always_past() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut drain, _collector) = connected(dir.path(), 4, Duration::from_millis(1));
+        drain.ring.push("a", 1, &Default::default()).unwrap();
+        drain.fill();
+        drain.pump().await;
+        assert!(drain.window.awaits_ack());
+        // Both past when first polled.
+        let mut tick = overdue_tick().await;
+        let (_stop, mut stopped) = watch::channel(None);
+        let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
+        assert!(matches!(wake, Wake::Tick), "{wake:?}");
+        let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
+        assert!(matches!(wake, Wake::AckTimeout), "{wake:?}");
+    }
+
+    /// A run of full queues moves the queue's backoff alone: the collector going away after
+    /// it is tried again after the first reconnect wait, not the longest.
+    #[tokio::test]
+    async fn full_queues_leave_the_reconnect_backoff_where_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut drain = flooded(dir.path(), 1).await;
+        let full = io::Error::from(io::ErrorKind::WouldBlock);
+        for _ in 0..20 {
+            drain.send_failed(&full);
+        }
+        let before = Instant::now();
+        drain.send_failed(&io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        let Link::Away(at) = drain.link else {
+            panic!("not away: {:?}", drain.link)
+        };
+        assert!(at <= Instant::now() + RECONNECT_FIRST, "{:?}", at - before);
+    }
+
     /// An acknowledgement that frees a full window fills it from the ring at once, rather than
     /// a flush interval later.
     #[tokio::test]
     async fn an_acknowledgement_that_frees_a_full_window_fills_it_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = Settings {
-            collector: dir.path().join("collector.sock"),
-            ack_socket: dir.path().join("ack.sock"),
-            ack_socket_mode: 0o600,
-            flush_every: Duration::from_secs(3600),
-            ack_timeout: Duration::from_secs(3600),
-        };
-        let collector = std::os::unix::net::UnixDatagram::bind(&settings.collector).unwrap();
-        let region = Region::in_process(16, 1).unwrap();
-        let mut drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
-        drain.connect();
+        let (mut drain, collector) = connected(dir.path(), 1, Duration::from_secs(3600));
         let human = Default::default();
         drain.ring.push("a", 1, &human).unwrap();
         drain.fill();

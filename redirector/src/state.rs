@@ -444,17 +444,21 @@ impl Region {
             }
             _ => false,
         };
-        if !adopt {
-            // Allocated, not sparse: a full tmpfs fails here, at start, instead of raising
-            // SIGBUS at the first touch of a page (and again in every restart that adopts it).
-            // Allocated before it is emptied too: a start that fails for want of room leaves
-            // what the file held (a stale region's clicks, counted again at the next start).
-            let len = offsets.len as i64;
-            nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len)
+        // Allocated, not sparse: a full tmpfs fails here, at start, instead of raising SIGBUS
+        // at the first touch of a page (and again in every restart that adopts it). A file
+        // adopted too, which a copy (`cp`, `rsync -S`) or a restore may have left sparse.
+        // Allocated before it is emptied too: a start that fails for want of room leaves what
+        // the file held (a stale region's clicks, counted again at the next start).
+        let len = offsets.len as i64;
+        let allocate = || nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len);
+        let sized = if adopt {
+            allocate()
+        } else {
+            allocate()
                 .and_then(|()| nix::unistd::ftruncate(fd.as_fd(), 0))
-                .and_then(|()| nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len))
-                .map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
-        }
+                .and_then(|()| allocate())
+        };
+        sized.map_err(|e| Error::Io(format!("sizing {what}"), e.into()))?;
         let map = Arc::new(Mapping::map(fd, offsets.len, what)?);
         if !adopt {
             format(&map, geometry);
@@ -895,6 +899,33 @@ mod tests {
         );
         region.ring.push("d", 1, &Dimensions::default()).unwrap();
         assert_eq!(region.ring.pushed(), 1);
+    }
+
+    /// A region file adopted sparse (copied with `cp` or `rsync -S`, restored) is allocated
+    /// whole, as one laid out anew: a full disk fails the start, rather than a write to a hole
+    /// raising SIGBUS, in every restart.
+    #[test]
+    fn a_sparse_file_is_allocated_when_adopted() {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        let len = {
+            let region = Region::file(&path, GEOMETRY).unwrap();
+            region.ring.push("a", 1, &Dimensions::default()).unwrap();
+            std::fs::metadata(&path).unwrap().len()
+        };
+        assert!(allocated() >= len);
+        // A hole where the window's last datagram would go: zeros, as the file holds there.
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let hole = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        let page = page_size() as i64;
+        fallocate(file.as_raw_fd(), hole, len as i64 - page, page).unwrap();
+        assert!(allocated() < len, "a hole punched");
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(codes(&region.ring), ["a"], "adopted");
+        assert!(allocated() >= len, "allocated whole again");
     }
 
     /// Three clicks, two of them sealed into a datagram, in a region left by a process that
