@@ -236,6 +236,8 @@ struct Asked<A> {
     seq: u64,
     owner: Option<Owner>,
     to: A,
+    /// The request's number, in `Senders::asked_order`.
+    n: u64,
 }
 
 #[derive(Debug)]
@@ -243,6 +245,12 @@ pub struct Senders<A> {
     map: HashMap<u64, Sender<A>>,
     /// The last resend request made to each sender, until a resync answers it.
     asked: HashMap<u64, Asked<A>>,
+    /// The order requests were made in, oldest first, by sender and number: past
+    /// `MAX_ASKED`, the oldest goes. Requests made again since or answered stay in until they
+    /// reach the front, or until it is twice as long as `asked` may be.
+    asked_order: VecDeque<(u64, u64)>,
+    /// Resend requests remembered so far.
+    asks: u64,
     /// Each process's ids, oldest first, at most `PER_PROCESS`.
     by_process: HashMap<Owner, VecDeque<u64>>,
     /// Forgotten since `forgotten` was last called: to delete from click_senders.
@@ -277,6 +285,8 @@ impl<A: Copy + PartialEq> Senders<A> {
         Senders {
             map,
             asked: HashMap::new(),
+            asked_order: VecDeque::new(),
+            asks: 0,
             by_process: HashMap::new(),
             forgotten: Vec::new(),
             swept: now,
@@ -342,16 +352,31 @@ impl<A: Copy + PartialEq> Senders<A> {
     }
 
     /// Remembers a resend request in `reply`, if it is one, so that a resync can be checked
-    /// against it.
+    /// against it; past `MAX_ASKED`, forgets the oldest: a request outlives as many newer ones,
+    /// however many fresh ids a flood brings, time enough for its sender's resync (before,
+    /// whichever came first in the map went, a live sender's as soon as any).
     fn note_asked(&mut self, sender: u64, owner: Option<Owner>, reply: Option<Reply<A>>) {
         let Some((seq, to)) = reply.and_then(|r| Some((r.ack.resend_from?, r.to))) else {
             return;
         };
-        if self.asked.len() >= MAX_ASKED && !self.asked.contains_key(&sender) {
-            let any = self.asked.keys().next().copied();
-            any.map(|id| self.asked.remove(&id));
+        self.asks += 1;
+        let n = self.asks;
+        self.asked.insert(sender, Asked { seq, owner, to, n });
+        self.asked_order.push_back((sender, n));
+        let asked = &mut self.asked;
+        let current = |asked: &HashMap<u64, Asked<A>>, (id, n): (u64, u64)| {
+            asked.get(&id).is_some_and(|a| a.n == n)
+        };
+        while asked.len() > MAX_ASKED {
+            match self.asked_order.pop_front() {
+                Some(oldest) if current(asked, oldest) => _ = asked.remove(&oldest.0),
+                Some(_) => {}
+                None => break,
+            }
         }
-        self.asked.insert(sender, Asked { seq, owner, to });
+        if self.asked_order.len() > 2 * MAX_ASKED {
+            self.asked_order.retain(|&request| current(asked, request));
+        }
     }
 
     /// The first datagram of a sender this collector does not know (never seen, or forgotten):
@@ -794,6 +819,43 @@ mod tests {
             Resynced::Unasked,
             "a successor at the same address is asked first, like anyone"
         );
+    }
+
+    /// Resend requests past `MAX_ASKED` forget the oldest: under a flood of fresh ids, each
+    /// ahead of its turn, a request made after them stays for as many more, time for its
+    /// sender's resync.
+    #[test]
+    fn past_max_asked_the_oldest_request_is_forgotten() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        // Each id one ahead of its turn, from a process of its own: asked from seq 0.
+        let ahead_at = |s: &mut Senders<Addr>, id: u64, now| {
+            let verdict = s.judge(id, (1, 1), addr(), creds(id as i32), now).0;
+            assert_eq!(verdict, Verdict::Ahead, "{id}");
+        };
+        let ahead = |s: &mut Senders<Addr>, id: u64| ahead_at(s, id, now);
+        let answered = |s: &mut Senders<Addr>, id: u64| {
+            let resync = Resync::new(id, 1, 0);
+            s.resync(&resync, addr(), creds(id as i32), now) != Resynced::Unasked
+        };
+        let live = 1;
+        ahead(&mut s, live);
+        for id in 2..=MAX_ASKED as u64 {
+            ahead(&mut s, id);
+        }
+        // Asked again (a request is repeated after a while), its request the newest: a flood of
+        // as many more keeps it.
+        ahead_at(&mut s, live, now + Duration::from_secs(1));
+        for id in 0..MAX_ASKED as u64 - 1 {
+            ahead(&mut s, 10_000 + id);
+        }
+        assert!(s.asked.len() <= MAX_ASKED);
+        assert!(s.asked_order.len() <= 2 * MAX_ASKED);
+        assert!(answered(&mut s, live), "the live sender's is kept");
+        let went = (2..=MAX_ASKED as u64).filter(|&id| !answered(&mut s, id));
+        assert_eq!(went.count(), MAX_ASKED - 1, "the oldest requests went");
+        let kept = (0..MAX_ASKED as u64 - 1).filter(|&id| answered(&mut s, 10_000 + id));
+        assert_eq!(kept.count(), MAX_ASKED - 1, "the newest are kept");
     }
 
     #[test]
