@@ -85,12 +85,14 @@ pub enum Outcome {
     /// Past the seq its sender's next datagram must have: not accepted, resent later.
     Ahead,
     /// A resync: this collector's record of `sender` was behind, `skipped` datagrams of
-    /// `unaccounted` clicks were passed over, and it goes on from `first`.
+    /// `unaccounted` clicks were passed over, and it goes on from `first`; `evicted` senders
+    /// forgotten for it (its process's quota).
     Resynced {
         sender: u64,
         first: u64,
         skipped: u64,
         unaccounted: u64,
+        evicted: usize,
     },
     /// A resync that changed nothing (repeated, or the record was not behind).
     StaleResync,
@@ -357,11 +359,16 @@ impl Intake {
                     unaccounted,
                 };
                 batch.pass_over(resync.sender, passed);
+                // Forgotten as it was bound to its process: their rows go with this batch.
+                let evicted = self.senders.forgotten();
+                let count = evicted.len();
+                batch.forget_senders(evicted);
                 Outcome::Resynced {
                     sender: resync.sender,
                     first,
                     skipped,
                     unaccounted,
+                    evicted: count,
                 }
             }
         }
@@ -408,6 +415,48 @@ mod tests {
             enc.push("abc", 1_000_000 + i as i64).unwrap();
         }
         enc.datagram().to_vec()
+    }
+
+    /// A resync that binds its sender to a process whose quota of ids is full pushes out the
+    /// process's oldest id without an address at once: its `click_senders` row goes with the
+    /// batch, and it is counted as evicted (before, only an accepted datagram took them to a
+    /// batch: those of a resync waited for the next one, or were never deleted).
+    #[test]
+    fn a_resync_that_pushes_an_id_out_forgets_its_row_with_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
+        let mut batch = Batch::default();
+        let now = Instant::now();
+        let per_process = protocol::senders::PER_PROCESS as u64;
+        for id in 1..=per_process {
+            let bytes = datagram(id, 1);
+            let (outcome, _) = intake.take(&bytes, &meta(7, 1000, bytes.len()), &mut batch, now, 0);
+            assert!(matches!(outcome, Outcome::Accepted { .. }), "{outcome:?}");
+        }
+        assert!(batch.forgotten_column().is_empty());
+        // Another id of the process, from an address, one ahead of its turn, then its resync.
+        let from = Some(UnixAddr::new(&dir.path().join("r")).unwrap());
+        let mut enc = Encoder::new(99, DEFAULT_DATAGRAM).unwrap();
+        enc.resume_as(99, 1);
+        enc.push("abc", 1_000_000).unwrap();
+        let ahead = enc.datagram().to_vec();
+        let m = |len| Received {
+            from,
+            ..meta(7, 1000, len)
+        };
+        let (outcome, _) = intake.take(&ahead, &m(ahead.len()), &mut batch, now, 0);
+        assert!(matches!(outcome, Outcome::Ahead), "{outcome:?}");
+        let resync = protocol::wire::Resync::new(99, 1, 0).encode();
+        let (outcome, _) = intake.take(&resync, &m(resync.len()), &mut batch, now, 0);
+        assert!(
+            matches!(outcome, Outcome::Resynced { evicted: 1, .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            batch.forgotten_column(),
+            [1],
+            "the oldest id, with the batch"
+        );
     }
 
     /// A datagram of a sender that awaits acknowledgements, rejected for a click (a byte of a

@@ -128,8 +128,10 @@ impl Events {
                 first,
                 skipped,
                 unaccounted,
+                evicted,
             } => {
                 m.resyncs.inc(Resync::Skipped);
+                m.senders_evicted.inc_by(evicted as u64);
                 m.senders.set(senders as i64);
                 // Throttled as the other events are: a peer can bring a resync of a fresh id
                 // about at will (a datagram ahead, then the resync asked for).
