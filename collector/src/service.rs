@@ -357,7 +357,7 @@ async fn try_prepare(
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.partitions_created.inc_by(created);
     Ok(Start {
-        senders: senders::load(&client).await?,
+        senders: senders::load(&client, instance).await?,
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })

@@ -57,20 +57,22 @@ shared::metrics! {
 /// slice, and says how many rows went and whether a whole slice did) until one finds less than
 /// a whole slice or `until` has passed (then not even once). Each slice commits on its own, so
 /// a backlog of millions of rows goes over several rounds, none of them failing or holding
-/// anything up for long; what a slice deleted stays deleted. The rows deleted.
+/// anything up for long; what a slice deleted stays deleted, and is added to `deleted` (a
+/// slice that fails after others leaves their count there).
 pub(crate) async fn in_slices<F, Fut>(
     until: Instant,
+    deleted: &mut u64,
     mut slice: F,
-) -> Result<u64, tokio_postgres::Error>
+) -> Result<(), tokio_postgres::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(u64, bool), tokio_postgres::Error>>,
 {
-    let (mut deleted, mut more) = (0, true);
+    let mut more = true;
     while more && Instant::now() < until {
         let (rows, whole) = slice().await?;
-        deleted += rows;
+        *deleted += rows;
         more = whole;
     }
-    Ok(deleted)
+    Ok(())
 }

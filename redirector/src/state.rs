@@ -446,13 +446,17 @@ impl Region {
         };
         // Allocated, not sparse: a full tmpfs fails here, at start, instead of raising SIGBUS
         // at the first touch of a page (and again in every restart that adopts it). A file
-        // adopted too, which a copy (`cp`, `rsync -S`) or a restore may have left sparse.
+        // adopted too, which a copy (`rsync -S`) or a restore may have left sparse (not a
+        // copy-on-write one, a reflink or on btrfs: its writes need room of their own).
         // Allocated before it is emptied too: a start that fails for want of room leaves what
         // the file held (a stale region's clicks, counted again at the next start).
         let len = offsets.len as i64;
         let allocate = || nix::fcntl::posix_fallocate(fd.as_raw_fd(), 0, len);
         let sized = if adopt {
-            allocate()
+            // Only one with holes: a file system may want room for all of it before it looks at
+            // what is allocated already (XFS), and a full disk would fail a start that needs none.
+            let allocated = nix::sys::stat::fstat(fd.as_raw_fd()).map(|st| st.st_blocks * 512);
+            allocated.and_then(|a| if a < len { allocate() } else { Ok(()) })
         } else {
             allocate()
                 .and_then(|()| nix::unistd::ftruncate(fd.as_fd(), 0))

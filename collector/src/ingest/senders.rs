@@ -19,17 +19,21 @@ const LOADED: i64 = (protocol::senders::MAX_SENDERS / 10 * 9) as i64;
 /// (say, under an instance name since changed) would have its committed datagrams written
 /// again; and a sender's address is what its id is taken from (`Senders::replying_at`). Only
 /// this instance's rows are ever deleted (`store`), so loading another host's senders costs
-/// memory (bounded), never their rows. Of more than `LOADED`, the most recently committed:
-/// loaded all, they would all look alike to the first sweep (none seen yet), which would forget
-/// a tenth of them at random, a live sender's record among them (its datagram committed and not
+/// memory (bounded), never their rows. Of more than `LOADED`, `instance`'s first (another
+/// host's many must not push this one's out), then the most recently committed: loaded all,
+/// they would all look alike to the first sweep (none seen yet), which would forget a tenth of
+/// them at random, a live sender's record among them (its datagram committed and not
 /// acknowledged yet, resent, then written again). Those left out are the ones the sweep would
 /// forget first.
-pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Error> {
+pub(crate) async fn load(
+    client: &Client,
+    instance: &str,
+) -> Result<Senders, tokio_postgres::Error> {
     let rows = client
         .query(
             "SELECT sender, last_seq, clicks, reply_to, reply_uid FROM click_senders
-             ORDER BY updated_at DESC LIMIT $1",
-            &[&LOADED],
+             ORDER BY instance IS NOT DISTINCT FROM $2 DESC, updated_at DESC LIMIT $1",
+            &[&LOADED, &instance],
         )
         .await?;
     // Stored as bigint: the u64 bits reinterpreted.
@@ -48,19 +52,23 @@ pub(crate) async fn load(client: &Client) -> Result<Senders, tokio_postgres::Err
 
 #[cfg(test)]
 mod tests {
-    /// Past `LOADED` senders, the most recently committed are loaded: the first sweep would
-    /// otherwise forget a tenth of them, whichever.
+    /// Past `LOADED` senders, this instance's first, then the most recently committed: the
+    /// first sweep would otherwise forget a tenth of them, whichever. Rows inserted oldest
+    /// first, so that a scan in their order would load the oldest.
     #[tokio::test]
-    async fn past_the_bound_the_most_recently_committed_senders_are_loaded() {
+    async fn past_the_bound_this_instances_and_the_most_recently_committed_senders_are_loaded() {
         let db = testkit::pgtest::test_db().await;
         let client = testkit::pgtest::connect(&db.url).await;
-        let rows = "INSERT INTO click_senders (sender, last_seq, clicks, updated_at)
-                    SELECT n, 7, 70, now() - n * interval '1 second'
+        let rows = "INSERT INTO click_senders (sender, last_seq, clicks, updated_at, instance)
+                    SELECT n, 7, 70, now() - ($1::int8 + 1001 - n) * interval '1 second',
+                           CASE WHEN n = 1 THEN 'here' ELSE 'elsewhere' END
                     FROM generate_series(1, $1::int8 + 1000) AS n";
         client.execute(rows, &[&super::LOADED]).await.unwrap();
-        let senders = super::load(&client).await.unwrap();
+        let senders = super::load(&client, "here").await.unwrap();
         assert_eq!(senders.len(), super::LOADED as usize);
-        let newest_and_oldest = (senders.knows(1), senders.knows(super::LOADED as u64 + 1000));
-        assert_eq!(newest_and_oldest, (true, false));
+        let newest = super::LOADED as u64 + 1000;
+        let known = |ids: [u64; 3]| ids.map(|id| senders.knows(id));
+        // This instance's oldest, another's newest, another's oldest.
+        assert_eq!(known([1, newest, 2]), [true, true, false]);
     }
 }

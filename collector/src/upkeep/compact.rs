@@ -231,12 +231,11 @@ pub(crate) async fn prune(client: &Client, until: Instant) -> Result<(), tokio_p
     client.batch_execute(PRUNE).await?;
     let slice = client.prepare(PRUNE_LINK_CHANGES).await?;
     let slice = &slice;
-    super::in_slices(until, || async move {
+    super::in_slices(until, &mut 0, || async move {
         let deleted: i64 = client.query_one(slice, &[&PRUNE_SLICE]).await?.get(0);
         Ok((deleted as u64, deleted == PRUNE_SLICE))
     })
-    .await?;
-    Ok(())
+    .await
 }
 
 /// When to fold.

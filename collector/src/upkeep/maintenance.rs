@@ -354,8 +354,8 @@ pub async fn keep_partitions(
     for name in &done.gave_up {
         tracing::warn!(
             partition = %name,
-            "building the index by code of {name} ran past the statement timeout ({}s) and \
-             was given up, not to be tried again round after round: its queries by code read \
+            "building the index by code of {name} was cancelled (by the statement timeout of \
+             {}s, or by someone) and given up, not to be tried again round after round: its queries by code read \
              it whole until someone builds it (DROP INDEX CONCURRENTLY {name}_code; CREATE \
              INDEX CONCURRENTLY {name}_code ON {name} (code, clicked_at), in a session without \
              a statement timeout), or drops the index to have the collector try again",

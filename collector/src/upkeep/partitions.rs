@@ -308,10 +308,10 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
             Ok::<_, tokio_postgres::Error>(row.get::<_, i64>(0) as u64)
         };
         let until = Instant::now() + EXPIRE_TIME;
-        let breakdowns = expire_breakdowns(client, day, EXPIRE_SLICE, until).await;
-        done.breakdowns_expired = done
-            .ok("deleting expired breakdowns", breakdowns)
-            .unwrap_or(0);
+        let expired_rows = &mut done.breakdowns_expired;
+        let breakdowns = expire_breakdowns(client, day, (EXPIRE_SLICE, until), expired_rows);
+        let breakdowns = breakdowns.await;
+        done.ok("deleting expired breakdowns", breakdowns);
         if !done.dropped.is_empty() {
             let set_aside = expired(EXPIRE_SET_ASIDE).await;
             done.set_aside_expired = done
@@ -501,15 +501,16 @@ async fn settle_closed_days(client: &Client, today: i32, done: &mut Done) {
 /// (`EXPIRE_BREAKDOWNS`) until `until` (`super::in_slices`). Each slice waits for a fold in
 /// progress and holds the next one off (a fold that finds the lock taken skips its turn): a
 /// fold deletes lists and then upserts counts, this the other way round, and the two
-/// deadlocked on a day that expired while its lists were being folded. How many rows went.
+/// deadlocked on a day that expired while its lists were being folded. How many rows went is
+/// added to `expired`.
 async fn expire_breakdowns(
     client: &Client,
     day: i32,
-    slice: i64,
-    until: Instant,
-) -> Result<u64, tokio_postgres::Error> {
+    (slice, until): (i64, Instant),
+    expired: &mut u64,
+) -> Result<(), tokio_postgres::Error> {
     let fold = super::compact::FOLD_LOCK;
-    super::in_slices(until, || async move {
+    super::in_slices(until, expired, || async move {
         client
             .query_one("SELECT pg_advisory_lock($1)", &[&fold])
             .await?;
@@ -626,8 +627,11 @@ mod tests {
         let folded = "DELETE FROM click_breakdown_lists WHERE dimension = 'referrer'";
         tx.batch_execute(folded).await.unwrap();
         let until = Instant::now() + Duration::from_secs(60);
-        let expiring =
-            tokio::spawn(async move { expire_breakdowns(&expiry, day, 10, until).await });
+        let expiring = tokio::spawn(async move {
+            let mut expired = 0;
+            let done = expire_breakdowns(&expiry, day, (10, until), &mut expired).await;
+            done.map(|()| expired)
+        });
         let waits = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1";
         testkit::eventually(
             "the expiry waiting",
@@ -791,11 +795,14 @@ mod tests {
         let row = client.query_one(EXPIRE_BREAKDOWNS, &[&day, &10i64]).await;
         let row = row.unwrap();
         assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (10, 3));
-        let expired = expire_breakdowns(&client, day, 10, Instant::now()).await;
-        assert_eq!(expired.unwrap(), 0, "a slice past the round's time");
+        let mut expired = 0;
+        let past = expire_breakdowns(&client, day, (10, Instant::now()), &mut expired).await;
+        past.unwrap();
+        assert_eq!(expired, 0, "a slice past the round's time");
         let until = Instant::now() + Duration::from_secs(60);
-        let expired = expire_breakdowns(&client, day, 10, until).await;
-        assert_eq!(expired.unwrap(), 15, "the rest, in two slices");
+        let expiring = expire_breakdowns(&client, day, (10, until), &mut expired).await;
+        expiring.unwrap();
+        assert_eq!(expired, 15, "the rest, in two slices");
         assert_eq!(breakdowns_left(&client).await, (25, 25));
     }
 

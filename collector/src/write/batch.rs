@@ -171,7 +171,7 @@ pub struct Batch {
     passed_over: PassedOver,
     /// The same per sender, both kinds together: those of a batch that a failover lost are
     /// not counted again (`replication::Committed`).
-    passed_over_by: Vec<(u64, u64)>,
+    passed_over_by: HashMap<u64, u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,
     /// The hashes of the codes of the datagram being pushed, reused from datagram to datagram.
@@ -290,11 +290,7 @@ impl Batch {
     pub fn pass_over(&mut self, sender: u64, clicks: PassedOver) {
         self.passed_over.rejected += clicks.rejected;
         self.passed_over.unaccounted += clicks.unaccounted;
-        let both = clicks.rejected + clicks.unaccounted;
-        match self.passed_over_by.iter_mut().find(|(s, _)| *s == sender) {
-            Some((_, n)) => *n += both,
-            None => self.passed_over_by.push((sender, both)),
-        }
+        *self.passed_over_by.entry(sender).or_default() += clicks.rejected + clicks.unaccounted;
     }
 
     pub(crate) fn passed_over(&self) -> PassedOver {
@@ -302,8 +298,10 @@ impl Batch {
     }
 
     /// The clicks passed over, per sender: (sender, clicks).
-    pub(crate) fn passed_over_by(&self) -> &[(u64, u64)] {
-        &self.passed_over_by
+    pub(crate) fn passed_over_by(&self) -> impl ExactSizeIterator<Item = (u64, u64)> + '_ {
+        self.passed_over_by
+            .iter()
+            .map(|(&sender, &clicks)| (sender, clicks))
     }
 
     /// Sender ids to delete from click_senders with this batch.

@@ -286,10 +286,11 @@ pub struct Committed {
     /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
     /// clicks already counted: they are not counted again as unaccounted.
     passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
-    /// Records a check counted as lost and has not put back yet (its statement failed, or
-    /// its answer was lost): put back at the next check, before anything is compared, and not
-    /// counted again.
-    put_back: Option<SenderColumns>,
+    /// Senders whose loss a check counted and whose records it has not put back yet (its
+    /// statement failed, or its answer was lost): the clicks counted of each. The next check
+    /// counts of such a sender only what it lacks beyond them (on the same server, nothing;
+    /// on another, after a second failover, what that one lacks more), and puts it back.
+    counted: HashMap<u64, u64>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
@@ -309,12 +310,12 @@ impl Committed {
 
     /// `batch` committed as batch `number`, by an attempt that began `at`.
     pub fn add(&mut self, batch: &Batch, number: i64, at: Instant) {
-        if !batch.passed_over_by().is_empty() {
+        if batch.passed_over_by().len() > 0 {
             if self.passed_over.len() == PASSED_OVER_KEPT {
                 self.passed_over.pop_front();
             }
             self.passed_over
-                .push_back((number, batch.passed_over_by().to_vec()));
+                .push_back((number, batch.passed_over_by().collect()));
         }
         for (sender, noted) in batch.noted() {
             let commit = Commit { noted, at };
@@ -345,12 +346,6 @@ impl Committed {
         if !self.check {
             return Ok(0);
         }
-        if let Some(rows) = &self.put_back {
-            client
-                .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
-                .await?;
-            self.put_back = None;
-        }
         let last = "SELECT last_batch FROM click_writers WHERE writer = $1";
         let last = client.query_opt(last, &[&number.writer]).await?;
         let passed_over = self.passed_over_after(last.map_or(0, |r| r.get(0)));
@@ -371,12 +366,13 @@ impl Committed {
         let Behind {
             senders: behind,
             datagrams,
-            clicks,
             passed_over,
+            ..
         } = self.behind(&there, &passed_over, Instant::now());
+        let clicks = self.not_counted_yet(&behind);
         if !behind.is_empty() {
             let mut rows = SenderColumns::default();
-            for (sender, noted) in &behind {
+            for (sender, noted, _) in &behind {
                 rows.push(*sender, noted);
             }
             counts.clicks_unaccounted.inc_by(clicks);
@@ -389,14 +385,29 @@ impl Committed {
                  and writing goes on",
                 behind.len()
             );
-            let rows = self.put_back.insert(rows);
             client
                 .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
                 .await?;
-            self.put_back = None;
         }
+        self.counted.clear();
         self.check = false;
         Ok(clicks)
+    }
+
+    /// Of what the senders `behind` lack, the clicks not counted by an earlier check whose
+    /// records were not put back; notes them as counted until they are.
+    fn not_counted_yet(&mut self, behind: &[(u64, Noted, u64)]) -> u64 {
+        let mut clicks = 0;
+        let counted: HashMap<u64, u64> = behind
+            .iter()
+            .map(|&(sender, _, lacks)| {
+                let before = self.counted.get(&sender).copied().unwrap_or(0);
+                clicks += lacks.saturating_sub(before);
+                (sender, lacks.max(before))
+            })
+            .collect();
+        self.counted = counted;
+        clicks
     }
 
     /// The clicks passed over per sender by this process's batches after `last`, the last one
@@ -438,7 +449,7 @@ impl Committed {
                 let passed = passed_over.get(&sender).map_or(0, |&p| p.min(missing));
                 behind.clicks += missing - passed;
                 behind.passed_over += passed;
-                behind.senders.push((sender, n));
+                behind.senders.push((sender, n, missing - passed));
             }
         }
         behind
@@ -451,11 +462,12 @@ struct Commit {
     at: Instant,
 }
 
-/// Senders whose rows lack commits of this process, as committed, to put back; the datagrams
-/// and clicks missing, and apart the clicks missing that were passed over.
+/// Senders whose rows lack commits of this process, as committed, to put back, each with the
+/// clicks it lacks; the datagrams and clicks missing, and apart the clicks missing that were
+/// passed over.
 #[derive(Debug, Default)]
 struct Behind {
-    senders: Vec<(u64, Noted)>,
+    senders: Vec<(u64, Noted, u64)>,
     datagrams: u64,
     clicks: u64,
     passed_over: u64,
@@ -508,7 +520,7 @@ mod tests {
         let mut lacking: Vec<_> = behind
             .senders
             .iter()
-            .map(|(sender, noted)| (*sender, noted.seq, noted.clicks))
+            .map(|(sender, noted, _)| (*sender, noted.seq, noted.clicks))
             .collect();
         lacking.sort();
         // 1: old and missing, maybe pruned. 3: as committed. 5: committed again since.
@@ -519,6 +531,29 @@ mod tests {
         // 2 lacks 90, 10 of them passed over; 4 lacks 18, all passed over (30 at most).
         assert_eq!(behind.clicks, 80 + 60 + 50);
         assert_eq!(behind.passed_over, 10 + 18);
+    }
+
+    /// A check whose put-back failed counted its senders' loss: the next one counts of each
+    /// only what it lacks beyond that (nothing on the same server; on another, after a second
+    /// failover, what that one lacks more), until the records are put back.
+    #[test]
+    fn a_loss_counted_and_not_put_back_is_not_counted_again() {
+        let mut c = Committed::default();
+        let lacking = |clicks| [(7, Noted::at(3, 300), clicks)];
+        assert_eq!(c.not_counted_yet(&lacking(100)), 100);
+        assert_eq!(c.not_counted_yet(&lacking(100)), 0, "the same server");
+        assert_eq!(
+            c.not_counted_yet(&lacking(300)),
+            200,
+            "a server lacking more"
+        );
+        assert_eq!(c.not_counted_yet(&lacking(300)), 0);
+        c.counted.clear();
+        assert_eq!(
+            c.not_counted_yet(&lacking(50)),
+            50,
+            "put back, then lost again"
+        );
     }
 
     #[test]

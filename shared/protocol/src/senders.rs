@@ -65,7 +65,8 @@ pub const PER_PROCESS: usize = 4;
 const MAX_CLICKS_PER_DATAGRAM: u64 =
     (crate::wire::MAX_DATAGRAM / crate::wire::MIN_CLICK_LEN) as u64;
 /// Resend requests remembered (for senders with an address), to check that a resync answers
-/// one: a flood of fresh ids pushes out arbitrary ones, whose senders are asked again.
+/// one: a flood of fresh ids pushes out the oldest (`Senders::note_asked`), whose senders are
+/// asked again.
 const MAX_ASKED: usize = 4_096;
 /// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
 pub const MAX_SENDERS: usize = 100_000;
@@ -850,12 +851,17 @@ mod tests {
             ahead(&mut s, 10_000 + id);
         }
         assert!(s.asked.len() <= MAX_ASKED);
-        assert!(s.asked_order.len() <= 2 * MAX_ASKED);
         assert!(answered(&mut s, live), "the live sender's is kept");
         let went = (2..=MAX_ASKED as u64).filter(|&id| !answered(&mut s, id));
         assert_eq!(went.count(), MAX_ASKED - 1, "the oldest requests went");
         let kept = (0..MAX_ASKED as u64 - 1).filter(|&id| answered(&mut s, 10_000 + id));
         assert_eq!(kept.count(), MAX_ASKED - 1, "the newest are kept");
+        // One sender asked again and again keeps one request, and the order stays bounded.
+        for i in 0..3 * MAX_ASKED as u64 {
+            ahead_at(&mut s, 50_000, now + Duration::from_secs(2 + i));
+        }
+        assert_eq!(s.asked.len(), 1);
+        assert!(s.asked_order.len() <= 2 * MAX_ASKED + 1);
     }
 
     #[test]
