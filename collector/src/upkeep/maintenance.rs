@@ -296,7 +296,14 @@ pub async fn keep_partitions(
     now_us: i64,
 ) -> Result<(), tokio_postgres::Error> {
     let today = crate::write::copy::pg_day(now_us);
-    let mut done = partitions::maintain(client, &policy.partitions(today), today).await;
+    // The round's deadline is counted from before this (a connection, a lock): half the grace
+    // is left for that.
+    let builds = partitions::BuildTime {
+        statement: PARTITIONS_TIMEOUT,
+        until: std::time::Instant::now() + PARTITIONS_TIMEOUT + PARTITIONS_GRACE / 2,
+    };
+    let plan = policy.partitions(today);
+    let mut done = partitions::maintain(client, &plan, today, builds).await;
     metrics.partitions_created.inc_by(done.created);
     metrics.partitions_dropped.inc_by(done.dropped.len() as u64);
     if done.created > 0 {

@@ -283,7 +283,7 @@ pub(crate) async fn create(client: &Client, plan: &Plan) -> Result<Created, toki
 /// table, on its own: one that fails (a view that depends on an expired day, an index build
 /// out of disk) is in `Done::failed`, and the rest of the round goes on, rather than every
 /// round stopping there for as long as it fails. A closed connection ends the round.
-pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
+pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32, builds: BuildTime) -> Done {
     let mut done = Done::default();
     // A creation that gave up on its lock is no failure of the round: the rest of it goes on,
     // and the next round (a minute on, days ahead still) tries again, rather than the round
@@ -323,7 +323,7 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32) -> Done {
         settle_closed_days(client, today, &mut done).await;
     }
     if !done.cut_off(client) {
-        index_closed_days(client, today, &mut done).await;
+        index_closed_days(client, today, builds, &mut done).await;
     }
     done
 }
@@ -416,19 +416,41 @@ async fn drop_table(client: &Client, name: String, started: Instant, done: &mut 
     }
 }
 
+/// How long a round's index builds may take: each is given what is left of the round's time
+/// (`until`, before the task's own deadline cuts the session off), at most the session's
+/// statement timeout (`statement`). A build cancelled having had all of `statement` is given
+/// up ([`GAVE_UP`]); one cancelled sooner (the round's other steps took long) is tried again
+/// next round, with the whole of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BuildTime {
+    pub(crate) statement: Duration,
+    pub(crate) until: Instant,
+}
+
 /// Indexes by (code, clicked_at) each partition of a day before `today` that lacks a valid
 /// index: built once its day is over, so that today's partition, where every click lands,
 /// stays without one and COPY keeps its speed.
-async fn index_closed_days(client: &Client, today: i32, done: &mut Done) {
+async fn index_closed_days(client: &Client, today: i32, builds: BuildTime, done: &mut Done) {
     let unindexed = client.query(UNINDEXED, &[&today, &GAVE_UP]).await;
     for row in done
         .ok("looking for days to index", unindexed)
         .unwrap_or_default()
     {
         let (name, broken): (String, bool) = (row.get(0), row.get(1));
-        match index_day(client, &name, broken).await {
+        let given = (builds.until.saturating_duration_since(Instant::now())).min(builds.statement);
+        if given.is_zero() {
+            // The round's time is up: the next round goes on.
+            return;
+        }
+        let timeout = |d: Duration| format!("SET statement_timeout = {}", d.as_millis().max(1));
+        let built = match client.batch_execute(&timeout(given)).await {
+            Ok(()) => index_day(client, &name, broken).await,
+            Err(e) => Err(e),
+        };
+        let reset = client.batch_execute(&timeout(builds.statement)).await;
+        match built {
             Ok(()) => done.indexed.push(name),
-            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) && given == builds.statement => {
                 let comment = format!("COMMENT ON INDEX {} IS $${GAVE_UP}$$", index_of(&name));
                 let marked = client.batch_execute(&comment).await;
                 if done
@@ -442,6 +464,7 @@ async fn index_closed_days(client: &Client, today: i32, done: &mut Done) {
                 done.ok::<()>(&format!("indexing {name}"), Err(e));
             }
         }
+        done.ok("setting the statement timeout back", reset);
         if done.cut_off(client) {
             return;
         }
@@ -684,7 +707,8 @@ mod tests {
     }
 
     /// An index build stopped by the statement timeout is given up, marked so on the index
-    /// left invalid, and not tried again round after round; dropped, it is tried again.
+    /// left invalid, and not tried again round after round; dropped, it is tried again. One
+    /// stopped sooner, by the end of the round's time, is tried again next round.
     #[tokio::test]
     async fn an_index_build_past_the_statement_timeout_is_given_up_until_dropped() {
         let db = testkit::pgtest::test_db().await;
@@ -703,26 +727,33 @@ mod tests {
         let insert = format!("INSERT INTO {day} VALUES ('a', '1990-01-02 12:00Z')");
         open.batch_execute(&insert).await.unwrap();
         let today = days_ago(&client, 0).await;
-        let round = || async {
-            let mut done = Done::default();
-            index_closed_days(&client, today, &mut done).await;
-            let old = |names: Vec<String>| names.into_iter().filter(|n| n == day).count();
-            (old(done.gave_up), old(done.indexed), done.failed.len())
+        let round = |statement, round_left| {
+            let builds = BuildTime {
+                statement,
+                until: Instant::now() + round_left,
+            };
+            let client = &client;
+            async move {
+                let mut done = Done::default();
+                index_closed_days(client, today, builds, &mut done).await;
+                let old = |names: Vec<String>| names.into_iter().filter(|n| n == day).count();
+                (old(done.gave_up), old(done.indexed), done.failed.len())
+            }
         };
-        client
-            .batch_execute("SET statement_timeout = '300ms'")
-            .await
-            .unwrap();
-        assert_eq!(round().await, (1, 0, 0), "(given up, indexed, failed)");
+        let (short, long) = (Duration::from_millis(300), Duration::from_secs(600));
+        // Cut off by what was left of the round, not having had the whole statement timeout.
+        let cut_off = round(long, short).await;
+        assert_eq!(cut_off, (0, 0, 1), "(given up, indexed, failed)");
+        assert_eq!(round(short, long).await, (1, 0, 0), "given up");
         open.rollback().await.unwrap();
-        client
-            .batch_execute("RESET statement_timeout")
-            .await
-            .unwrap();
-        assert_eq!(round().await, (0, 0, 0), "not tried again");
+        assert_eq!(round(long, long).await, (0, 0, 0), "not tried again");
         let drop = format!("DROP INDEX {day}_code");
         client.batch_execute(&drop).await.unwrap();
-        assert_eq!(round().await, (0, 1, 0), "tried again once dropped");
+        assert_eq!(
+            round(long, long).await,
+            (0, 1, 0),
+            "tried again once dropped"
+        );
     }
 
     /// Retention's delete of breakdowns visits only the rows it deletes (migration 18): each
