@@ -245,7 +245,10 @@ fn answer(admin: &dyn Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     };
     let reply = |status, body| reply_as(status, "text/plain; charset=utf-8", body);
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+        let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n".into());
+        let allowed = hyper::header::HeaderValue::from_static("GET, HEAD");
+        refused.headers_mut().insert(hyper::header::ALLOW, allowed);
+        return refused;
     }
     match req.uri().path() {
         "/metrics" => reply_as(
@@ -350,6 +353,24 @@ mod tests {
         assert_eq!(get(addr, "/metrics").await.unwrap(), (200, "up 1\n".into()));
         assert_eq!(get(addr, "/healthz").await.unwrap(), (200, "ok\n".into()));
         assert_eq!(get(addr, "/nope").await.unwrap().0, 404);
+    }
+
+    /// Another method is refused with the methods it takes (RFC 9110, 15.5.6).
+    #[tokio::test]
+    async fn another_method_is_refused_with_the_methods_taken() {
+        let addr = serve(true).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request =
+            b"POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        stream.write_all(request).await.unwrap();
+        let mut response = String::new();
+        let read = stream.read_to_string(&mut response);
+        tokio::time::timeout(LIMIT, read).await.unwrap().unwrap();
+        assert!(response.starts_with("HTTP/1.1 405"), "{response}");
+        let allow = response
+            .to_ascii_lowercase()
+            .contains("\r\nallow: get, head\r\n");
+        assert!(allow, "{response}");
     }
 
     #[tokio::test]

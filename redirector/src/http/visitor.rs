@@ -294,15 +294,20 @@ impl Classifier {
         }
     }
 
-    /// Tablet before mobile (an Android tablet says `Android` without `Mobile`; a tablet's
-    /// Firefox says `Tablet`), mobile before desktop (phones say `Linux` too). iPadOS's Safari
-    /// asks for desktop pages by saying `Macintosh`: it counts as desktop, as it asks.
+    /// Tablet before mobile (an Android tablet's browser says `Android` without `Mobile`; a
+    /// tablet's Firefox says `Tablet`), mobile before desktop (phones say `Linux` too). iPadOS's
+    /// Safari asks for desktop pages by saying `Macintosh`: it counts as desktop, as it asks.
+    /// An app's own HTTP stack (`Dalvik/`, not a browser's `Mozilla/`) says `Android` without
+    /// `Mobile` on phones and tablets alike: other.
     fn device_of(&self, ua: &[u8]) -> Device {
         let seen = self
             .devices
             .find_iter(ua)
             .fold(0u32, |seen, m| seen | 1 << m.pattern().as_u32());
-        if seen & TABLET != 0 || (seen & ANDROID != 0 && seen & MOBI == 0) {
+        let android_only = seen & ANDROID != 0 && seen & MOBI == 0;
+        if android_only && !ua.starts_with(b"Mozilla/") {
+            Device::Other
+        } else if seen & TABLET != 0 || android_only {
             Device::Tablet
         } else if seen & MOBILE != 0 {
             Device::Mobile

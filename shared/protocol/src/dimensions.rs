@@ -233,8 +233,10 @@ pub fn valid_referrer(host: &str) -> bool {
 
 /// The host of a `Referer` header's URL, lower case, without user info or port, cut to its
 /// last labels that fit [`MAX_REFERRER_LEN`], written into `out`; empty when the header holds
-/// no usable host (it does not begin with `scheme://`, or a byte a host name does not hold).
-/// Never allocates.
+/// no usable host (it does not begin with `scheme://`, or a byte a host name does not hold) or
+/// an address rather than a name (an IPv4 address in any of the forms a browser reads, as an
+/// IPv6 one's brackets are refused: a self-hosted page's or a home router's address can say
+/// who someone is). Never allocates.
 pub fn referrer_host<'o>(referer: &[u8], out: &'o mut [u8; MAX_REFERRER_LEN]) -> &'o str {
     let Some(authority) = after_scheme(referer) else {
         return "";
@@ -255,6 +257,9 @@ pub fn referrer_host<'o>(referer: &[u8], out: &'o mut [u8; MAX_REFERRER_LEN]) ->
     // A fully qualified name's root (`example.com.`), however often written, is the same host.
     let dots = host.iter().rev().take_while(|&&b| b == b'.').count();
     let mut host = &host[..host.len() - dots];
+    if ends_in_a_number(host) {
+        return "";
+    }
     while host.len() > MAX_REFERRER_LEN {
         match host.iter().position(|&b| b == b'.') {
             Some(i) => host = &host[i + 1..],
@@ -269,6 +274,20 @@ pub fn referrer_host<'o>(referer: &[u8], out: &'o mut [u8; MAX_REFERRER_LEN]) ->
         host
     } else {
         ""
+    }
+}
+
+/// Whether `host` (its root dots taken off) is an IPv4 address, as the WHATWG URL standard
+/// tells one ("ends in a number"): its last label is decimal digits, or `0x` and hex digits.
+/// No top-level domain is either.
+fn ends_in_a_number(host: &[u8]) -> bool {
+    let last = host.rsplit(|&b| b == b'.').next().unwrap_or_default();
+    let hex = last
+        .strip_prefix(b"0x")
+        .or_else(|| last.strip_prefix(b"0X"));
+    match hex {
+        Some(digits) => digits.iter().all(u8::is_ascii_hexdigit),
+        None => !last.is_empty() && last.iter().all(u8::is_ascii_digit),
     }
 }
 
@@ -332,6 +351,19 @@ mod tests {
         );
         assert_eq!(host("https://exa mple.com/"), "");
         assert_eq!(host("https://[::1]:80/"), "");
+        // Addresses, in every form a browser reads as IPv4, are not names.
+        for address in [
+            "http://203.0.113.7:8080/page",
+            "http://192.168.1.1./",
+            "http://3232235777/",
+            "http://0x7f.1/",
+            "http://0XC0A80101/",
+            "http://10.1/",
+        ] {
+            assert_eq!(host(address), "", "{address}");
+        }
+        assert_eq!(host("https://1.example.com/"), "1.example.com");
+        assert_eq!(host("https://example.0xyz/"), "example.0xyz");
         let long = format!("https://{}.example.com/", "a".repeat(60));
         assert_eq!(host(&long), "example.com");
         let label = format!("https://{}/", "b".repeat(70));

@@ -55,6 +55,8 @@ fn browsers_are_humans_on_their_devices() {
         (Tablet, "Mozilla/5.0 (Android 14; Tablet; rv:133.0) Gecko/133.0 Firefox/133.0"),
         (Tablet, "Mozilla/5.0 (Linux; Android 9; KFTRWI) AppleWebKit/537.36 (KHTML, like Gecko) Silk/131.3.1 like Chrome/131.0.6778.69 Safari/537.36"),
         (Other, "Mozilla/5.0 (PlayStation; PlayStation 5/2.26) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/13.0 Safari/605.1.15"),
+        // An app's HTTP stack: a phone's or a tablet's, it does not say.
+        (Other, "Dalvik/2.1.0 (Linux; U; Android 8.0.0; SM-G930F Build/R16NW)"),
     ];
     for (device, ua) in browsers {
         assert_eq!(by_ua(ua), (Agent::Human, Some(device)), "{ua}");
