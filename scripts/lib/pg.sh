@@ -59,7 +59,7 @@ pg_install_server() {
 # Runs a command in the cluster's dir, as $PG_USER when we are root.
 as_pg() {
     if ((EUID == 0)); then
-        (cd "$PGDIR" && setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- "$@")
+        (cd "$PGDIR" && setpriv --reuid="$PG_USER" --regid="$(id -g "$PG_USER")" --init-groups -- "$@")
     else
         (cd "$PGDIR" && "$@")
     fi
@@ -82,7 +82,7 @@ pg_prepare() {
         return 1
     fi
     chown "$PG_USER:" "$PGDIR" "$@"
-    if ! setpriv --reuid="$PG_USER" --regid="$PG_USER" --init-groups -- test -w "$PGDIR" 2>/dev/null; then
+    if ! setpriv --reuid="$PG_USER" --regid="$(id -g "$PG_USER")" --init-groups -- test -w "$PGDIR" 2>/dev/null; then
         echo "user '$PG_USER' cannot reach $PGDIR: a parent directory is closed to it" >&2
         return 1
     fi

@@ -500,7 +500,8 @@ async fn dev_script_with_a_standby_commits_on_both_and_stops_both() {
 }
 
 /// `DATABASE_URL` set: the script migrates and seeds that database, starts no PostgreSQL of its
-/// own, and leaves that database running when it stops.
+/// own, and leaves that database running when it stops. With `RUST_LOG=warn`, which leaves out
+/// the info lines the script reads (where the services listen, their final counts).
 #[tokio::test]
 async fn dev_script_uses_the_database_url_it_is_given() {
     let dir = DevDir::new();
@@ -509,7 +510,7 @@ async fn dev_script_uses_the_database_url_it_is_given() {
     let db = cluster.fresh_database().await;
 
     let mut cmd = dev_command(&dev_dir);
-    cmd.env("DATABASE_URL", &db.url);
+    cmd.env("DATABASE_URL", &db.url).env("RUST_LOG", "warn");
     let run = Service::spawn("dev", cmd);
     let ready = wait_ready(&run, FIRST_READY).await;
     assert!(
