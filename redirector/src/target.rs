@@ -67,8 +67,50 @@ pub fn encode(options: &LinkOptions, url: &[u8], out: &mut Vec<u8>) -> Result<()
         }
         None => out.push(flags),
     }
-    out.extend_from_slice(&uri(url));
+    out.extend_from_slice(&uri(&ascii_host(url)));
     Ok(())
+}
+
+/// `url` with an internationalised host name in its ASCII form (`bücher.de`:
+/// `xn--bcher-kva.de`), as a browser sends it: percent-encoded, as the rest of the URL's UTF-8
+/// is (`uri`), a host is not one that clients resolve. The `idna` crate (of the `url` crate's
+/// authors) maps it, by UTS 46 as browsers do: punycode and its mapping rules are not to be
+/// written again here. A host it refuses is left as it is (and then percent-encoded).
+fn ascii_host(url: &[u8]) -> Cow<'_, [u8]> {
+    let Some(at) = url.windows(3).position(|w| w == b"://") else {
+        return Cow::Borrowed(url);
+    };
+    let start = at + 3;
+    let authority = &url[start..];
+    let end = start
+        + authority
+            .iter()
+            .position(|b| b"/?#".contains(b))
+            .unwrap_or(authority.len());
+    let authority = &url[start..end];
+    if authority.is_ascii() {
+        return Cow::Borrowed(url);
+    }
+    let host_from = start
+        + authority
+            .iter()
+            .rposition(|&b| b == b'@')
+            .map_or(0, |i| i + 1);
+    let host = &url[host_from..end];
+    let host_to = host_from + host.iter().rposition(|&b| b == b':').unwrap_or(host.len());
+    let ascii = std::str::from_utf8(&url[host_from..host_to])
+        .ok()
+        .and_then(|host| idna::domain_to_ascii(host).ok());
+    match ascii {
+        Some(ascii) => {
+            let mut out = Vec::with_capacity(url.len() + ascii.len());
+            out.extend_from_slice(&url[..host_from]);
+            out.extend_from_slice(ascii.as_bytes());
+            out.extend_from_slice(&url[host_to..]);
+            Cow::Owned(out)
+        }
+        None => Cow::Borrowed(url),
+    }
 }
 
 /// `bytes` with a space and every byte past ASCII (a URL's UTF-8, which `links` may hold and a
@@ -261,6 +303,25 @@ mod tests {
             location("https://e.com/?café=1", Some("café=2&x=1")),
             "https://e.com/?caf%C3%A9=1&x=1",
             "a name the URL has, compared as encoded"
+        );
+    }
+
+    /// An internationalised host name goes in its ASCII form, as a browser sends it (not
+    /// percent-encoded: clients do not resolve that); user info and a port stay, and the rest
+    /// of the URL is percent-encoded as before.
+    #[test]
+    fn an_internationalised_host_goes_in_its_ascii_form() {
+        assert_eq!(
+            location("https://bücher.de/café", None),
+            "https://xn--bcher-kva.de/caf%C3%A9"
+        );
+        assert_eq!(
+            location("https://u@Bücher.de:8443?q=ü", None),
+            "https://u@xn--bcher-kva.de:8443?q=%C3%BC"
+        );
+        assert_eq!(
+            location("https://e.com/bücher.de", None),
+            "https://e.com/b%C3%BCcher.de"
         );
     }
 
