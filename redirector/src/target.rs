@@ -75,7 +75,10 @@ pub fn encode(options: &LinkOptions, url: &[u8], out: &mut Vec<u8>) -> Result<()
 /// `xn--bcher-kva.de`), as a browser sends it: percent-encoded, as the rest of the URL's UTF-8
 /// is (`uri`), a host is not one that clients resolve. The `idna` crate (of the `url` crate's
 /// authors) maps it, by UTS 46 as browsers do: punycode and its mapping rules are not to be
-/// written again here. A host it refuses is left as it is (and then percent-encoded).
+/// written again here. A host it refuses is left as it is (and then percent-encoded), one
+/// whose mapping would make a URL delimiter too (a full-width `＠`, `／` or `：` maps to `@`,
+/// `/` or `:`, which would send the redirect to another host): the URL standard's deny list,
+/// as browsers refuse such a URL.
 fn ascii_host(url: &[u8]) -> Cow<'_, [u8]> {
     let Some(at) = url.windows(3).position(|w| w == b"://") else {
         return Cow::Borrowed(url);
@@ -98,9 +101,8 @@ fn ascii_host(url: &[u8]) -> Cow<'_, [u8]> {
             .map_or(0, |i| i + 1);
     let host = &url[host_from..end];
     let host_to = host_from + host.iter().rposition(|&b| b == b':').unwrap_or(host.len());
-    let ascii = std::str::from_utf8(&url[host_from..host_to])
-        .ok()
-        .and_then(|host| idna::domain_to_ascii(host).ok());
+    let host = &url[host_from..host_to];
+    let ascii = idna::domain_to_ascii_cow(host, idna::AsciiDenyList::URL).ok();
     match ascii {
         Some(ascii) => {
             let mut out = Vec::with_capacity(url.len() + ascii.len());
@@ -322,6 +324,11 @@ mod tests {
         assert_eq!(
             location("https://e.com/bücher.de", None),
             "https://e.com/b%C3%BCcher.de"
+        );
+        // Full-width delimiters would map to ASCII ones, another host: refused, as browsers do.
+        assert_eq!(
+            location("https://bank.example＠evil.example/", None),
+            "https://bank.example%EF%BC%A0evil.example/"
         );
     }
 

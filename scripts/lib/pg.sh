@@ -124,6 +124,14 @@ pg_basebackup_from() { # PRIMARY_DIR LOG
 
 pg_running() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; }
 
+# Whether the cluster is known not to run (pg_ctl status says 3): a status that cannot be told
+# (its directory unreadable, a user that cannot be switched to) is no reason to skip a stop.
+pg_stopped() {
+    local status=0
+    as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1 || status=$?
+    [ "$status" = 3 ]
+}
+
 pg_start() { # LOG; extra server settings in $PG_OPTIONS
     pg_access || return 1
     as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \

@@ -437,17 +437,30 @@ async fn index_closed_days(client: &Client, today: i32, builds: BuildTime, done:
         .unwrap_or_default()
     {
         let (name, broken): (String, bool) = (row.get(0), row.get(1));
-        let given = (builds.until.saturating_duration_since(Instant::now())).min(builds.statement);
-        if given.is_zero() {
-            // The round's time is up: the next round goes on.
-            return;
+        let index = index_of(&name);
+        if broken {
+            // An interrupted build's, dropped first: a cancelled drop is no build given up.
+            let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {index}");
+            let Some(dropped) = builds.run(client, &drop).await else {
+                return;
+            };
+            if done
+                .ok(&format!("dropping {name}'s broken index"), dropped.0)
+                .is_none()
+            {
+                if done.cut_off(client) {
+                    return;
+                }
+                continue;
+            }
         }
-        let timeout = |d: Duration| format!("SET statement_timeout = {}", d.as_millis().max(1));
-        let built = match client.batch_execute(&timeout(given)).await {
-            Ok(()) => index_day(client, &name, broken).await,
-            Err(e) => Err(e),
+        let create = format!(
+            "CREATE INDEX CONCURRENTLY {index} ON {} (code, clicked_at)",
+            ident(&name)
+        );
+        let Some((built, given)) = builds.run(client, &create).await else {
+            return;
         };
-        let reset = client.batch_execute(&timeout(builds.statement)).await;
         match built {
             Ok(()) => done.indexed.push(name),
             Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) && given == builds.statement => {
@@ -464,26 +477,33 @@ async fn index_closed_days(client: &Client, today: i32, builds: BuildTime, done:
                 done.ok::<()>(&format!("indexing {name}"), Err(e));
             }
         }
-        done.ok("setting the statement timeout back", reset);
         if done.cut_off(client) {
             return;
         }
     }
 }
 
-/// Builds the index of the day `name`, dropping first a `broken` one an interrupted build left.
-async fn index_day(client: &Client, name: &str, broken: bool) -> Result<(), tokio_postgres::Error> {
-    let index = index_of(name);
-    if broken {
-        client
-            .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-            .await?;
+impl BuildTime {
+    /// Runs `sql` given what is left of the round, at most the statement timeout, then sets
+    /// the session's timeout back (a failure to, the statement's error if it had none): how it
+    /// went, and how long it was given. `None`: the round's time is up, nothing run.
+    async fn run(
+        &self,
+        client: &Client,
+        sql: &str,
+    ) -> Option<(Result<(), tokio_postgres::Error>, Duration)> {
+        let given = (self.until.saturating_duration_since(Instant::now())).min(self.statement);
+        if given.is_zero() {
+            return None;
+        }
+        let timeout = |d: Duration| format!("SET statement_timeout = {}", d.as_millis().max(1));
+        let ran = match client.batch_execute(&timeout(given)).await {
+            Ok(()) => client.batch_execute(sql).await,
+            Err(e) => Err(e),
+        };
+        let reset = client.batch_execute(&timeout(self.statement)).await;
+        Some((ran.and(reset), given))
     }
-    let create = format!(
-        "CREATE INDEX CONCURRENTLY {index} ON {} (code, clicked_at)",
-        ident(name)
-    );
-    client.batch_execute(&create).await
 }
 
 /// Whether VACUUM left every page of $1 all-visible: it cannot while a transaction that may
@@ -708,12 +728,13 @@ mod tests {
 
     /// An index build stopped by the statement timeout is given up, marked so on the index
     /// left invalid, and not tried again round after round; dropped, it is tried again. One
-    /// stopped sooner, by the end of the round's time, is tried again next round.
+    /// stopped sooner, by the end of the round's time, is tried again next round, and so is
+    /// the drop of the broken index that left, however long it was given.
     #[tokio::test]
     async fn an_index_build_past_the_statement_timeout_is_given_up_until_dropped() {
         let db = testkit::pgtest::test_db().await;
         let client = testkit::pgtest::connect(&db.url).await;
-        let mut writer = testkit::pgtest::connect(&db.url).await;
+        let writer = testkit::pgtest::connect(&db.url).await;
         let day = "clicks_p19900102";
         client
             .batch_execute(&format!(
@@ -722,10 +743,9 @@ mod tests {
             ))
             .await
             .unwrap();
-        // A writer's transaction open on the day: the build waits for it, past the timeout.
-        let open = writer.transaction().await.unwrap();
-        let insert = format!("INSERT INTO {day} VALUES ('a', '1990-01-02 12:00Z')");
-        open.batch_execute(&insert).await.unwrap();
+        // A writer's transaction open on the day: a build waits for it, past the timeout.
+        let insert = format!("BEGIN; INSERT INTO {day} VALUES ('a', '1990-01-02 12:00Z')");
+        writer.batch_execute(&insert).await.unwrap();
         let today = days_ago(&client, 0).await;
         let round = |statement, round_left| {
             let builds = BuildTime {
@@ -744,10 +764,15 @@ mod tests {
         // Cut off by what was left of the round, not having had the whole statement timeout.
         let cut_off = round(long, short).await;
         assert_eq!(cut_off, (0, 0, 1), "(given up, indexed, failed)");
-        assert_eq!(round(short, long).await, (1, 0, 0), "given up");
-        open.rollback().await.unwrap();
-        assert_eq!(round(long, long).await, (0, 0, 0), "not tried again");
+        // The broken index it left: its drop, cancelled, is no build given up.
+        assert_eq!(round(short, long).await, (0, 0, 1), "a drop cancelled");
+        writer.batch_execute("ROLLBACK").await.unwrap();
         let drop = format!("DROP INDEX {day}_code");
+        client.batch_execute(&drop).await.unwrap();
+        writer.batch_execute(&insert).await.unwrap();
+        assert_eq!(round(short, long).await, (1, 0, 0), "given up");
+        writer.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(round(long, long).await, (0, 0, 0), "not tried again");
         client.batch_execute(&drop).await.unwrap();
         assert_eq!(
             round(long, long).await,

@@ -305,9 +305,11 @@ impl Classifier {
             .find_iter(ua)
             .fold(0u32, |seen, m| seen | 1 << m.pattern().as_u32());
         let android_only = seen & ANDROID != 0 && seen & MOBI == 0;
-        if android_only && !ua.starts_with(b"Mozilla/") {
+        if seen & TABLET != 0 {
+            Device::Tablet
+        } else if android_only && !ua.starts_with(b"Mozilla/") {
             Device::Other
-        } else if seen & TABLET != 0 || android_only {
+        } else if android_only {
             Device::Tablet
         } else if seen & MOBILE != 0 {
             Device::Mobile

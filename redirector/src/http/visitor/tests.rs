@@ -57,6 +57,8 @@ fn browsers_are_humans_on_their_devices() {
         (Other, "Mozilla/5.0 (PlayStation; PlayStation 5/2.26) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/13.0 Safari/605.1.15"),
         // An app's HTTP stack: a phone's or a tablet's, it does not say.
         (Other, "Dalvik/2.1.0 (Linux; U; Android 8.0.0; SM-G930F Build/R16NW)"),
+        // Not a Mozilla/ one, but it says Tablet.
+        (Tablet, "Opera/9.80 (Android 3.2.1; Linux; Opera Tablet/ADR-1111101157; U; en) Presto/2.9.201 Version/11.50"),
     ];
     for (device, ua) in browsers {
         assert_eq!(by_ua(ua), (Agent::Human, Some(device)), "{ua}");
