@@ -136,16 +136,21 @@ impl Service {
         self.lines.lock().unwrap().clone()
     }
 
-    /// Waits until a stderr line contains `needle`; returns that line.
+    /// Waits until a stderr line contains `needle`; returns that line. Fails at once when its
+    /// stderr has ended without one (the process exited): no line can come any more.
     pub async fn wait_for_log(&self, needle: &str, limit: Duration) -> String {
         let what = format!("{} to log {needle:?}", self.name);
         eventually(&what, limit, || async {
-            self.lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-                .cloned()
+            // Read before the lines: the reader sets it after pushing its last one.
+            let ended = self.read_all.load(std::sync::atomic::Ordering::Acquire);
+            let lines = self.lines.lock().unwrap();
+            let found = lines.iter().find(|l| l.contains(needle)).cloned();
+            assert!(
+                found.is_some() || !ended,
+                "{}: its stderr ended without a line containing {needle:?}",
+                self.name
+            );
+            found
         })
         .await
     }
