@@ -10,7 +10,9 @@
 //! then in progress, TRUNCATE epoch) outlives a lost session, so a new session resumes where
 //! the last one stopped. A full load happens only at start and when the log cannot bring the
 //! table up to date (pruned past our position, or `links` truncated); while serving it
-//! compares instead of rebuilding, so memory does not double. Every query has a client-side
+//! compares instead of rebuilding, so memory does not double. A server on the same history
+//! whose WAL is behind the last read applied (a lagging standby) is not read from until it
+//! catches up. Every query has a client-side
 //! timeout: a session that stops answering is dropped and replaced, and the last table keeps
 //! serving.
 
@@ -50,6 +52,10 @@ shared::metrics! {
              standby, which cannot LISTEN), 0 while it LISTENs or is not connected.";
         link_changes_applied: Counter = "link_changes_applied",
             "Changed codes applied from the change log.";
+        link_reads_behind: Counter = "link_reads_behind",
+            "Reads of the change log that found the server behind the table already served \
+             (a standby on the same history that has not replayed as far as the server last \
+             read): nothing applied, the table served as it is until the server catches up.";
         /// For changes, seconds from the newest applied change's `changed_at` to its
         /// application; for a full load, its duration.
         links_lag: FloatGauge = "links_lag_seconds",
@@ -192,6 +198,8 @@ enum SessionError {
 enum Read {
     /// Applied every change up to this head: this many codes.
     Applied(Head, u64),
+    /// The server is behind the table served (`Head::behind`): nothing applied.
+    Lagging(Head),
     /// The log cannot bring the table up to date, for this reason: load it all.
     Behind(&'static str),
 }
@@ -208,6 +216,8 @@ struct Position {
     epoch: i64,
     /// `Head::log_table` at that read.
     log_table: i64,
+    /// `Head::wal` at that read, or at a later one on the same history.
+    wal: Option<i64>,
 }
 
 /// What one read of the change log's state says, in the read's snapshot.
@@ -247,6 +257,11 @@ struct Head {
     /// until then a full load may find `links` empty or partly loaded, and the rest of its rows
     /// go unlogged.
     links_triggered: bool,
+    /// How far the server's WAL goes, as a position: a primary's insert position, past every
+    /// commit its snapshots see; a hot standby's replay position, as far as its snapshots see.
+    /// On one history (system identifier and timeline) a server below the position of a read
+    /// already applied is behind it: what it says of `links` is older than the table served.
+    wal: Option<i64>,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -265,7 +280,9 @@ macro_rules! head_columns {
                 extract(epoch FROM pg_last_xact_replay_timestamp())::float8,
                 s.tableoid::int8,
                 EXISTS (SELECT FROM pg_trigger
-                        WHERE tgrelid = 'links'::regclass AND NOT tgisinternal)
+                        WHERE tgrelid = 'links'::regclass AND NOT tgisinternal),
+                pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                     ELSE pg_current_wal_insert_lsn() END, '0/0')::int8
            FROM link_changes_state AS s"
     };
 }
@@ -315,7 +332,7 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 13;
+const HEAD_COLUMNS: usize = 14;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
@@ -421,6 +438,7 @@ impl Head {
             replayed_at: row.try_get(10)?,
             log_table: row.try_get(11)?,
             links_triggered: row.try_get(12)?,
+            wal: row.try_get(13)?,
         })
     }
 
@@ -429,6 +447,15 @@ impl Head {
     /// partly loaded, the rest of its rows then unlogged.
     fn restoring(&self, known: Option<i64>) -> bool {
         !self.links_triggered && known.is_some_and(|t| t != self.log_table)
+    }
+
+    /// Whether this server is behind the read that left the table at `at` (a lagging standby of
+    /// the same history, taking over from the primary or a standby further on): its state of
+    /// `links` is older than the table's, and the change log seen from it would take the table
+    /// back (a TRUNCATE it has not replayed reads as one to load again; the rows a read reads
+    /// again from its horizon on as their older versions).
+    fn behind(&self, at: &Position) -> bool {
+        matches!((self.wal, at.wal), (Some(now), Some(read)) if now < read)
     }
 
     /// Why the change log cannot bring a table at `at` up to date, if it cannot.
@@ -456,13 +483,16 @@ impl Head {
     /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
     /// read before, or this read was a full load, which covers them.
     fn position(&self, before: Option<&Position>) -> Position {
-        let before = before.map_or(0, |p| p.last_id);
         Position {
-            last_id: self.top.max(self.pruned_id).max(before),
+            last_id: self
+                .top
+                .max(self.pruned_id)
+                .max(before.map_or(0, |p| p.last_id)),
             in_progress: self.xip.clone(),
             horizon: self.horizon,
             epoch: self.epoch,
             log_table: self.log_table,
+            wal: self.wal.max(before.and_then(|p| p.wal)),
         }
     }
 }
@@ -484,6 +514,8 @@ struct Loader {
     value: Vec<u8>,
     /// Whether the last read found the server a hot standby.
     standby: bool,
+    /// Whether the last read found the server behind the table served (`Head::behind`).
+    behind: bool,
     /// This session's last reads of a hot standby, oldest first: each one's clock and how far
     /// the standby had then received WAL (see [`current_to`]).
     receipts: VecDeque<(f64, i64)>,
@@ -506,6 +538,7 @@ impl Loader {
             skipped: HashSet::new(),
             value: Vec::new(),
             standby: false,
+            behind: false,
             receipts: VecDeque::new(),
             returned: HashSet::new(),
         }
@@ -704,6 +737,10 @@ impl Loader {
                     self.synced(&head, false);
                     return Ok(codes > 0);
                 }
+                Read::Lagging(head) => {
+                    self.lagging(&head, &at);
+                    return Ok(false);
+                }
                 Read::Behind(why) => why,
             },
         };
@@ -712,8 +749,29 @@ impl Loader {
         Ok(false)
     }
 
+    /// A read found the server behind the table (`Head::behind`): nothing applied, and the
+    /// table counts as no more current than it was (`links_synced` stays, so LinksStale fires
+    /// if the server stays behind); said once for each time it falls behind.
+    fn lagging(&mut self, head: &Head, at: &Position) {
+        self.metrics.link_reads_behind.inc();
+        self.standby = head.standby;
+        if !std::mem::replace(&mut self.behind, true) {
+            let (now, read) = (head.wal.unwrap_or(0), at.wal.unwrap_or(0));
+            tracing::warn!(
+                behind_bytes = read - now,
+                "the links database is {} bytes of WAL behind what the table served was read \
+                 at (a standby that has not replayed as far, on the same history): serving the \
+                 table as it is until the server catches up",
+                read - now
+            );
+        }
+    }
+
     /// The table is as `links` was at `head`'s snapshot, in full after a full load.
     fn synced(&mut self, head: &Head, full_load: bool) {
+        if std::mem::replace(&mut self.behind, false) {
+            tracing::info!("the links database caught up with the table served");
+        }
         self.position = Some(head.position(self.position.as_ref()));
         self.log_table = Some(head.log_table);
         let before = Some(self.metrics.links_synced.get()).filter(|&g| g > 0.0);
@@ -744,6 +802,9 @@ impl Loader {
         let mut row = self.timed(next(rows.as_mut())).await?;
         let first = row.as_ref().ok_or(SessionError::NoState)?;
         let head = Head::from_row(first)?;
+        if head.behind(at) {
+            return Ok(Read::Lagging(head));
+        }
         if head.restoring(Some(at.log_table)) {
             return Err(SessionError::Restoring);
         }

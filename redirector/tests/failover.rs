@@ -61,6 +61,22 @@ async fn linked_pair(links: &[(&str, &str)]) -> (Pair, TestDb, tokio_postgres::C
     (pair, db, primary)
 }
 
+/// A connection string naming `servers` in that order, without `target_session_attrs`.
+fn hosts(servers: [&testkit::pgtest::Cluster; 2], user: &str, db: &str) -> String {
+    let [first, second] = servers.map(|c| c.socket_dir().display().to_string());
+    format!("host={first},{second} user={user} dbname={db}")
+}
+
+/// Pauses the replay of the standby `standby` is a session on.
+async fn pause_replay(standby: &tokio_postgres::Client) {
+    execute(standby, "SELECT pg_wal_replay_pause()").await;
+    eventually("the standby's replay to pause", LIMIT, || async {
+        let state: String = scalar(standby, "SELECT pg_get_wal_replay_pause_state()").await;
+        (state == "paused").then_some(())
+    })
+    .await;
+}
+
 /// A redirector with clicks off that reads its links from `links_url`, ready; with the
 /// directory of its sockets.
 async fn links_reader(db: &TestDb, links_url: &str) -> (tempfile::TempDir, Redirector) {
@@ -132,12 +148,7 @@ async fn links_from_a_standby_that_stopped_replaying_are_reported_as_old_as_when
     let on_standby = pair.standby.url(&db.name);
     let (_dir, r) = links_reader(&db, &on_standby).await;
     let standby = testkit::pgtest::connect(&on_standby).await;
-    execute(&standby, "SELECT pg_wal_replay_pause()").await;
-    eventually("the standby's replay to pause", LIMIT, || async {
-        let state: String = scalar(&standby, "SELECT pg_get_wal_replay_pause_state()").await;
-        (state == "paused").then_some(())
-    })
-    .await;
+    pause_replay(&standby).await;
     add_link(&primary, "added", "https://example.com/added").await;
     let behind = "SELECT pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()";
     eventually(
@@ -421,12 +432,7 @@ async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_
     let replicated = format!("SELECT count(*) = 1 FROM pg_roles WHERE rolname = '{role}'");
     pair.await_on_standby(&db.name, &replicated).await;
     // The standby first, then the primary: a session goes to the primary while it is down.
-    let on_standby = format!(
-        "host={},{} user={role} dbname={}",
-        pair.standby.socket_dir().display(),
-        pair.primary.socket_dir().display(),
-        db.name
-    );
+    let on_standby = hosts([&pair.standby, &pair.primary], &role, &db.name);
     let (_dir, r) = links_reader(&db, &on_standby).await;
     let loads_series = "redirector_link_loads_total";
     let loads = r.metric(loads_series).await;
@@ -445,6 +451,65 @@ async fn a_new_session_after_one_on_a_standby_that_hides_its_timeline_loads_the_
     blocking(|| pair.standby.stop_server());
     await_above(&r, loads_series, loads, "a full load on the primary").await;
     await_served(r.http, "kept", Some("https://example.com/kept")).await;
+}
+
+/// The primary the loader read refuses it, and its next session lands on a standby of the same
+/// history that has not replayed the last changes (its replay paused): one of them a TRUNCATE,
+/// which that standby's change log shows as an older epoch. What it would say of `links` is
+/// older than the table served, so nothing is applied or loaded from it (a full load would
+/// bring back the links the TRUNCATE removed) until it has replayed as far as the primary
+/// was read; then the table follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_behind_the_table_served_takes_it_back_to_nothing_older() {
+    let (pair, db, primary) = linked_pair(&[
+        ("kept", "https://example.com/kept"),
+        ("gone", "https://example.com/gone"),
+    ])
+    .await;
+    let primary_first = hosts([&pair.primary, &pair.standby], "postgres", &db.name);
+    let (_dir, r) = links_reader(&db, &primary_first).await;
+    let standby = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+    pause_replay(&standby).await;
+    execute(
+        &primary,
+        "TRUNCATE links; INSERT INTO links (code, url) VALUES ('kept', 'https://example.com/new')",
+    )
+    .await;
+    await_served(r.http, "gone", None).await;
+    await_served(r.http, "kept", Some("https://example.com/new")).await;
+
+    // The primary stays up (a standby whose WAL receiver stops cannot say its timeline), and
+    // refuses the loader's next session, which goes to the standby.
+    let loads = r.metric("redirector_link_loads_total").await;
+    let refuse = format!("ALTER DATABASE {} ALLOW_CONNECTIONS false", db.name);
+    execute(&pair.primary.connect("postgres").await, &refuse).await;
+    execute(
+        &primary,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = 'redirector-links'",
+    )
+    .await;
+    let behind = "redirector_link_reads_behind_total";
+    await_above(&r, behind, 0.0, "a read of the standby found behind").await;
+    r.service.wait_for_log("bytes of WAL behind", LIMIT).await;
+    await_reads(&standby, 2).await;
+    assert_eq!(served(r.http, "gone").await, None, "brought back");
+    assert_eq!(
+        served(r.http, "kept").await.as_deref(),
+        Some("https://example.com/new"),
+        "taken back"
+    );
+    assert_eq!(r.metric("redirector_link_loads_total").await, loads);
+
+    execute(&standby, "SELECT pg_wal_replay_resume()").await;
+    r.service
+        .wait_for_log("caught up with the table served", LIMIT)
+        .await;
+    let resumed = db_now(&standby).await;
+    let synced = "redirector_links_synced_timestamp_seconds";
+    await_above(&r, synced, resumed, "the links to be current again").await;
+    assert_eq!(served(r.http, "gone").await, None);
+    assert_eq!(r.metric("redirector_link_loads_total").await, loads);
 }
 
 /// The redirector and the collector on `url` (both servers of a pair), the collector's socket

@@ -16,6 +16,7 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         replayed_at: None,
         log_table: 7,
         links_triggered: true,
+        wal: None,
     }
 }
 
@@ -27,6 +28,7 @@ fn at(last_id: i64, in_progress: &[i64], epoch: i64) -> Position {
         horizon: 1000,
         epoch,
         log_table: 7,
+        wal: None,
     }
 }
 
@@ -67,6 +69,27 @@ fn a_full_load_only_when_the_log_cannot_catch_up() {
     // Ids past what the log has or pruned: a server behind the one read last (a lagging
     // standby) catches up, it is not loaded from (which would serve an older state).
     assert_eq!(h.needs_full_load(Some(&at(25, &[], 1))), None);
+}
+
+/// A server below the WAL position of a read already applied is behind the table, whatever
+/// its log says; one that does not say (or a position that does not) is not judged.
+#[test]
+fn a_server_below_the_wal_position_read_is_behind() {
+    let read = Position {
+        wal: Some(5000),
+        ..at(10, &[], 1)
+    };
+    let on = |wal| Head {
+        wal,
+        ..head(1, 0, 0, 10, &[])
+    };
+    assert!(on(Some(4999)).behind(&read));
+    assert!(!on(Some(5000)).behind(&read));
+    assert!(!on(None).behind(&read));
+    assert!(!on(Some(1)).behind(&at(10, &[], 1)));
+    // The position keeps the furthest WAL read: never moves back.
+    assert_eq!(on(Some(4000)).position(Some(&read)).wal, Some(5000));
+    assert_eq!(on(Some(6000)).position(Some(&read)).wal, Some(6000));
 }
 
 #[test]
