@@ -393,6 +393,10 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     );
     let poison = "SELECT count(*) FROM click_breakdown WHERE code = 'poison'";
     assert_eq!(count(&p.client, poison).await, 0);
+    // The ranges taken while sifting are rolled back and COPYed again at once: no
+    // subtransaction of theirs outlives the sift (each row's xmin is its subtransaction's).
+    let xmins = "SELECT count(DISTINCT xmin::text) FROM clicks";
+    assert_eq!(count(&p.client, xmins).await, 1, "written in one statement");
     // The pipeline keeps going.
     send_all(&p.path, vec![datagram(10, 0, "later", 100)]).await;
     await_rows(&p.client, None, 104).await;

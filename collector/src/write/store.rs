@@ -39,8 +39,17 @@ const ATTACHED: &str = "
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 /// A code of a click `clicks` took, not one of $1 (the batch's, and those refused as probes),
-/// for [`takes`]: the first row a scan meets, read only when the table refuses clicks.
-const A_CODE_TAKEN: &str = "SELECT code FROM clicks WHERE code <> ALL($1) LIMIT 1";
+/// for [`takes`]: the first row a scan meets, read only when the table refuses clicks. Each
+/// scan stops after 100,000 rows: where a few codes are in every batch, a history of
+/// them holds no other, and a scan of all of it outlived the attempt (its backend, which
+/// does not notice a client gone, then held the instance lock from the retries). First the
+/// oldest rows of `clicks`, then `click_counts`, which holds a code taken once a day.
+const A_CODE_TAKEN: &str = "
+    (SELECT code FROM (SELECT code FROM clicks LIMIT 100000) AS c WHERE code <> ALL($1) LIMIT 1)
+    UNION ALL
+    (SELECT code FROM (SELECT code FROM click_counts LIMIT 100000) AS c
+      WHERE code <> ALL($1) LIMIT 1)
+    LIMIT 1";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -468,25 +477,29 @@ async fn sift_in(
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
+    // Each range taken is a subtransaction with an xid of its own, kept by the transaction
+    // until it ends: past 64, every snapshot in the cluster is taken the slow way for as long
+    // as it runs. So the ranges are tried inside one more savepoint, and once the sift is
+    // done, if more than one was taken, rolled back to it and the rows taken COPYed again in
+    // one statement, in no subtransaction.
+    tx.batch_execute("SAVEPOINT sifting").await?;
+    let mut copied = 0;
     while let Some(range) = ranges.pop() {
         if range.is_empty() {
             continue;
         }
-        let savepoint = tx.savepoint("sift").await?;
-        match copy_in(
-            &savepoint,
-            statement,
-            rows_of(buf, clicks, &tried[range.clone()]),
-        )
-        .await
-        {
+        tx.batch_execute("SAVEPOINT sift").await?;
+        match copy_in(tx, statement, rows_of(buf, clicks, &tried[range.clone()])).await {
             Ok(_) => {
-                savepoint.commit().await?;
+                tx.batch_execute("RELEASE sift").await?;
+                copied += 1;
                 known.append(&mut unsure);
                 taken = true;
             }
             Err(e) if refuses_rows(&e) => {
-                savepoint.rollback().await?;
+                // Released too: each `ROLLBACK TO` keeps its savepoint, one level deeper a
+                // refused range.
+                tx.batch_execute("ROLLBACK TO sift; RELEASE sift").await?;
                 let unroutable_here = no_partition(&e);
                 if range.len() == 1 || unroutable_here {
                     let why = describe(&e);
@@ -512,6 +525,13 @@ async fn sift_in(
             Err(e) => return Err(e),
         }
     }
+    if copied > 1 {
+        tx.batch_execute("ROLLBACK TO sifting").await?;
+        let out: HashSet<usize> = refused.iter().map(|(i, _)| *i).collect();
+        let kept: Vec<usize> = (0..clicks.len()).filter(|i| !out.contains(i)).collect();
+        copy_in(tx, statement, rows_of(buf, clicks, &kept)).await?;
+    }
+    tx.batch_execute("RELEASE sifting").await?;
     Ok((refused, unroutable))
 }
 
@@ -570,13 +590,13 @@ async fn takes(
     };
     let mut row = BytesMut::new();
     copy::put_click(&mut row, &code, protocol::now_us());
-    let savepoint = tx.savepoint("probe").await?;
-    let taken = match copy_in(&savepoint, copy_clicks, row.freeze()).await {
+    tx.batch_execute("SAVEPOINT probe").await?;
+    let taken = match copy_in(tx, copy_clicks, row.freeze()).await {
         Ok(_) => true,
         Err(e) if refuses_rows(&e) => false,
         Err(e) => return Err(e),
     };
-    savepoint.rollback().await?;
+    tx.batch_execute("ROLLBACK TO probe; RELEASE probe").await?;
     probe.taken = taken;
     if !taken {
         probe.code = None;
@@ -654,4 +674,72 @@ async fn copy_in(
     sink.feed(rows).await?;
     sink.feed(Bytes::from_static(TRAILER)).await?;
     sink.as_mut().finish().await
+}
+
+#[cfg(test)]
+mod tests {
+    /// Rows the sequential scans of `plan` (`EXPLAIN ANALYZE`'s text, one loop each) read:
+    /// those they returned and those their filter removed.
+    fn rows_scanned(plan: &[String]) -> u64 {
+        let number = |line: &str, after: &str| -> u64 {
+            let at = line.find(after).map_or(line.len(), |i| i + after.len());
+            let digits = line[at..].chars().take_while(char::is_ascii_digit);
+            digits.collect::<String>().parse().unwrap_or(0)
+        };
+        let mut scanned = 0;
+        for (i, line) in plan.iter().enumerate() {
+            // A scan `(never executed)` read nothing.
+            if let (true, Some(at)) = (line.contains("Seq Scan on"), line.find("(actual")) {
+                let actual = &line[at..];
+                scanned += number(actual, "rows=");
+                // Its details, up to the next node.
+                let details = plan[i + 1..].iter().take_while(|l| !l.contains("->"));
+                if let Some(removed) = details.into_iter().find(|l| l.contains("Removed by")) {
+                    scanned += number(removed, "Filter: ");
+                }
+            }
+        }
+        scanned
+    }
+
+    /// A history holding only the batch's codes: the look for a probe's code reads at most
+    /// 100,000 rows of `clicks` (it read all of them, and outlived the attempt), then finds a
+    /// code in `click_counts`.
+    #[tokio::test]
+    async fn the_look_for_a_probe_code_reads_a_bounded_part_of_the_history() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "CREATE TABLE clicks_p19900101 PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z');
+                 INSERT INTO clicks (code, clicked_at)
+                 SELECT 'few', '1990-01-01Z' FROM generate_series(1, 300000);
+                 INSERT INTO click_counts VALUES ('few', '1990-01-01', 300000),
+                                                 ('other', '1990-01-01', 1);
+                 ANALYZE clicks_p19900101;
+                 SET max_parallel_workers_per_gather = 0",
+            )
+            .await
+            .unwrap();
+        let not = vec!["few", "poison"];
+        let found = client
+            .query_opt(super::A_CODE_TAKEN, &[&not])
+            .await
+            .unwrap();
+        assert_eq!(
+            found.map(|row| row.get::<_, String>(0)),
+            Some("other".into())
+        );
+        let explain = format!("EXPLAIN (ANALYZE, COSTS OFF) {}", super::A_CODE_TAKEN);
+        let plan: Vec<String> = client
+            .query(&explain, &[&not])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let scanned = rows_scanned(&plan);
+        assert!(scanned <= 100_002, "read {scanned} rows: {plan:#?}");
+    }
 }
