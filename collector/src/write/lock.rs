@@ -6,8 +6,10 @@
 //! drains (whose socket path is already unlinked) would load the senders' seqs before the
 //! predecessor's last batches commit, and misjudge the datagrams in them. Waiting for the lock
 //! means the predecessor has written everything and exited. Should the lock's session be lost
-//! anyway (a database restart, a killed session), nothing is skipped or doubled: a batch's
-//! claim is its writer's own batch number (`store`), and senders' seqs only move forward.
+//! anyway (a database restart, a killed session) while both run, the successor may load seqs
+//! the predecessor's batches still under way will move past, and a datagram both then hold be
+//! written by each: a batch's claim is its own writer's (`store`), and senders' seqs only
+//! keep from moving back. systemd's stop before a start keeps the two from running at once.
 
 use std::time::Duration;
 

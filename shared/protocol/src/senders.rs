@@ -28,13 +28,13 @@
 //! beside a live original. A collector that starts knows each sender's address from
 //! `click_senders` ([`Senders::replying_at`]), and until a datagram names the process, only
 //! one from that address (or one it moved to, as above) speaks for the id: not the first
-//! process to send it. Also refused is a
-//! seq further ahead than any sender could have got (from a sender without an address: one
-//! with an address is asked to resend, and resyncs if it has to). Memory stays bounded: a
-//! process keeps at most `PER_PROCESS` ids (besides those with an address pushed out, kept a
-//! minute or two past their commit), all senders at most `MAX_SENDERS` (besides those whose
-//! datagrams wait for their commit), and ids idle for 29 days are forgotten; what is
-//! forgotten leaves `click_senders` with the next batch.
+//! process to send it. Also refused is a seq further ahead than any sender could have got
+//! (from a known sender without an address: one with an address is asked to resend, and
+//! resyncs if it has to; one without a record is one forgotten, going on). Memory stays
+//! bounded: a process keeps at most `PER_PROCESS` ids (besides those with an address pushed
+//! out, kept a minute or two past their commit), all senders at most `MAX_SENDERS` (besides
+//! those whose datagrams wait for their commit), and ids idle for 29 days are forgotten; what
+//! is forgotten leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
 
@@ -59,6 +59,8 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 /// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's
 /// while the others are well under `MAX_SENDERS` (one with an address goes a minute or two
 /// after its commit, so that a repeat after a lost acknowledgement is acknowledged again).
+/// Not the processes of pid namespaces the collector cannot see, which all read as pid 0
+/// (`Senders::bind`).
 pub const PER_PROCESS: usize = 4;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
 /// claiming more per skipped datagram is not believed.
@@ -561,7 +563,14 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// follows a lost acknowledgement (see [`Senders::sweep`]). The id bound is the newest,
     /// never the one pushed out.
     fn bind(&mut self, sender: u64, owner: Option<Owner>) {
-        let Some(owner) = owner else { return };
+        // Pid 0: a process of a pid namespace the collector's cannot see (another container's).
+        // All of them read as one, whose quota would have each one's ids push out the
+        // others': a redirector's, forgotten a minute after it went quiet, would have its
+        // next datagram asked to resend from 0, and its resync count every click acknowledged
+        // before as unaccounted. They are bounded with the rest, by `MAX_SENDERS`.
+        let Some(owner) = owner.filter(|o| o.pid != 0) else {
+            return;
+        };
         if let Some(s) = self.map.get_mut(&sender) {
             s.over_quota = false;
         }
@@ -675,13 +684,19 @@ fn judge_known<A: Copy>(
 ) -> (Verdict, Option<Reply<A>>) {
     let expected = s.accepted.map_or(0, |a| a.saturating_add(1));
     // One that expects acknowledgements is asked to resend instead: a long-lived sender whose
-    // record this collector lost is far ahead, and resyncs.
-    if seq > MAX_SEQ || (from.is_none() && seq.saturating_sub(expected) > MAX_JUMP) {
+    // record this collector lost is far ahead, and resyncs. One without an address that this
+    // collector has no record of is judged below.
+    let jump = s.accepted.is_some() && seq.saturating_sub(expected) > MAX_JUMP;
+    if seq > MAX_SEQ || (from.is_none() && jump) {
         return (Verdict::Refused(Refusal::SeqJump), None);
     }
     s.reply = from;
     let (verdict, reply) = match (from, s.accepted) {
-        (None, accepted) => match crate::seq::judge(accepted, seq, true) {
+        // Without a record, a seq past `MAX_JUMP` is no new sender's whose first datagrams were
+        // lost, but one this collector forgot (idle, or pushed out) going on: taken from
+        // there, nothing counted lost. Refused, it would be for good: such a sender resends
+        // nothing and is asked for nothing.
+        (None, accepted) => match crate::seq::judge(accepted, seq, seq <= MAX_JUMP) {
             crate::seq::Seen::Again => (Verdict::Duplicate, None),
             crate::seq::Seen::New { lost } => (Verdict::Accept { lost }, None),
         },
@@ -1200,14 +1215,19 @@ mod tests {
         );
         assert_eq!(
             s.judge(8, (MAX_JUMP + 1, 1), None, creds(12), now).0,
-            jump,
-            "a first seq too"
+            Verdict::Accept { lost: 0 },
+            "a first seq: a sender forgotten, going on, nothing known lost"
+        );
+        assert_eq!(
+            s.judge(9, (MAX_JUMP, 1), None, creds(12), now).0,
+            Verdict::Accept { lost: MAX_JUMP },
+            "near its start: its first datagrams lost"
         );
         assert_eq!(
             s.judge(7, (2 + MAX_JUMP, 1), None, creds(10), now).0,
             Verdict::Accept { lost: MAX_JUMP }
         );
-        assert_eq!(s.len(), 1, "refused ids take no memory");
+        assert_eq!(s.len(), 3, "refused ids take no memory");
     }
 
     #[test]
@@ -1348,6 +1368,23 @@ mod tests {
         s.judge(99, (0, 1), addr(), creds(67), now + SWEEP_EVERY);
         assert!(s.knows(1), "kept by the process that took it over");
         assert!(s.forgotten().is_empty());
+    }
+
+    /// Processes of pid namespaces the collector cannot see (other containers') all read as
+    /// pid 0: they share no quota, or each one's ids would push out the others', and a
+    /// redirector's, forgotten once quiet, would resync and count its history unaccounted.
+    #[test]
+    fn processes_of_other_pid_namespaces_do_not_share_one_quota() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let ids = 1..=PER_PROCESS as u64 + 2;
+        for id in ids.clone() {
+            s.judge(id, (0, 1), addr(), creds(0), now);
+            s.commit(id, 0, now);
+        }
+        s.judge(99, (0, 1), addr(), creds(67), now + 3 * SWEEP_EVERY);
+        assert_eq!(s.forgotten(), [0u64; 0], "none pushed out");
+        assert!(ids.clone().all(|id| s.knows(id)));
     }
 
     #[test]
