@@ -11,7 +11,7 @@ mod send;
 mod show;
 mod signals;
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -141,8 +141,7 @@ fn read_all(source: &Path) -> Result<Vec<u8>, TapError> {
 
 /// Prints a line to stdout and flushes it. A closed pipe (`| head`) is not an error.
 fn say(text: &str) -> Result<(), TapError> {
-    let mut out = io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+    match signals::Stdout.line(text) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
             Err(TapError::io("writing to stdout")(e))
         }

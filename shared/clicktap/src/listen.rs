@@ -1,7 +1,7 @@
 //! `clicktap listen`: bind a path and print what arrives, one line per datagram or per second.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
@@ -55,7 +55,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     tracing::info!("listening on {}", args.socket.display());
     let mut listener = Listener {
         args,
-        out: io::stdout().lock(),
+        out: signals::Stdout,
         tally: Tally::default(),
     };
     let result = listener.receive(&socket, stop);
@@ -68,7 +68,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
 
 struct Listener<'a> {
     args: &'a Args,
-    out: io::StdoutLock<'static>,
+    out: signals::Stdout,
     tally: Tally,
 }
 
@@ -84,9 +84,12 @@ impl Listener<'_> {
                 Err(e) => return Err(e.into()),
             }
             let now = Instant::now();
-            if self.args.stats && now >= next_line {
+            // Each second's counts start again, printed or not.
+            if now >= next_line {
                 let totals = std::mem::take(&mut self.tally.second);
-                self.print(&stats_line(&totals, now - second_start, self.args.json))?;
+                if self.args.stats {
+                    self.print(&stats_line(&totals, now - second_start, self.args.json))?;
+                }
                 second_start = now;
                 // On a fixed schedule, so that lines do not drift by the receive timeout.
                 next_line = (next_line + STATS_EVERY).max(now);
@@ -126,10 +129,9 @@ impl Listener<'_> {
         }
     }
 
-    /// One line, flushed at once so that a pipe reader sees it now.
+    /// One line, written at once so that a pipe reader sees it now.
     fn print(&mut self, line: &str) -> io::Result<()> {
-        writeln!(self.out, "{line}")?;
-        self.out.flush()
+        self.out.line(line)
     }
 }
 
@@ -145,7 +147,11 @@ struct Totals {
     clicks: u64,
     bytes: u64,
     rejects: u64,
-    /// Missing datagrams by sender.
+    /// Missing datagrams, held at `u64::MAX`: a sender may jump to any seq (a hostile one to
+    /// the last).
+    missing: u64,
+    /// Missing datagrams by sender: a second's only, so that a run's memory does not grow
+    /// with every sender that ever missed one.
     gaps: BTreeMap<u64, u64>,
 }
 
@@ -156,21 +162,10 @@ impl Totals {
         self.bytes += len as u64;
     }
 
-    /// Held at `u64::MAX`: a sender may jump to any seq (a hostile one to the last).
-    fn gap_total(&self) -> u64 {
-        self.gaps
-            .values()
-            .fold(0, |total, &n| total.saturating_add(n))
-    }
-
     fn summary(&self) -> String {
         format!(
             "received {} datagrams ({} clicks, {} bytes), {} rejected, {} missing by sequence",
-            self.datagrams,
-            self.clicks,
-            self.bytes,
-            self.rejects,
-            self.gap_total()
+            self.datagrams, self.clicks, self.bytes, self.rejects, self.missing
         )
     }
 }
@@ -209,10 +204,11 @@ impl Tally {
         };
         for totals in [&mut self.second, &mut self.all] {
             totals.add(len, batch.clicks.len());
-            if note.missing > 0 {
-                let gap = totals.gaps.entry(batch.sender).or_default();
-                *gap = gap.saturating_add(note.missing);
-            }
+            totals.missing = totals.missing.saturating_add(note.missing);
+        }
+        if note.missing > 0 {
+            let gap = self.second.gaps.entry(batch.sender).or_default();
+            *gap = gap.saturating_add(note.missing);
         }
         note
     }
@@ -257,7 +253,7 @@ fn stats_line(totals: &Totals, elapsed: Duration, json: bool) -> String {
         rate(totals.clicks),
         rate(totals.bytes),
         totals.rejects,
-        totals.gap_total()
+        totals.missing
     );
     if !totals.gaps.is_empty() {
         let per_sender: Vec<String> = totals
@@ -323,7 +319,9 @@ mod tests {
         assert_eq!(tally.batch(&batch(1, 8), 10).missing, 2);
         assert!(tally.batch(&batch(1, 8), 10).repeat);
         assert_eq!(tally.batch(&batch(2, 1), 10), SeqNote::default());
-        assert_eq!(tally.all.gaps, BTreeMap::from([(1, 2)]));
+        assert_eq!(tally.second.gaps, BTreeMap::from([(1, 2)]));
+        assert_eq!(tally.all.missing, 2);
+        assert!(tally.all.gaps.is_empty(), "the run keeps no sender's");
         let line = stats_line(&tally.second, Duration::from_secs(1), false);
         assert!(line.ends_with("rejects=0 gaps=2 (sender 1: 2)"), "{line}");
     }
@@ -335,7 +333,7 @@ mod tests {
         tally.batch(&batch(1, u64::MAX), 10);
         tally.batch(&batch(2, 0), 10);
         tally.batch(&batch(2, 5), 10);
-        assert_eq!(tally.all.gap_total(), u64::MAX);
+        assert_eq!(tally.all.missing, u64::MAX);
         assert!(tally
             .all
             .summary()

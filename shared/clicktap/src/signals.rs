@@ -1,5 +1,5 @@
 //! SIGINT/SIGTERM as a flag the loops check, so that `listen` removes its socket file and
-//! `send` prints what it sent before exiting.
+//! `send` prints what it sent before exiting; and a standard output a stop interrupts.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,4 +30,39 @@ pub fn stop_flag() -> io::Result<&'static AtomicBool> {
 /// Whether a stop was asked for.
 pub fn stopping(flag: &AtomicBool) -> bool {
     flag.load(Ordering::Relaxed)
+}
+
+/// Standard output, unbuffered (a buffer would be flushed again as it is dropped, and block
+/// there), whose blocked write a stop ends: std's writers retry `EINTR`, so a write blocked
+/// on a reader that stopped reading (`| less`, a stalled FIFO) outlasted every SIGINT and
+/// SIGTERM, and the socket file was left behind. Interrupted by a stop, a write fails as one
+/// to a closed pipe does (`BrokenPipe`), which the commands take as the end of their output,
+/// not as an error. (One that begins after the stop still writes: `send`'s summary.)
+pub struct Stdout;
+
+impl Stdout {
+    /// Writes `line` and a newline.
+    pub fn line(&mut self, line: &str) -> io::Result<()> {
+        io::Write::write_all(self, format!("{line}\n").as_bytes())
+    }
+}
+
+impl io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            match nix::unistd::write(io::stdout(), buf) {
+                Ok(n) => return Ok(n),
+                Err(nix::errno::Errno::EINTR) if stopping(&STOP) => {
+                    let stopped = "stopped while writing to stdout";
+                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, stopped));
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }

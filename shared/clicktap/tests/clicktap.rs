@@ -766,6 +766,48 @@ fn send_raw_from_a_stdin_that_never_ends_stops_at_ctrl_c() {
     assert!(!status.success(), "{status}");
 }
 
+/// Whether process `pid` is blocked in write(2) to its stdout (x86-64's syscall 1, descriptor 1).
+fn writing_stdout(pid: u32) -> bool {
+    let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    call.starts_with("1 0x1 ")
+}
+
+/// A listen whose stdout nobody reads (a pipe that filled: `| less` stopped, a stalled FIFO)
+/// stops at SIGTERM and removes its socket file: its blocked write, interrupted, is not
+/// retried as std's writers retry it, which held it there until SIGKILL.
+#[tokio::test]
+async fn listen_blocked_on_a_full_stdout_stops_at_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let mut child = clicktap()
+        .args(["listen", "--socket", socket.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting clicktap");
+    let _unread = child.stdout.take();
+    let pid = child.id();
+    let sender = UnixDatagram::unbound().unwrap();
+    sender.set_nonblocking(true).unwrap();
+    let mut encoder = Encoder::new(1, DEFAULT_DATAGRAM).unwrap();
+    encoder.push("blocked", protocol::now_us()).unwrap();
+    // Lines until the pipe is full; the socket's queue full too is no error.
+    eventually("listen to block on its stdout", LIMIT, || {
+        let _ = sender.send_to(encoder.datagram(), &socket);
+        let blocked = writing_stdout(pid);
+        async move { blocked.then_some(()) }
+    })
+    .await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGTERM).unwrap();
+    let status = eventually("listen to stop at SIGTERM", LIMIT, || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(status.success(), "listen exited with {status}");
+    assert!(!socket.exists(), "listen left its socket file behind");
+}
+
 #[tokio::test]
 async fn listen_refuses_a_regular_file_and_a_path_in_use() {
     let dir = tempfile::tempdir().unwrap();
