@@ -198,8 +198,12 @@ enum SessionError {
 enum Read {
     /// Applied every change up to this head: this many codes.
     Applied(Head, u64),
-    /// The server is behind the table served (`Head::behind`): nothing applied.
+    /// The server is a standby behind the table served (`Head::behind`): nothing applied.
     Lagging(Head),
+    /// The server is a primary behind the table served: it lost WAL since (a crash with
+    /// asynchronous commits, a restore onto the same timeline), and will not catch up. Its
+    /// ids and xids may start again below the position's: load it all, from no position.
+    Rewound,
     /// The log cannot bring the table up to date, for this reason: load it all.
     Behind(&'static str),
 }
@@ -257,10 +261,13 @@ struct Head {
     /// until then a full load may find `links` empty or partly loaded, and the rest of its rows
     /// go unlogged.
     links_triggered: bool,
-    /// How far the server's WAL goes, as a position: a primary's insert position, past every
-    /// commit its snapshots see; a hot standby's replay position, as far as its snapshots see.
-    /// On one history (system identifier and timeline) a server below the position of a read
-    /// already applied is behind it: what it says of `links` is older than the table served.
+    /// How far the server's WAL goes, as a position: a primary's flush position, past every
+    /// commit its snapshots see but those committed asynchronously and not flushed yet (its
+    /// insert position, past them too, may be a page header past anything a standby can
+    /// replay while the primary is idle); a hot standby's replay position, as far as its
+    /// snapshots see. On one history (system identifier and timeline) a server below the
+    /// position of a read already applied is behind it: what it says of `links` is older than
+    /// the table served.
     wal: Option<i64>,
 }
 
@@ -282,7 +289,7 @@ macro_rules! head_columns {
                 EXISTS (SELECT FROM pg_trigger
                         WHERE tgrelid = 'links'::regclass AND NOT tgisinternal),
                 pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-                                     ELSE pg_current_wal_insert_lsn() END, '0/0')::int8
+                                     ELSE pg_current_wal_flush_lsn() END, '0/0')::int8
            FROM link_changes_state AS s"
     };
 }
@@ -596,6 +603,8 @@ impl Loader {
         let mut driver = AbortOnDrop(tokio::spawn(drive(connection, changed.clone())));
         // Another server's, or the same one's from before: not comparable.
         self.receipts.clear();
+        // Said again of this session's server, if it is behind too.
+        self.behind = false;
         // The search path pinned first, as in every session of the services. Each read is
         // planned for its own position: a generic plan would guess at `id > $1`. A
         // `SQL_ASCII` database holds any bytes, which the server refuses to send as UTF-8,
@@ -741,6 +750,16 @@ impl Loader {
                     self.lagging(&head, &at);
                     return Ok(false);
                 }
+                Read::Rewound => {
+                    self.position = None;
+                    tracing::warn!(
+                        "the links database is a primary behind what the table served was read \
+                         at, on the same history: it lost WAL since (a crash with asynchronous \
+                         commits, a restore onto the same timeline); loading the whole table, \
+                         comparing"
+                    );
+                    "the server lost WAL the table was read at"
+                }
                 Read::Behind(why) => why,
             },
         };
@@ -803,7 +822,10 @@ impl Loader {
         let first = row.as_ref().ok_or(SessionError::NoState)?;
         let head = Head::from_row(first)?;
         if head.behind(at) {
-            return Ok(Read::Lagging(head));
+            return Ok(match head.standby {
+                true => Read::Lagging(head),
+                false => Read::Rewound,
+            });
         }
         if head.restoring(Some(at.log_table)) {
             return Err(SessionError::Restoring);

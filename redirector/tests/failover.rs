@@ -512,6 +512,57 @@ async fn a_standby_behind_the_table_served_takes_it_back_to_nothing_older() {
     assert_eq!(r.metric("redirector_link_loads_total").await, loads);
 }
 
+/// The primary is restored from a copy of its files taken before the last changes the
+/// loader read: the same system and timeline, its WAL behind the table served, and it will
+/// not catch up (it lost that WAL). The loader loads it in full from no position, so the
+/// lost changes go and the changes made on it from then on are served (its change ids start
+/// again below those read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restored_behind_the_table_served_is_loaded_in_full() {
+    let (pair, db, primary) = linked_pair(&[("kept", "https://example.com/kept")]).await;
+    blocking(|| pair.standby.stop_server());
+    drop(primary);
+    let (_dir, r) = links_reader(&db, &pair.primary.url(&db.name)).await;
+    let data = pair.primary.socket_dir().join("data");
+    let copy = pair.primary.socket_dir().join("copy");
+    blocking(|| pair.primary.stop_server());
+    copy_tree(&data, &copy);
+    blocking(|| pair.primary.start_server());
+    let primary = testkit::pgtest::connect(&pair.primary.url(&db.name)).await;
+    // Flushed as it commits, so that the loader's read of it records its WAL.
+    execute(&primary, "SET synchronous_commit = on").await;
+    add_link(&primary, "lost", "https://example.com/lost").await;
+    await_served(r.http, "lost", Some("https://example.com/lost")).await;
+
+    drop(primary);
+    blocking(|| pair.primary.stop_server());
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::rename(&copy, &data).unwrap();
+    blocking(|| pair.primary.start_server());
+    r.service.wait_for_log("lost WAL since", LIMIT).await;
+    await_served(r.http, "lost", None).await;
+    let primary = testkit::pgtest::connect(&pair.primary.url(&db.name)).await;
+    add_link(&primary, "after", "https://example.com/after").await;
+    await_served(r.http, "after", Some("https://example.com/after")).await;
+    await_served(r.http, "kept", Some("https://example.com/kept")).await;
+}
+
+/// Copies the directory `from` to `to` as it is (`cp -a`: owners and modes kept).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "cp -a {} {}: {status}",
+        from.display(),
+        to.display()
+    );
+}
+
 /// The redirector and the collector on `url` (both servers of a pair), the collector's socket
 /// in `dir`; the redirector ready.
 async fn pipeline(url: &str, dir: &std::path::Path) -> (Collector, Redirector) {
