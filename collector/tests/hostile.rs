@@ -439,6 +439,29 @@ async fn a_check_violation_a_trigger_raises_is_a_refused_row_not_a_missing_parti
         .await;
 }
 
+/// Refused clicks scattered through a batch: the sift takes far more ranges than
+/// PostgreSQL's 64 subtransactions, which it rolls back and COPYs again as one every 32
+/// (past 64 live at once, every snapshot in the cluster is taken the slow way until the
+/// transaction ends); each click taken lands once, in at most two subtransactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scattered_refused_clicks_are_sifted_out_in_few_subtransactions() {
+    let (p, c) = poisoned(&[]).await;
+    let mut enc = Encoder::new(22, DEFAULT_DATAGRAM).unwrap();
+    let now = protocol::now_us();
+    for i in 0..400 {
+        let code = if i % 5 == 2 { "poison" } else { "fine" };
+        enc.push(code, now + i).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 80.0)
+        .await;
+    await_rows(&p.client, None, 320).await;
+    let fine = "SELECT count(*) FROM clicks WHERE code = 'fine'";
+    assert_eq!(count(&p.client, fine).await, 320);
+    let xmins = count(&p.client, "SELECT count(DISTINCT xmin::text) FROM clicks").await;
+    assert!(xmins <= 2, "written in {xmins} subtransactions");
+}
+
 /// A batch with thousands of clicks refused among thousands taken: finding them, a range
 /// halved at a time down to each refused one, outlives an attempt's deadline. Each attempt
 /// leaves what it found to the next, which sets those aside untried, so the batch lands; before,

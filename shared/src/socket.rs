@@ -88,6 +88,38 @@ fn bound(path: &Path, addr: &UnixAddr, mode: u32) -> Result<OwnedFd, BindError> 
     Ok(fd)
 }
 
+/// `SO_PASSRIGHTS`, Linux 6.16 on (not in the `libc` crate yet; the same number on every
+/// architecture but a few this project does not build for).
+const SO_PASSRIGHTS: nix::libc::c_int = 83;
+
+/// Has the kernel refuse, at their sender, datagrams to `fd` that carry file descriptors
+/// (`SO_PASSRIGHTS` off: the sender's `sendmsg` fails with EPERM), so that none reaches this
+/// process. [`recv`] closes those that do as it reads them, and a close can block (a TCP socket
+/// lingering on unsent data to a peer that does not read, a file on FUSE), holding up whoever
+/// reads. `false` on a kernel before 6.16, which does not know the option: there they are
+/// closed as they are read.
+pub fn refuse_descriptors(fd: &impl std::os::fd::AsFd) -> io::Result<bool> {
+    use nix::libc;
+    let off: libc::c_int = 0;
+    // SAFETY: a descriptor of ours, and an `int` option given with its size.
+    let set = unsafe {
+        libc::setsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match set {
+        0 => Ok(true),
+        _ => match nix::errno::Errno::last() {
+            nix::errno::Errno::ENOPROTOOPT => Ok(false),
+            e => Err(e.into()),
+        },
+    }
+}
+
 /// How long a bind waits for its directory's lock: a binder holds it for a moment, so only
 /// something else locking the directory holds it longer.
 const DIRECTORY_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -743,6 +775,38 @@ mod tests {
         assert_eq!(plain.creds, Some(own_creds()));
         assert_eq!((plain.fds, plain.ctrunc), (0, false));
         assert!(!plain.irregular_control());
+    }
+
+    /// With descriptors refused, a sender that attaches some is told so (EPERM) and nothing
+    /// arrives; a plain datagram still does. On a kernel without the option, they arrive and
+    /// are closed as they are read.
+    #[test]
+    fn descriptors_refused_at_the_sender_never_reach_the_receiver() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let receiver = bind_datagram(&path, 0o600).unwrap();
+        let refused = refuse_descriptors(&receiver).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        let (read, write) = pipe();
+        let addr = UnixAddr::new(&path).unwrap();
+        let sent = socket::sendmsg(
+            sender.as_raw_fd(),
+            &[io::IoSlice::new(b"fds")],
+            &[socket::ControlMessage::ScmRights(&[write.as_raw_fd()])],
+            socket::MsgFlags::empty(),
+            Some(&addr),
+        );
+        sender.send_to(b"plain", &path).unwrap();
+        drop(write);
+        let mut buf = [0u8; 64];
+        let first = recv(receiver.as_fd(), &mut buf).unwrap();
+        if refused {
+            assert_eq!(sent, Err(nix::errno::Errno::EPERM));
+            assert_eq!((&buf[..first.len], first.fds), (&b"plain"[..], 0));
+        } else {
+            assert_eq!((&buf[..first.len], first.fds), (&b"fds"[..], 1));
+        }
+        assert!(all_closed(&read), "a descriptor is open in the receiver");
     }
 
     /// Control data that does not fit is flagged (MSG_CTRUNC), and the descriptors that did

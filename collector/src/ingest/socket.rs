@@ -72,6 +72,12 @@ impl Inbox {
         // Credentials mark every real datagram, so that after the fence an empty read that
         // carries none can be told apart from an empty datagram (see `recv_into`).
         socket::setsockopt(&fd, sockopt::PassCred, &true).map_err(io::Error::from)?;
+        if !shared::socket::refuse_descriptors(&fd)? {
+            tracing::info!(
+                "this kernel (before Linux 6.16) cannot refuse datagrams carrying file \
+                 descriptors at their sender: any that come are closed as they are read"
+            );
+        }
         let std = StdDatagram::from(fd);
         std.set_nonblocking(true)?;
         Ok(Inbox {
@@ -111,12 +117,11 @@ impl Inbox {
         }
     }
 
-    /// Sends `bytes` to `to` without waiting: an acknowledgement to a sender. It leaves from this
-    /// very socket, the one the sender is connected to, and the kernel lets a connected
-    /// datagram socket receive from its peer only: that is what keeps anyone else from
-    /// acknowledging in the collector's name. An error means it was not sent (the sender is
-    /// gone, or this socket's send buffer is full); acknowledgements are cumulative, so the
-    /// next one covers it.
+    /// Sends `bytes` to `to` without waiting: an acknowledgement to a sender whose socket is
+    /// connected to this one (a redirector of a build from before the socket per peer,
+    /// `replies`), which the kernel lets receive from its peer only. An error means it was not
+    /// sent (the sender is gone, or this socket's send buffer, which all such senders share,
+    /// is full); acknowledgements are cumulative, so the next one covers it.
     pub(crate) fn send_to(&self, bytes: &[u8], to: &UnixAddr) -> io::Result<()> {
         socket::sendto(self.sock.as_raw_fd(), bytes, to, MsgFlags::MSG_DONTWAIT)?;
         Ok(())
@@ -226,6 +231,32 @@ mod tests {
         let forger = StdDatagram::unbound().unwrap();
         let err = forger.send_to(b"forged", &sender_path).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(nix::libc::EPERM), "{err}");
+    }
+
+    /// The inbox refuses descriptors at the sender, on a kernel that can (Linux 6.16 on).
+    #[tokio::test]
+    async fn the_inbox_refuses_datagrams_carrying_descriptors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let _inbox = Inbox::open(&path, 0o600, Vec::new()).unwrap();
+        let sender = StdDatagram::unbound().unwrap();
+        let own = std::io::stdin();
+        let sent = socket::sendmsg(
+            sender.as_raw_fd(),
+            &[io::IoSlice::new(b"fds")],
+            &[socket::ControlMessage::ScmRights(&[own.as_raw_fd()])],
+            socket::MsgFlags::empty(),
+            Some(&UnixAddr::new(&path).unwrap()),
+        );
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let knows_the_option = kernel_version(&release).is_some_and(|v| v >= (6, 16));
+        assert_eq!(sent.is_err(), knows_the_option, "{sent:?}");
+    }
+
+    /// `major.minor` of a kernel release (`6.18.44-fc-v1300`).
+    fn kernel_version(release: &str) -> Option<(u32, u32)> {
+        let mut parts = release.split(['.', '-']);
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
     }
 
     #[tokio::test]

@@ -478,12 +478,14 @@ async fn sift_in(
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
     // Each range taken is a subtransaction with an xid of its own, kept by the transaction
-    // until it ends: past 64, every snapshot in the cluster is taken the slow way for as long
-    // as it runs. So the ranges are tried inside one more savepoint, and once the sift is
-    // done, if more than one was taken, rolled back to it and the rows taken COPYed again in
-    // one statement, in no subtransaction.
+    // until it ends: past 64 at once, every snapshot in the cluster is taken the slow way until
+    // the transaction ends (rolled back, they are forgotten, but the overflow is not). So the
+    // ranges are tried inside one more savepoint, and every `LIVE_RANGES` ranges taken, and
+    // at the end, it is rolled back and the rows taken so far COPYed again in one statement:
+    // at most that many and one live at once, and two to the commit. (Ascending, as `rows_of`
+    // wants them: the ranges are tried from the first row on.)
     tx.batch_execute("SAVEPOINT sifting").await?;
-    let mut copied = 0;
+    let (mut rows_taken, mut live) = (Vec::new(), 0);
     while let Some(range) = ranges.pop() {
         if range.is_empty() {
             continue;
@@ -492,7 +494,12 @@ async fn sift_in(
         match copy_in(tx, statement, rows_of(buf, clicks, &tried[range.clone()])).await {
             Ok(_) => {
                 tx.batch_execute("RELEASE sift").await?;
-                copied += 1;
+                rows_taken.extend(range.map(|at| tried[at]));
+                live += 1;
+                if live == LIVE_RANGES {
+                    copy_again(tx, statement, rows_of(buf, clicks, &rows_taken)).await?;
+                    live = 0;
+                }
                 known.append(&mut unsure);
                 taken = true;
             }
@@ -525,14 +532,25 @@ async fn sift_in(
             Err(e) => return Err(e),
         }
     }
-    if copied > 1 {
-        tx.batch_execute("ROLLBACK TO sifting").await?;
-        let out: HashSet<usize> = refused.iter().map(|(i, _)| *i).collect();
-        let kept: Vec<usize> = (0..clicks.len()).filter(|i| !out.contains(i)).collect();
-        copy_in(tx, statement, rows_of(buf, clicks, &kept)).await?;
+    if live > 1 {
+        copy_again(tx, statement, rows_of(buf, clicks, &rows_taken)).await?;
     }
     tx.batch_execute("RELEASE sifting").await?;
     Ok((refused, unroutable))
+}
+
+/// Ranges taken while sifting before they are rolled back and COPYed again as one
+/// ([`sift_in`]): with the savepoint they are in, under PostgreSQL's 64 subtransactions.
+const LIVE_RANGES: usize = 32;
+
+/// Rolls the sift back to its savepoint and COPYs `rows`, all those it took, in one statement.
+async fn copy_again(
+    tx: &tokio_postgres::Transaction<'_>,
+    statement: &Statement,
+    rows: Bytes,
+) -> Result<(), tokio_postgres::Error> {
+    tx.batch_execute("ROLLBACK TO sifting").await?;
+    copy_in(tx, statement, rows).await.map(drop)
 }
 
 /// What [`sift_in`] tries a probe with.
@@ -678,18 +696,28 @@ async fn copy_in(
 
 #[cfg(test)]
 mod tests {
-    /// Rows the sequential scans of `plan` (`EXPLAIN ANALYZE`'s text, one loop each) read:
-    /// those they returned and those their filter removed.
-    fn rows_scanned(plan: &[String]) -> u64 {
+    /// Rows the scans of tables in `plan` (`EXPLAIN ANALYZE`'s text, one loop each) read:
+    /// those they returned and those their filter removed; and how many such scans ran.
+    fn rows_scanned(plan: &[String]) -> (u64, usize) {
         let number = |line: &str, after: &str| -> u64 {
             let at = line.find(after).map_or(line.len(), |i| i + after.len());
             let digits = line[at..].chars().take_while(char::is_ascii_digit);
             digits.collect::<String>().parse().unwrap_or(0)
         };
-        let mut scanned = 0;
+        let (mut scanned, mut scans) = (0, 0);
         for (i, line) in plan.iter().enumerate() {
             // A scan `(never executed)` read nothing.
-            if let (true, Some(at)) = (line.contains("Seq Scan on"), line.find("(actual")) {
+            let table = [
+                "Seq Scan",
+                "Index Scan",
+                "Index Only Scan",
+                "Bitmap Heap Scan",
+            ];
+            let of_a_table = table
+                .iter()
+                .any(|scan| line.contains(&format!("{scan} on")));
+            if let (true, Some(at)) = (of_a_table, line.find("(actual")) {
+                scans += 1;
                 let actual = &line[at..];
                 scanned += number(actual, "rows=");
                 // Its details, up to the next node.
@@ -699,7 +727,7 @@ mod tests {
                 }
             }
         }
-        scanned
+        (scanned, scans)
     }
 
     /// A history holding only the batch's codes: the look for a probe's code reads at most
@@ -739,7 +767,8 @@ mod tests {
             .iter()
             .map(|row| row.get(0))
             .collect();
-        let scanned = rows_scanned(&plan);
+        let (scanned, scans) = rows_scanned(&plan);
+        assert!(scans > 0, "no scan found in {plan:#?}");
         assert!(scanned <= 100_002, "read {scanned} rows: {plan:#?}");
     }
 }

@@ -37,8 +37,13 @@ pub fn stopping(flag: &AtomicBool) -> bool {
 /// on a reader that stopped reading (`| less`, a stalled FIFO) outlasted every SIGINT and
 /// SIGTERM, and the socket file was left behind. Interrupted by a stop, a write fails as one
 /// to a closed pipe does (`BrokenPipe`), which the commands take as the end of their output,
-/// not as an error. (One that begins after the stop still writes: `send`'s summary.)
+/// not as an error. One that begins after the stop (`send`'s summary; a line of `listen`'s
+/// under way as the signal came) waits at most [`STOPPED_WAIT`] for room, then writes what
+/// a pipe takes without blocking.
 pub struct Stdout;
+
+/// How long a write begun after a stop waits for standard output to take it.
+const STOPPED_WAIT: u16 = 1000;
 
 impl Stdout {
     /// Writes `line` and a newline.
@@ -49,13 +54,26 @@ impl Stdout {
 
 impl io::Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let stopped = || {
+            let stopped = "stopped while writing to stdout";
+            Err(io::Error::new(io::ErrorKind::BrokenPipe, stopped))
+        };
+        let mut buf = buf;
+        if stopping(&STOP) {
+            use nix::poll::{poll, PollFd, PollFlags};
+            use std::os::fd::AsFd;
+            let out = io::stdout();
+            let mut ready = [PollFd::new(out.as_fd(), PollFlags::POLLOUT)];
+            if !matches!(poll(&mut ready, STOPPED_WAIT), Ok(1)) {
+                return stopped();
+            }
+            // Room for this much at least, once a pipe says it has room.
+            buf = &buf[..buf.len().min(nix::libc::PIPE_BUF)];
+        }
         loop {
             match nix::unistd::write(io::stdout(), buf) {
                 Ok(n) => return Ok(n),
-                Err(nix::errno::Errno::EINTR) if stopping(&STOP) => {
-                    let stopped = "stopped while writing to stdout";
-                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, stopped));
-                }
+                Err(nix::errno::Errno::EINTR) if stopping(&STOP) => return stopped(),
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(e.into()),
             }

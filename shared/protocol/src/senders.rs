@@ -59,9 +59,15 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 /// day idle); a flood of fresh ids from one process replaces its own oldest, nobody else's
 /// while the others are well under `MAX_SENDERS` (one with an address goes a minute or two
 /// after its commit, so that a repeat after a lost acknowledgement is acknowledged again).
-/// Not the processes of pid namespaces the collector cannot see, which all read as pid 0
-/// (`Senders::bind`).
+/// Not the processes of pid namespaces the collector cannot see: see [`HIDDEN_PROCESSES`].
 pub const PER_PROCESS: usize = 4;
+/// Sender ids the processes of pid namespaces the collector cannot see (other containers')
+/// keep together, one user's: they all read as pid 0. Four for all of them would have each
+/// one's ids push out the others': a redirector's, forgotten a minute after it went quiet,
+/// would have its next datagram asked to resend from 0, and its resync count every click
+/// acknowledged before as unaccounted. Bounded still, so that one of them flooding fresh ids
+/// cannot fill `MAX_SENDERS` and push out the idle senders of every process.
+pub const HIDDEN_PROCESSES: usize = 1024;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
 /// claiming more per skipped datagram is not believed.
 const MAX_CLICKS_PER_DATAGRAM: u64 =
@@ -563,20 +569,17 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// follows a lost acknowledgement (see [`Senders::sweep`]). The id bound is the newest,
     /// never the one pushed out.
     fn bind(&mut self, sender: u64, owner: Option<Owner>) {
-        // Pid 0: a process of a pid namespace the collector's cannot see (another container's).
-        // All of them read as one, whose quota would have each one's ids push out the
-        // others': a redirector's, forgotten a minute after it went quiet, would have its
-        // next datagram asked to resend from 0, and its resync count every click acknowledged
-        // before as unaccounted. They are bounded with the rest, by `MAX_SENDERS`.
-        let Some(owner) = owner.filter(|o| o.pid != 0) else {
-            return;
-        };
+        let Some(owner) = owner else { return };
         if let Some(s) = self.map.get_mut(&sender) {
             s.over_quota = false;
         }
         let ids = self.by_process.entry(owner).or_default();
         ids.push_back(sender);
-        let oldest = (ids.len() > PER_PROCESS).then(|| ids.pop_front()).flatten();
+        let quota = match owner.pid {
+            0 => HIDDEN_PROCESSES,
+            _ => PER_PROCESS,
+        };
+        let oldest = (ids.len() > quota).then(|| ids.pop_front()).flatten();
         let Some(oldest) = oldest else { return };
         match self.map.get_mut(&oldest) {
             Some(s) if s.reply.is_some() => s.over_quota = true,
@@ -1385,6 +1388,15 @@ mod tests {
         s.judge(99, (0, 1), addr(), creds(67), now + 3 * SWEEP_EVERY);
         assert_eq!(s.forgotten(), [0u64; 0], "none pushed out");
         assert!(ids.clone().all(|id| s.knows(id)));
+        // Bounded together: a flood of fresh ids from one of them.
+        for id in 1000..3000 {
+            s.judge(id, (0, 1), None, creds(0), now + 3 * SWEEP_EVERY);
+        }
+        assert_eq!(
+            s.len(),
+            HIDDEN_PROCESSES + PER_PROCESS + 3,
+            "the flood's last, 99's"
+        );
     }
 
     #[test]

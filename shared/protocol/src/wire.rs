@@ -208,7 +208,8 @@ impl Datagram<'_> {
 
     /// Its bytes, as an [`Encoder`] of its version would write them: for tools and tests that
     /// set the header fields themselves (a forged seq, say) rather than count up to them. A
-    /// version-1 datagram drops the clicks' dimensions; another version is written as 2.
+    /// version-1 datagram drops the clicks' dimensions; another is laid out as version 2,
+    /// its version byte as given (a wrong version, for a test).
     pub fn encode(&self) -> Vec<u8> {
         let (version, sender, seq, base_us) = (self.version, self.sender, self.seq, self.base_us);
         let written = if version == 1 {
