@@ -208,6 +208,8 @@ impl Drain {
         encoder.resume_as(sender.id(), window.next_seq());
         let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
         socket.set_nonblocking(true)?;
+        // Closing a descriptor a datagram carried could block the drain (`refuse_descriptors`).
+        shared::socket::refuse_descriptors(&socket)?;
         shared::socket::fit_send_buffer(socket.as_fd(), geometry.slot_size as usize)?;
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
@@ -858,6 +860,29 @@ mod tests {
         tick.reset_immediately();
         tokio::time::sleep(Duration::from_millis(10)).await;
         tick
+    }
+
+    /// The ack socket refuses datagrams carrying descriptors at their sender, on a kernel that
+    /// can (Linux 6.16 on): closing one as it is read could block the drain.
+    #[tokio::test]
+    async fn the_ack_socket_refuses_datagrams_carrying_descriptors() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let _drain = flooded(dir.path(), 1).await;
+        let sender = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        let (_read, write) = nix::unistd::pipe().unwrap();
+        let sent = nix::sys::socket::sendmsg(
+            sender.as_raw_fd(),
+            &[std::io::IoSlice::new(b"fds")],
+            &[nix::sys::socket::ControlMessage::ScmRights(&[
+                write.as_raw_fd()
+            ])],
+            MsgFlags::empty(),
+            Some(&UnixAddr::new(&dir.path().join("ack.sock")).unwrap()),
+        );
+        // Whether this kernel knows the option, asked of a socket of the test's own.
+        let can = shared::socket::refuse_descriptors(&sender).unwrap();
+        assert_eq!(sent.is_err(), can, "{sent:?}");
     }
 
     /// Garbage written to the ack socket as fast as it is read neither keeps a wake reading

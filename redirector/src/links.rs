@@ -200,9 +200,10 @@ enum Read {
     Applied(Head, u64),
     /// The server is a standby behind the table served (`Head::behind`): nothing applied.
     Lagging(Head),
-    /// The server is a primary behind the table served: it lost WAL since (a crash with
-    /// asynchronous commits, a restore onto the same timeline), and will not catch up. Its
-    /// ids and xids may start again below the position's: load it all, from no position.
+    /// The server lacks changes the table applied, and will not catch up (`Head::lacks_applied`,
+    /// or a primary behind on WAL): restored from a copy of its files, or crashed having lost
+    /// what it committed asynchronously. Its ids may start again below the position's: load
+    /// it all, from no position.
     Rewound,
     /// The log cannot bring the table up to date, for this reason: load it all.
     Behind(&'static str),
@@ -222,6 +223,11 @@ struct Position {
     log_table: i64,
     /// `Head::wal` at that read, or at a later one on the same history.
     wal: Option<i64>,
+    /// Which change `last_id` was (`Head::top_change`), where a read saw it: a server whose
+    /// change of that id is another, or gone though not pruned, lacks changes the table
+    /// applied, whatever its WAL says (`Head::lacks_applied`). Its transaction and its time:
+    /// after a restore, the same number of transactions may hand the same ids out again.
+    last_change: Option<String>,
 }
 
 /// What one read of the change log's state says, in the read's snapshot.
@@ -269,6 +275,8 @@ struct Head {
     /// position of a read already applied is behind it: what it says of `links` is older than
     /// the table served.
     wal: Option<i64>,
+    /// Which change `top` is: its transaction and its time (none if the log is empty).
+    top_change: Option<String>,
 }
 
 /// The change log's state in the reader's snapshot: the columns of [`Head`]. A macro, so that
@@ -289,7 +297,9 @@ macro_rules! head_columns {
                 EXISTS (SELECT FROM pg_trigger
                         WHERE tgrelid = 'links'::regclass AND NOT tgisinternal),
                 pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
-                                     ELSE pg_current_wal_flush_lsn() END, '0/0')::int8
+                                     ELSE pg_current_wal_flush_lsn() END, '0/0')::int8,
+                (SELECT xid::text || ' ' || (extract(epoch FROM changed_at) * 1e6)::int8
+                   FROM link_changes ORDER BY id DESC LIMIT 1)
            FROM link_changes_state AS s"
     };
 }
@@ -339,14 +349,14 @@ impl<'a> FromSql<'a> for TextBytes<'a> {
 }
 
 /// How many columns [`head_columns`] has: [`READ`]'s count and change columns come after.
-const HEAD_COLUMNS: usize = 14;
+const HEAD_COLUMNS: usize = 15;
 
 /// The head alone, for a full load: read in the load's snapshot.
 const HEAD: &str = head_columns!();
 
 /// The head; how many log rows are unread since a position ($1: the highest id applied, $2:
 /// the transactions then in progress, $3: that read's horizon), counted up to $5 + 1 ($5:
-/// [`LOG_READ_MAX`]); then each code they name with its current URL (NULL: gone), its newest
+/// [`LOG_READ_MAX`]), and which change $1 is now (`Head::top_change`); then each code they name with its current URL (NULL: gone), its newest
 /// change's time and its highest change id. One statement, so one snapshot covers it all without a transaction, in one
 /// round trip. Every row repeats the head and the count; a read with nothing new has one row,
 /// whose code is NULL. The changes are not read at all when a full load is due (another epoch
@@ -361,8 +371,11 @@ const READ: &str = concat!(
          WHERE id > $1 OR xid = ANY($2::bigint[]::text[]::xid8[])
             OR xid >= $3::bigint::text::xid8),
     pending AS MATERIALIZED (
-        SELECT count(*) AS n FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
-    SELECT h.*, p.n, c.code, ",
+        SELECT count(*) AS n,
+               (SELECT xid::text || ' ' || (extract(epoch FROM changed_at) * 1e6)::int8
+                  FROM link_changes WHERE id = $1) AS at_change
+          FROM (SELECT 1 FROM unread LIMIT $5::bigint + 1) AS p)
+    SELECT h.*, p.n, p.at_change, c.code, ",
     link_columns!(),
     ", extract(epoch FROM c.changed_at)::float8, c.id
       FROM head AS h CROSS JOIN pending AS p
@@ -446,6 +459,7 @@ impl Head {
             log_table: row.try_get(11)?,
             links_triggered: row.try_get(12)?,
             wal: row.try_get(13)?,
+            top_change: row.try_get(14)?,
         })
     }
 
@@ -463,6 +477,25 @@ impl Head {
     /// again from its horizon on as their older versions).
     fn behind(&self, at: &Position) -> bool {
         matches!((self.wal, at.wal), (Some(now), Some(read)) if now < read)
+    }
+
+    /// Whether this server's change log, the one the table was read from (the same tables),
+    /// lacks a change the table applied: change `at.last_id` is now `now`, another, or gone
+    /// from a primary that did not prune it. A primary restored from a copy of its files, or
+    /// crashed having lost what it committed asynchronously, then gives its next changes ids
+    /// the table has read past; or a standby of one. Its WAL may be past the position already
+    /// (other databases' writes), so this asks the log itself.
+    fn lacks_applied(&self, at: &Position, now: Option<&str>) -> bool {
+        let Some(applied) = at.last_change.as_deref() else {
+            return false;
+        };
+        if self.log_table != at.log_table {
+            return false;
+        }
+        match now {
+            Some(now) => now != applied,
+            None => !self.standby && self.pruned_id < at.last_id,
+        }
     }
 
     /// Why the change log cannot bring a table at `at` up to date, if it cannot.
@@ -490,11 +523,18 @@ impl Head {
     /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
     /// read before, or this read was a full load, which covers them.
     fn position(&self, before: Option<&Position>) -> Position {
+        let last_id = self
+            .top
+            .max(self.pruned_id)
+            .max(before.map_or(0, |p| p.last_id));
+        let last_change = match before {
+            _ if self.top == last_id && last_id > 0 => self.top_change.clone(),
+            Some(p) if p.last_id == last_id => p.last_change.clone(),
+            _ => None,
+        };
         Position {
-            last_id: self
-                .top
-                .max(self.pruned_id)
-                .max(before.map_or(0, |p| p.last_id)),
+            last_id,
+            last_change,
             in_progress: self.xip.clone(),
             horizon: self.horizon,
             epoch: self.epoch,
@@ -753,12 +793,11 @@ impl Loader {
                 Read::Rewound => {
                     self.position = None;
                     tracing::warn!(
-                        "the links database is a primary behind what the table served was read \
-                         at, on the same history: it lost WAL since (a crash with asynchronous \
-                         commits, a restore onto the same timeline); loading the whole table, \
-                         comparing"
+                        "the links database lacks changes the table served applied, on the \
+                         same history (restored from a copy of its files, or crashed having lost \
+                         what it committed asynchronously): loading the whole table, comparing"
                     );
-                    "the server lost WAL the table was read at"
+                    "the server lacks changes the table applied"
                 }
                 Read::Behind(why) => why,
             },
@@ -821,6 +860,10 @@ impl Loader {
         let mut row = self.timed(next(rows.as_mut())).await?;
         let first = row.as_ref().ok_or(SessionError::NoState)?;
         let head = Head::from_row(first)?;
+        let at_change: Option<String> = first.try_get(HEAD_COLUMNS + 1)?;
+        if head.lacks_applied(at, at_change.as_deref()) {
+            return Ok(Read::Rewound);
+        }
         if head.behind(at) {
             return Ok(match head.standby {
                 true => Read::Lagging(head),
@@ -841,12 +884,12 @@ impl Loader {
         let (mut codes, mut newest) = (0u64, f64::MIN);
         let mut returned = HashSet::new();
         while let Some(r) = row {
-            if let Some(TextBytes(code)) = r.try_get(HEAD_COLUMNS + 1)? {
-                batch.set(code, self.check(code, link_of(&r, HEAD_COLUMNS + 2)?));
-                let id: i64 = r.try_get(HEAD_COLUMNS + 7)?;
+            if let Some(TextBytes(code)) = r.try_get(HEAD_COLUMNS + 2)? {
+                batch.set(code, self.check(code, link_of(&r, HEAD_COLUMNS + 3)?));
+                let id: i64 = r.try_get(HEAD_COLUMNS + 8)?;
                 if id > at.last_id || !self.returned.contains(&id) {
                     codes += 1;
-                    newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 6)?);
+                    newest = newest.max(r.try_get::<_, f64>(HEAD_COLUMNS + 7)?);
                 }
                 returned.insert(id);
             }

@@ -477,15 +477,7 @@ async fn sift_in(
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
-    // Each range taken is a subtransaction with an xid of its own, kept by the transaction
-    // until it ends: past 64 at once, every snapshot in the cluster is taken the slow way until
-    // the transaction ends (rolled back, they are forgotten, but the overflow is not). So the
-    // ranges are tried inside one more savepoint, and every `LIVE_RANGES` ranges taken, and
-    // at the end, it is rolled back and the rows taken so far COPYed again in one statement:
-    // at most that many and one live at once, and two to the commit. (Ascending, as `rows_of`
-    // wants them: the ranges are tried from the first row on.)
-    tx.batch_execute("SAVEPOINT sifting").await?;
-    let (mut rows_taken, mut live) = (Vec::new(), 0);
+    let mut sifted = Sifted::begin(tx, statement, buf, clicks).await?;
     while let Some(range) = ranges.pop() {
         if range.is_empty() {
             continue;
@@ -494,12 +486,7 @@ async fn sift_in(
         match copy_in(tx, statement, rows_of(buf, clicks, &tried[range.clone()])).await {
             Ok(_) => {
                 tx.batch_execute("RELEASE sift").await?;
-                rows_taken.extend(range.map(|at| tried[at]));
-                live += 1;
-                if live == LIVE_RANGES {
-                    copy_again(tx, statement, rows_of(buf, clicks, &rows_taken)).await?;
-                    live = 0;
-                }
+                sifted.took(tx, range.map(|at| tried[at])).await?;
                 known.append(&mut unsure);
                 taken = true;
             }
@@ -532,25 +519,122 @@ async fn sift_in(
             Err(e) => return Err(e),
         }
     }
-    if live > 1 {
-        copy_again(tx, statement, rows_of(buf, clicks, &rows_taken)).await?;
-    }
-    tx.batch_execute("RELEASE sifting").await?;
+    sifted.finish(tx).await?;
     Ok((refused, unroutable))
 }
 
-/// Ranges taken while sifting before they are rolled back and COPYed again as one
-/// ([`sift_in`]): with the savepoint they are in, under PostgreSQL's 64 subtransactions.
-const LIVE_RANGES: usize = 32;
+/// Ranges a chunk of a sift takes before they are rolled back and COPYed again as one.
+const CHUNK_RANGES: usize = 32;
+/// Chunks a sift keeps before they are rolled back and COPYed again as one.
+const SIFT_CHUNKS: usize = 16;
 
-/// Rolls the sift back to its savepoint and COPYs `rows`, all those it took, in one statement.
-async fn copy_again(
-    tx: &tokio_postgres::Transaction<'_>,
-    statement: &Statement,
-    rows: Bytes,
-) -> Result<(), tokio_postgres::Error> {
-    tx.batch_execute("ROLLBACK TO sifting").await?;
-    copy_in(tx, statement, rows).await.map(drop)
+/// The rows a sift ([`sift_in`]) took, and the subtransactions they are in. Each range taken
+/// is one, which the transaction keeps until it ends, and PostgreSQL caches 64 per backend:
+/// past them, every snapshot in the cluster is taken the slow way until the transaction ends
+/// (rolled back, they are forgotten; the overflow is not). So ranges are taken in chunks, each
+/// under a savepoint: every [`CHUNK_RANGES`] ranges the chunk is rolled back and its rows
+/// COPYed again in one statement, and every [`SIFT_CHUNKS`] chunks, and at the end, the whole
+/// sift likewise. At most about 50 live at once, one to the commit; each row taken is COPYed
+/// about three times.
+struct Sifted<'a> {
+    statement: &'a Statement,
+    buf: &'a Bytes,
+    clicks: &'a [copy::ClickRow<'a>],
+    /// Indexes into `clicks`, ascending, as `rows_of` wants them: ranges are tried from the
+    /// first row on.
+    rows: Vec<usize>,
+    /// Where the current chunk's rows begin in `rows`, and how many ranges it took.
+    chunk_from: usize,
+    ranges: usize,
+    /// Chunks released since the sift was last COPYed again as one.
+    chunks: usize,
+}
+
+impl<'a> Sifted<'a> {
+    async fn begin(
+        tx: &tokio_postgres::Transaction<'_>,
+        statement: &'a Statement,
+        buf: &'a Bytes,
+        clicks: &'a [copy::ClickRow<'a>],
+    ) -> Result<Sifted<'a>, tokio_postgres::Error> {
+        tx.batch_execute("SAVEPOINT sifting; SAVEPOINT chunk")
+            .await?;
+        let (rows, chunk_from, ranges, chunks) = (Vec::new(), 0, 0, 0);
+        Ok(Sifted {
+            statement,
+            buf,
+            clicks,
+            rows,
+            chunk_from,
+            ranges,
+            chunks,
+        })
+    }
+
+    /// A range was taken: these rows.
+    async fn took(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+        rows: impl Iterator<Item = usize>,
+    ) -> Result<(), tokio_postgres::Error> {
+        self.rows.extend(rows);
+        self.ranges += 1;
+        if self.ranges == CHUNK_RANGES {
+            self.close_chunk(tx).await?;
+            tx.batch_execute("SAVEPOINT chunk").await?;
+        }
+        Ok(())
+    }
+
+    /// Ends the current chunk, its ranges COPYed again as one if more than one.
+    async fn close_chunk(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.ranges > 1 {
+            tx.batch_execute("ROLLBACK TO chunk").await?;
+            self.copy(tx, self.chunk_from).await?;
+        }
+        tx.batch_execute("RELEASE chunk").await?;
+        self.chunks += usize::from(self.ranges > 0);
+        (self.chunk_from, self.ranges) = (self.rows.len(), 0);
+        if self.chunks == SIFT_CHUNKS {
+            self.collapse(tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Rolls the whole sift back and COPYs every row it took again, in one statement.
+    async fn collapse(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        tx.batch_execute("ROLLBACK TO sifting").await?;
+        self.copy(tx, 0).await?;
+        self.chunks = 0;
+        Ok(())
+    }
+
+    /// COPYs the rows taken from `rows[from]` on.
+    async fn copy(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        from: usize,
+    ) -> Result<(), tokio_postgres::Error> {
+        let rows = rows_of(self.buf, self.clicks, &self.rows[from..]);
+        copy_in(tx, self.statement, rows).await.map(drop)
+    }
+
+    async fn finish(
+        mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        self.close_chunk(tx).await?;
+        if self.chunks > 1 {
+            self.collapse(tx).await?;
+        }
+        tx.batch_execute("RELEASE sifting").await
+    }
 }
 
 /// What [`sift_in`] tries a probe with.

@@ -17,6 +17,7 @@ fn head(epoch: i64, pruned_id: i64, pruned_xid: i64, top: i64, xip: &[i64]) -> H
         log_table: 7,
         links_triggered: true,
         wal: None,
+        top_change: None,
     }
 }
 
@@ -29,6 +30,7 @@ fn at(last_id: i64, in_progress: &[i64], epoch: i64) -> Position {
         epoch,
         log_table: 7,
         wal: None,
+        last_change: None,
     }
 }
 
@@ -90,6 +92,47 @@ fn a_server_below_the_wal_position_read_is_behind() {
     // The position keeps the furthest WAL read: never moves back.
     assert_eq!(on(Some(4000)).position(Some(&read)).wal, Some(5000));
     assert_eq!(on(Some(6000)).position(Some(&read)).wal, Some(6000));
+}
+
+/// A server whose change of the id last applied is another, or gone from a primary that did
+/// not prune it, lacks changes the table applied.
+#[test]
+fn a_server_whose_last_applied_change_is_another_or_gone_lacks_it() {
+    let read = Position {
+        last_change: Some("500 1".into()),
+        ..at(10, &[], 1)
+    };
+    let h = head(1, 0, 0, 10, &[]);
+    assert!(!h.lacks_applied(&read, Some("500 1")));
+    assert!(h.lacks_applied(&read, Some("500 2")), "another change");
+    assert!(h.lacks_applied(&read, None), "gone, not pruned");
+    assert!(!head(1, 10, 0, 0, &[]).lacks_applied(&read, None), "pruned");
+    let standby = Head {
+        standby: true,
+        ..head(1, 0, 0, 5, &[])
+    };
+    assert!(
+        !standby.lacks_applied(&read, None),
+        "a standby not there yet"
+    );
+    assert!(standby.lacks_applied(&read, Some("7 1")));
+    let remade = Head {
+        log_table: 8,
+        ..head(1, 0, 0, 10, &[])
+    };
+    assert!(
+        !remade.lacks_applied(&read, Some("7 1")),
+        "loaded in full for that"
+    );
+    // The position keeps which change its last id is.
+    let top = Head {
+        top_change: Some("600 3".into()),
+        ..head(1, 0, 0, 12, &[])
+    };
+    let last = |h: Head| h.position(Some(&read)).last_change;
+    assert_eq!(last(top).as_deref(), Some("600 3"));
+    assert_eq!(last(head(1, 0, 0, 4, &[])).as_deref(), Some("500 1"));
+    assert_eq!(last(head(1, 20, 0, 4, &[])), None, "pruned past it");
 }
 
 #[test]
