@@ -304,6 +304,10 @@ macro_rules! head_columns {
     };
 }
 
+/// `Position::last_change` of a position whose last id is the log's pruned id, past its top:
+/// no change of that id is left, nor may one come.
+const PRUNED: &str = "pruned";
+
 /// A link's columns, as [`link_of`] reads them: the URL, status, query forwarding and expiry
 /// (Unix microseconds; `infinity` is the year 9999, `-infinity` the year 1).
 macro_rules! link_columns {
@@ -493,6 +497,7 @@ impl Head {
             return false;
         }
         match now {
+            // Another, or a change of an id pruned before (`PRUNED`): one handed out again.
             Some(now) => now != applied,
             None => !self.standby && self.pruned_id < at.last_id,
         }
@@ -523,6 +528,8 @@ impl Head {
     /// Where a read in this snapshot leaves us. Pruned ids count as read: either they were
     /// read before, or this read was a full load, which covers them.
     fn position(&self, before: Option<&Position>) -> Position {
+        // Another log's (its tables made again): its ids say nothing of this one's.
+        let before = before.filter(|p| p.log_table == self.log_table);
         let last_id = self
             .top
             .max(self.pruned_id)
@@ -530,6 +537,7 @@ impl Head {
         let last_change = match before {
             _ if self.top == last_id && last_id > 0 => self.top_change.clone(),
             Some(p) if p.last_id == last_id => p.last_change.clone(),
+            _ if self.pruned_id == last_id && last_id > 0 => Some(PRUNED.into()),
             _ => None,
         };
         Position {

@@ -523,19 +523,21 @@ async fn sift_in(
     Ok((refused, unroutable))
 }
 
-/// Ranges a chunk of a sift takes before they are rolled back and COPYed again as one.
-const CHUNK_RANGES: usize = 32;
-/// Chunks a sift keeps before they are rolled back and COPYed again as one.
-const SIFT_CHUNKS: usize = 16;
+/// Savepoint levels of a sift ([`Sifted`]), and what each takes before it is rolled back and
+/// COPYed again as one.
+const LEVELS: usize = 4;
+const FANOUT: usize = 12;
 
 /// The rows a sift ([`sift_in`]) took, and the subtransactions they are in. Each range taken
 /// is one, which the transaction keeps until it ends, and PostgreSQL caches 64 per backend:
 /// past them, every snapshot in the cluster is taken the slow way until the transaction ends
-/// (rolled back, they are forgotten; the overflow is not). So ranges are taken in chunks, each
-/// under a savepoint: every [`CHUNK_RANGES`] ranges the chunk is rolled back and its rows
-/// COPYed again in one statement, and every [`SIFT_CHUNKS`] chunks, and at the end, the whole
-/// sift likewise. At most about 50 live at once, one to the commit; each row taken is COPYed
-/// about three times.
+/// (rolled back, they are forgotten; the overflow is not). So the ranges are taken under
+/// [`LEVELS`] nested savepoints, as a counter counts: a level that took [`FANOUT`] ranges or
+/// levels is rolled back and its rows COPYed again in one statement, one more taken by the
+/// level around it; at the end, the whole sift likewise. At most about 50 live at once and one
+/// to the commit; each row taken is COPYed at most `LEVELS + 2` times (the whole sift again
+/// every `FANOUT ^ LEVELS` ranges, over 20,000). (Rows go in again as
+/// they went in, in order, so a row refused for a row taken before it stays refused.)
 struct Sifted<'a> {
     statement: &'a Statement,
     buf: &'a Bytes,
@@ -543,11 +545,8 @@ struct Sifted<'a> {
     /// Indexes into `clicks`, ascending, as `rows_of` wants them: ranges are tried from the
     /// first row on.
     rows: Vec<usize>,
-    /// Where the current chunk's rows begin in `rows`, and how many ranges it took.
-    chunk_from: usize,
-    ranges: usize,
-    /// Chunks released since the sift was last COPYed again as one.
-    chunks: usize,
+    /// For each level, innermost first: where its rows begin in `rows`, and what it took.
+    levels: [(usize, usize); LEVELS],
 }
 
 impl<'a> Sifted<'a> {
@@ -557,81 +556,77 @@ impl<'a> Sifted<'a> {
         buf: &'a Bytes,
         clicks: &'a [copy::ClickRow<'a>],
     ) -> Result<Sifted<'a>, tokio_postgres::Error> {
-        tx.batch_execute("SAVEPOINT sifting; SAVEPOINT chunk")
-            .await?;
-        let (rows, chunk_from, ranges, chunks) = (Vec::new(), 0, 0, 0);
-        Ok(Sifted {
+        tx.batch_execute("SAVEPOINT sifting").await?;
+        let levels = [(0, 0); LEVELS];
+        let mut sifted = Sifted {
             statement,
             buf,
             clicks,
-            rows,
-            chunk_from,
-            ranges,
-            chunks,
-        })
+            rows: Vec::new(),
+            levels,
+        };
+        sifted.open(tx, LEVELS).await?;
+        Ok(sifted)
     }
 
-    /// A range was taken: these rows.
+    /// Opens the innermost `n` levels, outermost first.
+    async fn open(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+        n: usize,
+    ) -> Result<(), tokio_postgres::Error> {
+        for level in (0..n).rev() {
+            tx.batch_execute(&format!("SAVEPOINT sift_{level}")).await?;
+            self.levels[level] = (self.rows.len(), 0);
+        }
+        Ok(())
+    }
+
+    /// A range was taken: these rows. Full levels are COPYed again, each into the one around it.
     async fn took(
         &mut self,
         tx: &tokio_postgres::Transaction<'_>,
         rows: impl Iterator<Item = usize>,
     ) -> Result<(), tokio_postgres::Error> {
         self.rows.extend(rows);
-        self.ranges += 1;
-        if self.ranges == CHUNK_RANGES {
-            self.close_chunk(tx).await?;
-            tx.batch_execute("SAVEPOINT chunk").await?;
+        let mut closed = 0;
+        while closed < LEVELS {
+            self.levels[closed].1 += 1;
+            if self.levels[closed].1 < FANOUT {
+                break;
+            }
+            let (name, from) = (format!("sift_{closed}"), self.levels[closed].0);
+            self.copy_again(tx, &name, from).await?;
+            tx.batch_execute(&format!("RELEASE {name}")).await?;
+            closed += 1;
         }
-        Ok(())
+        if closed == LEVELS {
+            self.copy_again(tx, "sifting", 0).await?;
+        }
+        self.open(tx, closed).await
     }
 
-    /// Ends the current chunk, its ranges COPYed again as one if more than one.
-    async fn close_chunk(
-        &mut self,
-        tx: &tokio_postgres::Transaction<'_>,
-    ) -> Result<(), tokio_postgres::Error> {
-        if self.ranges > 1 {
-            tx.batch_execute("ROLLBACK TO chunk").await?;
-            self.copy(tx, self.chunk_from).await?;
-        }
-        tx.batch_execute("RELEASE chunk").await?;
-        self.chunks += usize::from(self.ranges > 0);
-        (self.chunk_from, self.ranges) = (self.rows.len(), 0);
-        if self.chunks == SIFT_CHUNKS {
-            self.collapse(tx).await?;
-        }
-        Ok(())
-    }
-
-    /// Rolls the whole sift back and COPYs every row it took again, in one statement.
-    async fn collapse(
-        &mut self,
-        tx: &tokio_postgres::Transaction<'_>,
-    ) -> Result<(), tokio_postgres::Error> {
-        tx.batch_execute("ROLLBACK TO sifting").await?;
-        self.copy(tx, 0).await?;
-        self.chunks = 0;
-        Ok(())
-    }
-
-    /// COPYs the rows taken from `rows[from]` on.
-    async fn copy(
+    /// Rolls back to savepoint `name` and COPYs the rows taken from `rows[from]` on again.
+    async fn copy_again(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
+        name: &str,
         from: usize,
     ) -> Result<(), tokio_postgres::Error> {
+        tx.batch_execute(&format!("ROLLBACK TO {name}")).await?;
         let rows = rows_of(self.buf, self.clicks, &self.rows[from..]);
         copy_in(tx, self.statement, rows).await.map(drop)
     }
 
+    /// The whole sift, COPYed again as one: its levels, which all have xids once a range below
+    /// them wrote, rolled back, it leaves one subtransaction to the commit (a batch sifts each
+    /// of its days).
     async fn finish(
-        mut self,
+        self,
         tx: &tokio_postgres::Transaction<'_>,
     ) -> Result<(), tokio_postgres::Error> {
-        self.close_chunk(tx).await?;
-        if self.chunks > 1 {
-            self.collapse(tx).await?;
+        if !self.rows.is_empty() {
+            self.copy_again(tx, "sifting", 0).await?;
         }
         tx.batch_execute("RELEASE sifting").await
     }
@@ -812,6 +807,50 @@ mod tests {
             }
         }
         (scanned, scans)
+    }
+
+    /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
+    /// live at once (each range's rows, kept, carry its xid until a level is COPYed again;
+    /// seen from inside the transaction) and one to the commit, every row taken once.
+    #[tokio::test]
+    async fn a_long_sift_keeps_under_64_subtransactions_live() {
+        let db = testkit::pgtest::test_db().await;
+        let mut client = testkit::pgtest::connect(&db.url).await;
+        client
+            .batch_execute(
+                "CREATE TABLE clicks_p19900101 PARTITION OF clicks
+                     FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z')",
+            )
+            .await
+            .unwrap();
+        let mut rows = bytes::BytesMut::new();
+        for i in 0..300 {
+            super::copy::put_click(&mut rows, "c", 631_152_000_000_000 + i);
+        }
+        let buf = rows.freeze();
+        let clicks = super::copy::click_rows(&buf);
+        let statement = client.prepare(super::COPY_CLICKS).await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let mut sifted = super::Sifted::begin(&tx, &statement, &buf, &clicks)
+            .await
+            .unwrap();
+        let xmins = "SELECT count(DISTINCT xmin::text) FROM clicks";
+        let mut most = 0;
+        for i in 0..clicks.len() {
+            tx.batch_execute("SAVEPOINT sift").await.unwrap();
+            let row = super::rows_of(&buf, &clicks, &[i]);
+            super::copy_in(&tx, &statement, row).await.unwrap();
+            tx.batch_execute("RELEASE sift").await.unwrap();
+            sifted.took(&tx, std::iter::once(i)).await.unwrap();
+            let live: i64 = tx.query_one(xmins, &[]).await.unwrap().get(0);
+            most = most.max(live);
+        }
+        assert!(most < 64, "{most} subtransactions' rows at once");
+        sifted.finish(&tx).await.unwrap();
+        tx.commit().await.unwrap();
+        let counts = "SELECT count(*), count(DISTINCT xmin::text) FROM clicks";
+        let row = client.query_one(counts, &[]).await.unwrap();
+        assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (300, 1));
     }
 
     /// A history holding only the batch's codes: the look for a probe's code reads at most

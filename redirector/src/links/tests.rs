@@ -132,7 +132,25 @@ fn a_server_whose_last_applied_change_is_another_or_gone_lacks_it() {
     let last = |h: Head| h.position(Some(&read)).last_change;
     assert_eq!(last(top).as_deref(), Some("600 3"));
     assert_eq!(last(head(1, 0, 0, 4, &[])).as_deref(), Some("500 1"));
-    assert_eq!(last(head(1, 20, 0, 4, &[])), None, "pruned past it");
+    // Pruned past it: no change of that id may come again.
+    let pruned = head(1, 20, 0, 4, &[]);
+    let past = pruned.position(Some(&read));
+    assert_eq!(past.last_change.as_deref(), Some(PRUNED));
+    assert!(
+        pruned.lacks_applied(&past, Some("9 9")),
+        "an id pruned, handed out again"
+    );
+    assert!(!pruned.lacks_applied(&past, None));
+    assert!(
+        head(1, 19, 0, 4, &[]).lacks_applied(&past, None),
+        "a primary before the prune"
+    );
+    // Another log's position says nothing of this one's ids.
+    let remade = Head {
+        log_table: 8,
+        ..head(1, 0, 0, 3, &[])
+    };
+    assert_eq!(remade.position(Some(&read)).last_id, 3);
 }
 
 #[test]
@@ -143,7 +161,11 @@ fn the_position_moves_forward_and_remembers_transactions_in_progress() {
     let empty = head(2, 40, 9, 0, &[]);
     assert_eq!(empty.position(Some(&at(45, &[], 2))), at(45, &[], 2));
     // A full load over a pruned log is past what was pruned, or it would load again and again.
-    assert_eq!(empty.position(None), at(40, &[], 2));
+    let pruned = Position {
+        last_change: Some(PRUNED.into()),
+        ..at(40, &[], 2)
+    };
+    assert_eq!(empty.position(None), pruned);
     assert_eq!(empty.needs_full_load(Some(&empty.position(None))), None);
 }
 
