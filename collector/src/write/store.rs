@@ -482,18 +482,15 @@ async fn sift_in(
         if range.is_empty() {
             continue;
         }
-        tx.batch_execute("SAVEPOINT sift").await?;
+        sifted.trying(tx).await?;
         match copy_in(tx, statement, rows_of(buf, clicks, &tried[range.clone()])).await {
             Ok(_) => {
-                tx.batch_execute("RELEASE sift").await?;
                 sifted.took(tx, range.map(|at| tried[at])).await?;
                 known.append(&mut unsure);
                 taken = true;
             }
             Err(e) if refuses_rows(&e) => {
-                // Released too: each `ROLLBACK TO` keeps its savepoint, one level deeper a
-                // refused range.
-                tx.batch_execute("ROLLBACK TO sift; RELEASE sift").await?;
+                sifted.refused(tx).await?;
                 let unroutable_here = no_partition(&e);
                 if range.len() == 1 || unroutable_here {
                     let why = describe(&e);
@@ -527,17 +524,24 @@ async fn sift_in(
 /// COPYed again as one.
 const LEVELS: usize = 4;
 const FANOUT: usize = 12;
+/// The most subtransactions a sift keeps live at once: `sifting` and the levels, the closed
+/// levels each of them holds but the innermost, and the innermost's ranges (the probe's comes
+/// when it holds fewer). Under the 64 PostgreSQL caches, with room for each day sifted before
+/// in the batch to keep one.
+const LIVE_MOST: usize = 1 + LEVELS + (LEVELS - 1) * (FANOUT - 1) + FANOUT;
+const _: () = assert!(LIVE_MOST <= 50);
 
 /// The rows a sift ([`sift_in`]) took, and the subtransactions they are in. Each range taken
 /// is one, which the transaction keeps until it ends, and PostgreSQL caches 64 per backend:
 /// past them, every snapshot in the cluster is taken the slow way until the transaction ends
-/// (rolled back, they are forgotten; the overflow is not). So the ranges are taken under
-/// [`LEVELS`] nested savepoints, as a counter counts: a level that took [`FANOUT`] ranges or
-/// levels is rolled back and its rows COPYed again in one statement, one more taken by the
-/// level around it; at the end, the whole sift likewise. At most about 50 live at once and one
-/// to the commit; each row taken is COPYed at most `LEVELS + 2` times (the whole sift again
-/// every `FANOUT ^ LEVELS` ranges, over 20,000). (Rows go in again as
-/// they went in, in order, so a row refused for a row taken before it stays refused.)
+/// (rolled back, they are forgotten; the overflow is not). The whole day is tried first, under
+/// `sifting` alone: taken, it is COPYed once and keeps one. Refused, the ranges are taken
+/// under [`LEVELS`] nested savepoints, as a counter counts: a level that took [`FANOUT`]
+/// ranges or levels is rolled back and its rows COPYed again in one statement, one more taken
+/// by the level around it (the outermost, by the whole sift); at the end, the whole sift
+/// likewise, keeping one. Each row taken is COPYed at most five times, and once more for each
+/// `FANOUT ^ LEVELS` (20,736) ranges past the first. (Rows go in again as they went in, in
+/// order, so a row refused for a row taken before it stays refused.)
 struct Sifted<'a> {
     statement: &'a Statement,
     buf: &'a Bytes,
@@ -547,6 +551,8 @@ struct Sifted<'a> {
     rows: Vec<usize>,
     /// For each level, innermost first: where its rows begin in `rows`, and what it took.
     levels: [(usize, usize); LEVELS],
+    /// Whether the levels are open: the whole day was refused.
+    sifting: bool,
 }
 
 impl<'a> Sifted<'a> {
@@ -557,16 +563,40 @@ impl<'a> Sifted<'a> {
         clicks: &'a [copy::ClickRow<'a>],
     ) -> Result<Sifted<'a>, tokio_postgres::Error> {
         tx.batch_execute("SAVEPOINT sifting").await?;
-        let levels = [(0, 0); LEVELS];
-        let mut sifted = Sifted {
+        let (rows, levels) = (Vec::new(), [(0, 0); LEVELS]);
+        Ok(Sifted {
             statement,
             buf,
             clicks,
-            rows: Vec::new(),
+            rows,
             levels,
-        };
-        sifted.open(tx, LEVELS).await?;
-        Ok(sifted)
+            sifting: false,
+        })
+    }
+
+    /// A range is about to be tried.
+    async fn trying(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        match self.sifting {
+            true => tx.batch_execute("SAVEPOINT sift").await,
+            false => Ok(()),
+        }
+    }
+
+    /// The range tried was refused.
+    async fn refused(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.sifting {
+            // Released too: each `ROLLBACK TO` keeps its savepoint, one level deeper a range.
+            return tx.batch_execute("ROLLBACK TO sift; RELEASE sift").await;
+        }
+        tx.batch_execute("ROLLBACK TO sifting").await?;
+        self.sifting = true;
+        self.open(tx, LEVELS).await
     }
 
     /// Opens the innermost `n` levels, outermost first.
@@ -582,13 +612,18 @@ impl<'a> Sifted<'a> {
         Ok(())
     }
 
-    /// A range was taken: these rows. Full levels are COPYed again, each into the one around it.
+    /// The range tried was taken: these rows. Full levels are COPYed again, each into the one
+    /// around it.
     async fn took(
         &mut self,
         tx: &tokio_postgres::Transaction<'_>,
         rows: impl Iterator<Item = usize>,
     ) -> Result<(), tokio_postgres::Error> {
         self.rows.extend(rows);
+        if !self.sifting {
+            return Ok(());
+        }
+        tx.batch_execute("RELEASE sift").await?;
         let mut closed = 0;
         while closed < LEVELS {
             self.levels[closed].1 += 1;
@@ -596,7 +631,10 @@ impl<'a> Sifted<'a> {
                 break;
             }
             let (name, from) = (format!("sift_{closed}"), self.levels[closed].0);
-            self.copy_again(tx, &name, from).await?;
+            // The outermost's rows go again with the whole sift's, just below.
+            if closed + 1 < LEVELS {
+                self.copy_again(tx, &name, from).await?;
+            }
             tx.batch_execute(&format!("RELEASE {name}")).await?;
             closed += 1;
         }
@@ -614,18 +652,21 @@ impl<'a> Sifted<'a> {
         from: usize,
     ) -> Result<(), tokio_postgres::Error> {
         tx.batch_execute(&format!("ROLLBACK TO {name}")).await?;
+        if from == self.rows.len() {
+            return Ok(());
+        }
         let rows = rows_of(self.buf, self.clicks, &self.rows[from..]);
         copy_in(tx, self.statement, rows).await.map(drop)
     }
 
-    /// The whole sift, COPYed again as one: its levels, which all have xids once a range below
-    /// them wrote, rolled back, it leaves one subtransaction to the commit (a batch sifts each
-    /// of its days).
+    /// Ends the sift with one subtransaction: a sifted day's levels (which all have xids once
+    /// anything below them wrote, the probe's click included) rolled back and its rows taken
+    /// COPYed again as one.
     async fn finish(
         self,
         tx: &tokio_postgres::Transaction<'_>,
     ) -> Result<(), tokio_postgres::Error> {
-        if !self.rows.is_empty() {
+        if self.sifting {
             self.copy_again(tx, "sifting", 0).await?;
         }
         tx.batch_execute("RELEASE sifting").await
@@ -810,8 +851,8 @@ mod tests {
     }
 
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
-    /// live at once (each range's rows, kept, carry its xid until a level is COPYed again;
-    /// seen from inside the transaction) and one to the commit, every row taken once.
+    /// live at once (seen from inside the transaction) and one to the commit, every row taken
+    /// once.
     #[tokio::test]
     async fn a_long_sift_keeps_under_64_subtransactions_live() {
         let db = testkit::pgtest::test_db().await;
@@ -834,18 +875,25 @@ mod tests {
         let mut sifted = super::Sifted::begin(&tx, &statement, &buf, &clicks)
             .await
             .unwrap();
+        // The rows' xmins, each the subtransaction that wrote them (a lower bound: savepoints
+        // whose children wrote have xids too, which `LIVE_MOST` counts; a released one's lock
+        // on its xid is gone, so `pg_locks` does not show them).
         let xmins = "SELECT count(DISTINCT xmin::text) FROM clicks";
         let mut most = 0;
+        // The whole day refused first, as a sift begins; then a range a row.
+        sifted.refused(&tx).await.unwrap();
         for i in 0..clicks.len() {
-            tx.batch_execute("SAVEPOINT sift").await.unwrap();
+            sifted.trying(&tx).await.unwrap();
             let row = super::rows_of(&buf, &clicks, &[i]);
             super::copy_in(&tx, &statement, row).await.unwrap();
-            tx.batch_execute("RELEASE sift").await.unwrap();
             sifted.took(&tx, std::iter::once(i)).await.unwrap();
             let live: i64 = tx.query_one(xmins, &[]).await.unwrap().get(0);
             most = most.max(live);
         }
-        assert!(most < 64, "{most} subtransactions' rows at once");
+        assert!(
+            (12..=super::LIVE_MOST as i64).contains(&most),
+            "{most} at once"
+        );
         sifted.finish(&tx).await.unwrap();
         tx.commit().await.unwrap();
         let counts = "SELECT count(*), count(DISTINCT xmin::text) FROM clicks";
