@@ -526,8 +526,8 @@ const LEVELS: usize = 4;
 const FANOUT: usize = 12;
 /// The most subtransactions a sift keeps live at once: `sifting` and the levels, the closed
 /// levels each of them holds but the innermost, and the innermost's ranges (the probe's comes
-/// when it holds fewer). Under the 64 PostgreSQL caches, with room for each day sifted before
-/// in the batch to keep one.
+/// when it holds fewer). Under the 64 PostgreSQL caches, with room for the days before it in
+/// the batch: a day sifted keeps none, a day taken whole one.
 const LIVE_MOST: usize = 1 + LEVELS + (LEVELS - 1) * (FANOUT - 1) + FANOUT;
 const _: () = assert!(LIVE_MOST <= 50);
 
@@ -539,9 +539,9 @@ const _: () = assert!(LIVE_MOST <= 50);
 /// under [`LEVELS`] nested savepoints, as a counter counts: a level that took [`FANOUT`]
 /// ranges or levels is rolled back and its rows COPYed again in one statement, one more taken
 /// by the level around it (the outermost, by the whole sift); at the end, the whole sift
-/// likewise, keeping one. Each row taken is COPYed at most five times, and once more for each
-/// `FANOUT ^ LEVELS` (20,736) ranges past the first. (Rows go in again as they went in, in
-/// order, so a row refused for a row taken before it stays refused.)
+/// likewise, in the transaction itself, keeping none. Each row taken is COPYed at most five
+/// times, and once more for each `FANOUT ^ LEVELS` (20,736) ranges past the first. (Rows go in
+/// again as they went in, in order, so a row refused for a row taken before it stays refused.)
 struct Sifted<'a> {
     statement: &'a Statement,
     buf: &'a Bytes,
@@ -659,17 +659,24 @@ impl<'a> Sifted<'a> {
         copy_in(tx, self.statement, rows).await.map(drop)
     }
 
-    /// Ends the sift with one subtransaction: a sifted day's levels (which all have xids once
-    /// anything below them wrote, the probe's click included) rolled back and its rows taken
-    /// COPYed again as one.
+    /// Ends the sift. A sifted day's levels (which all have xids once anything below them
+    /// wrote, the probe's click included) are rolled back and its rows taken COPYed again as
+    /// one, in the transaction itself, so that it keeps no subtransaction (a batch sifts each
+    /// of its days); a day taken whole keeps its savepoint's.
     async fn finish(
         self,
         tx: &tokio_postgres::Transaction<'_>,
     ) -> Result<(), tokio_postgres::Error> {
-        if self.sifting {
-            self.copy_again(tx, "sifting", 0).await?;
+        if !self.sifting {
+            return tx.batch_execute("RELEASE sifting").await;
         }
-        tx.batch_execute("RELEASE sifting").await
+        tx.batch_execute("ROLLBACK TO sifting; RELEASE sifting")
+            .await?;
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let rows = rows_of(self.buf, self.clicks, &self.rows);
+        copy_in(tx, self.statement, rows).await.map(drop)
     }
 }
 
@@ -851,7 +858,7 @@ mod tests {
     }
 
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
-    /// live at once (seen from inside the transaction) and one to the commit, every row taken
+    /// live at once (seen from inside the transaction) and none to the commit, every row taken
     /// once.
     #[tokio::test]
     async fn a_long_sift_keeps_under_64_subtransactions_live() {
@@ -895,6 +902,11 @@ mod tests {
             "{most} at once"
         );
         sifted.finish(&tx).await.unwrap();
+        // Written by the transaction itself, in no subtransaction kept to the commit.
+        let own = "SELECT count(*) FROM clicks
+                   WHERE xmin::text::int8 <> pg_current_xact_id()::text::int8 % 4294967296";
+        let sub: i64 = tx.query_one(own, &[]).await.unwrap().get(0);
+        assert_eq!(sub, 0, "rows of a subtransaction");
         tx.commit().await.unwrap();
         let counts = "SELECT count(*), count(DISTINCT xmin::text) FROM clicks";
         let row = client.query_one(counts, &[]).await.unwrap();
