@@ -871,15 +871,8 @@ mod tests {
         let _drain = flooded(dir.path(), 1).await;
         let sender = std::os::unix::net::UnixDatagram::unbound().unwrap();
         let (_read, write) = nix::unistd::pipe().unwrap();
-        let sent = nix::sys::socket::sendmsg(
-            sender.as_raw_fd(),
-            &[std::io::IoSlice::new(b"fds")],
-            &[nix::sys::socket::ControlMessage::ScmRights(&[
-                write.as_raw_fd()
-            ])],
-            MsgFlags::empty(),
-            Some(&UnixAddr::new(&dir.path().join("ack.sock")).unwrap()),
-        );
+        let ack = dir.path().join("ack.sock");
+        let sent = testkit::send_with_fds(&sender, &ack, b"fds", &[write.as_raw_fd()]);
         // Whether this kernel knows the option, asked of a socket of the test's own.
         let can = shared::socket::refuse_descriptors(&sender).unwrap();
         assert_eq!(sent.is_err(), can, "{sent:?}");

@@ -519,6 +519,7 @@ impl crate::metrics::Label for SendErrorKind {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use testkit::send_with_fds;
 
     /// A host whose `net.core.wmem_default` is under the datagram size (here a buffer set that
     /// small) refuses every such datagram for good: the buffer is made to hold them.
@@ -716,20 +717,6 @@ mod tests {
         }
     }
 
-    /// Sends `bytes` to `to` from `sender` with `fds` attached (SCM_RIGHTS).
-    fn send_with_fds(sender: &UnixDatagram, to: &Path, bytes: &[u8], fds: &[i32]) {
-        let addr = UnixAddr::new(to).unwrap();
-        let sent = socket::sendmsg(
-            sender.as_raw_fd(),
-            &[io::IoSlice::new(bytes)],
-            &[socket::ControlMessage::ScmRights(fds)],
-            socket::MsgFlags::empty(),
-            Some(&addr),
-        )
-        .unwrap();
-        assert_eq!(sent, bytes.len());
-    }
-
     fn own_creds() -> Creds {
         Creds {
             pid: nix::unistd::getpid().as_raw(),
@@ -750,7 +737,8 @@ mod tests {
         let sender = UnixDatagram::unbound().unwrap();
         let (read, write) = pipe();
         // One descriptor SCM_MAX_FD times: the receiver gets as many descriptors of its own.
-        send_with_fds(&sender, &path, b"clicks", &[write.as_raw_fd(); SCM_MAX_FD]);
+        let fds = [write.as_raw_fd(); SCM_MAX_FD];
+        assert_eq!(send_with_fds(&sender, &path, b"clicks", &fds), Ok(6));
         sender.send_to(b"plain", &path).unwrap();
         drop(write);
         assert!(
@@ -788,14 +776,7 @@ mod tests {
         let refused = refuse_descriptors(&receiver).unwrap();
         let sender = UnixDatagram::unbound().unwrap();
         let (read, write) = pipe();
-        let addr = UnixAddr::new(&path).unwrap();
-        let sent = socket::sendmsg(
-            sender.as_raw_fd(),
-            &[io::IoSlice::new(b"fds")],
-            &[socket::ControlMessage::ScmRights(&[write.as_raw_fd()])],
-            socket::MsgFlags::empty(),
-            Some(&addr),
-        );
+        let sent = send_with_fds(&sender, &path, b"fds", &[write.as_raw_fd()]);
         sender.send_to(b"plain", &path).unwrap();
         drop(write);
         let mut buf = [0u8; 64];
@@ -826,7 +807,10 @@ mod tests {
         let receiver = bind_datagram(&path, 0o600).unwrap();
         let sender = UnixDatagram::unbound().unwrap();
         let (read, write) = pipe();
-        send_with_fds(&sender, &path, b"x", &[write.as_raw_fd(); 5]);
+        assert_eq!(
+            send_with_fds(&sender, &path, b"x", &[write.as_raw_fd(); 5]),
+            Ok(1)
+        );
         drop(write);
 
         let mut buf = [0u8; 8];

@@ -241,13 +241,7 @@ mod tests {
         let _inbox = Inbox::open(&path, 0o600, Vec::new()).unwrap();
         let sender = StdDatagram::unbound().unwrap();
         let (_read, write) = nix::unistd::pipe().unwrap();
-        let sent = socket::sendmsg(
-            sender.as_raw_fd(),
-            &[io::IoSlice::new(b"fds")],
-            &[socket::ControlMessage::ScmRights(&[write.as_raw_fd()])],
-            socket::MsgFlags::empty(),
-            Some(&UnixAddr::new(&path).unwrap()),
-        );
+        let sent = testkit::send_with_fds(&sender, &path, b"fds", &[write.as_raw_fd()]);
         // Whether this kernel knows the option, asked of a socket of the test's own.
         let can = shared::socket::refuse_descriptors(&StdDatagram::unbound().unwrap()).unwrap();
         assert_eq!(sent.is_err(), can, "{sent:?}");

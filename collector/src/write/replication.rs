@@ -9,9 +9,9 @@
 //!   or a promoted standby that kept its primary's `synchronous_standby_names`). Its backend
 //!   then holds the instance lock, so without a look from outside it reads as a timeout and
 //!   then as a lock held by another session. [`Watch::run`], on a second session, looks at
-//!   the writer's backends in `pg_stat_activity` while a write takes long, and names a
-//!   `SyncRep` wait: logged with the setting to look at, `collector_replication_waiting`,
-//!   `collector_replication_waits_total`.
+//!   the writer's backends (by pid and start) in `pg_stat_activity` while a write takes
+//!   long, and names a `SyncRep` wait: logged with the setting to look at,
+//!   `collector_replication_waiting`, `collector_replication_waits_total`.
 //! - With asynchronous replication, a standby promoted after its primary died may lack
 //!   commits this collector made and acknowledged: the senders have forgotten those clicks.
 //!   On every new connection the writer compares `click_senders` there with what it
@@ -42,6 +42,39 @@ const LOOK_AFTER: Duration = Duration::from_secs(1);
 /// A `SyncRep` wait this long is named. Short enough to be named well within the write
 /// timeout (30 s by default), long enough that a standby catching up is not.
 pub const NAMED_AFTER: Duration = Duration::from_secs(2);
+
+/// Which of `backends` the server still runs (the same pid started at the same time), and one
+/// of them waiting in `SyncRep`.
+async fn look(
+    client: &Client,
+    backends: &[Backend],
+) -> Result<(Vec<Backend>, Option<Backend>), tokio_postgres::Error> {
+    let pids: Vec<i32> = backends.iter().map(|b| b.pid).collect();
+    let starts: Vec<i64> = backends.iter().map(|b| b.started_us).collect();
+    let rows = client
+        .query(
+            &format!(
+                "SELECT pid, {STARTED_US}, coalesce(wait_event, '') = 'SyncRep' \
+                   FROM pg_stat_activity \
+                  WHERE (pid, {STARTED_US}) IN (SELECT * FROM unnest($1::int4[], $2::int8[]))"
+            ),
+            &[&pids, &starts],
+        )
+        .await?;
+    let live: Vec<Backend> = rows
+        .iter()
+        .map(|r| Backend {
+            pid: r.get(0),
+            started_us: r.get(1),
+        })
+        .collect();
+    let waiting = live
+        .iter()
+        .zip(&rows)
+        .find(|(_, r)| r.get(2))
+        .map(|(b, _)| *b);
+    Ok((live, waiting))
+}
 
 /// The replication settings a session sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,13 +112,25 @@ pub struct Watch {
     state: Mutex<State>,
 }
 
+/// A backend of the writer's, by its pid and when it started: after a failover the watch
+/// looks on another server, where the pid of a session abandoned on the old one may be
+/// another backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Backend {
+    pid: i32,
+    started_us: i64,
+}
+
+/// A backend's start in microseconds, the form [`Backend::started_us`] keeps.
+const STARTED_US: &str = "(extract(epoch FROM backend_start) * 1000000)::int8";
+
 #[derive(Default)]
 struct State {
     /// Since when the writer has been writing the current batch (retries included).
     writing_since: Option<Instant>,
     /// The backends of the writer's sessions: the current one, and abandoned ones until they
     /// are gone (an abandoned commit stuck in `SyncRep` keeps its backend, and the lock).
-    pids: Vec<i32>,
+    backends: Vec<Backend>,
     /// The settings last read, and whether they were logged.
     settings: Option<Settings>,
     /// Since when a backend of the writer is seen waiting in `SyncRep`.
@@ -108,16 +153,24 @@ impl Watch {
     /// A new writer session: its backend is watched, its settings logged when they change
     /// and shown in `collector_database_synchronous`.
     pub async fn connected(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0);
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT pid, {STARTED_US} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+                ),
+                &[],
+            )
+            .await?;
+        let backend = Backend {
+            pid: row.get(0),
+            started_us: row.get(1),
+        };
         let settings = settings(client).await?;
         self.metrics
             .database_synchronous
             .set(i64::from(settings.synchronous()));
         let mut state = self.state();
-        state.pids.push(pid);
+        state.backends.push(backend);
         if state.settings.as_ref() != Some(&settings) {
             if settings.synchronous() {
                 tracing::info!(
@@ -150,8 +203,8 @@ impl Watch {
         let mut state = self.state();
         state.writing_since = None;
         // Only the current session's backend stays watched: the others' are gone or ending.
-        let keep = state.pids.len().saturating_sub(1);
-        state.pids.drain(..keep);
+        let keep = state.backends.len().saturating_sub(1);
+        state.backends.drain(..keep);
         drop(state);
         self.waited_out();
     }
@@ -192,58 +245,47 @@ impl Watch {
         let mut session: Option<Client> = None;
         loop {
             tokio::time::sleep(POLL).await;
-            let (slow, pids) = {
+            let (slow, backends) = {
                 let state = self.state();
                 let slow = state
                     .writing_since
                     .is_some_and(|s| s.elapsed() >= LOOK_AFTER);
-                (slow, state.pids.clone())
+                (slow, state.backends.clone())
             };
-            if !slow || pids.is_empty() {
+            if !slow || backends.is_empty() {
                 self.waited_out();
                 continue;
             }
-            let look = async {
+            let looking = async {
                 let client = match session.take() {
                     Some(client) => client,
                     None => db.connect().await?,
                 };
-                let rows = client
-                    .query(
-                        "SELECT pid, coalesce(wait_event, '') = 'SyncRep' \
-                           FROM pg_stat_activity WHERE pid = ANY($1)",
-                        &[&pids],
-                    )
-                    .await?;
+                let found = look(&client, &backends).await?;
                 session = Some(client);
-                Ok::<_, tokio_postgres::Error>(rows)
+                Ok::<_, tokio_postgres::Error>(found)
             };
-            let rows = match tokio::time::timeout(timeout, look).await {
-                Ok(Ok(rows)) => rows,
+            let (live, waiting) = match tokio::time::timeout(timeout, looking).await {
+                Ok(Ok(found)) => found,
                 Ok(Err(e)) => {
                     tracing::debug!("looking at the writer's sessions: {}", describe(&e));
                     continue;
                 }
                 Err(_) => continue,
             };
-            let live: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-            let waiting = rows
-                .iter()
-                .find(|r| r.get::<_, bool>(1))
-                .map(|r| r.get::<_, i32>(0));
             self.seen(&live, waiting);
         }
     }
 
     /// What one look found: the writer's backends still there, and one waiting in `SyncRep`.
-    fn seen(&self, live: &[i32], waiting: Option<i32>) {
+    fn seen(&self, live: &[Backend], waiting: Option<Backend>) {
         let mut state = self.state();
         // Abandoned backends that ended are no longer watched; the newest (current) always is.
-        let current = state.pids.last().copied();
+        let current = state.backends.last().copied();
         state
-            .pids
-            .retain(|p| live.contains(p) || Some(*p) == current);
-        let Some(pid) = waiting else {
+            .backends
+            .retain(|b| live.contains(b) || Some(*b) == current);
+        let Some(Backend { pid, .. }) = waiting else {
             drop(state);
             self.waited_out();
             return;
@@ -575,22 +617,50 @@ mod tests {
     fn a_wait_is_named_once_after_a_while_and_cleared_when_it_ends() {
         let metrics = Arc::new(Metrics::default());
         let watch = Watch::new(metrics.clone());
-        watch.state().pids = vec![7, 8];
-        watch.seen(&[8], Some(8));
+        let b = |pid| Backend {
+            pid,
+            started_us: 1_000,
+        };
+        watch.state().backends = vec![b(7), b(8)];
+        watch.seen(&[b(8)], Some(b(8)));
         assert_eq!(
-            watch.state().pids,
-            [8],
+            watch.state().backends,
+            [b(8)],
             "the ended backend is no longer watched"
         );
         assert!(watch.cause().is_none(), "not named at once");
         watch.state().sync_wait = Some(Instant::now() - NAMED_AFTER);
-        watch.seen(&[8], Some(8));
-        watch.seen(&[8], Some(8));
+        watch.seen(&[b(8)], Some(b(8)));
+        watch.seen(&[b(8)], Some(b(8)));
         assert_eq!(metrics.replication_waits.get(), 1);
         assert_eq!(metrics.replication_waiting.get(), 1);
         assert!(watch.cause().unwrap().contains("synchronous_standby_names"));
-        watch.seen(&[8], None);
+        watch.seen(&[b(8)], None);
         assert_eq!(metrics.replication_waiting.get(), 0);
         assert!(watch.cause().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_backend_is_the_writers_only_with_the_start_it_was_seen_with() {
+        let db = testkit::pgtest::test_db().await;
+        let writer = testkit::pgtest::connect(&db.url).await;
+        let metrics = Arc::new(Metrics::default());
+        let watch = Watch::new(metrics);
+        watch
+            .connected(&writer)
+            .await
+            .expect("the writer's backend");
+        let seen = watch.state().backends[0];
+        let other = testkit::pgtest::connect(&db.url).await;
+        let (live, waiting) = look(&other, &[seen]).await.expect("a look");
+        assert_eq!(live, [seen]);
+        assert_eq!(waiting, None);
+        // The same pid started at another time: another server's backend after a failover.
+        let reused = Backend {
+            started_us: seen.started_us - 1,
+            ..seen
+        };
+        let (live, _) = look(&other, &[reused]).await.expect("a look");
+        assert_eq!(live, [], "a backend of the same pid but another start");
     }
 }

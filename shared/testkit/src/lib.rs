@@ -398,6 +398,24 @@ pub fn send_as_user(
     }
 }
 
+/// Sends `bytes` to the datagram socket at `to` from `sender` with the descriptors `fds`
+/// attached (SCM_RIGHTS): a peer passing descriptors, which a receiver must close or refuse.
+pub fn send_with_fds(
+    sender: &std::os::unix::net::UnixDatagram,
+    to: &std::path::Path,
+    bytes: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> nix::Result<usize> {
+    use nix::sys::socket::{self, ControlMessage, MsgFlags, UnixAddr};
+    socket::sendmsg(
+        std::os::fd::AsRawFd::as_raw_fd(sender),
+        &[std::io::IoSlice::new(bytes)],
+        &[ControlMessage::ScmRights(fds)],
+        MsgFlags::empty(),
+        Some(&UnixAddr::new(to)?),
+    )
+}
+
 /// Checks that every flag of `command` whose value is a `DURATION` refuses zero and absurd
 /// values with the reason, as [`shared::flags::duration`] does: a flag parsed another way
 /// could take `0s` and panic a timer later. `required` are the arguments the command needs
