@@ -1,5 +1,5 @@
-//! The redirect server: `GET /{code}` answers `302 Found` from the link table and records the
-//! click; `HEAD` answers the same without recording. Connections are served by hyper's HTTP/1
+//! The redirect server: `GET /{code}` answers the link's redirect (302 unless the link says
+//! 301, 307 or 308) from the link table and records the click; `HEAD` answers the same without recording. Connections are served by hyper's HTTP/1
 //! server with a header read timeout and a bounded buffer (so a bounded request line), within
 //! the bounds of `bounded` (how many, how long idle) and `watched` (how long a response may
 //! wait for its client), and shut down gracefully.

@@ -186,7 +186,8 @@ impl Answer {
 
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
-/// the fragment stays last. Names compare as sent (not percent-decoded).
+/// the fragment stays last. Names compare as a target reads them ([`decoded`]): `%72ef` or
+/// `REF` is the URL's `ref` to a server that decodes or folds case, and must not override it.
 fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     let (before_fragment, fragment) = match url.iter().position(|&b| b == b'#') {
         Some(i) => url.split_at(i),
@@ -209,11 +210,15 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     // parameter named "" for a request's `=x` to be taken for.
     let params = own.split(|&b| b == b'&').filter(|p| !p.is_empty());
     let mut names: Vec<&[u8]> = params.map(name).collect();
-    names.sort_unstable();
+    names.sort_unstable_by(|a, b| decoded(a).cmp(decoded(b)));
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
-        // As the URL's own, encoded when loaded: the names compare alike.
+        // As the URL's own, encoded when loaded.
         let param = uri(param);
-        if names.binary_search(&name(&param)).is_ok() {
+        let key = decoded(name(&param));
+        if names
+            .binary_search_by(|n| decoded(n).cmp(key.clone()))
+            .is_ok()
+        {
             continue;
         }
         if let Some(s) = separator {
@@ -232,6 +237,32 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
 
 fn name(param: &[u8]) -> &[u8] {
     param.split(|&b| b == b'=').next().unwrap_or(param)
+}
+
+/// A parameter's name as the most lenient target reads it: escapes decoded, `+` a space,
+/// ASCII letters in lower case. Without allocating: it is compared once a parameter.
+fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
+    let mut rest = name;
+    std::iter::from_fn(move || {
+        let (&b, tail) = rest.split_first()?;
+        rest = tail;
+        let byte = match (b, tail) {
+            (b'%', [hi, lo, after @ ..]) => match (hex(*hi), hex(*lo)) {
+                (Some(hi), Some(lo)) => {
+                    rest = after;
+                    hi << 4 | lo
+                }
+                _ => b,
+            },
+            (b'+', _) => b' ',
+            _ => b,
+        };
+        Some(byte.to_ascii_lowercase())
+    })
+}
+
+fn hex(digit: u8) -> Option<u8> {
+    char::from(digit).to_digit(16).map(|d| d as u8)
 }
 
 #[cfg(test)]
@@ -290,6 +321,33 @@ mod tests {
         assert_eq!(
             location("https://e.com/p?=1", Some("=x")),
             "https://e.com/p?=1"
+        );
+    }
+
+    /// A name the URL has, spelled otherwise, is the URL's to a target that decodes names or
+    /// folds their case: the request cannot override the link's parameter with it.
+    #[test]
+    fn a_name_the_url_has_is_dropped_however_it_is_spelled() {
+        let t = "https://shop.example/p?ref=partner&utm+source=x&%2561=1";
+        for query in [
+            "%72ef=evil",
+            "REF=evil",
+            "%52eF=evil",
+            "utm%20source=evil",
+            "utm%2bsource",
+        ] {
+            let kept = if query == "utm%2bsource" {
+                "&utm%2bsource"
+            } else {
+                ""
+            };
+            assert_eq!(location(t, Some(query)), format!("{t}{kept}"), "{query}");
+        }
+        // An escape decodes once: `%2561` is `%61`, not `a`; a broken escape is itself.
+        assert_eq!(location(t, Some("a=2&%2561=2")), format!("{t}&a=2"));
+        assert_eq!(
+            location("https://e.com/?%zz=1&%4", Some("%ZZ=2&%4=2&%5=2")),
+            "https://e.com/?%zz=1&%4&%5=2"
         );
     }
 

@@ -23,6 +23,16 @@
 //! be in the socket's buffer, unread only because its task has not run yet, and taking it for
 //! idle had each of a burst of new clients close the one accepted before it, while the slow
 //! heads stayed.
+//!
+//! Finding the first in that order reads every connection's state, under the lock every
+//! closing connection takes too: at the limit a client opening connections would make each
+//! accept cost that, and a look finds the next [`LOOK_AHEAD`]th of the connections at once
+//! instead. They make room in turn, each one only as long as its rank has not changed since
+//! (used since, it has a later place or none); once they are used up, or none of them still
+//! qualifies, the next look. So a connection that went idle after a look waits for the next
+//! one, even behind a slow head that look found.
+
+use std::collections::BinaryHeap;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -34,6 +44,9 @@ use tokio::sync::Notify;
 
 use super::Metrics;
 use crate::metrics::Closed;
+
+/// A look for the connections to make room finds the first of every this many (at least one).
+const LOOK_AHEAD: usize = 64;
 
 /// Descriptors kept out of the connection limit for everything else the process holds: the
 /// runtime's own, the listeners, the datagram and ack sockets, database sessions, admin
@@ -156,7 +169,7 @@ impl Conn {
     /// Its place in the order of eviction, lowest first: idle ones by how long they have been
     /// idle, then those receiving a request head (or accepted and not yet read from) by when
     /// it began; `None` while busy.
-    fn eviction_rank(&self) -> Option<(u8, u64)> {
+    fn eviction_rank(&self) -> Option<Rank> {
         if let Some(since) = self.head_since() {
             return Some((1, since));
         }
@@ -185,7 +198,12 @@ pub(super) struct Connections {
 struct Open {
     next_id: u64,
     by_id: HashMap<u64, Arc<Conn>>,
+    /// What the last look found to make room next, with their ranks then: the first last.
+    next_out: Vec<(Rank, u64)>,
 }
+
+/// A connection's place in the order of eviction ([`Conn::eviction_rank`]).
+type Rank = (u8, u64);
 
 impl Connections {
     pub(super) fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
@@ -240,21 +258,50 @@ impl Connections {
         self.evict_oldest_idle(&mut open)
     }
 
-    /// Closes the first connection in the order of [`Conn::eviction_rank`], if any is not busy.
+    /// Closes the first connection in the order of [`Conn::eviction_rank`] that a look found
+    /// and whose rank is still the same, if any is not busy (two looks at most: one found in
+    /// the first may have become busy since).
     fn evict_oldest_idle(&self, open: &mut Open) -> bool {
-        let oldest = open
-            .by_id
-            .values()
-            .filter_map(|c| Some((c.eviction_rank()?, c.id)))
-            .min();
-        let Some(conn) = oldest.and_then(|(_, id)| open.by_id.remove(&id)) else {
-            return false;
+        let mut looks = 0;
+        let conn = loop {
+            let Some((rank, id)) = open.next_out.pop() else {
+                if looks == 2 || !Self::look(open) {
+                    return false;
+                }
+                looks += 1;
+                continue;
+            };
+            let unchanged = open.by_id.get(&id).map(|c| c.eviction_rank()) == Some(Some(rank));
+            if let Some(conn) = unchanged.then(|| open.by_id.remove(&id)).flatten() {
+                break conn;
+            }
         };
         // A stored permit: the connection's task closes it even if it is not waiting yet.
         conn.evicted.notify_one();
         self.metrics.connections_closed.inc(Closed::Evicted);
         self.metrics.connections.set(open.by_id.len() as i64);
         true
+    }
+
+    /// Finds the first [`LOOK_AHEAD`]th of the open connections in the order of eviction (the
+    /// busy ones have none), into `open.next_out`; false if every connection is busy.
+    fn look(open: &mut Open) -> bool {
+        let wanted = (open.by_id.len() / LOOK_AHEAD).max(1);
+        // The `wanted` lowest ranks, the highest of them on top, to be pushed out by a lower.
+        let mut lowest = BinaryHeap::with_capacity(wanted + 1);
+        for conn in open.by_id.values() {
+            let Some(rank) = conn.eviction_rank() else {
+                continue;
+            };
+            lowest.push((rank, conn.id));
+            if lowest.len() > wanted {
+                lowest.pop();
+            }
+        }
+        // Ascending; reversed, so that the first is popped first.
+        open.next_out = lowest.into_sorted_vec();
+        open.next_out.reverse();
+        !open.next_out.is_empty()
     }
 }
 
@@ -446,5 +493,36 @@ mod tests {
             !in_place(&connections, &slow[1]),
             "the next slowest head goes"
         );
+    }
+
+    /// At the limit one look finds the next of every [`LOOK_AHEAD`] connections to make room:
+    /// the admissions after it take their places in turn without reading every connection
+    /// again, passing over one used since the look.
+    #[test]
+    fn a_look_finds_room_for_several_admissions_and_passes_over_one_used_since() {
+        let metrics = Arc::new(Metrics::default());
+        let limit = 3 * LOOK_AHEAD;
+        let connections = Connections::new(limit, metrics.clone());
+        let held: Vec<Held> = (0..limit).map(|_| admitted(&connections)).collect();
+        for (i, h) in held.iter().enumerate().rev() {
+            h.conn().received();
+            drop(h.conn().begin_request());
+            h.conn().wrote_all();
+            h.conn().idle_since.store(i as u64, Relaxed);
+        }
+        let _new = admitted(&connections);
+        assert!(!in_place(&connections, &held[0]), "the longest idle goes");
+        let found: Vec<u64> = connections.lock().next_out.iter().map(|n| n.1).collect();
+        let next = [held[2].conn().id, held[1].conn().id];
+        assert_eq!(found, next, "the next two, found by the same look");
+        // The next one receives a request: its place in the order is no longer the one found.
+        held[1].conn().received();
+        let _newer = admitted(&connections);
+        assert!(in_place(&connections, &held[1]), "used since the look");
+        assert!(!in_place(&connections, &held[2]));
+        assert!(connections.lock().next_out.is_empty());
+        let _newest = admitted(&connections);
+        assert!(!in_place(&connections, &held[3]), "the next look's first");
+        assert_eq!(metrics.connections_closed.get(Closed::Evicted), 3);
     }
 }
