@@ -69,7 +69,8 @@ impl Cluster {
 
     /// The libpq key=value string of database `db` as the superuser postgres.
     pub(crate) fn url(&self, db: &str) -> String {
-        format!("host={} user=postgres dbname={db}", self.dir.display())
+        let host = shared::db::options::quoted(&self.dir.to_string_lossy());
+        format!("host={host} user=postgres dbname={db}")
     }
 
     pub(crate) async fn connect(&self, db: &str) -> Res<tokio_postgres::Client> {

@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use knobs::Knobs;
+use tokio::signal::unix::{signal, SignalKind};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) type Res<T> = Result<T, Error>;
@@ -251,9 +252,13 @@ fn run(what: &str, quick: bool) -> Res<i32> {
         .enable_all()
         .build()?;
     let mismatches = runtime.block_on(async {
+        // A stop asked by SIGTERM too, not only ^C: killed outright, the bench would leave its
+        // services on their fixed ports and the next run's DROP DATABASE refused.
+        let mut terminate = signal(SignalKind::terminate())?;
         tokio::select! {
             r = run_ported(what, knobs.clone()) => r,
             _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+            _ = terminate.recv() => Err("terminated (SIGTERM)".into()),
         }
     });
     // The run's processes were killed as its future was dropped; the cluster stops here.

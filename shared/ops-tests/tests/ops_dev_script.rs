@@ -539,25 +539,30 @@ async fn dev_script_uses_the_database_url_it_is_given() {
 }
 
 /// A run killed with SIGKILL leaves the binaries and PostgreSQL running (they live in sessions
-/// of their own); the next run stops them first instead of failing on the taken socket.
+/// of their own); the next run stops them first instead of failing on the taken socket. The
+/// killed run had a standby (`DEV_STANDBY=1`) and the next has none: it stops that too.
 #[tokio::test]
 async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
     let dir = DevDir::new();
     let dev_dir = dir.path();
 
-    let mut killed = start(&dev_dir);
+    let mut cmd = dev_command(&dev_dir);
+    cmd.env_remove("DATABASE_URL").env("DEV_STANDBY", "1");
+    let mut killed = Service::spawn("dev", cmd);
     let first = wait_ready(&killed, FIRST_READY).await;
+    let standby = testkit::pgtest::postmaster_pid(&dev_dir.join("pg-standby"));
     killed.signal(Signal::SIGKILL);
     killed.wait_exit(STOP).await;
     let orphans = &first.pids[1..];
     assert!(
-        orphans.iter().all(|&p| alive(p)),
-        "the binaries should outlive a SIGKILLed script"
+        orphans.iter().all(|&p| alive(p)) && alive(standby),
+        "the binaries and the standby should outlive a SIGKILLed script"
     );
 
     let again = start(&dev_dir);
     let ready = wait_ready(&again, READY).await;
-    for name in ["redirector", "collector"] {
+    assert!(!alive(standby), "the killed run's standby still runs");
+    for name in ["redirector", "collector", "standby"] {
         let expected = format!("stopping the {name} an earlier run left running");
         assert!(
             again.log().iter().any(|l| l.contains(&expected)),

@@ -146,14 +146,16 @@ fn split_key_value(s: &str) -> Result<Split, OptionsError> {
         match key.as_str() {
             "sslmode" => mode = Some(value),
             "sslrootcert" => root = Some(value),
-            _ => rest.push(format!("{key}='{}'", quote(&value))),
+            _ => rest.push(format!("{key}={}", quoted(&value))),
         }
     }
     Ok((mode, root, rest.join(" ")))
 }
 
-fn quote(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('\'', "\\'")
+/// `value` as a value of a key=value connection string, whatever it holds (a path with a
+/// space, a quote).
+pub fn quoted(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 /// `postgres://user@host/db?sslmode=...&sslrootcert=...&other=...`: the two are taken out of
