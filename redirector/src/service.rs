@@ -105,7 +105,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
     let state = match cfg.clicks {
         ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics.common)?),
-        _ => None,
+        mode => {
+            if let Some(fd) = passed.named(state::FDNAME) {
+                let name =
+                    clap::ValueEnum::to_possible_value(&mode).map(|v| v.get_name().to_owned());
+                unused_state(&fd, &format!("with --clicks {}", name.unwrap_or_default()));
+            }
+            None
+        }
     };
     let ring = state.as_ref().map(|s| s.ring.clone());
     let http_listener = listener(&mut passed, "http", cfg.listen).await?;
@@ -361,6 +368,20 @@ fn new_drain(cfg: &Config, state: Region, metrics: &Metrics) -> Result<Drain, Er
     Ok(drain)
 }
 
+/// Says what the state region systemd kept holds, when this start does not use it: its clicks
+/// stay there, neither sent nor counted, until a start that uses it sends them.
+fn unused_state(fd: &std::os::fd::OwnedFd, why: &str) {
+    match state::held_in(fd) {
+        Ok(held) => tracing::warn!(
+            held,
+            "the state region systemd kept holds {held} clicks, not sent {why}: a start that \
+             uses it (--clicks pipeline, no --state-file) sends them; `systemctl clean \
+             --what=fdstore` lets them go, counted nowhere"
+        ),
+        Err(e) => tracing::warn!("the state region systemd kept is not used {why}: {e}"),
+    }
+}
+
 /// The state region (the ring and the resend window): `--state-file`, or the one systemd
 /// kept, or a new memfd (given to systemd's store when it keeps one for this service).
 fn open_state(
@@ -376,11 +397,8 @@ fn open_state(
     let stored = passed.named(state::FDNAME);
     let region = match (&cfg.state_file, stored) {
         (Some(path), stored) => {
-            if stored.is_some() {
-                tracing::warn!(
-                    "--state-file is set: the state region systemd kept is not used, and what \
-                     it holds is not sent (`systemctl clean --what=fdstore` lets it go)"
-                );
+            if let Some(fd) = stored {
+                unused_state(&fd, "while --state-file is set");
             }
             Region::file(path, want)
         }

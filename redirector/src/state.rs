@@ -548,15 +548,39 @@ impl Region {
     }
 }
 
-/// Counts what the stale region in `fd` held (`held_clicks`, or what its header says where its
-/// file does not fit its sizes), and says so in the log before it is laid out anew, which a
-/// kill or a failed start may cut short: the count is then in the log, if in no metric.
+/// Clicks the region in `fd` holds, read without adopting it: for one this start does not
+/// use (a `--state-file` set, clicks not sent by the pipeline), to say what it keeps.
+pub fn held_in(fd: &OwnedFd) -> Result<u64, Error> {
+    let what = format!("the state systemd kept ({FDNAME:?})");
+    let fd = lock(reopen(fd, &what)?, &what)?;
+    match read_header(&fd, &what)? {
+        None => Ok(0),
+        Some(found) => Ok(counted(fd, found, &what)?.1),
+    }
+}
+
+/// Counts what the stale region in `fd` held, and says so in the log before it is laid out
+/// anew, which a kill or a failed start may cut short: the count is then in the log, if in no
+/// metric.
 fn count_stale(
     fd: Flock<OwnedFd>,
     found: Found,
     what: &str,
 ) -> Result<(Flock<OwnedFd>, u64), Error> {
-    let (fd, lost) = match found.geometry.offsets() {
+    let (fd, lost) = counted(fd, found, what)?;
+    tracing::warn!(
+        stale = lost,
+        "{what} outlived a reboot without a clean stop: its pages may be of different ages, \
+         older than what the collector committed; its {lost} clicks are not sent, and counted \
+         as dropped (stale_region); laid out anew, under a new sender id"
+    );
+    Ok((fd, lost))
+}
+
+/// What the region in `fd` holds (`held_clicks`, or what its header says where its file does
+/// not fit its sizes).
+fn counted(fd: Flock<OwnedFd>, found: Found, what: &str) -> Result<(Flock<OwnedFd>, u64), Error> {
+    let (fd, held) = match found.geometry.offsets() {
         Some(at) if at.len == found.len => {
             let map = Arc::new(Mapping::map(fd, at.len, what)?);
             let lost = held_clicks(&map, found.geometry, at);
@@ -572,13 +596,7 @@ fn count_stale(
             (fd, found.held.min(g.ring.saturating_add(g.window)))
         }
     };
-    tracing::warn!(
-        stale = lost,
-        "{what} outlived a reboot without a clean stop: its pages may be of different ages, \
-         older than what the collector committed; its {lost} clicks are not sent, and counted \
-         as dropped (stale_region); laid out anew, under a new sender id"
-    );
-    Ok((fd, lost))
+    Ok((fd, held))
 }
 
 /// What a stale region held, as far as its ring's positions and its window's records say:

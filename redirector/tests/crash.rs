@@ -556,18 +556,24 @@ async fn start_with_store(
     held.start(cmd, state).await
 }
 
-#[tokio::test]
-async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
-    const N: u64 = 2_000;
+/// A redirector under a store of the test's, with no collector, killed after `n` redirects:
+/// the region the store kept holds their clicks.
+async fn killed_under_a_store(n: u64) -> (Fixture, Held, FdStore, OwnedFd) {
     let f = fixture(&[(CODE, "https://example.com/crash")]).await;
     let held = Held::bind();
     let store = FdStore::new();
     let mut r = start_with_store(&f, &held, &store, None, &[]).await;
     let memfd = store.stored().await;
     r.ready().await;
-    let served = Load::get(r.http, &format!("/{CODE}")).run(N).await;
-    assert_eq!(served.count(302), N, "{served:?}");
+    assert_eq!(redirected(&r, n).await, n);
     r.kill().await;
+    (f, held, store, memfd)
+}
+
+#[tokio::test]
+async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
+    const N: u64 = 2_000;
+    let (f, held, store, memfd) = killed_under_a_store(N).await;
 
     let next = start_with_store(&f, &held, &store, Some(&memfd), &[]);
     let r = all_written_by_the_next(&f, N, next).await;
@@ -576,6 +582,31 @@ async fn the_state_region_kept_in_the_fd_store_comes_back_after_a_kill() {
         "a region passed back is not stored again"
     );
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+}
+
+/// A start that does not use the region systemd kept (`--state-file` set, or clicks not sent
+/// by the pipeline) says how many clicks it holds, and leaves them there: the next start that
+/// uses it sends them.
+#[tokio::test]
+async fn a_start_that_does_not_use_the_kept_region_says_what_it_holds_and_leaves_it() {
+    const N: u64 = 500;
+    let (f, held, store, memfd) = killed_under_a_store(N).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state");
+    let file = file.to_str().unwrap();
+    for flags in [["--state-file", file], ["--clicks", "off"]] {
+        let mut r = start_with_store(&f, &held, &store, Some(&memfd), &flags).await;
+        let said = "the state region systemd kept holds";
+        let line = r.service.wait_for_log(said, LIMIT).await;
+        assert!(
+            line.contains(&format!("holds {N} clicks")),
+            "{flags:?}: {line}"
+        );
+        r.kill().await;
+    }
+    let next = start_with_store(&f, &held, &store, Some(&memfd), &[]);
+    all_written_by_the_next(&f, N, next).await;
 }
 
 /// A stop under systemd's store counts what it leaves as dropped (whether the store keeps the
