@@ -1137,6 +1137,31 @@ mod tests {
             assert!(matches!(err, Error::NotState(..)), "{err}");
             assert!(err.to_string().contains(why), "{err}");
         }
+        // Two datagrams whose records do not add up: the second's clicks before, and its tag.
+        for (field, value) in [(24, 3u64), (16, 1)] {
+            std::fs::remove_file(&path).ok();
+            let mut region = Region::file(&path, GEOMETRY).unwrap();
+            for code in ["a", "b", "c", "d"] {
+                region.ring.push(code, 1, &Dimensions::default()).unwrap();
+            }
+            let id = region.sender.id();
+            region.window.push(0, &sealed(id, 0, &["a", "b"]), 2, 2);
+            region.window.push(1, &sealed(id, 1, &["c", "d"]), 2, 4);
+            drop(region);
+            assert!(
+                Region::file(&path, GEOMETRY).is_ok(),
+                "as a redirector left it"
+            );
+            // `Meta`: len and clicks (u32s), sent and padding, the tag, the clicks before.
+            poke(&path, meta + 32 + field, &value.to_ne_bytes());
+            let err = Region::file(&path, GEOMETRY)
+                .err()
+                .expect("records that do not add up");
+            assert!(
+                err.to_string().contains("do not follow one another"),
+                "{err}"
+            );
+        }
         std::fs::remove_file(&path).ok();
         left_with_three_clicks(&path, false);
         for position in [

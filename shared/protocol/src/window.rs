@@ -190,7 +190,8 @@ impl<S: Store> Window<S> {
 
     /// Why the datagrams [`Window::adopt`] would take from `store` are not what a window of
     /// `sender` writes, if they are not: each fits a slot of `slot_size` bytes, and its header
-    /// decodes and carries `sender`, its own seq and its record's count of clicks. A store that
+    /// decodes and carries `sender`, its own seq and its record's count of clicks, and each
+    /// record's clicks before and ring mark follow from the one before. A store that
     /// says otherwise (a corrupt file) is not to be adopted: its reads would run past a slot, or
     /// the collector would reject a datagram sent again for ever, stalling the window behind
     /// it. The clicks themselves are the collector's to judge: a build before or after this
@@ -200,12 +201,27 @@ impl<S: Store> Window<S> {
         let (bytes, meta, marks) = store.parts();
         let records = meta.len() as u64;
         let slots = records - 1;
+        // What the next record must say: its clicks before, and at least its tag.
+        let mut follows: Option<(u64, u64)> = None;
         for seq in held(meta, marks) {
             let record = meta[(seq % records) as usize];
             let len = record.len as usize;
             if len > slot_size {
                 return Err("its window holds a datagram longer than a slot");
             }
+            // A resync reports the clicks before its first seq: refused for a count that does
+            // not add up, it would be asked for again for good.
+            if follows
+                .is_some_and(|(before, tag)| record.clicks_before != before || record.tag < tag)
+            {
+                return Err("its window's records do not follow one another");
+            }
+            follows = Some((
+                record
+                    .clicks_before
+                    .saturating_add(u64::from(record.clicks)),
+                record.tag,
+            ));
             let datagram = &bytes[(seq % slots) as usize * slot_size..][..len];
             match crate::wire::decode_header(datagram) {
                 Err(crate::wire::Reject::WrongVersion { .. }) => {
