@@ -149,8 +149,9 @@ pub struct Config {
 
     /// Client connections open at once. At the limit a new client takes the place of the
     /// connection idle the longest, or when none is idle, of the one whose unfinished request
-    /// head began first; it is refused only when every connection is answering a request or
-    /// writing its response. Fitted at start under the descriptor limit (RLIMIT_NOFILE, less
+    /// head began first, in that order as a look at all of them found it (a look every
+    /// sixty-fourth of the limit); it is refused only when every connection is answering a
+    /// request or writing its response. Fitted at start under the descriptor limit (RLIMIT_NOFILE, less
     /// 64, less a fifth: 768 at 1024).
     #[arg(long, value_name = "N", env = "REDIRECTOR_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

@@ -35,7 +35,8 @@ shared::label! {
 shared::label! {
     /// Why the redirect server closed a client's connection itself.
     pub enum Closed: "reason" {
-        /// At the connection limit, it was the one idle the longest when a new client came.
+        /// At the connection limit, it was the first to make room (idle the longest, or the
+        /// slowest request head) when a new client came, as the last look found them.
         Evicted = "evicted",
         /// A new client at the limit while no connection was idle: closed at once.
         Refused = "refused",

@@ -374,7 +374,7 @@ fn unused_state(fd: &std::os::fd::OwnedFd, why: &str) {
     match state::held_in(fd) {
         Ok(held) => tracing::warn!(
             held,
-            "the state region systemd kept holds {held} clicks, not sent {why}: a start that \
+            "the state region systemd kept holds {held} clicks (at most), not sent {why}: a start that \
              uses it (--clicks pipeline, no --state-file) sends them; `systemctl clean \
              --what=fdstore` lets them go, counted nowhere"
         ),

@@ -548,7 +548,8 @@ impl Region {
     }
 }
 
-/// Clicks the region in `fd` holds, read without adopting it: for one this start does not
+/// Clicks the region in `fd` holds, its pushes cut short by a kill included (a start that
+/// adopts it counts those as torn), read without taking it over: for one this start does not
 /// use (a `--state-file` set, clicks not sent by the pipeline), to say what it keeps.
 pub fn held_in(fd: &OwnedFd) -> Result<u64, Error> {
     let what = format!("the state systemd kept ({FDNAME:?})");

@@ -186,8 +186,8 @@ impl Answer {
 
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
-/// the fragment stays last. Names compare as a target reads them ([`decoded`]): `%72ef` or
-/// `REF` is the URL's `ref` to a server that decodes or folds case, and must not override it.
+/// the fragment stays last. Names compare as lenient targets read them ([`decoded`]): `%72ef`,
+/// `REF` or `ref[]` is the URL's `ref` to some server, and must not override it there.
 fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     let (before_fragment, fragment) = match url.iter().position(|&b| b == b'#') {
         Some(i) => url.split_at(i),
@@ -239,11 +239,13 @@ fn name(param: &[u8]) -> &[u8] {
     param.split(|&b| b == b'=').next().unwrap_or(param)
 }
 
-/// A parameter's name as the most lenient target reads it: escapes decoded, `+` a space,
-/// ASCII letters in lower case. Without allocating: it is compared once a parameter.
+/// A parameter's name as the most lenient targets read it: escapes decoded once, `+` a space;
+/// up to a `[` (PHP's and Rails' `ref[]` set `ref`), a space or a dot read as `_` (PHP's
+/// `utm.source` is `utm_source`), ASCII letters in lower case (ASP.NET). Without allocating:
+/// it is compared once a parameter.
 fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
     let mut rest = name;
-    std::iter::from_fn(move || {
+    let bytes = std::iter::from_fn(move || {
         let (&b, tail) = rest.split_first()?;
         rest = tail;
         let byte = match (b, tail) {
@@ -257,7 +259,11 @@ fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
             (b'+', _) => b' ',
             _ => b,
         };
-        Some(byte.to_ascii_lowercase())
+        Some(byte)
+    });
+    bytes.take_while(|&b| b != b'[').map(|b| match b {
+        b' ' | b'.' => b'_',
+        b => b.to_ascii_lowercase(),
     })
 }
 
@@ -333,7 +339,11 @@ mod tests {
             "%72ef=evil",
             "REF=evil",
             "%52eF=evil",
+            "ref[]=evil",
+            "ref%5B0%5D=evil",
             "utm%20source=evil",
+            "utm.source=evil",
+            "utm_source=evil",
             "utm%2bsource",
         ] {
             let kept = if query == "utm%2bsource" {

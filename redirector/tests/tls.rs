@@ -63,8 +63,17 @@ async fn require_and_prefer_encrypt_and_disable_does_not() {
     // libpq's default is prefer: TLS when offered.
     let client = try_connect(&base).await.expect("no sslmode");
     assert!(encrypted(&client).await, "the default must be prefer");
-    // The URL form says the same.
+    // An address without a name: checked against the address (the certificate has 127.0.0.1).
     let port = tls_cluster().port().unwrap();
+    let addr_only = format!("hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let verified = format!("{addr_only} sslmode=verify-full sslrootcert={}", ca());
+    for url in [addr_only.clone(), verified] {
+        let client = try_connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert!(encrypted(&client).await, "{url}");
+    }
+    // The URL form says the same.
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=require");
     let client = try_connect(&url).await.expect("URL form");
     assert!(encrypted(&client).await);

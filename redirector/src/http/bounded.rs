@@ -4,7 +4,8 @@
 //!
 //! - at most `--max-connections` at once, fitted under the process's descriptor limit; at the
 //!   limit a new connection takes the place of the one idle the longest, or when none is idle,
-//!   of the one whose unfinished request head began first (`evicted`), and is refused only
+//!   of the one whose unfinished request head began first, as the last look found them
+//!   (below; `evicted`), and is refused only
 //!   when every connection is answering a request or writing its response (`refused`); a
 //!   connection that has received nothing yet counts as a head begun at its accept;
 //! - a connection idle between requests for `--idle-timeout` is closed (`idle_timeout`);
@@ -222,7 +223,7 @@ impl Connections {
 
     /// A place for a connection just accepted: a free one, or the place of the connection idle
     /// the longest (when none is idle, of the one whose unfinished request head began first),
-    /// which is told to close. `None` (counted as refused) when every connection is answering
+    /// as the last look found them, which is told to close. `None` (counted as refused) when every connection is answering
     /// a request or writing a response; the caller then closes the new one.
     pub(super) fn admit(self: &Arc<Self>) -> Option<Held> {
         let mut open = self.lock();

@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use knobs::Knobs;
+use nix::sys::signal::SigHandler;
 use tokio::signal::unix::{signal, SignalKind};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -261,6 +262,9 @@ fn run(what: &str, quick: bool) -> Res<i32> {
             _ = terminate.recv() => Err("terminated (SIGTERM)".into()),
         }
     });
+    // tokio's handler stays installed: a second SIGTERM while the cluster stops would be lost.
+    // SAFETY: the default disposition; no handler of this process's runs.
+    let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::SIGTERM, SigHandler::SigDfl) };
     // The run's processes were killed as its future was dropped; the cluster stops here.
     stop_cluster(&knobs);
     let mismatches = mismatches?;

@@ -4,9 +4,16 @@
 //!
 //! All pending migrations run in one transaction under a transaction-scoped advisory lock, so
 //! collectors starting together apply each migration exactly once, and a failed migration
-//! leaves the schema as it was.
+//! leaves the schema as it was. Each lock a migration asks for is waited for at most
+//! [`LOCK_WAIT`]: behind a session that holds `links` (idle in a transaction, say), a
+//! migration would otherwise wait for good, holding every lock it took before, and the
+//! writers of those tables behind it. It fails instead, and the collector's start tries again.
 
 use tokio_postgres::{Client, GenericClient};
+
+/// The longest a migration waits for a lock on a table (the advisory lock that serialises
+/// migrations is waited for as long as another collector migrates).
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Arbitrary, fixed: the advisory lock key that serialises migrations ("clicks" in ASCII).
 const LOCK_KEY: i64 = 0x636c_6963_6b73;
@@ -110,6 +117,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "replicated_links",
         include_str!("../migrations/0021_replicated_links.sql"),
     ),
+    (
+        22,
+        "prune_on_postgresql_14",
+        include_str!("../migrations/0022_prune_on_postgresql_14.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.
@@ -134,6 +146,8 @@ pub async fn apply_up_to(
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await?;
+    let lock_timeout = format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis());
+    tx.batch_execute(&lock_timeout).await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    integer PRIMARY KEY,

@@ -35,6 +35,37 @@ async fn applying_twice_changes_nothing() {
     assert_eq!(before, after);
 }
 
+/// A migration waits for a table's lock at most `LOCK_WAIT`: behind a session that holds
+/// `links` (migration 21 makes triggers on it), it fails with the lock's timeout, the schema as
+/// it was, and applies once that session has ended.
+#[tokio::test]
+async fn a_migration_behind_a_held_table_gives_up_and_applies_later() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    schema::apply_up_to(&mut client, 20).await.unwrap();
+    let mut holder = pgtest::connect(&db.url).await;
+    let held = holder.transaction().await.unwrap();
+    held.batch_execute("LOCK TABLE links IN ROW EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let limit = schema::LOCK_WAIT * 3;
+    let waited = tokio::time::timeout(limit, schema::apply(&mut client)).await;
+    let err = waited
+        .unwrap_or_else(|_| panic!("the migration waited past {limit:?}"))
+        .expect_err("a migration behind the held table");
+    let code = err.code().cloned();
+    assert_eq!(
+        code,
+        Some(tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{err}"
+    );
+    assert!(started.elapsed() >= schema::LOCK_WAIT);
+    held.rollback().await.unwrap();
+    let versions = schema::versions();
+    assert_eq!(schema::apply(&mut client).await.unwrap(), versions[20..]);
+}
+
 #[tokio::test]
 async fn concurrent_starts_apply_each_migration_once() {
     let db = pgtest::cluster().fresh_database().await;

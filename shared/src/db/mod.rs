@@ -94,6 +94,14 @@ impl Config {
     /// `require` (the verifier does the rest), and none over Unix sockets.
     fn connect_config(&self) -> tokio_postgres::Config {
         let mut pg = self.pg.clone();
+        // Addresses without names: libpq checks a certificate against the address then, and
+        // tokio-postgres, given no name, fails every TLS handshake ("no hostname provided"),
+        // under `prefer` too, where libpq would connect.
+        if pg.get_hosts().is_empty() {
+            for addr in pg.get_hostaddrs().to_vec() {
+                pg.host(addr.to_string());
+            }
+        }
         let unix_only =
             !pg.get_hosts().is_empty() && pg.get_hosts().iter().all(|h| matches!(h, Host::Unix(_)));
         // libpq never uses TLS over a Unix socket (the server would refuse it anyway, and
