@@ -210,15 +210,14 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     // parameter named "" for a request's `=x` to be taken for.
     let params = own.split(|&b| b == b'&').filter(|p| !p.is_empty());
     let mut names: Vec<&[u8]> = params.map(name).collect();
-    names.sort_unstable_by(|a, b| decoded(a).cmp(decoded(b)));
+    names.sort_unstable_by(|a, b| decoded(a, Whole).cmp(decoded(b, Whole)));
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         // As the URL's own, encoded when loaded.
         let param = uri(param);
-        let key = decoded(name(&param));
-        if names
-            .binary_search_by(|n| decoded(n).cmp(key.clone()))
-            .is_ok()
-        {
+        // The URL's name, or a nesting under the URL's plain name (`ref[]` beside `ref`; a
+        // plain name's whole form is its base, one with brackets never is).
+        let name = name(&param);
+        if has(&names, decoded(name, Whole)) || has(&names, decoded(name, Base)) {
             continue;
         }
         if let Some(s) = separator {
@@ -239,11 +238,27 @@ fn name(param: &[u8]) -> &[u8] {
     param.split(|&b| b == b'=').next().unwrap_or(param)
 }
 
-/// A parameter's name as the most lenient targets read it: escapes decoded once, `+` a space;
-/// up to a `[` (PHP's and Rails' `ref[]` set `ref`), a space or a dot read as `_` (PHP's
-/// `utm.source` is `utm_source`), ASCII letters in lower case (ASP.NET). Without allocating:
-/// it is compared once a parameter.
-fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
+/// Which of a name [`decoded`] gives.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The whole name.
+    Whole,
+    /// The name a framework nests the value under: `ref` of `ref[]`, `[ref]` or `ref]` (Rack).
+    Base,
+}
+use Part::{Base, Whole};
+
+/// Whether `names`, sorted by their whole [`decoded`] form, hold one whose is `key`.
+fn has(names: &[&[u8]], key: impl Iterator<Item = u8> + Clone) -> bool {
+    let found = names.binary_search_by(|n| decoded(n, Whole).cmp(key.clone()));
+    found.is_ok()
+}
+
+/// A parameter's name, or its `part`, as the most lenient targets read it: escapes decoded
+/// once, `+` a space; leading spaces and brackets dropped (PHP, Rack), cut at a NUL (PHP); a
+/// space or a dot read as `_` (PHP's `utm.source` is `utm_source`); ASCII letters in lower
+/// case (ASP.NET). Compared once a parameter, without allocating.
+fn decoded(name: &[u8], part: Part) -> impl Iterator<Item = u8> + Clone + '_ {
     let mut rest = name;
     let bytes = std::iter::from_fn(move || {
         let (&b, tail) = rest.split_first()?;
@@ -261,10 +276,14 @@ fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
         };
         Some(byte)
     });
-    bytes.take_while(|&b| b != b'[').map(|b| match b {
-        b' ' | b'.' => b'_',
-        b => b.to_ascii_lowercase(),
-    })
+    let nested = move |b: u8| matches!(part, Base) && (b == b'[' || b == b']');
+    bytes
+        .skip_while(|&b| matches!(b, b' ' | b'[' | b']'))
+        .take_while(move |&b| b != 0 && !nested(b))
+        .map(|b| match b {
+            b' ' | b'.' => b'_',
+            b => b.to_ascii_lowercase(),
+        })
 }
 
 fn hex(digit: u8) -> Option<u8> {
@@ -341,6 +360,11 @@ mod tests {
             "%52eF=evil",
             "ref[]=evil",
             "ref%5B0%5D=evil",
+            "[ref]=evil",
+            "ref]=evil",
+            "+ref=evil",
+            "%20ref=evil",
+            "ref%00x=evil",
             "utm%20source=evil",
             "utm.source=evil",
             "utm_source=evil",
@@ -353,6 +377,12 @@ mod tests {
             };
             assert_eq!(location(t, Some(query)), format!("{t}{kept}"), "{query}");
         }
+        // A nesting under a name the URL nests under too is another parameter.
+        let nested = "https://e.com/?filter[brand]=acme";
+        assert_eq!(
+            location(nested, Some("filter[color]=red&filter[brand]=x")),
+            format!("{nested}&filter[color]=red")
+        );
         // An escape decodes once: `%2561` is `%61`, not `a`; a broken escape is itself.
         assert_eq!(location(t, Some("a=2&%2561=2")), format!("{t}&a=2"));
         assert_eq!(

@@ -166,7 +166,16 @@ pub async fn apply_up_to(
         .iter()
         .filter(|m| m.0 <= last && !done.contains(&m.0));
     for &(version, name, sql) in missing {
-        tx.batch_execute(sql).await?;
+        if let Err(e) = tx.batch_execute(sql).await {
+            // The caller's line says only what the server said; a lock not had within
+            // LOCK_WAIT is some session's holding a table this migration needs.
+            tracing::warn!(
+                "migration {version} ({name}) did not apply, all pending ones rolled back: \
+                 {e}; a lock timeout is a session holding a table it needs for over \
+                 {LOCK_WAIT:?} (see pg_locks and pg_stat_activity)"
+            );
+            return Err(e);
+        }
         tx.execute(
             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
             &[&version, &name],

@@ -303,8 +303,9 @@ pub async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> 
 /// running in the cluster: only then may `prune_link_changes` delete it (migration 17), and
 /// another test's transaction, in its own database of the same cluster, can hold that back.
 pub async fn await_link_changes_prunable(client: &tokio_postgres::Client) {
-    let prunable = "SELECT coalesce(max(xid), '0'::xid8) < pg_snapshot_xmin(pg_current_snapshot())
-                    FROM link_changes";
+    // Not max(xid): PostgreSQL has it only from 15 on.
+    let prunable = "SELECT coalesce((SELECT xid FROM link_changes ORDER BY xid DESC LIMIT 1),
+                                    '0'::xid8) < pg_snapshot_xmin(pg_current_snapshot())";
     crate::eventually(
         "every change logged older than any running",
         crate::LIMIT,
