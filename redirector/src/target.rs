@@ -186,8 +186,9 @@ impl Answer {
 
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
-/// the fragment stays last. Names compare as lenient targets read them ([`decoded`]): `%72ef`,
-/// `REF` or `ref[]` is the URL's `ref` to some server, and must not override it there.
+/// the fragment stays last. Names compare by their roots as lenient targets read them
+/// ([`root`]): `%72ef`, `REF` or `ref[]` is the URL's `ref` to some server, and `filter`
+/// or `filter[color]` touches the URL's `filter[brand]`: none may override it there.
 fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     let (before_fragment, fragment) = match url.iter().position(|&b| b == b'#') {
         Some(i) => url.split_at(i),
@@ -210,14 +211,12 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     // parameter named "" for a request's `=x` to be taken for.
     let params = own.split(|&b| b == b'&').filter(|p| !p.is_empty());
     let mut names: Vec<&[u8]> = params.map(name).collect();
-    names.sort_unstable_by(|a, b| decoded(a, Whole).cmp(decoded(b, Whole)));
+    names.sort_unstable_by(|a, b| root(a).cmp(root(b)));
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         // As the URL's own, encoded when loaded.
         let param = uri(param);
-        // The URL's name, or a nesting under the URL's plain name (`ref[]` beside `ref`; a
-        // plain name's whole form is its base, one with brackets never is).
-        let name = name(&param);
-        if has(&names, decoded(name, Whole)) || has(&names, decoded(name, Base)) {
+        let key = root(name(&param));
+        if names.binary_search_by(|n| root(n).cmp(key.clone())).is_ok() {
             continue;
         }
         if let Some(s) = separator {
@@ -238,27 +237,13 @@ fn name(param: &[u8]) -> &[u8] {
     param.split(|&b| b == b'=').next().unwrap_or(param)
 }
 
-/// Which of a name [`decoded`] gives.
-#[derive(Clone, Copy)]
-enum Part {
-    /// The whole name.
-    Whole,
-    /// The name a framework nests the value under: `ref` of `ref[]`, `[ref]` or `ref]` (Rack).
-    Base,
-}
-use Part::{Base, Whole};
-
-/// Whether `names`, sorted by their whole [`decoded`] form, hold one whose is `key`.
-fn has(names: &[&[u8]], key: impl Iterator<Item = u8> + Clone) -> bool {
-    let found = names.binary_search_by(|n| decoded(n, Whole).cmp(key.clone()));
-    found.is_ok()
-}
-
-/// A parameter's name, or its `part`, as the most lenient targets read it: escapes decoded
-/// once, `+` a space; leading spaces and brackets dropped (PHP, Rack), cut at a NUL (PHP); a
-/// space or a dot read as `_` (PHP's `utm.source` is `utm_source`); ASCII letters in lower
-/// case (ASP.NET). Compared once a parameter, without allocating.
-fn decoded(name: &[u8], part: Part) -> impl Iterator<Item = u8> + Clone + '_ {
+/// The root of a parameter's name as the most lenient targets read it: escapes decoded once,
+/// `+` a space; leading spaces and brackets dropped (PHP, Rack); up to a NUL (PHP) or a
+/// bracket, under which PHP and Rack nest values (`ref[]`, `ref[x]`, `ref]` are all `ref`'s,
+/// and a plain `ref` replaces what is nested under it); a space or a dot read as `_` (PHP's
+/// `utm.source` is `utm_source`); ASCII letters in lower case (ASP.NET). Compared once a
+/// parameter, without allocating.
+fn root(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
     let mut rest = name;
     let bytes = std::iter::from_fn(move || {
         let (&b, tail) = rest.split_first()?;
@@ -276,10 +261,9 @@ fn decoded(name: &[u8], part: Part) -> impl Iterator<Item = u8> + Clone + '_ {
         };
         Some(byte)
     });
-    let nested = move |b: u8| matches!(part, Base) && (b == b'[' || b == b']');
     bytes
         .skip_while(|&b| matches!(b, b' ' | b'[' | b']'))
-        .take_while(move |&b| b != 0 && !nested(b))
+        .take_while(|&b| !matches!(b, 0 | b'[' | b']'))
         .map(|b| match b {
             b' ' | b'.' => b'_',
             b => b.to_ascii_lowercase(),
@@ -377,12 +361,13 @@ mod tests {
             };
             assert_eq!(location(t, Some(query)), format!("{t}{kept}"), "{query}");
         }
-        // A nesting under a name the URL nests under too is another parameter.
-        let nested = "https://e.com/?filter[brand]=acme";
-        assert_eq!(
-            location(nested, Some("filter[color]=red&filter[brand]=x")),
-            format!("{nested}&filter[color]=red")
-        );
+        // Whatever nests under the root of a name the URL has, or replaces it, is dropped.
+        let nested = "https://e.com/?filter[brand]=acme&ref[]=partner";
+        let query = "filter[color]=red&filter[brand]]=x&filter=x&ref=evil&f=1";
+        assert_eq!(location(nested, Some(query)), format!("{nested}&f=1"));
+        // Found whatever the order of the URL's names raw and decoded (`%5Aa` is `za`).
+        let sorted = "https://e.com/?b=1&%5Aa=2&c=3";
+        assert_eq!(location(sorted, Some("za=evil&ZA=x")), sorted);
         // An escape decodes once: `%2561` is `%61`, not `a`; a broken escape is itself.
         assert_eq!(location(t, Some("a=2&%2561=2")), format!("{t}&a=2"));
         assert_eq!(
