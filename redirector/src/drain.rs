@@ -180,7 +180,8 @@ pub struct Drain {
     last_datagram: Instant,
     /// For a sender id adopted with datagrams in its window, until the collector confirms that
     /// its record of the sender is not past them: the ring's tail and the window's end (its
-    /// next seq) at adoption. Meanwhile nothing new is sealed, so that no new seq can hide an
+    /// next seq) at adoption (the first adoption's tail, kept in the region, when processes
+    /// were restarted before the confirmation). Meanwhile nothing new is sealed, so that no new seq can hide an
     /// acknowledgement past the window, which says the region was rolled back
     /// ([`Drain::abandon_history`]).
     unconfirmed: Option<Unconfirmed>,
@@ -214,7 +215,7 @@ impl Drain {
         let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
         let unconfirmed = (!window.is_empty()).then(|| Unconfirmed {
-            tail: ring.tail(),
+            tail: sender.unconfirmed_tail(ring.head(), ring.tail()),
             end: window.next_seq(),
         });
         Ok(Drain {
@@ -608,6 +609,7 @@ impl Drain {
         };
         if self.unconfirmed.is_some_and(|u| u.confirmed_by(&ack)) {
             self.unconfirmed = None;
+            self.sender.confirmed();
         }
         if applied.released.datagrams > 0 {
             self.metrics.clicks_acked.inc_by(applied.released.clicks);

@@ -109,12 +109,18 @@ struct Header {
     /// which may or may not keep it): the process that adopts it reports those clicks as
     /// reclaimed. Cleared at adoption.
     dropped_at_stop: AtomicU64,
+    /// The ring's tail when a process adopted the window under this id and the collector had
+    /// not confirmed it yet (see the drain's `unconfirmed`), plus one; zero once confirmed or
+    /// renewed. A later process adopting it before then keeps this tail, not its own, which
+    /// would take the clicks served meanwhile for the region's.
+    adopted_tail: AtomicU64,
     head: Position,
     tail: Position,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
-// `boot`, `clean` and `dropped_at_stop` took padding: what a version-2 region held before stays where it was.
+// `boot`, `clean`, `dropped_at_stop` and `adopted_tail` took padding: what a version-2 region
+// held before stays where it was.
 const _: () = assert!(std::mem::offset_of!(Header, head) == 128);
 
 /// Where the region lives, and so whether it outlives the process.
@@ -359,8 +365,30 @@ impl Sender {
         self.header.renewing.store(1, Ordering::Release);
         self.header.sender.store(id, Ordering::Release);
         window.restart();
+        self.confirmed();
         self.header.renewing.store(0, Ordering::Release);
         id
+    }
+
+    /// The ring's tail at the adoption of this id's window that the collector has not
+    /// confirmed yet: as an earlier process recorded it, if one did and it lies within the
+    /// ring's positions now (`head..=tail`), otherwise `tail`, recorded for a later process.
+    pub fn unconfirmed_tail(&self, head: u64, tail: u64) -> u64 {
+        let recorded = self
+            .header
+            .adopted_tail
+            .load(Ordering::Acquire)
+            .checked_sub(1);
+        if let Some(at) = recorded.filter(|at| (head..=tail).contains(at)) {
+            return at;
+        }
+        self.header.adopted_tail.store(tail + 1, Ordering::Release);
+        tail
+    }
+
+    /// The collector confirmed the adopted window: nothing unconfirmed is left to record.
+    pub fn confirmed(&self) {
+        self.header.adopted_tail.store(0, Ordering::Release);
     }
 }
 

@@ -134,6 +134,25 @@ async fn a_state_file_left_by_a_crash_before_a_reboot_is_counted_not_sent() {
     assert_eq!(r.metric("redirector_clicks_recovered_total").await, 0.0);
 }
 
+/// A state file holding `n` clicks in its window, copied; then the sender goes on from it,
+/// and what it held and `n` more are written. With the state file's path, the copy's, the
+/// collector and its admin address.
+async fn gone_on_from_a_copy(n: u64) -> (Fixture, String, String, Service, SocketAddr) {
+    let (f, state, mut r) = holding(n, &[]).await;
+    let flags = ["--state-file", &state];
+    await_window(&r).await;
+    r.kill().await;
+    let copy = format!("{state}.copy");
+    std::fs::copy(&state, &copy).unwrap();
+    let (collector, collector_admin) = start_collector(&f).await;
+    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    assert_eq!(redirected(&r, n).await, n);
+    await_rows_settled(&f.client, Some(CODE), 2 * n, &[r.admin, collector_admin]).await;
+    r.kill().await;
+    (f, state, copy, collector, collector_admin)
+}
+
 /// A state file restored from an older copy (a backup, a snapshot) after its sender went on:
 /// the collector committed seqs of that sender the copy never held, and says so in its
 /// acknowledgement of the datagrams the copy holds: past them. Nothing new is sent until an
@@ -145,20 +164,8 @@ async fn a_state_file_left_by_a_crash_before_a_reboot_is_counted_not_sent() {
 #[tokio::test]
 async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted() {
     const N: u64 = 500;
-    let (f, state, mut r) = holding(N, &[]).await;
+    let (f, state, copy, _collector, collector_admin) = gone_on_from_a_copy(N).await;
     let flags = ["--state-file", &state];
-    await_window(&r).await;
-    r.kill().await;
-    let copy = format!("{state}.copy");
-    std::fs::copy(&state, &copy).unwrap();
-    // The sender goes on: what the file held and N more are written.
-    let (_collector, collector_admin) = start_collector(&f).await;
-    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
-    r.ready().await;
-    assert_eq!(redirected(&r, N).await, N);
-    await_rows_settled(&f.client, Some(CODE), 2 * N, &[r.admin, collector_admin]).await;
-    r.kill().await;
-
     std::fs::copy(&copy, &state).unwrap();
     let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
     r.ready().await;
@@ -169,6 +176,34 @@ async fn a_state_file_rolled_back_behind_the_collector_loses_no_click_uncounted(
     r.service
         .wait_for_log("went further than its region says", LIMIT)
         .await;
+}
+
+/// The same, with the redirector restarted before any collector answered the start that
+/// adopted the copy: the clicks that start served wait in the ring (nothing new is sealed
+/// until the collector confirms the adopted window), and the next start, which the collector
+/// refuses, drops only what the copy held. Before, the adoption's tail was the next start's
+/// own, and the clicks served meanwhile were dropped as the copy's.
+#[tokio::test]
+async fn clicks_served_before_a_rolled_back_region_is_refused_outlive_a_restart() {
+    const N: u64 = 500;
+    let (f, state, copy, collector, _) = gone_on_from_a_copy(N).await;
+    let flags = ["--state-file", &state];
+    drop(collector);
+
+    std::fs::copy(&copy, &state).unwrap();
+    let mut r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    assert_eq!(redirected(&r, N).await, N);
+    r.kill().await;
+    let (_collector, collector_admin) = start_collector(&f).await;
+    let r = start_redirector(redirector_command(&f.db.url, &f.socket, &flags)).await;
+    r.ready().await;
+    r.service
+        .wait_for_log("went further than its region says", LIMIT)
+        .await;
+    await_rows_settled(&f.client, Some(CODE), 3 * N, &[r.admin, collector_admin]).await;
+    let stale = format!("redirector_clicks_dropped_total{{reason=\"stale_region\"}} {N}");
+    assert_eq!(drops(&r).await, [stale]);
 }
 
 /// A state file whose window holds a datagram with a damaged click (a byte of its code; the
