@@ -90,13 +90,6 @@ pub const MAX_SENDERS: usize = 100_000;
 pub const IDLE: Duration = Duration::from_secs(29 * 24 * 3600);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-
-/// How long the process a sender id was taken over from may not take it back: a datagram of
-/// it still queued must not hand the id back to a process that is gone (a successor adopted
-/// its state region, whose lock a live one holds). Past that, a claim of its pid and user is
-/// another process that got the pid again, a successor of the successor: refused for good, it
-/// was answered nothing, and its window never drained.
-pub const REPLACED_FOR: Duration = Duration::from_secs(60);
 /// How long the receiver reads, after it last stopped reading, before anyone is forgotten for
 /// idleness: long enough for it to have read what queued meanwhile, and for senders to have
 /// sent again what the full queue refused (they retry within a second).
@@ -202,9 +195,9 @@ struct Sender<A> {
     /// The uid that `click_senders` recorded sending from `recorded`, if any: a later process
     /// speaks for the sender only as that user, as for a known owner.
     recorded_uid: Option<u32>,
-    /// Whose it was before a later process took it over, and when: not again for
-    /// [`REPLACED_FOR`] (see there).
-    replaced: Option<(Owner, Instant)>,
+    /// Whose it was before a later process took it over: never again (a datagram of the dead
+    /// one still in flight must not hand it back).
+    replaced: Option<Owner>,
     /// Pushed out of its process's ids, with an address: forgotten a minute or two after its
     /// datagrams are committed (see [`Senders::bind`]).
     over_quota: bool,
@@ -344,13 +337,13 @@ impl<A: Copy + PartialEq> Senders<A> {
             self.note_asked(sender, owner, reply);
             return (verdict, reply);
         };
-        if !Self::speaks_for(s, owner, from, now) {
+        if !Self::speaks_for(s, owner, from) {
             return (Verdict::Refused(Refusal::SenderMismatch), None);
         }
         let took_over = s.owner.is_some() && s.owner != owner;
         let (verdict, reply) = judge_known(s, sender, seq, from, now);
         if took_over {
-            self.take_over(sender, owner, now);
+            self.take_over(sender, owner);
         }
         let Some(s) = self.map.get_mut(&sender) else {
             return (verdict, reply);
@@ -440,7 +433,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             return Resynced::Refused(Refusal::BadResync);
         }
         let s = self.map.get(&sender);
-        if s.is_some_and(|s| !Self::speaks_for(s, owner, from, now)) {
+        if s.is_some_and(|s| !Self::speaks_for(s, owner, from)) {
             return Resynced::Refused(Refusal::SenderMismatch);
         }
         if s.is_some_and(|s| s.accepted.is_some_and(|a| a >= last)) {
@@ -464,7 +457,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             s.owner = owner;
             self.bind(sender, owner);
         } else if s.owner != owner {
-            self.take_over(sender, owner, now);
+            self.take_over(sender, owner);
         }
         Resynced::Skipped {
             first,
@@ -488,7 +481,7 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// address, which took the id over with the state region it adopted. Whose a sender is
     /// not known yet (loaded at start) is anyone's of its recorded user, if any, at its
     /// recorded address, if it has one.
-    fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>, now: Instant) -> bool {
+    fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
         match (s.owner, owner) {
             (None, claimed) => {
                 s.recorded.is_none() || (s.recorded == from && Self::recorded_user(s, claimed))
@@ -498,18 +491,10 @@ impl<A: Copy + PartialEq> Senders<A> {
                 from.is_some()
                     && s.reply == from
                     && known.uid == claimed.uid
-                    && !Self::just_replaced(s, claimed, now)
+                    && s.replaced != Some(claimed)
             }
             (Some(_), None) => false,
         }
-    }
-
-    /// Whether `claimed` is the process `s` was taken over from less than [`REPLACED_FOR`]
-    /// before `now`.
-    fn just_replaced(s: &Sender<A>, claimed: Owner, now: Instant) -> bool {
-        s.replaced.is_some_and(|(replaced, at)| {
-            replaced == claimed && now.saturating_duration_since(at) < REPLACED_FOR
-        })
     }
 
     /// Whether `claimed` is of the user `click_senders` recorded for the loaded sender `s`
@@ -532,7 +517,6 @@ impl<A: Copy + PartialEq> Senders<A> {
         sender: u64,
         from: Option<A>,
         creds: Option<Creds>,
-        now: Instant,
     ) -> Option<A> {
         let s = self.map.get(&sender)?;
         let claimed = Owner::of(creds)?;
@@ -542,7 +526,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             None => (s.recorded, Self::recorded_user(s, Some(claimed))),
         };
         let elsewhere = from.is_some() && at.is_some() && at != from;
-        (elsewhere && successor && !Self::just_replaced(s, claimed, now))
+        (elsewhere && successor && s.replaced != Some(claimed))
             .then_some(at)
             .flatten()
     }
@@ -557,12 +541,12 @@ impl<A: Copy + PartialEq> Senders<A> {
     }
 
     /// `sender` moves to the process `owner` (see [`Senders::speaks_for`]).
-    fn take_over(&mut self, sender: u64, owner: Option<Owner>, now: Instant) {
+    fn take_over(&mut self, sender: u64, owner: Option<Owner>) {
         let Some(s) = self.map.get_mut(&sender) else {
             return;
         };
         let before = std::mem::replace(&mut s.owner, owner);
-        s.replaced = before.map(|b| (b, now));
+        s.replaced = before;
         // The process replaced alone: a pass over every process's ids cost each take-over
         // a walk of up to `MAX_SENDERS` entries, which processes taking an id over and over in
         // rotation could make of every datagram.
@@ -1083,22 +1067,13 @@ mod tests {
             Verdict::Accept { lost: 0 },
             "the successor goes on"
         );
-        let soon = now + REPLACED_FOR - Duration::from_millis(1);
         assert_eq!(
-            s.judge(7, (2, 1), addr(), creds(10), soon).0,
+            s.judge(7, (2, 1), addr(), creds(10), now).0,
             mismatch,
             "the process it replaced does not take it back"
         );
         let successor = Owner::of(creds(11)).unwrap();
         assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);
-        // Later, that pid is another process's: the successor's successor, which got it again.
-        let later = now + REPLACED_FOR;
-        assert_eq!(
-            s.judge(7, (2, 1), addr(), creds(10), later).0,
-            Verdict::Accept { lost: 0 },
-            "a process that got the replaced one's pid again goes on"
-        );
-        assert_eq!(s.judge(7, (3, 1), addr(), creds(11), later).0, mismatch);
     }
 
     /// A later process of the same user, at another address: the address it replaces is
@@ -1112,12 +1087,12 @@ mod tests {
         let (first, next, elsewhere) = (creds(10), creds(11), Some("elsewhere"));
         s.judge(7, (0, 1), addr(), first, now);
         assert_eq!(
-            s.claimed_from_elsewhere(7, addr(), next, now),
+            s.claimed_from_elsewhere(7, addr(), next),
             None,
             "the same address"
         );
         assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, first, now),
+            s.claimed_from_elsewhere(7, elsewhere, first),
             None,
             "its owner"
         );
@@ -1126,16 +1101,16 @@ mod tests {
             ..next.unwrap()
         });
         assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, other_uid, now),
+            s.claimed_from_elsewhere(7, elsewhere, other_uid),
             None,
             "another user"
         );
         assert_eq!(
-            s.claimed_from_elsewhere(8, elsewhere, next, now),
+            s.claimed_from_elsewhere(8, elsewhere, next),
             None,
             "unknown"
         );
-        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, next, now), addr());
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, next), addr());
         let mismatch = Verdict::Refused(Refusal::SenderMismatch);
         assert_eq!(s.judge(7, (1, 1), elsewhere, next, now).0, mismatch);
         s.moved(7, "elsewhere");
@@ -1149,11 +1124,7 @@ mod tests {
             !s.by_process.contains_key(&replaced),
             "the process replaced holds no ids any more"
         );
-        assert_eq!(
-            s.claimed_from_elsewhere(7, addr(), first, now),
-            None,
-            "replaced"
-        );
+        assert_eq!(s.claimed_from_elsewhere(7, addr(), first), None, "replaced");
         assert_eq!(s.judge(7, (2, 1), addr(), first, now).0, mismatch);
     }
 
@@ -1204,15 +1175,9 @@ mod tests {
         // Restarted elsewhere while the collector restarted too: moved, as a known one.
         let mut s = loaded();
         let elsewhere = Some("elsewhere");
-        assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, other_user, now),
-            None
-        );
-        assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, redirector, now),
-            addr()
-        );
-        assert_eq!(s.claimed_from_elsewhere(7, None, redirector, now), None);
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, other_user), None);
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, redirector), addr());
+        assert_eq!(s.claimed_from_elsewhere(7, None, redirector), None);
         s.moved(7, "elsewhere");
         assert_eq!(s.judge(7, (5, 1), elsewhere, redirector, now).0, accepted);
     }
