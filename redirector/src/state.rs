@@ -994,6 +994,40 @@ mod tests {
         region.sender.id()
     }
 
+    /// The ring's tail at an adoption not confirmed yet is the first adoption's for every later
+    /// one until the collector confirms it or the id is renewed; a recorded tail outside the
+    /// ring's positions (a damaged region) is not believed.
+    #[test]
+    fn an_unconfirmed_adoptions_tail_is_kept_until_confirmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        left_with_three_clicks(&path, false);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        let (head, tail) = (region.ring.head(), region.ring.tail());
+        assert_eq!(region.sender.unconfirmed_tail(head, tail), tail);
+        region.ring.push("d", 1, &Dimensions::default()).unwrap();
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        let later = region.ring.tail();
+        assert_eq!(later, tail + 1);
+        assert_eq!(
+            region.sender.unconfirmed_tail(head, later),
+            tail,
+            "the first's"
+        );
+        region.sender.confirmed();
+        assert_eq!(region.sender.unconfirmed_tail(head, later), later);
+        let mut region = region;
+        region.window.discard();
+        region.sender.renew(&mut region.window);
+        assert_eq!(region.sender.unconfirmed_tail(head, later + 1), later + 1);
+        assert_eq!(
+            region.sender.unconfirmed_tail(later + 2, later + 3),
+            later + 3,
+            "a recorded tail behind the ring's head"
+        );
+    }
+
     /// After a reboot, a region its process did not stop cleanly is not trusted: what it held
     /// is counted, not sent, and the next process goes on under a new sender id from an empty
     /// ring and window. A crash without a reboot leaves it trusted (the test above).
