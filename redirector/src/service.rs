@@ -105,11 +105,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
     let state = match cfg.clicks {
         ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics.common)?),
-        mode => {
+        ClickMode::Off | ClickMode::Direct => {
             if let Some(fd) = passed.named(state::FDNAME) {
-                let name =
-                    clap::ValueEnum::to_possible_value(&mode).map(|v| v.get_name().to_owned());
-                unused_state(&fd, &format!("with --clicks {}", name.unwrap_or_default()));
+                unused_state(&fd, "with --clicks off or direct");
             }
             None
         }
