@@ -84,15 +84,19 @@ impl<'a> Batch<'a> {
 /// Which of the links being served a full comparison saw in `links`: one bit per index slot
 /// of each shard, as the shards were when it started (nothing else changes them meanwhile).
 pub(super) struct Seen {
-    shards: Vec<Arc<Shard>>,
+    /// Each shard as the comparison started, let go of once its unseen links are removed: held
+    /// to the end, every shard a removal rebuilt would be in memory twice, the whole table's
+    /// worth when the removals are spread over it.
+    shards: Vec<Option<Arc<Shard>>>,
     bits: Vec<Vec<u64>>,
 }
 
 impl Seen {
     pub(super) fn new(table: &Table) -> Seen {
-        let shards: Vec<Arc<Shard>> = (0..SHARDS).map(|i| table.shard(i)).collect();
+        let shards: Vec<Option<Arc<Shard>>> = (0..SHARDS).map(|i| Some(table.shard(i))).collect();
         let bits = shards
             .iter()
+            .flatten()
             .map(|s| vec![0; s.slots().div_ceil(64)])
             .collect();
         Seen { shards, bits }
@@ -101,28 +105,38 @@ impl Seen {
     pub(super) fn mark(&mut self, table: &Table, code: &[u8]) {
         let hash = table.hasher().hash(code);
         let i = shard_of(hash);
-        if let Probe::Same(b) | Probe::Different(b) = self.shards[i].slot_of(hash, code, b"") {
+        let Some(shard) = &self.shards[i] else {
+            return;
+        };
+        if let Probe::Same(b) | Probe::Different(b) = shard.slot_of(hash, code, b"") {
             self.bits[i][b / 64] |= 1 << (b % 64);
         }
     }
 
     /// Removes every link that was not seen; returns how many.
-    pub(super) fn remove_unseen(self, table: &Table) -> u64 {
-        let mut removed = 0;
-        for (i, (shard, bits)) in self.shards.iter().zip(&self.bits).enumerate() {
-            let mut changes = Changes::default();
-            for b in 0..shard.slots() {
-                match shard.code_in_slot(b) {
-                    Some(code) if bits[b / 64] & (1 << (b % 64)) == 0 => {
-                        changes.removes.push(code.into());
-                    }
-                    _ => {}
+    pub(super) fn remove_unseen(mut self, table: &Table) -> u64 {
+        (0..SHARDS).map(|i| self.remove_unseen_in(i, table)).sum()
+    }
+
+    /// Removes the links of shard `i` that were not seen, and lets go of the shard as it was.
+    pub(super) fn remove_unseen_in(&mut self, i: usize, table: &Table) -> u64 {
+        let Some(shard) = self.shards[i].take() else {
+            return 0;
+        };
+        let bits = std::mem::take(&mut self.bits[i]);
+        let mut changes = Changes::default();
+        for b in 0..shard.slots() {
+            match shard.code_in_slot(b) {
+                Some(code) if bits[b / 64] & (1 << (b % 64)) == 0 => {
+                    changes.removes.push(code.into());
                 }
+                _ => {}
             }
-            if !changes.is_empty() {
-                removed += changes.removes.len() as u64;
-                table.apply(i, changes);
-            }
+        }
+        drop(shard);
+        let removed = changes.removes.len() as u64;
+        if removed > 0 {
+            table.apply(i, changes);
         }
         removed
     }

@@ -235,3 +235,58 @@ fn a_standby_behind_on_replay_is_as_current_as_what_it_replayed() {
     let read = standby_read(59.0, 900, 800, None);
     assert_eq!(current_to(&mut first, &read, Some(40.0), true), 40.0);
 }
+
+/// A comparison that removes links from many shards holds the old and the new version of
+/// one shard at a time, not of every shard it rebuilt until the end.
+#[test]
+fn a_comparison_lets_go_of_each_shard_once_its_unseen_links_are_removed() {
+    use crate::table::{shard_of, Changes, SHARDS};
+    let table = Table::default();
+    let mut by_shard: Vec<Changes> = (0..SHARDS).map(|_| Changes::default()).collect();
+    let codes: Vec<String> = (0..4 * SHARDS).map(|n| format!("c{n}")).collect();
+    for code in &codes {
+        let i = shard_of(table.hasher().hash(code.as_bytes()));
+        by_shard[i]
+            .puts
+            .push(code.as_bytes(), b"https://example.com/");
+    }
+    for (i, changes) in by_shard.into_iter().enumerate() {
+        table.apply(i, changes);
+    }
+    let mut seen = Seen::new(&table);
+    // Every other code is still in `links`.
+    for code in codes.iter().step_by(2) {
+        seen.mark(&table, code.as_bytes());
+    }
+    let old: Vec<_> = (0..SHARDS)
+        .map(|i| Arc::downgrade(&table.shard(i)))
+        .collect();
+    let unseen_in = |i: usize| {
+        codes
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .any(|c| shard_of(table.hasher().hash(c.as_bytes())) == i)
+    };
+    let first = (0..SHARDS)
+        .find(|&i| unseen_in(i))
+        .expect("a shard with an unseen link");
+    let later = (first + 1..SHARDS)
+        .find(|&i| unseen_in(i))
+        .expect("another one");
+    let mut removed = seen.remove_unseen_in(first, &table);
+    assert!(
+        old[first].upgrade().is_none(),
+        "the old shard {first} is still held after its replacement was published"
+    );
+    assert!(
+        old[later].upgrade().is_some(),
+        "shard {later} is not done yet"
+    );
+    removed += seen.remove_unseen(&table);
+    assert_eq!(removed as usize, codes.len() / 2);
+    assert_eq!(table.len(), codes.len() / 2);
+    for (n, code) in codes.iter().enumerate() {
+        assert_eq!(table.get(code.as_bytes()).is_some(), n % 2 == 0, "{code}");
+    }
+}
