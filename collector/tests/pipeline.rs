@@ -426,6 +426,12 @@ async fn a_missing_database_url_is_a_usage_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--database-url"));
 }
 
+/// A runtime worker count tokio would panic on is refused with its reason, not a panic.
+#[test]
+fn a_worker_thread_count_that_is_no_count_is_refused_at_start() {
+    testkit::assert_bad_worker_threads_refused("collector");
+}
+
 /// A connection string naming no host (libpq would take its default socket) is refused at
 /// start rather than waited on as a database that is down, and the reason reaches stderr even
 /// with `RUST_LOG=off`.

@@ -23,3 +23,9 @@ async fn a_database_url_naming_no_host_is_refused_at_start_even_with_logging_off
     let log = redirector.log();
     assert!(log.iter().any(|l| l.contains("names no host")), "{log:?}");
 }
+
+/// A runtime worker count tokio would panic on is refused with its reason, not a panic.
+#[test]
+fn a_worker_thread_count_that_is_no_count_is_refused_at_start() {
+    testkit::assert_bad_worker_threads_refused("redirector");
+}

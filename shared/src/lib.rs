@@ -9,6 +9,7 @@ pub mod db;
 pub mod flags;
 pub mod hash_index;
 pub mod metrics;
+pub mod runtime;
 pub mod socket;
 pub mod systemd;
 pub mod throttle;

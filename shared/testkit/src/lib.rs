@@ -447,3 +447,22 @@ pub fn assert_duration_flags_refuse_zero_and_absurd(command: clap::Command, requ
         }
     }
 }
+
+/// Checks that the binary `name` refuses a runtime worker count tokio would panic on, at
+/// start, with an error naming the value.
+pub fn assert_bad_worker_threads_refused(name: &str) {
+    for bad in ["0", "two"] {
+        let out = std::process::Command::new(binary(name))
+            .env(shared::runtime::WORKER_THREADS, bad)
+            .args(["--database-url", "host=/nowhere dbname=clicks"])
+            .output()
+            .unwrap_or_else(|e| panic!("running {name}: {e}"));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {said}");
+        let reason = format!(
+            "{}=\"{bad}\" is not a number",
+            shared::runtime::WORKER_THREADS
+        );
+        assert!(said.contains(&reason), "{name}: {said}");
+    }
+}
