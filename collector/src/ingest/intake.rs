@@ -252,9 +252,14 @@ impl Intake {
             return (Outcome::Rejected(why), None);
         }
         let (verdict, reply) = self.judge(sender, (seq, clicks), meta, now);
-        let Verdict::Accept { lost } = verdict else {
-            // Judged as any other: a resend request for a seq before it goes out.
-            return (Outcome::Rejected(why), reply);
+        // Judged as any other datagram at its seq: a resend request for a seq before it goes
+        // out, and a resend of one passed over (until its acknowledgement arrives) is a repeat,
+        // so that its clicks are counted as rejected once, when it is passed over.
+        let lost = match verdict {
+            Verdict::Accept { lost } => lost,
+            Verdict::Duplicate => return (Outcome::Duplicate, reply),
+            Verdict::Ahead => return (Outcome::Ahead, reply),
+            Verdict::Refused(_) => return (Outcome::Rejected(why), reply),
         };
         let rejected = PassedOver {
             rejected: clicks,
@@ -462,7 +467,8 @@ mod tests {
     /// A datagram of a sender that awaits acknowledgements, rejected for a click (a byte of a
     /// code damaged, as in a damaged copy of its state file) with its header intact: at the
     /// seq awaited it is passed over and the next one accepted; before, the sender resent it
-    /// for good. Ahead of the seq awaited it is judged as any other (a resend request); from
+    /// for good. Ahead of the seq awaited it is judged as any other (a resend request), and so
+    /// is a resend of one passed over (a repeat); from
     /// another process it is rejected (by its own reason, as before) and passes nothing; ones
     /// rejected for a dimension value (a newer build's) are held for `HOLD_UNKNOWN_DIMENSION`
     /// first; and one of a sender without an address, which resends nothing, is rejected.
@@ -528,10 +534,17 @@ mod tests {
         assert!(rejected_for(&other, Damage::Code), "{other:?}");
         assert!(reply.is_none());
         let (ahead, reply) = take((5, 2), Damage::Code, owner.0, owner.1);
-        assert!(rejected_for(&ahead, Damage::Code), "{ahead:?}");
+        assert_eq!(
+            ahead,
+            Outcome::Ahead,
+            "counted as rejected when its turn comes"
+        );
         assert_eq!(reply.map(|r| r.ack.resend_from), Some(Some(1)));
         let (passed, _) = take((5, 1), Damage::Code, owner.0, owner.1);
         assert!(passed_for(&passed, Damage::Code, 1), "{passed:?}");
+        // Resent until its acknowledgement arrives: a repeat, not rejected again.
+        let (again, _) = take((5, 1), Damage::Code, owner.0, owner.1);
+        assert_eq!(again, Outcome::Duplicate);
         assert_eq!(take((5, 2), Damage::None, owner.0, owner.1).0, accepted(2));
         let (skew, reply) = take((5, 3), Damage::Agent, owner.0, owner.1);
         assert!(rejected_for(&skew, Damage::Agent), "{skew:?}");

@@ -287,10 +287,16 @@ impl Batch {
     }
 
     /// Clicks the records of `sender` in this batch pass over (see `PassedOver`).
+    /// Saturating: the counts come from peers (a resync's), and a sum that wrapped would count
+    /// a hostile peer's claims as almost nothing.
     pub fn pass_over(&mut self, sender: u64, clicks: PassedOver) {
-        self.passed_over.rejected += clicks.rejected;
-        self.passed_over.unaccounted += clicks.unaccounted;
-        *self.passed_over_by.entry(sender).or_default() += clicks.rejected + clicks.unaccounted;
+        let passed = &mut self.passed_over;
+        passed.rejected = passed.rejected.saturating_add(clicks.rejected);
+        passed.unaccounted = passed.unaccounted.saturating_add(clicks.unaccounted);
+        let by = self.passed_over_by.entry(sender).or_default();
+        *by = by
+            .saturating_add(clicks.rejected)
+            .saturating_add(clicks.unaccounted);
     }
 
     pub(crate) fn passed_over(&self) -> PassedOver {
@@ -819,6 +825,24 @@ mod tests {
         assert_eq!(aside, [("too_old", 1), ("too_new", 1), ("refused", 0)]);
         assert_eq!(b.clicked_at(), [999, 1_009]);
         assert!(!b.take_set_aside_rows().is_empty());
+    }
+
+    #[test]
+    fn what_peers_say_was_passed_over_adds_up_without_wrapping() {
+        let mut b = Batch::default();
+        let most = PassedOver {
+            rejected: u64::MAX - 1,
+            unaccounted: u64::MAX - 1,
+        };
+        b.pass_over(3, most);
+        b.pass_over(3, most);
+        b.pass_over(4, most);
+        let all = PassedOver {
+            rejected: u64::MAX,
+            unaccounted: u64::MAX,
+        };
+        assert_eq!(b.passed_over(), all);
+        assert!(b.passed_over_by().all(|(_, clicks)| clicks == u64::MAX));
     }
 
     #[test]

@@ -458,7 +458,8 @@ impl Committed {
         let mut by_sender = HashMap::new();
         for (_, passed) in self.passed_over.iter().filter(|(n, _)| *n > last) {
             for &(sender, clicks) in passed {
-                *by_sender.entry(sender).or_default() += clicks;
+                let sum = by_sender.entry(sender).or_default();
+                *sum = clicks.saturating_add(*sum);
             }
         }
         by_sender
@@ -489,8 +490,8 @@ impl Committed {
                 behind.datagrams += n.seq.saturating_sub(db_seq) + u64::from(missing);
                 let missing = n.clicks.saturating_sub(db_clicks);
                 let passed = passed_over.get(&sender).map_or(0, |&p| p.min(missing));
-                behind.clicks += missing - passed;
-                behind.passed_over += passed;
+                behind.clicks = behind.clicks.saturating_add(missing - passed);
+                behind.passed_over = behind.passed_over.saturating_add(passed);
                 behind.senders.push((sender, n, missing - passed));
             }
         }

@@ -72,6 +72,10 @@ pub const HIDDEN_PROCESSES: usize = 1024;
 /// claiming more per skipped datagram is not believed.
 const MAX_CLICKS_PER_DATAGRAM: u64 =
     (crate::wire::MAX_DATAGRAM / crate::wire::MIN_CLICK_LEN) as u64;
+/// The most clicks one resync may say its sender's records lost: a redirector at a million
+/// clicks a second would take nine years to serve as many. A larger claim is not believed, so
+/// that no peer can push `collector_clicks_unaccounted_total` near its wrap, nor its sums.
+const MAX_UNACCOUNTED: u64 = 1 << 48;
 /// Resend requests remembered (for senders with an address), to check that a resync answers
 /// one: a flood of fresh ids pushes out the oldest (`Senders::note_asked`), whose senders are
 /// asked again.
@@ -447,7 +451,7 @@ impl<A: Copy + PartialEq> Senders<A> {
         let skipped = accepted.map_or(first, |a| last - a);
         let unaccounted = resync.clicks_before.saturating_sub(clicks);
         let most = skipped.checked_mul(MAX_CLICKS_PER_DATAGRAM);
-        if most.map_or(true, |most| unaccounted > most) {
+        if most.map_or(true, |most| unaccounted > most) || unaccounted > MAX_UNACCOUNTED {
             return Resynced::Refused(Refusal::BadResync);
         }
         self.asked.remove(&sender);
@@ -893,6 +897,13 @@ mod tests {
             s.resync(&Resync::new(9, far + 1, u64::MAX), addr(), c, now),
             Resynced::Refused(Refusal::BadResync),
             "more clicks than any datagrams so many could hold: the product is past u64"
+        );
+        let fresh = 1 << 49;
+        assert_eq!(s.judge(8, (fresh, 1), addr(), c, now).0, Verdict::Ahead);
+        assert_eq!(
+            s.resync(&Resync::new(8, fresh, MAX_SEQ), addr(), c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "more clicks than any redirector serves, though its seqs could hold them"
         );
         assert_eq!(s.judge(7, (1, 10), addr(), c, now).0, Verdict::Ahead);
         assert_eq!(
