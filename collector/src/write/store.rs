@@ -808,6 +808,19 @@ fn without_refused(
     }
 }
 
+/// The most bytes of a COPY sent as one message. tokio-postgres sends each buffer it is fed as
+/// a message, and PostgreSQL takes none over 1 GiB: a batch's breakdown rows with every code
+/// distinct pass that, and each attempt at it would fail the same way. Rows span messages
+/// freely; small enough that every test writing a few thousand rows spans several.
+const COPY_MESSAGE: usize = 64 << 10;
+
+/// `rows` as the messages of a COPY: slices of at most `COPY_MESSAGE` bytes (no copy).
+fn in_messages(rows: Bytes) -> impl Iterator<Item = Bytes> {
+    (0..rows.len())
+        .step_by(COPY_MESSAGE)
+        .map(move |at| rows.slice(at..rows.len().min(at + COPY_MESSAGE)))
+}
+
 /// COPYs `rows` (encoded rows, no header or trailer) in binary; returns the row count.
 async fn copy_in(
     tx: &tokio_postgres::Transaction<'_>,
@@ -816,13 +829,31 @@ async fn copy_in(
 ) -> Result<u64, tokio_postgres::Error> {
     let mut sink = pin!(tx.copy_in::<_, Bytes>(statement).await?);
     sink.feed(Bytes::from_static(HEADER)).await?;
-    sink.feed(rows).await?;
+    for message in in_messages(rows) {
+        sink.feed(message).await?;
+    }
     sink.feed(Bytes::from_static(TRAILER)).await?;
     sink.as_mut().finish().await
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_goes_in_messages_of_a_bounded_size_that_add_up_to_its_rows() {
+        let rows = Bytes::from(
+            (0..2 * COPY_MESSAGE + 5)
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let messages: Vec<Bytes> = in_messages(rows.clone()).collect();
+        let sizes: Vec<usize> = messages.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, [COPY_MESSAGE, COPY_MESSAGE, 5]);
+        assert_eq!(messages.concat(), rows);
+        assert_eq!(in_messages(Bytes::new()).count(), 0);
+    }
+
     /// Rows the scans of tables in `plan` (`EXPLAIN ANALYZE`'s text, one loop each) read:
     /// those they returned and those their filter removed; and how many such scans ran.
     fn rows_scanned(plan: &[String]) -> (u64, usize) {
