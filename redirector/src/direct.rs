@@ -58,7 +58,7 @@ impl Session {
             }));
             let setup = format!(
                 "{}; {}",
-                shared::db::SET_SEARCH_PATH,
+                config.session_setup(),
                 shared::db::set_statement_timeout(timeout)
             );
             client.batch_execute(&setup).await?;

@@ -660,7 +660,7 @@ impl Loader {
         // that is not UTF-8 (elsewhere the server converts to UTF-8 as it should).
         let setup = format!(
             "{}; {}; SET plan_cache_mode = force_custom_plan; {SQL_ASCII_AS_STORED}",
-            shared::db::SET_SEARCH_PATH,
+            config.session_setup(),
             shared::db::set_statement_timeout(self.options.timeout)
         );
         if let Err(e) = self.timed(client.batch_execute(&setup)).await {

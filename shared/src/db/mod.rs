@@ -40,6 +40,8 @@ pub struct Config {
     pub pg: tokio_postgres::Config,
     tls: TlsOptions,
     client: Arc<rustls::ClientConfig>,
+    /// What [`Config::guarded`] was given: each session's server side is guarded too.
+    guard: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Config {
@@ -61,7 +63,12 @@ impl std::str::FromStr for Config {
             return Err(ConfigError::NoHost);
         }
         let client = tls::client_config(&tls)?;
-        Ok(Config { pg, tls, client })
+        Ok(Config {
+            pg,
+            tls,
+            client,
+            guard: None,
+        })
     }
 }
 
@@ -74,9 +81,11 @@ impl Config {
     /// With the settings that keep a session from hanging unnoticed: `timeout` to connect
     /// (a server that accepts and never answers included), TCP keepalives and a user timeout
     /// of three times `timeout`, which find a peer gone from the network long before the
-    /// kernel's retransmissions would (about 15 minutes); named `name` in
-    /// `pg_stat_activity` unless the URL names it.
+    /// kernel's retransmissions would (about 15 minutes), on both sides of the session (the
+    /// server's in [`Config::session_setup`]); named `name` in `pg_stat_activity` unless the
+    /// URL names it.
     pub fn guarded(mut self, timeout: std::time::Duration, name: &str) -> Config {
+        self.guard = Some(timeout);
         self.pg
             .connect_timeout(timeout)
             .keepalives(true)
@@ -116,8 +125,24 @@ impl Config {
         pg
     }
 
+    /// What every session runs first: [`SET_SEARCH_PATH`], and once [`Config::guarded`], the
+    /// server's side of the keepalives and user timeout (ignored over a Unix socket). A
+    /// backend whose client vanished from the network (its last packets lost in the outage)
+    /// otherwise waits for it until the server's keepalives notice, after the kernel's two
+    /// hours, holding what it holds: the collector's writer lock of its instance among them.
+    pub fn session_setup(&self) -> String {
+        let Some(timeout) = self.guard else {
+            return SET_SEARCH_PATH.to_owned();
+        };
+        let user_timeout_ms = (timeout * 3).as_millis().clamp(1, i32::MAX as u128);
+        format!(
+            "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
+             SET tcp_keepalives_count = 3; SET tcp_user_timeout = {user_timeout_ms}"
+        )
+    }
+
     /// Connects, and hands back the connection for the caller to drive. The caller sets the
-    /// session up, [`SET_SEARCH_PATH`] first, before its first query.
+    /// session up, [`Config::session_setup`] first, before its first query.
     pub async fn connect_raw(
         &self,
     ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
@@ -160,8 +185,8 @@ pub async fn cancel(
 pub const SET_SEARCH_PATH: &str = "SET search_path = public";
 
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
-/// (or the connection fails: the client's next query then reports it). The session's
-/// search path is pinned first ([`SET_SEARCH_PATH`]).
+/// (or the connection fails: the client's next query then reports it). The session is set up
+/// first ([`Config::session_setup`]: its search path pinned).
 pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, connection) = config.connect_raw().await?;
     tokio::spawn(async move {
@@ -169,7 +194,7 @@ pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_po
             tracing::debug!("database connection ended: {}", describe(&e));
         }
     });
-    client.batch_execute(SET_SEARCH_PATH).await?;
+    client.batch_execute(&config.session_setup()).await?;
     Ok(client)
 }
 
