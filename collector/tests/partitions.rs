@@ -437,8 +437,19 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
     assert!(partitions(&client).await.contains(&old_day));
     // Tomorrow's partition, detached by an operator (to archive it, or fill it apart): kept.
     let tomorrow = name_of(&client, protocol::now_us() + DAY_US).await;
-    let detach = format!("ALTER TABLE clicks DETACH PARTITION {tomorrow}");
-    client.batch_execute(&detach).await.unwrap();
+    let detach = |day: &str| format!("ALTER TABLE clicks DETACH PARTITION {day}");
+    client.batch_execute(&detach(&tomorrow)).await.unwrap();
+    // Nine days ago's, detached by an operator to keep its rows past the retention: kept too.
+    let archived = name_of(&client, then + DAY_US).await;
+    client.batch_execute(&detach(&archived)).await.unwrap();
+    // Eight days ago's, detached by retention and not dropped (the round interrupted): dropped.
+    let interrupted = name_of(&client, then + 2 * DAY_US).await;
+    let retiring = format!(
+        "COMMENT ON TABLE {interrupted} IS 'detached by the collector for retention, to be \
+         dropped'; {}",
+        detach(&interrupted)
+    );
+    client.batch_execute(&retiring).await.unwrap();
     // Clicks set aside ten days ago and today: the first past the retention.
     client
         .batch_execute(
@@ -465,6 +476,16 @@ async fn retention_drops_old_partitions_and_their_totals_stay_exact() {
         count(&client, &exists(&tomorrow)).await,
         1,
         "a later day kept"
+    );
+    assert_eq!(
+        count(&client, &exists(&archived)).await,
+        1,
+        "an expired day an operator detached kept"
+    );
+    assert_eq!(
+        count(&client, &exists(&interrupted)).await,
+        0,
+        "an expired day retention detached dropped"
     );
     let aside = "SELECT string_agg(code, ',') FROM clicks_set_aside WHERE code IN ('old', 'new')";
     let left: Option<String> = client.query_one(aside, &[]).await.unwrap().get(0);

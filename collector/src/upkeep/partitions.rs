@@ -153,13 +153,19 @@ const PENDING_DETACH: &str = "
     SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
     WHERE i.inhparent = 'clicks'::regclass AND i.inhdetachpending";
 
-/// Partition tables of days wholly before day $1 detached but not dropped (an interrupted
-/// drop). Not a later one: an operator may have detached it to archive it, or made it to fill
-/// before attaching it.
+/// What retention writes on a day's partition before it detaches it (`COMMENT ON TABLE`), so
+/// that a drop interrupted after the detach is finished by a later round, and no table of a
+/// day's name that an operator detached to keep is taken for one.
+const RETIRING: &str = "detached by the collector for retention, to be dropped";
+
+/// Partition tables of days wholly before day $1 that retention detached but did not drop (an
+/// interrupted drop): marked `RETIRING`. Not an operator's, detached to archive it or made to
+/// fill before attaching it, whatever its day.
 const DETACHED: &str = concat!(
     "SELECT c.relname FROM pg_class AS c
      WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
-       AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid) AND ",
+       AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)
+       AND obj_description(c.oid, 'pg_class') = $2 AND ",
     wholly_before!()
 );
 
@@ -381,11 +387,15 @@ async fn drop_before(client: &Client, day: i32, done: &mut Done) {
         let started = Instant::now();
         // Waits for transactions that may still see the partition, but blocks no writer of
         // the other partitions (it takes no lock that conflicts with an INSERT or a COPY).
+        let mark = format!("COMMENT ON TABLE {} IS '{RETIRING}'", ident(&name));
         let detach = format!(
             "ALTER TABLE clicks DETACH PARTITION {} CONCURRENTLY",
             ident(&name)
         );
-        let detached = client.batch_execute(&detach).await;
+        let detached = match client.batch_execute(&mark).await {
+            Ok(()) => client.batch_execute(&detach).await,
+            Err(e) => Err(e),
+        };
         if done.ok(&format!("detaching {name}"), detached).is_some() {
             drop_table(client, name, started, done).await;
         }
@@ -394,7 +404,7 @@ async fn drop_before(client: &Client, day: i32, done: &mut Done) {
         }
     }
     // Detached before an interruption (or a failed drop), never dropped.
-    let detached = client.query(DETACHED, &[&day]).await;
+    let detached = client.query(DETACHED, &[&day, &RETIRING]).await;
     for row in done
         .ok("looking for expired days detached", detached)
         .unwrap_or_default()
