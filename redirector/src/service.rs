@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
@@ -380,6 +381,13 @@ fn unused_state(fd: &std::os::fd::OwnedFd, why: &str) {
     }
 }
 
+/// The directory of `$RUNTIME_DIRECTORY` (`runtime`: systemd's list of the unit's
+/// RuntimeDirectory=, colon-separated) that `path` is in, if any.
+fn removed_at_stop(path: &Path, runtime: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let path = std::path::absolute(path).ok()?;
+    std::env::split_paths(runtime?).find(|dir| !dir.as_os_str().is_empty() && path.starts_with(dir))
+}
+
 /// The state region (the ring and the resend window): `--state-file`, or the one systemd
 /// kept, or a new memfd (given to systemd's store when it keeps one for this service).
 fn open_state(
@@ -397,6 +405,18 @@ fn open_state(
         (Some(path), stored) => {
             if let Some(fd) = stored {
                 unused_state(&fd, "while --state-file is set");
+            }
+            let runtime = std::env::var_os("RUNTIME_DIRECTORY");
+            if let Some(dir) = removed_at_stop(path, runtime.as_deref()) {
+                tracing::warn!(
+                    "--state-file {} is in {}, the service's RuntimeDirectory=, which systemd \
+                     removes at every stop and restart unless the unit sets \
+                     RuntimeDirectoryPreserve=yes: what a stop leaves in the file for the next \
+                     start would be lost, and counted nowhere. Under the shipped unit, leave \
+                     --state-file unset: systemd's file descriptor store keeps the state",
+                    path.display(),
+                    dir.display()
+                );
             }
             Region::file(path, want)
         }
@@ -514,6 +534,26 @@ async fn died(drain: &mut Option<JoinHandle<Left>>) -> String {
 mod tests {
     use super::*;
     use protocol::dimensions::Dimensions;
+
+    #[test]
+    fn a_state_file_in_a_runtime_directory_is_one_systemd_removes_at_stop() {
+        let runtime = std::ffi::OsString::from("/run/clicks-redirector:/run/other");
+        let at = |path: &str| removed_at_stop(Path::new(path), Some(&runtime));
+        assert_eq!(at("/run/other/state"), Some(PathBuf::from("/run/other")));
+        assert_eq!(
+            at("/run/clicks-redirector/sub/state"),
+            Some(PathBuf::from("/run/clicks-redirector"))
+        );
+        assert_eq!(
+            at("/run/clicks-redirector-state"),
+            None,
+            "by component, not by prefix"
+        );
+        assert_eq!(at("/var/lib/clicks/state"), None);
+        assert_eq!(removed_at_stop(Path::new("/run/other/state"), None), None);
+        let empty = std::ffi::OsString::new();
+        assert_eq!(removed_at_stop(Path::new("/state"), Some(&empty)), None);
+    }
 
     #[tokio::test]
     async fn a_failed_server_task_still_gets_the_drain_and_the_counts_then_its_error() {

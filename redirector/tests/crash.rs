@@ -101,6 +101,27 @@ async fn clicks_served_while_the_collector_is_away_outlive_a_kill_of_the_redirec
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
 }
 
+/// A `--state-file` in the unit's RuntimeDirectory=, which systemd removes at every stop, is
+/// warned about at start: what a stop leaves there would be lost uncounted.
+#[tokio::test]
+async fn a_state_file_in_the_runtime_directory_systemd_removes_is_warned_about() {
+    let f = fixture(&[(CODE, "https://example.com/crash")]).await;
+    let dir = f.socket.parent().unwrap();
+    let state = dir.join("redirector.state");
+    let mut cmd = redirector_command(
+        &f.db.url,
+        &f.socket,
+        &["--state-file", state.to_str().unwrap()],
+    );
+    cmd.env("RUNTIME_DIRECTORY", dir);
+    let r = start_redirector(cmd).await;
+    let line = r
+        .service
+        .wait_for_log("RuntimeDirectoryPreserve=yes", LIMIT)
+        .await;
+    assert!(line.contains(&format!("is in {}", dir.display())), "{line}");
+}
+
 /// What a reboot leaves in a state file: another boot's id in its header (`boot`, at byte 72
 /// of `redirector/src/state.rs`'s `Header`).
 fn as_if_rebooted(state: &str) {
