@@ -950,12 +950,22 @@ mod tests {
         );
         assert_eq!(
             s.resync(&Resync::new(7, far, MAX_SEQ), addr(), c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "as many as it keeps, more than a resync may count"
+        );
+        assert_eq!(
+            s.resync(
+                &Resync::new(7, far, 1_000 + MAX_UNACCOUNTED),
+                addr(),
+                c,
+                now
+            ),
             Resynced::Skipped {
                 first: far,
                 skipped: far - 100,
-                unaccounted: MAX_SEQ - 1_000
+                unaccounted: MAX_UNACCOUNTED
             },
-            "as many as it keeps"
+            "as many as a resync may count"
         );
     }
 
