@@ -109,6 +109,18 @@ struct Folding {
     handoff: collector::write::batch::Handoff,
     own: Arc<Unfolded>,
     policy: compact::Policy,
+    /// How this server's folds apply their sums.
+    way: Apply,
+}
+
+/// The ways of applying sums the harness's server has: the upsert on every one, MERGE from
+/// PostgreSQL 15 on.
+async fn ways() -> Vec<Apply> {
+    let client = pgtest::connect(&pgtest::cluster().url("postgres")).await;
+    match Apply::of(&client).await.unwrap() {
+        Apply::Merge => vec![Apply::Merge, Apply::Upsert],
+        Apply::Upsert => vec![Apply::Upsert],
+    }
 }
 
 /// Two parts of [`clicks`], each written as a batch.
@@ -139,21 +151,23 @@ async fn folding(instance: &str) -> Folding {
         interval: std::time::Duration::ZERO,
         backlog: 1,
     };
+    let way = Apply::of(&client).await.unwrap();
     Folding {
         _db: db,
         client,
         handoff,
         own,
         policy,
+        way,
     }
 }
 
 /// Both ways a fold applies its sums, MERGE and the upsert for servers before PostgreSQL 15
-/// (valid on this one too), add to the keys click_counts holds and insert the others, each
-/// key once.
+/// (valid on later ones too), add to the keys click_counts holds and insert the others, each
+/// key once: each way the server has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ways_of_applying_the_sums_count_every_key_once() {
-    for way in [Apply::Merge, Apply::Upsert] {
+    for way in ways().await {
         let mut f = folding("ways").await;
         // Every key new; then, across the midnight after them, keys there and keys new.
         let first = clicks(3_000, 300, start_us(), 1_000);
@@ -180,7 +194,7 @@ async fn both_ways_of_applying_the_sums_count_every_key_once() {
 /// once, by both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_of_more_keys_than_a_statement_takes_go_in_chunks() {
-    for way in [Apply::Merge, Apply::Upsert] {
+    for way in ways().await {
         let mut f = folding("chunks").await;
         let keys = 2 * CHUNK_KEYS + 1_000;
         // Each key twice: once in each of two batches (its clicks 7,919 apart).
@@ -266,9 +280,7 @@ async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
                 VALUES (current_date, 'country', 2, 'a b', 'DE FR', '1 2', 999, 1)";
     f.client.execute(list, &[]).await.unwrap();
     let sent = clicks(2_000, 200, start_us(), 1_000);
-    let moved = f
-        .write_two_and_fold(3, sent.split_at(1_000), Apply::Merge)
-        .await;
+    let moved = f.write_two_and_fold(3, sent.split_at(1_000), f.way).await;
     assert_eq!(moved, Some(0), "no count moved");
     let own = "SELECT count(*) FROM click_count_lists";
     assert!(count(&f.client, own).await > 0, "its batches' counts wait");
@@ -283,7 +295,7 @@ async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
     assert_eq!(count(&f.client, DISAGREEING).await, 0);
     // Due (any age, any size): they go.
     f.policy.interval = std::time::Duration::ZERO;
-    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, f.way).await;
     assert!(moved.unwrap().is_some_and(|keys| keys > 0));
     assert_eq!(count(&f.client, own).await, 0);
     assert_eq!(count(&f.client, DISAGREEING).await, 0);
@@ -303,7 +315,7 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     }
     let keep = "CREATE TABLE kept AS SELECT * FROM click_count_lists";
     f.client.batch_execute(keep).await.unwrap();
-    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, f.way).await;
     let keys = expected_totals(&sent).len() as i64;
     assert_eq!(moved.unwrap(), Some(keys), "folded from its sums");
     let lost = "INSERT INTO click_count_lists SELECT * FROM kept; TRUNCATE click_counts;
@@ -319,13 +331,13 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     write(&mut f.handoff, batch_of(&datagrams(5, &later))).await;
     let due = compact::due(&f.client, &f.policy, &f.own).await.unwrap();
     assert!(!due, "due for rows younger than orphaned_after");
-    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, f.way).await;
     assert_eq!(moved.unwrap(), Some(0));
     let aged = "UPDATE click_count_lists SET written_at = now() - interval '1 hour'";
     f.client.batch_execute(aged).await.unwrap();
     let due = compact::due(&f.client, &f.policy, &f.own).await.unwrap();
     assert!(due, "not due for its own rows that no sums hold");
-    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, f.way).await;
     let entries = count(&f.client, "SELECT sum(entries)::int8 FROM kept").await;
     assert_eq!(moved.unwrap(), Some(entries), "folded from its rows");
     assert_eq!(count(&f.client, DISAGREEING).await, 0);
@@ -336,7 +348,7 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     let own = "SELECT count(*) FROM click_count_lists";
     assert!(count(&f.client, own).await > 0, "the held sums' rows wait");
     f.policy.interval = std::time::Duration::ZERO;
-    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, Apply::Merge).await;
+    let moved = compact::fold_with(&mut f.client, &f.policy, &f.own, f.way).await;
     assert!(moved.unwrap().is_some_and(|keys| keys > 0), "from its sums");
     assert_eq!(count(&f.client, own).await, 0);
     let all: Vec<_> = sent.iter().chain(&later).cloned().collect();

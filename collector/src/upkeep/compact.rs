@@ -318,6 +318,14 @@ impl Apply {
         }
     }
 
+    /// The way of the server `client` is connected to.
+    pub async fn of(client: &Client) -> Result<Apply, tokio_postgres::Error> {
+        let version = client
+            .query_one("SELECT current_setting('server_version_num')::int4", &[])
+            .await?;
+        Ok(Apply::for_version(version.get(0)))
+    }
+
     fn statement(self) -> &'static str {
         match self {
             Apply::Merge => MERGE_SUMS,
@@ -334,10 +342,8 @@ pub async fn fold(
     policy: &Policy,
     own: &Unfolded,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
-    let version = client
-        .query_one("SELECT current_setting('server_version_num')::int4", &[])
-        .await?;
-    fold_with(client, policy, own, Apply::for_version(version.get(0))).await
+    let way = Apply::of(client).await?;
+    fold_with(client, policy, own, way).await
 }
 
 /// `fold`, applying the sums as `apply` says.

@@ -15,6 +15,12 @@ use tokio_postgres::{Client, GenericClient};
 /// migrations is waited for as long as another collector migrates).
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The oldest PostgreSQL (`server_version_num`) the schema and the collector run on: 14, for
+/// `DETACH PARTITION ... CONCURRENTLY` and `pg_inherits.inhdetachpending`, which retention
+/// uses. `scripts/test-server-versions` runs the tests that depend on the version on it and on
+/// the newest.
+pub const OLDEST_SERVER: i32 = 140_000;
+
 /// Arbitrary, fixed: the advisory lock key that serialises migrations ("clicks" in ASCII).
 const LOCK_KEY: i64 = 0x636c_6963_6b73;
 
@@ -143,6 +149,7 @@ pub async fn apply_up_to(
     client: &mut Client,
     last: i32,
 ) -> Result<Vec<i32>, tokio_postgres::Error> {
+    refuse_older_than(client, OLDEST_SERVER).await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await?;
@@ -186,6 +193,27 @@ pub async fn apply_up_to(
     }
     tx.commit().await?;
     Ok(applied)
+}
+
+/// Fails, saying which server it is and what to do, on a server older than `oldest` (a
+/// `server_version_num`): [`apply`] checks [`OLDEST_SERVER`].
+pub async fn refuse_older_than(
+    client: &impl GenericClient,
+    oldest: i32,
+) -> Result<(), tokio_postgres::Error> {
+    let major = oldest / 10_000;
+    client
+        .batch_execute(&format!(
+            "DO $$ BEGIN
+               IF current_setting('server_version_num')::int < {oldest} THEN
+                 RAISE EXCEPTION 'PostgreSQL % is older than {major}, the oldest this release \
+                   runs on', current_setting('server_version')
+                   USING ERRCODE = 'feature_not_supported',
+                         HINT = 'Upgrade the server (pg_upgrade), then start the collector again.';
+               END IF;
+             END $$"
+        ))
+        .await
 }
 
 /// A trigger on `links` of migration 21 that must not fire in ordinary sessions only: its

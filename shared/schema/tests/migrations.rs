@@ -223,7 +223,9 @@ async fn every_unique_key_contains_the_column_the_table_would_be_sharded_by() {
         .await
         .unwrap()
         .get(0);
-    assert!(view.contains("GROUP BY parts.code, parts.day"), "{view}");
+    // PostgreSQL 18 deparses the columns unqualified, earlier ones as `parts.code`.
+    let unqualified = view.replace("parts.", "");
+    assert!(unqualified.contains("GROUP BY code, day"), "{view}");
 }
 
 #[tokio::test]
@@ -444,7 +446,20 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
         .unwrap()
         .get(0);
     assert_eq!(owner, "clicks_collector");
-    // And so does everything the later migrations make, whoever runs them.
+    // And so does everything the later migrations make, whoever runs them. Before
+    // PostgreSQL 15 the database's schema public is the bootstrap superuser's, which this
+    // login may not close: migration 13 asks a superuser to, as an operator would.
+    let version = pgtest::server_version(&legacy).await;
+    if version < 150_000 {
+        let close = "GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
+                     REVOKE CREATE ON SCHEMA public FROM PUBLIC";
+        cluster
+            .connect(&name)
+            .await
+            .batch_execute(close)
+            .await
+            .unwrap();
+    }
     schema::apply(&mut legacy).await.unwrap();
     let others: String = legacy
         .query_one(
@@ -746,4 +761,26 @@ async fn migration_18_builds_again_an_index_left_invalid() {
                   WHERE indexrelid = 'click_breakdown_counts_expiring'::regclass";
     let valid: bool = client.query_one(valid, &[]).await.unwrap().get(0);
     assert!(valid, "built again");
+}
+
+/// A server older than the oldest supported is refused before any migration, with its
+/// version and what to do (here the bar is set past this server's own version).
+#[tokio::test]
+async fn a_server_older_than_the_oldest_supported_is_refused_with_the_reason() {
+    let db = pgtest::cluster().fresh_database().await;
+    let client = pgtest::connect(&db.url).await;
+    let version = pgtest::server_version(&client).await;
+    assert!(
+        version >= schema::OLDEST_SERVER,
+        "the harness's server is supported"
+    );
+    schema::refuse_older_than(&client, version).await.unwrap();
+    let next_major = (version / 10_000 + 1) * 10_000;
+    let e = schema::refuse_older_than(&client, next_major)
+        .await
+        .expect_err("a newer bar refuses this server");
+    let said = shared::db::describe(&e);
+    let major = next_major / 10_000;
+    assert!(said.contains(&format!("is older than {major}")), "{said}");
+    assert!(said.contains("pg_upgrade"), "{said}");
 }
