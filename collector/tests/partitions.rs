@@ -545,6 +545,37 @@ async fn a_failing_step_of_the_partitions_round_leaves_the_others_done() {
     assert_eq!(count(&client, &exists(&index)).await, 1, "{closed} indexed");
 }
 
+/// A day retention could not detach (here: beside a default partition, which `DETACH ...
+/// CONCURRENTLY` refuses) is left a partition without retention's mark, so that an operator
+/// who then detaches it by hand, to keep it, keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_retention_failed_to_detach_is_kept_once_an_operator_detaches_it() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let old = partitions_ten_days_ago(&client).await;
+    let default = "CREATE TABLE clicks_default PARTITION OF clicks DEFAULT";
+    client.batch_execute(default).await.unwrap();
+    let (metrics, retention) = (Metrics::default(), policy(Some(3)));
+    let round = || maintenance::keep_partitions(&client, &retention, &metrics, protocol::now_us());
+    round()
+        .await
+        .expect_err("no concurrent detach beside a default partition");
+    let marked = format!(
+        "SELECT count(*) FROM pg_class
+          WHERE relname = '{old}' AND obj_description(oid, 'pg_class') IS NOT NULL"
+    );
+    assert_eq!(count(&client, &marked).await, 0, "{old} unmarked");
+    assert!(
+        partitions(&client).await.contains(&old),
+        "{old} a partition"
+    );
+    let by_hand = format!("ALTER TABLE clicks DETACH PARTITION {old}; DROP TABLE clicks_default");
+    client.batch_execute(&by_hand).await.unwrap();
+    round().await.unwrap();
+    let exists = format!("SELECT count(*) FROM pg_class WHERE relname = '{old}'");
+    assert_eq!(count(&client, &exists).await, 1, "{old} kept");
+}
+
 /// Makes the partitions of ten days ago (and around): past a retention of 3 days. The name of
 /// that day's.
 async fn partitions_ten_days_ago(client: &tokio_postgres::Client) -> String {

@@ -385,18 +385,7 @@ async fn drop_before(client: &Client, day: i32, done: &mut Done) {
     {
         let name: String = row.get(0);
         let started = Instant::now();
-        // Waits for transactions that may still see the partition, but blocks no writer of
-        // the other partitions (it takes no lock that conflicts with an INSERT or a COPY).
-        let mark = format!("COMMENT ON TABLE {} IS '{RETIRING}'", ident(&name));
-        let detach = format!(
-            "ALTER TABLE clicks DETACH PARTITION {} CONCURRENTLY",
-            ident(&name)
-        );
-        let detached = match client.batch_execute(&mark).await {
-            Ok(()) => client.batch_execute(&detach).await,
-            Err(e) => Err(e),
-        };
-        if done.ok(&format!("detaching {name}"), detached).is_some() {
+        if detach_expired(client, &name, done).await {
             drop_table(client, name, started, done).await;
         }
         if done.cut_off(client) {
@@ -414,6 +403,39 @@ async fn drop_before(client: &Client, day: i32, done: &mut Done) {
             return;
         }
     }
+}
+
+/// Whether the table `name` is being detached (a `DETACH ... CONCURRENTLY` left unfinished).
+const DETACH_PENDING: &str = "
+    SELECT EXISTS (
+        SELECT FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+        WHERE c.relname = $1 AND c.relnamespace = 'public'::regnamespace AND i.inhdetachpending)";
+
+/// Detaches the expired day `name`, marked `RETIRING` first, so that a later round drops it if
+/// this one is cut off; whether it is detached. A detach that failed and left nothing pending
+/// has its mark taken off: the table is still a partition (tried again next round), or an
+/// operator detached it meanwhile, to keep it.
+async fn detach_expired(client: &Client, name: &str, done: &mut Done) -> bool {
+    let table = ident(name);
+    let mark = format!("COMMENT ON TABLE {table} IS '{RETIRING}'");
+    // Waits for transactions that may still see the partition, but blocks no writer of the
+    // other partitions (it takes no lock that conflicts with an INSERT or a COPY).
+    let detach = format!("ALTER TABLE clicks DETACH PARTITION {table} CONCURRENTLY");
+    let detached = match client.batch_execute(&mark).await {
+        Ok(()) => client.batch_execute(&detach).await,
+        Err(e) => Err(e),
+    };
+    if done.ok(&format!("detaching {name}"), detached).is_some() {
+        return true;
+    }
+    let pending = client.query_one(DETACH_PENDING, &[&name]).await;
+    if pending.is_ok_and(|row| !row.get::<_, bool>(0)) {
+        let unmark = client
+            .batch_execute(&format!("COMMENT ON TABLE {table} IS NULL"))
+            .await;
+        done.ok(&format!("taking the retention mark off {name}"), unmark);
+    }
+    false
 }
 
 /// Drops the detached day `name`, detached since `started`.

@@ -487,7 +487,8 @@ impl Committed {
             }
             let n = c.noted;
             if missing || db_seq < n.seq {
-                behind.datagrams += n.seq.saturating_sub(db_seq) + u64::from(missing);
+                let datagrams = n.seq.saturating_sub(db_seq) + u64::from(missing);
+                behind.datagrams = behind.datagrams.saturating_add(datagrams);
                 let missing = n.clicks.saturating_sub(db_clicks);
                 let passed = passed_over.get(&sender).map_or(0, |&p| p.min(missing));
                 behind.clicks = behind.clicks.saturating_add(missing - passed);

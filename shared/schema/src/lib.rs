@@ -209,7 +209,7 @@ pub async fn refuse_older_than(
                  RAISE EXCEPTION 'PostgreSQL % is older than {major}, the oldest this release \
                    runs on', current_setting('server_version')
                    USING ERRCODE = 'feature_not_supported',
-                         HINT = 'Upgrade the server (pg_upgrade), then start the collector again.';
+                         HINT = 'Upgrade the server (pg_upgrade): a collector waiting for it goes on by itself.';
                END IF;
              END $$"
         ))
