@@ -45,6 +45,8 @@ shared::metrics! {
             "GET requests redirected, by who the redirector took the client for (human, bot, preview).";
         head_redirects: Counter = "head_redirects", "HEAD requests redirected (not clicks).";
         expired: Counter = "expired", "Requests for a link past its expires_at (410; not clicks).";
+        query_not_forwarded: Counter = "query_not_forwarded",
+            "Redirects whose request query was not forwarded: merged, Location would pass 4 KiB.";
         country_invalid: Counter = "country_invalid",
             "Country headers that held no assigned ISO 3166 alpha-2 code (the country left out).";
         not_found: Counter = "not_found", "Requests for an unknown or malformed code (404).";
@@ -108,7 +110,13 @@ impl App {
                 status,
                 location,
                 expires_in_s,
-            }) => (status, location, expires_in_s),
+                query_dropped,
+            }) => {
+                if query_dropped {
+                    self.metrics.query_not_forwarded.inc();
+                }
+                (status, location, expires_in_s)
+            }
             Lookup::Found(Answer::Expired) => {
                 self.metrics.expired.inc();
                 let mut response = plain(StatusCode::GONE, "this link has expired\n");

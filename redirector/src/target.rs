@@ -146,6 +146,9 @@ pub(crate) enum Answer {
         location: HeaderValue,
         /// Whole seconds until the link expires, for one that does.
         expires_in_s: Option<i64>,
+        /// The request's query was not forwarded: merged, `Location` would pass
+        /// [`MAX_LOCATION`].
+        query_dropped: bool,
     },
     /// Past its `expires_at`: 410 Gone, and no click.
     Expired,
@@ -172,24 +175,39 @@ impl Answer {
             (rest, None)
         };
         let status = STATUSES[usize::from(flags & STATUS_BITS)];
-        let location = match query.filter(|q| !q.is_empty() && flags & NO_QUERY == 0) {
-            Some(query) => merged(url, query.as_bytes()),
+        let merged = query
+            .filter(|q| !q.is_empty() && flags & NO_QUERY == 0)
+            .map(|query| merged(url, query.as_bytes()));
+        let query_dropped = merged.as_ref().is_some_and(Option::is_none);
+        let location = match merged.flatten() {
+            Some(location) => location,
             None => HeaderValue::from_bytes(url).ok()?,
         };
         Some(Answer::Redirect {
             status,
             location,
             expires_in_s,
+            query_dropped,
         })
     }
 }
 
+/// The longest `Location` a request's query may make: 4 KiB, twice the longest URL a link may
+/// have (`table::MAX_URL`), within the 8 KiB buffer hyper writes a response head into. A request head of 8 KiB
+/// can carry a query that percent-encodes to three times that, and hyper keeps the buffer it
+/// grew for the rest of the connection (to about 48 KiB), on every connection a client opens.
+/// Past it, the link's URL alone is the answer.
+pub(crate) const MAX_LOCATION: usize = 4096;
+
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
-/// the fragment stays last. Names compare by their roots as lenient targets read them
-/// ([`root`]): `%72ef`, `REF` or `ref[]` is the URL's `ref` to some server, and `filter`
-/// or `filter[color]` touches the URL's `filter[brand]`: none may override it there.
-fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
+/// the fragment stays last; `None` where that would pass [`MAX_LOCATION`]. Names compare by
+/// their roots as lenient targets read them ([`root`]): `%72ef`, `REF` or `ref[]` is the URL's
+/// `ref` to some server, and `filter` or `filter[color]` touches the URL's `filter[brand]`:
+/// none may override it there. Parameters are split on `;` as on `&` where Rack 2 and older
+/// Python frameworks split them: a request's parameter goes only if no piece of it between
+/// `;`s names one the URL has.
+fn merged(url: &[u8], query: &[u8]) -> Option<HeaderValue> {
     let (before_fragment, fragment) = match url.iter().position(|&b| b == b'#') {
         Some(i) => url.split_at(i),
         None => (url, &b""[..]),
@@ -209,14 +227,21 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
     // costs a search each, not a scan of the URL each.
     // Empty parameters name nothing: a URL without a query, or ending in `&`, has no
     // parameter named "" for a request's `=x` to be taken for.
-    let params = own.split(|&b| b == b'&').filter(|p| !p.is_empty());
-    let mut names: Vec<&[u8]> = params.map(name).collect();
+    let params = own.split(|&b| b == b'&' || b == b';');
+    let mut names: Vec<&[u8]> = params.filter(|p| !p.is_empty()).map(name).collect();
     names.sort_unstable_by(|a, b| root(a).cmp(root(b)));
+    let known = |piece: &[u8]| {
+        let key = root(name(piece));
+        names.binary_search_by(|n| root(n).cmp(key.clone())).is_ok()
+    };
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         // As the URL's own, encoded when loaded.
         let param = uri(param);
-        let key = root(name(&param));
-        if names.binary_search_by(|n| root(n).cmp(key.clone())).is_ok() {
+        if param
+            .split(|&b| b == b';')
+            .filter(|p| !p.is_empty())
+            .any(known)
+        {
             continue;
         }
         if let Some(s) = separator {
@@ -226,11 +251,12 @@ fn merged(url: &[u8], query: &[u8]) -> HeaderValue {
         out.put_slice(&param);
     }
     out.put_slice(fragment);
+    if out.len() > MAX_LOCATION {
+        return None;
+    }
     // The URL passed as a header value when it was loaded, and the query is put as a URI
     // holds it: the merge is one too. Were it not, the URL alone is the answer.
-    HeaderValue::from_maybe_shared(Bytes::from(out))
-        .or_else(|_| HeaderValue::from_bytes(url))
-        .unwrap_or_else(|_| HeaderValue::from_static("/"))
+    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
 }
 
 fn name(param: &[u8]) -> &[u8] {
@@ -361,6 +387,14 @@ mod tests {
             };
             assert_eq!(location(t, Some(query)), format!("{t}{kept}"), "{query}");
         }
+        // Rack 2 splits on `;` too: a piece of a parameter naming the URL's is not forwarded,
+        // and a URL's own parameters split so are all its names.
+        for query in ["x=1;ref=evil", ";ref=evil", "x;REF=evil;y=2"] {
+            assert_eq!(location(t, Some(query)), t, "{query}");
+        }
+        assert_eq!(location(t, Some("x=1;y=2")), format!("{t}&x=1;y=2"));
+        let semi = "https://e.com/?a=1;ref=partner";
+        assert_eq!(location(semi, Some("ref=evil&b=2")), format!("{semi}&b=2"));
         // Whatever nests under the root of a name the URL has, or replaces it, is dropped.
         let nested = "https://e.com/?filter[brand]=acme&ref[]=partner";
         let query = "filter[color]=red&filter[brand]]=x&filter=x&ref=evil&f=1";
@@ -374,6 +408,37 @@ mod tests {
             location("https://e.com/?%zz=1&%4", Some("%ZZ=2&%4=2&%5=2")),
             "https://e.com/?%zz=1&%4&%5=2"
         );
+    }
+
+    /// A query that would make `Location` longer than `MAX_LOCATION` (here raw UTF-8, which
+    /// triples when encoded) is not forwarded: the URL alone, and the answer says so.
+    #[test]
+    fn a_query_past_the_longest_location_is_not_forwarded() {
+        let url = "https://e.com/p?a=1";
+        let answer =
+            |query: &str| Answer::of(&stored(LinkOptions::default(), url), Some(query), || 0);
+        let fits = format!("q={}", "x".repeat(MAX_LOCATION - url.len() - 3));
+        let Some(Answer::Redirect {
+            location,
+            query_dropped,
+            ..
+        }) = answer(&fits)
+        else {
+            panic!("a redirect");
+        };
+        assert_eq!(location.len(), MAX_LOCATION);
+        assert!(!query_dropped);
+        let long = format!("q={}", "é".repeat(MAX_LOCATION / 4));
+        let Some(Answer::Redirect {
+            location,
+            query_dropped,
+            ..
+        }) = answer(&long)
+        else {
+            panic!("a redirect");
+        };
+        assert_eq!(location, url);
+        assert!(query_dropped);
     }
 
     /// A URL's UTF-8 and spaces, and a request's, are percent-encoded, as a browser sends

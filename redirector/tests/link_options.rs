@@ -112,6 +112,14 @@ async fn each_link_redirects_with_its_status_its_query_forwarding_and_its_expiry
         );
     }
     assert_eq!(r.metric("redirector_expired_total").await, 2.0);
+    // A query that would make Location too long (here of a HEAD, not a click) is not forwarded.
+    let long = format!("/plain?q={}", "x".repeat(5_000));
+    let got = ask(r.http, Method::HEAD, &long).await;
+    assert_eq!(
+        got,
+        (302, "https://example.com/p".to_owned(), no_store.clone())
+    );
+    assert_eq!(r.metric("redirector_query_not_forwarded_total").await, 1.0);
 
     // Every redirect is a click; the expired link's requests are none.
     await_rows_settled(
