@@ -73,8 +73,9 @@ pub struct Summary {
     /// by the end of the drain timeout (committed or not: nobody said). Where the state region
     /// outlives the process, what is left is `kept` for the next one; otherwise the
     /// unacknowledged are in `dropped` too (`unacknowledged`). Either way
-    /// `redirects + recovered = acked + dropped + kept`, less from `dropped` any `torn`: a
-    /// push cut off by a kill was never a redirect, nor a click recovered.
+    /// `redirects + recovered = acked + dropped + kept`, less from `dropped` any `torn` (a
+    /// push cut off by a kill was never a redirect, nor a click recovered) and any
+    /// `stale_region` counted at start (an earlier process's clicks, never recovered).
     pub acked: u64,
     pub unacked: u64,
     pub kept: u64,

@@ -805,6 +805,12 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
             "its positions are past any a redirector reaches",
         ));
     }
+    if in_window > geometry.window {
+        return Err(Error::NotState(
+            what.into(),
+            "its window's bounds are out of range",
+        ));
+    }
     let renewing = u64_at(std::mem::offset_of!(Header, renewing)) != 0;
     if in_window > 0 && (renewing || u64_at(std::mem::offset_of!(Header, sender)) == 0) {
         return Err(Error::NotState(
@@ -1168,7 +1174,7 @@ mod tests {
         let marks = std::mem::offset_of!(Header, marks);
         // A record's `len` then `clicks`, u32s; a datagram's first byte, its version.
         let (len, clicks, version) = (meta, meta + 4, bytes);
-        let cases: [(usize, u64, &str); 9] = [
+        let cases: [(usize, u64, &str); 10] = [
             (std::mem::offset_of!(Header, head), 5, "ring's positions"),
             (
                 std::mem::offset_of!(Header, tail),
@@ -1176,6 +1182,7 @@ mod tests {
                 "ring's positions",
             ),
             (std::mem::offset_of!(Header, renewing), 1, "no sender"),
+            (marks + 8, GEOMETRY.window + 5, "window's bounds"),
             (len, GEOMETRY.slot_size + 1, "longer than a slot"),
             (marks + 8, MAX_POSITION + 1, "past any a redirector reaches"),
             (version, 7, "a version this build does not read"),
