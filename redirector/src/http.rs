@@ -46,7 +46,7 @@ shared::metrics! {
         head_redirects: Counter = "head_redirects", "HEAD requests redirected (not clicks).";
         expired: Counter = "expired", "Requests for a link past its expires_at (410; not clicks).";
         query_not_forwarded: Counter = "query_not_forwarded",
-            "Redirects whose request query was not forwarded: merged, Location would pass 4 KiB.";
+            "Redirects whose request query was not forwarded: it would add more than 2 KiB to Location.";
         country_invalid: Counter = "country_invalid",
             "Country headers that held no assigned ISO 3166 alpha-2 code (the country left out).";
         not_found: Counter = "not_found", "Requests for an unknown or malformed code (404).";

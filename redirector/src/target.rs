@@ -192,16 +192,17 @@ impl Answer {
     }
 }
 
-/// The longest `Location` a request's query may make: 4 KiB, twice the longest URL a link may
-/// have (`table::MAX_URL`), within the 8 KiB buffer hyper writes a response head into. A request head of 8 KiB
-/// can carry a query that percent-encodes to three times that, and hyper keeps the buffer it
-/// grew for the rest of the connection (to about 48 KiB), on every connection a client opens.
-/// Past it, the link's URL alone is the answer.
-pub(crate) const MAX_LOCATION: usize = 4096;
+/// The most bytes a request's query may add to `Location`: 2 KiB. A request head of 8 KiB can
+/// carry a query that percent-encodes to three times that, and hyper keeps the header buffer
+/// it grew for the rest of the connection (to about 48 KiB), on every connection a client
+/// opens. Past it, the link's URL alone is the answer. Added to the longest stored URL (2 KiB
+/// of UTF-8, 6 KiB encoded), 8 KiB, the buffer hyper writes a response head into.
+pub(crate) const MAX_FORWARDED: usize = 2048;
 
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
-/// the fragment stays last; `None` where that would pass [`MAX_LOCATION`]. Names compare by
+/// the fragment stays last; `None` where that would add more than [`MAX_FORWARDED`] bytes.
+/// Names compare by
 /// their roots as lenient targets read them ([`root`]): `%72ef`, `REF` or `ref[]` is the URL's
 /// `ref` to some server, and `filter` or `filter[color]` touches the URL's `filter[brand]`:
 /// none may override it there. Parameters are split on `;` as on `&` where Rack 2 and older
@@ -251,7 +252,7 @@ fn merged(url: &[u8], query: &[u8]) -> Option<HeaderValue> {
         out.put_slice(&param);
     }
     out.put_slice(fragment);
-    if out.len() > MAX_LOCATION {
+    if out.len() - url.len() > MAX_FORWARDED {
         return None;
     }
     // The URL passed as a header value when it was loaded, and the query is put as a URI
@@ -410,14 +411,16 @@ mod tests {
         );
     }
 
-    /// A query that would make `Location` longer than `MAX_LOCATION` (here raw UTF-8, which
-    /// triples when encoded) is not forwarded: the URL alone, and the answer says so.
+    /// A query that would add more than `MAX_FORWARDED` bytes to `Location` (here raw UTF-8,
+    /// which triples when encoded) is not forwarded: the URL alone, and the answer says so;
+    /// however long the URL is itself.
     #[test]
-    fn a_query_past_the_longest_location_is_not_forwarded() {
-        let url = "https://e.com/p?a=1";
+    fn a_query_that_adds_too_much_to_the_location_is_not_forwarded() {
+        let url = format!("https://e.com/{}?a=1", "é".repeat(1_000));
+        let url = String::from_utf8(uri(url.as_bytes()).into_owned()).unwrap();
         let answer =
-            |query: &str| Answer::of(&stored(LinkOptions::default(), url), Some(query), || 0);
-        let fits = format!("q={}", "x".repeat(MAX_LOCATION - url.len() - 3));
+            |query: &str| Answer::of(&stored(LinkOptions::default(), &url), Some(query), || 0);
+        let fits = format!("q={}", "x".repeat(MAX_FORWARDED - 3));
         let Some(Answer::Redirect {
             location,
             query_dropped,
@@ -426,9 +429,9 @@ mod tests {
         else {
             panic!("a redirect");
         };
-        assert_eq!(location.len(), MAX_LOCATION);
+        assert_eq!(location.len(), url.len() + MAX_FORWARDED);
         assert!(!query_dropped);
-        let long = format!("q={}", "é".repeat(MAX_LOCATION / 4));
+        let long = format!("q={}", "é".repeat(MAX_FORWARDED / 4));
         let Some(Answer::Redirect {
             location,
             query_dropped,

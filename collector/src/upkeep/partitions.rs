@@ -421,10 +421,14 @@ async fn detach_expired(client: &Client, name: &str, done: &mut Done) -> bool {
     // Waits for transactions that may still see the partition, but blocks no writer of the
     // other partitions (it takes no lock that conflicts with an INSERT or a COPY).
     let detach = format!("ALTER TABLE clicks DETACH PARTITION {table} CONCURRENTLY");
-    let detached = match client.batch_execute(&mark).await {
-        Ok(()) => client.batch_execute(&detach).await,
-        Err(e) => Err(e),
-    };
+    let marked = client.batch_execute(&mark).await;
+    if done
+        .ok(&format!("marking {name} for retention"), marked)
+        .is_none()
+    {
+        return false;
+    }
+    let detached = client.batch_execute(&detach).await;
     if done.ok(&format!("detaching {name}"), detached).is_some() {
         return true;
     }
