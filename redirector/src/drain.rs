@@ -76,13 +76,25 @@ shared::metrics! {
             "Datagrams sent again: unacknowledged in time, asked for, or to a new collector.";
         acks: Counter = "acks", "Acknowledgements taken from the collector.";
         acks_rejected: Counter = "acks_rejected",
-            "Acknowledgements refused: another uid, another sender, or unsent seqs.";
+            "Acknowledgements refused: another uid, a forged one, or unsent seqs.";
+        acks_stale: Counter = "acks_stale",
+            "Acknowledgements from the collector for another sender id of this socket: a previous process's, or this one's before its id was renewed (ignored).";
         clicks_acked: Counter = "clicks_acked", "Clicks the collector acknowledged as committed.";
         resyncs: Counter = "resyncs",
             "Resyncs sent: the collector asked for seqs acknowledged already (it lost its record of this sender).";
         unacked_clicks: Gauge = "unacked_clicks",
             "Clicks out of the ring and not acknowledged yet (the resend window).";
     }
+}
+
+/// Why an acknowledgement was not applied.
+enum AckError {
+    /// The collector's, for another sender id: one this socket's previous process had (a late
+    /// acknowledgement after a restart that kept no state region), or this process before it
+    /// renewed its id. Nothing to refuse: only the collector's uid gets this far.
+    OtherSender(u64),
+    /// Not the collector's, not an acknowledgement, or for seqs never sent: why.
+    Refused(String),
 }
 
 /// Where the drain sends, and how.
@@ -539,14 +551,23 @@ impl Drain {
                 Ok(ack) => {
                     // Longer than any acknowledgement: cut, and refused as trailing bytes.
                     let uid = ack.creds.map(|c| c.uid);
-                    if let Err(why) = self.take_ack(&buf[..ack.len], uid) {
-                        self.metrics.acks_rejected.inc();
-                        if let Some(held) = self.refused_log.allow() {
-                            tracing::warn!(
-                                reason = %why,
-                                held,
-                                "refused an acknowledgement: {why} ({held} more not logged)"
+                    match self.take_ack(&buf[..ack.len], uid) {
+                        Ok(()) => {}
+                        Err(AckError::OtherSender(sender)) => {
+                            self.metrics.acks_stale.inc();
+                            tracing::debug!(
+                                "an acknowledgement for sender {sender:016x}, not this one"
                             );
+                        }
+                        Err(AckError::Refused(why)) => {
+                            self.metrics.acks_rejected.inc();
+                            if let Some(held) = self.refused_log.allow() {
+                                tracing::warn!(
+                                    reason = %why,
+                                    held,
+                                    "refused an acknowledgement: {why} ({held} more not logged)"
+                                );
+                            }
                         }
                     }
                 }
@@ -579,22 +600,23 @@ impl Drain {
         }
     }
 
-    /// Applies one acknowledgement, or says why it is refused (and changes nothing).
-    fn take_ack(&mut self, bytes: &[u8], uid: Option<u32>) -> Result<(), String> {
+    /// Applies one acknowledgement, or says why it is not (and changes nothing).
+    fn take_ack(&mut self, bytes: &[u8], uid: Option<u32>) -> Result<(), AckError> {
         if uid.is_some() && uid != self.collector_uid {
             // A new collector under another user, found without a failed send (a socket
             // passed by systemd stays in place): look again, at most once a second.
             self.recheck_collector_uid();
         }
         if uid.is_none() || uid != self.collector_uid {
-            return Err(format!(
+            return Err(AckError::Refused(format!(
                 "from uid {uid:?}, not the collector's ({:?})",
                 self.collector_uid
-            ));
+            )));
         }
-        let ack = protocol::wire::decode_ack(bytes).map_err(|e| e.to_string())?;
+        let ack =
+            protocol::wire::decode_ack(bytes).map_err(|e| AckError::Refused(e.to_string()))?;
         if ack.sender != self.encoder.sender() {
-            return Err(format!("for sender {:016x}, not this one", ack.sender));
+            return Err(AckError::OtherSender(ack.sender));
         }
         let applied = match self.window.apply(ack.committed, ack.resend_from) {
             Ok(applied) => applied,
@@ -604,7 +626,7 @@ impl Drain {
                 if let Some(adopted) = self.unconfirmed.take() {
                     self.abandon_history(&refused, adopted.tail);
                 }
-                return Err(refused.to_string());
+                return Err(AckError::Refused(refused.to_string()));
             }
         };
         if self.unconfirmed.is_some_and(|u| u.confirmed_by(&ack)) {
@@ -989,6 +1011,32 @@ mod tests {
         drain.take_acks();
         assert_eq!(drain.metrics.clicks_acked.get(), 1);
         assert!(drain.window.has_unsent(), "b sealed into the window freed");
+    }
+
+    /// The collector's acknowledgement for another sender id (a previous process's, late) is
+    /// counted apart and changes nothing; one for seqs this sender never sent is refused.
+    #[tokio::test]
+    async fn an_acknowledgement_for_another_sender_is_stale_not_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut drain, collector) = connected(dir.path(), 1, Duration::from_secs(3600));
+        drain.ring.push("a", 1, &Default::default()).unwrap();
+        drain.fill();
+        drain.pump().await;
+        let mut buf = [0u8; 256];
+        let (_, from) = collector.recv_from(&mut buf).unwrap();
+        let me = drain.encoder.sender();
+        for ack in [
+            protocol::wire::Ack::new(me ^ 1, Some(0), None),
+            protocol::wire::Ack::new(me, Some(5), None),
+        ] {
+            let sent = collector.send_to(&ack.encode(), from.as_pathname().unwrap());
+            sent.unwrap();
+            drain.socket.readable().await.unwrap();
+            drain.take_acks();
+        }
+        assert_eq!(drain.metrics.acks_stale.get(), 1);
+        assert_eq!(drain.metrics.acks_rejected.get(), 1, "seq 5 never sent");
+        assert_eq!(drain.metrics.clicks_acked.get(), 0);
     }
 
     /// An adopted window of seqs up to 4: only an acknowledgement of all of it, or a request to
