@@ -76,7 +76,7 @@ shared::metrics! {
             "Datagrams sent again: unacknowledged in time, asked for, or to a new collector.";
         acks: Counter = "acks", "Acknowledgements taken from the collector.";
         acks_rejected: Counter = "acks_rejected",
-            "Acknowledgements refused: another uid, a forged one, or unsent seqs.";
+            "Acknowledgements refused: another uid, not an acknowledgement, or unsent seqs.";
         acks_stale: Counter = "acks_stale",
             "Acknowledgements from the collector for another sender id of this socket: a previous process's, or this one's before its id was renewed (ignored).";
         clicks_acked: Counter = "clicks_acked", "Clicks the collector acknowledged as committed.";
