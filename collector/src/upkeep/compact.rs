@@ -320,10 +320,7 @@ impl Apply {
 
     /// The way of the server `client` is connected to.
     pub async fn of(client: &Client) -> Result<Apply, tokio_postgres::Error> {
-        let version = client
-            .query_one("SELECT current_setting('server_version_num')::int4", &[])
-            .await?;
-        Ok(Apply::for_version(version.get(0)))
+        Ok(Apply::for_version(schema::server_version(client).await?))
     }
 
     fn statement(self) -> &'static str {

@@ -405,12 +405,6 @@ async fn drop_before(client: &Client, day: i32, done: &mut Done) {
     }
 }
 
-/// Whether the table `name` is being detached (a `DETACH ... CONCURRENTLY` left unfinished).
-const DETACH_PENDING: &str = "
-    SELECT EXISTS (
-        SELECT FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-        WHERE c.relname = $1 AND c.relnamespace = 'public'::regnamespace AND i.inhdetachpending)";
-
 /// Detaches the expired day `name`, marked `RETIRING` first, so that a later round drops it if
 /// this one is cut off; whether it is detached. A detach that failed and left nothing pending
 /// has its mark taken off: the table is still a partition (tried again next round), or an
@@ -432,8 +426,8 @@ async fn detach_expired(client: &Client, name: &str, done: &mut Done) -> bool {
     if done.ok(&format!("detaching {name}"), detached).is_some() {
         return true;
     }
-    let pending = client.query_one(DETACH_PENDING, &[&name]).await;
-    if pending.is_ok_and(|row| !row.get::<_, bool>(0)) {
+    let pending = client.query(PENDING_DETACH, &[]).await;
+    if pending.is_ok_and(|rows| rows.iter().all(|row| row.get::<_, &str>(0) != name)) {
         let unmark = client
             .batch_execute(&format!("COMMENT ON TABLE {table} IS NULL"))
             .await;

@@ -195,6 +195,14 @@ pub async fn apply_up_to(
     Ok(applied)
 }
 
+/// The server's `server_version_num` (e.g. 150018).
+pub async fn server_version(client: &impl GenericClient) -> Result<i32, tokio_postgres::Error> {
+    let row = client
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Fails, saying which server it is and what to do, on a server older than `oldest` (a
 /// `server_version_num`): [`apply`] checks [`OLDEST_SERVER`].
 pub async fn refuse_older_than(

@@ -449,7 +449,7 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
     // And so does everything the later migrations make, whoever runs them. Before
     // PostgreSQL 15 the database's schema public is the bootstrap superuser's, which this
     // login may not close: migration 13 asks a superuser to, as an operator would.
-    let version = pgtest::server_version(&legacy).await;
+    let version = schema::server_version(&legacy).await.unwrap();
     if version < 150_000 {
         let close = "GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
                      REVOKE CREATE ON SCHEMA public FROM PUBLIC";
@@ -770,7 +770,7 @@ async fn migration_18_builds_again_an_index_left_invalid() {
 async fn migrations_refuse_a_server_older_than_the_oldest_supported_and_no_other() {
     let db = pgtest::cluster().fresh_database().await;
     let mut client = pgtest::connect(&db.url).await;
-    let version = pgtest::server_version(&client).await;
+    let version = schema::server_version(&client).await.unwrap();
     let refused = |e: &tokio_postgres::Error, bar: i32| {
         let said = shared::db::describe(e);
         let major = bar / 10_000;

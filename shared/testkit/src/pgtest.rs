@@ -368,15 +368,6 @@ fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The server's `server_version_num` (e.g. 150018).
-pub async fn server_version(client: &tokio_postgres::Client) -> i32 {
-    let row = client
-        .query_one("SELECT current_setting('server_version_num')::int4", &[])
-        .await;
-    row.unwrap_or_else(|e| panic!("reading server_version_num: {e}"))
-        .get(0)
-}
-
 /// Where `initdb` and `pg_ctl` are: PATH, then `pg_config --bindir`, then the newest
 /// `/usr/lib/postgresql/*/bin`.
 pub fn find_bindir() -> Option<PathBuf> {
