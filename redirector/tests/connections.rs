@@ -130,8 +130,9 @@ async fn at_1024_descriptors_with_2000_idle_connections_a_new_client_gets_its_30
     drop(idle);
 }
 
-#[tokio::test]
-async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
+/// A redirector with `--write-timeout 1s` and the other timeouts out of the way, ready, with
+/// a link whose response is 1.6 KB ([`LONG_CODE`]), and its fixture.
+async fn write_timeout_redirector() -> (Fixture, Redirector) {
     let long_url = format!("https://example.com/{}", "a".repeat(1_500));
     let f = fixture(&[(LONG_CODE, &long_url)]).await;
     let r = testkit::redirector::redirector(
@@ -148,11 +149,23 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     )
     .await;
     r.ready().await;
+    (f, r)
+}
 
-    // A small receive buffer, and pipelined requests whose responses it never reads.
+/// A connection to `r` with a small receive buffer: what the client leaves unread backs up
+/// into the server's send queue after a few KiB.
+async fn small_window(r: &Redirector) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let stream = socket.connect(r.http).await.expect("connect");
+    socket.connect(r.http).await.expect("connect")
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
+    let (_f, r) = write_timeout_redirector().await;
+
+    // Pipelined requests whose responses it never reads.
+    let stream = small_window(&r).await;
     let (mut reader, mut writer) = stream.into_split();
     let requests = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(1_000);
     let sending = tokio::spawn(async move {
@@ -177,6 +190,103 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     assert_eq!(&first, b"HTTP/1.1 302");
     assert_eq!(closed(&r, "idle_timeout").await, 0.0);
     assert_eq!(closed(&r, "header_timeout").await, 0.0);
+}
+
+/// A client that pipelines requests without end and takes its responses a little at a time
+/// makes room for another response well within the write timeout, again and again: it must
+/// still be closed once it has not taken everything queued for that long.
+#[tokio::test]
+async fn a_client_that_pipelines_without_end_and_reads_slowly_is_closed_by_the_write_timeout() {
+    let (_f, r) = write_timeout_redirector().await;
+
+    let stream = small_window(&r).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let requests = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(1_000);
+    let sending =
+        tokio::spawn(async move { while writer.write_all(requests.as_bytes()).await.is_ok() {} });
+    // Up to 4 KiB a millisecond (the kernel's doubled 4 KiB receive buffer at a time): room
+    // for a response every few milliseconds, never for all of them.
+    let reading = tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        let mut taken = 0usize;
+        loop {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return taken,
+                Ok(n) => taken += n,
+            }
+        }
+    });
+
+    await_closed(&r, "write_timeout", 1.0).await;
+    let taken = tokio::time::timeout(LIMIT, reading)
+        .await
+        .expect("the reader sees the connection closed")
+        .expect("the reader task");
+    assert!(
+        taken > 64 * 1024,
+        "the client took {taken} bytes: it must have read on, not stalled at once"
+    );
+    tokio::time::timeout(LIMIT, sending)
+        .await
+        .expect("the sender sees the connection closed")
+        .expect("the sender task");
+    assert_eq!(closed(&r, "idle_timeout").await, 0.0);
+    assert_eq!(closed(&r, "header_timeout").await, 0.0);
+}
+
+/// A client that pipelines requests in bursts larger than the kernel's buffers and takes
+/// each burst's responses gets every one, for longer than the write timeout: a stall its
+/// reading ends is not a timeout.
+#[tokio::test]
+async fn a_client_that_pipelines_bursts_and_reads_them_gets_every_response() {
+    const BURSTS: usize = 3;
+    // 4,000 responses of 1.6 KB each are more than the kernel's 4 MiB send buffer at most
+    // holds: the server's writes wait on the reading below.
+    const BURST: usize = 4_000;
+    let (_f, r) = write_timeout_redirector().await;
+
+    let mut stream = small_window(&r).await;
+    let burst = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(BURST);
+    let start = Instant::now();
+    for i in 0..BURSTS {
+        let (mut reader, mut writer) = stream.split();
+        let (sent, responses) = tokio::join!(
+            writer.write_all(burst.as_bytes()),
+            count_responses(&mut reader, BURST)
+        );
+        sent.expect("sending a burst");
+        assert_eq!(responses, BURST, "burst {i}: the connection closed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        start.elapsed() > Duration::from_secs(1),
+        "the bursts must outlast the write timeout"
+    );
+    assert_eq!(closed(&r, "write_timeout").await, 0.0);
+}
+
+/// Reads from `reader` until it has seen `n` responses' status lines (`HTTP/1.1 302`) or the
+/// connection ends; returns how many it saw.
+async fn count_responses(reader: &mut (impl AsyncReadExt + Unpin), n: usize) -> usize {
+    const STATUS: &[u8] = b"HTTP/1.1 302";
+    let mut seen = 0;
+    let mut tail = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    tokio::time::timeout(LIMIT, async {
+        while seen < n {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(got) => tail.extend_from_slice(&buf[..got]),
+            }
+            seen += tail.windows(STATUS.len()).filter(|w| *w == STATUS).count();
+            // What could begin a status line split across reads.
+            tail.drain(..tail.len().saturating_sub(STATUS.len() - 1));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} responses in {LIMIT:?}; saw {seen}"));
+    seen
 }
 
 /// A redirector with `timeouts`, a request answered on a keep-alive connection that then

@@ -2,9 +2,18 @@
 //! idleness (on an idle connection, it begins a request head), a write that hands over
 //! everything marks it idle again, and a response the client leaves untaken for
 //! `--write-timeout` fails the write, which ends the connection.
+//!
+//! "Taken" means the kernel's send queue emptied: once a write has waited for room, the
+//! client has `--write-timeout` to take everything queued, not only room for the next write.
+//! A client that pipelines requests without end and reads a little at a time would
+//! otherwise make room for one more response now and then, and hold its connection (busy, so
+//! never evicted) for as long as it liked. A client that takes what it asked for, however
+//! many requests it pipelines, empties the queue; checking costs a system call, made only
+//! once a write has waited.
 
 use std::future::Future;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -23,7 +32,8 @@ pub(super) struct Watched {
     stream: TcpStream,
     conn: Arc<Conn>,
     write_timeout: Duration,
-    /// Armed when a write could not hand over everything at once; disarmed when one does.
+    /// Armed when a write could not hand over everything at once; disarmed by a write that
+    /// finds the send queue empty.
     stalled: Option<Pin<Box<Sleep>>>,
 }
 
@@ -37,7 +47,7 @@ impl Watched {
         }
     }
 
-    /// The write timeout's verdict, before a write and while one waits.
+    /// The write timeout's verdict while a write waits.
     fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         let Some(stalled) = self.stalled.as_mut() else {
             return Poll::Pending;
@@ -58,7 +68,6 @@ impl Watched {
     ) -> Poll<io::Result<usize>> {
         match wrote {
             Poll::Ready(Ok(n)) if n == asked => {
-                self.stalled = None;
                 self.conn.wrote_all();
                 Poll::Ready(Ok(n))
             }
@@ -82,12 +91,36 @@ impl Watched {
         }
     }
 
-    /// A stall already past its deadline fails the write before it starts.
+    /// Before a write: a client that took everything queued ends the stall; one that has not
+    /// by its deadline fails the write before it starts.
     fn overdue(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.stalled.is_some() && self.queue_taken() {
+            self.stalled = None;
+            return None;
+        }
         match self.poll_stall(cx) {
             Poll::Ready(e) => Some(e),
             Poll::Pending => None,
         }
+    }
+}
+
+impl Watched {
+    /// Whether the client has taken (acknowledged) every byte written to it: the kernel's
+    /// send queue (`TIOCOUTQ`) is empty. Taken as yes if the kernel does not say, which is the
+    /// rule a stall had before this check.
+    fn queue_taken(&self) -> bool {
+        let mut queued: nix::libc::c_int = 0;
+        // SAFETY: TIOCOUTQ stores one int through the pointer, which outlives the call; the
+        // descriptor is the stream's own, open while `self` is.
+        let rc = unsafe {
+            nix::libc::ioctl(
+                self.stream.as_raw_fd(),
+                nix::libc::TIOCOUTQ,
+                &mut queued as *mut nix::libc::c_int,
+            )
+        };
+        rc != 0 || queued == 0
     }
 }
 
