@@ -383,10 +383,24 @@ fn unused_state(fd: &std::os::fd::OwnedFd, why: &str) {
 }
 
 /// The directory of `$RUNTIME_DIRECTORY` (`runtime`: systemd's list of the unit's
-/// RuntimeDirectory=, colon-separated) that `path` is in, if any.
+/// RuntimeDirectory=, colon-separated) that `path` is in, if any, symbolic links resolved
+/// (`/var/run` is `/run`).
 fn removed_at_stop(path: &Path, runtime: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let path = resolved(path)?;
+    std::env::split_paths(runtime?)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .find(|dir| resolved(dir).is_some_and(|dir| path.starts_with(dir)))
+}
+
+/// `path` made absolute, its directory's symbolic links resolved where it exists (the file
+/// itself need not).
+fn resolved(path: &Path) -> Option<PathBuf> {
     let path = std::path::absolute(path).ok()?;
-    std::env::split_paths(runtime?).find(|dir| !dir.as_os_str().is_empty() && path.starts_with(dir))
+    let real = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).ok().map(|dir| dir.join(name)),
+        _ => None,
+    };
+    Some(real.unwrap_or(path))
 }
 
 /// The state region (the ring and the resend window): `--state-file`, or the one systemd
@@ -554,6 +568,27 @@ mod tests {
         assert_eq!(removed_at_stop(Path::new("/run/other/state"), None), None);
         let empty = std::ffi::OsString::new();
         assert_eq!(removed_at_stop(Path::new("/state"), Some(&empty)), None);
+    }
+
+    #[test]
+    fn a_state_file_reached_through_a_symbolic_link_is_found_in_the_runtime_directory() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let real = tmp.path().join("run");
+        std::fs::create_dir_all(real.join("clicks-redirector")).expect("mkdir");
+        let link = tmp.path().join("var-run");
+        std::os::unix::fs::symlink(&real, &link).expect("symlink");
+        let through_link = link.join("clicks-redirector");
+        let through_real = real.join("clicks-redirector");
+        assert_eq!(
+            removed_at_stop(&through_link.join("state"), Some(through_real.as_os_str())),
+            Some(through_real.clone()),
+            "the file named through the link"
+        );
+        assert_eq!(
+            removed_at_stop(&through_real.join("state"), Some(through_link.as_os_str())),
+            Some(through_link),
+            "the runtime directory named through the link"
+        );
     }
 
     #[tokio::test]
