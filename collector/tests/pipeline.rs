@@ -416,6 +416,40 @@ async fn migrate_subcommand_applies_the_schema_and_exits() {
     );
 }
 
+/// On a server older than `schema::OLDEST_SERVER`, the service says so (and keeps trying, for
+/// an upgrade) and `collector migrate` exits with it, before anything else a session sets up
+/// can fail first; on a supported server both go on. `cargo test` has a supported server;
+/// `scripts/test-server-versions` runs this on older ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_older_than_the_oldest_supported_is_refused_by_name_and_no_other() {
+    let db = pgtest::cluster().fresh_database().await;
+    let version = schema::server_version(&pgtest::connect(&db.url).await)
+        .await
+        .unwrap();
+    let (_dir, path) = socket_path();
+    let c = Collector::spawn(command(&db, &path, &[])).await;
+    let migrate = std::process::Command::new(testkit::binary("collector"))
+        .args(["migrate", "--database-url", &db.url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&migrate.stderr);
+    if version < schema::OLDEST_SERVER {
+        let line = c.service.wait_for_log("pg_upgrade", LIMIT).await;
+        let oldest = format!("older than {}", schema::OLDEST_SERVER / 10_000);
+        assert!(line.contains(&oldest), "{line}");
+        assert!(!migrate.status.success(), "migrate refused: {said}");
+        assert!(
+            said.contains(&oldest) && said.contains("pg_upgrade"),
+            "{said}"
+        );
+        assert_eq!(c.health().await, 503, "not ready on a server it refuses");
+    } else {
+        c.ready().await;
+        assert!(migrate.status.success(), "{said}");
+        assert!(!c.service.log().iter().any(|l| l.contains("pg_upgrade")));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_database_url_is_a_usage_error() {
     let out = std::process::Command::new(testkit::binary("collector"))

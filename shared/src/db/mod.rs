@@ -130,6 +130,9 @@ impl Config {
     /// backend whose client vanished from the network (its last packets lost in the outage)
     /// otherwise waits for it until the server's keepalives notice, after the kernel's two
     /// hours, holding what it holds: the collector's writer lock of its instance among them.
+    /// `tcp_user_timeout` is set only where the server has it (12 and later): on an older one
+    /// the session must get as far as the collector's check of the server's version, which
+    /// says what to do, rather than fail on an unknown parameter.
     pub fn session_setup(&self) -> String {
         let Some(timeout) = self.guard else {
             return SET_SEARCH_PATH.to_owned();
@@ -137,7 +140,9 @@ impl Config {
         let user_timeout_ms = (timeout * 3).as_millis().clamp(1, i32::MAX as u128);
         format!(
             "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
-             SET tcp_keepalives_count = 3; SET tcp_user_timeout = {user_timeout_ms}"
+             SET tcp_keepalives_count = 3; \
+             SELECT set_config('tcp_user_timeout', '{user_timeout_ms}', false) \
+             WHERE current_setting('tcp_user_timeout', true) IS NOT NULL"
         )
     }
 
