@@ -19,6 +19,7 @@ use crate::ingest::socket::Inbox;
 use crate::metrics::{AdminView, Shared};
 use crate::upkeep::{compact, link_triggers, maintenance, partitions};
 use crate::write::batch::{self, DateWindow, Handoff};
+use crate::write::replication::Committed;
 use crate::write::store::Conn;
 use crate::write::unfolded::{Meters, Unfolded};
 use crate::write::writer::Writer;
@@ -86,6 +87,9 @@ impl Metrics {
 /// writer's connection, which holds the instance lock.
 struct Start {
     senders: Senders,
+    /// What the instance's processes before this one committed, for the writer's checks
+    /// after a failover.
+    committed: Committed,
     deltas_pending: i64,
     conn: Conn,
 }
@@ -156,7 +160,14 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     };
     let writer_id = protocol::wire::random_sender() as i64;
     let unfolded = Arc::new(Unfolded::bounded(writer_id, config.compact_memory, meters));
-    let (handoff, writer) = start_writer(&db, start.conn, &config, &unfolded, &metrics, &shared);
+    let (handoff, writer) = start_writer(
+        &db,
+        (start.conn, start.committed),
+        &config,
+        &unfolded,
+        &metrics,
+        &shared,
+    );
     let receiver = Receiver::new(
         inbox,
         start.senders,
@@ -278,7 +289,7 @@ async fn listen_admin(
 /// ends once the receiver is gone and the last batch is committed.
 fn start_writer(
     db: &Db,
-    conn: Conn,
+    (conn, committed): (Conn, Committed),
     config: &Config,
     unfolded: &Arc<Unfolded>,
     metrics: &Metrics,
@@ -293,7 +304,8 @@ fn start_writer(
         metrics.write.clone(),
         shared.clone(),
         Some(conn),
-    );
+    )
+    .after(committed);
     // Looks at the writer's sessions from one of its own while a write takes long, for as
     // long as the process runs: a commit that waits for a standby is named as such.
     tokio::spawn(
@@ -358,6 +370,7 @@ async fn try_prepare(
     metrics.partitions_created.inc_by(created);
     Ok(Start {
         senders: senders::load(&client, instance).await?,
+        committed: Committed::of_instance(&client, instance).await?,
         deltas_pending: compact::backlog(&client).await?.counts,
         conn: Conn::prepare(client).await?,
     })

@@ -720,3 +720,67 @@ async fn an_asynchronous_failover_that_lost_acknowledged_clicks_counts_them_and_
         counted.as_millis()
     );
 }
+
+/// A collector restarted after committing clicks the asynchronous standby lacks, and before
+/// the failover to it: the new process committed nothing of that sender yet, and loaded its
+/// seq from the old primary, ahead of the new one. The loss is still counted, and every
+/// redirect is a row or counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_just_after_a_collector_restart_counts_what_the_process_before_lost() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let db = test_db_on(&pair.primary).await;
+    let primary = testkit::pgtest::connect(&db.url).await;
+    add_link(&primary, "steady", "https://example.com/steady").await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = pair.url(&db.name);
+    let (mut c, r) = pipeline(&url, dir.path()).await;
+
+    // Clicks committed and acknowledged on the primary alone.
+    let receiver = pair.standby.wal_receiver_pid().await;
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGSTOP);
+    let load = Load::get(r.http, "/steady");
+    let running = load.start();
+    await_first_rows(&primary, "steady").await;
+    await_standby_behind(&pair, 2e6).await;
+    load.stop();
+    let before = running.await.unwrap().all_redirected("before the restart");
+    await_rows_settled(&primary, Some("steady"), before, &[r.admin, c.admin]).await;
+
+    // The collector restarts, and commits nothing of the redirector's before the failover.
+    c.service.signal(Signal::SIGTERM);
+    assert!(c.service.wait_exit(LIMIT).await.success());
+    let c = Collector::start(
+        &url,
+        &dir.path().join("collector.sock"),
+        &["--flush-interval", "20ms"],
+    )
+    .await;
+    blocking(|| pair.primary.kill_hard());
+    pair.standby.signal_wal_receiver(receiver, Signal::SIGCONT);
+    blocking(|| pair.standby.promote());
+    let new_primary = testkit::pgtest::connect(&pair.standby.url(&db.name)).await;
+
+    // The redirector's next clicks: written on the new primary, the loss found as they are.
+    let load = Load::get(r.http, "/steady");
+    let running = load.start();
+    let unaccounted = eventually("the loss counted", LIMIT, || async {
+        let n = c.metric("collector_clicks_unaccounted_total").await;
+        (n > 0.0).then_some(n as u64)
+    })
+    .await;
+    load.stop();
+    let after = running.await.unwrap().all_redirected("after the failover");
+    let lacked = before - rows(&new_primary, Some("steady")).await.min(before);
+    assert!(
+        lacked > 0,
+        "the new primary lacks clicks acknowledged before"
+    );
+    await_rows_settled(
+        &new_primary,
+        Some("steady"),
+        before + after - unaccounted,
+        &[r.admin, c.admin],
+    )
+    .await;
+    assert_eq!(r.dropped().await, 0.0);
+}

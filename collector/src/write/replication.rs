@@ -15,8 +15,10 @@
 //! - With asynchronous replication, a standby promoted after its primary died may lack
 //!   commits this collector made and acknowledged: the senders have forgotten those clicks.
 //!   On every new connection the writer compares `click_senders` there with what it
-//!   committed itself ([`Committed`]; a row missing for a sender last committed 29 days ago
-//!   or more may have been pruned, and is passed over); what is missing is counted in
+//!   committed itself, and with what the processes of its instance before it had committed
+//!   as it started ([`Committed`]: a restart just before a failover must not hide their last
+//!   commits; a row missing for a sender last committed 29 days ago or more may have been
+//!   pruned, and is passed over); what is missing is counted in
 //!   `collector_clicks_unaccounted_total` (as a resync counts it after a restart), but the
 //!   clicks the lost batches passed over (counted as they committed, in no row), and the
 //!   record put back, so that nothing is counted twice and no sender is asked for what it no
@@ -341,6 +343,45 @@ pub struct Committed {
 const PASSED_OVER_KEPT: usize = 1024;
 
 impl Committed {
+    /// What the processes of `instance` before this one committed, as `click_senders` has it
+    /// at start: each sender's seq and clicks, and when it was committed. A new session is
+    /// checked against these as against this process's own commits, so that a failover that
+    /// lost the last commits of the process before (restarted just before it, so that this
+    /// one committed nothing of those senders yet) is counted too: the senders' next
+    /// datagrams would otherwise be taken at the seqs this process loaded, and the loss go
+    /// unseen. Which of their batches passed clicks over is not known: if a failover lost one
+    /// of those, its passed-over clicks are counted again, as unaccounted.
+    pub(crate) async fn of_instance(
+        client: &Client,
+        instance: &str,
+    ) -> Result<Committed, tokio_postgres::Error> {
+        let rows = client
+            .query(
+                "SELECT sender, last_seq, clicks, \
+                        (extract(epoch FROM now() - updated_at) * 1e6)::int8 \
+                   FROM click_senders WHERE instance = $1 \
+                  ORDER BY updated_at DESC LIMIT $2",
+                &[&instance, &(protocol::senders::MAX_SENDERS as i64)],
+            )
+            .await?;
+        let now = Instant::now();
+        let senders = rows
+            .iter()
+            .map(|r| {
+                // Stored as bigint: the u64 bits reinterpreted.
+                let column = |i| r.get::<_, i64>(i) as u64;
+                let age = Duration::from_micros(r.get::<_, i64>(3).max(0) as u64);
+                let noted = Noted::at(column(1), column(2));
+                let at = now.checked_sub(age);
+                (column(0), Commit { noted, at })
+            })
+            .collect();
+        Ok(Committed {
+            senders,
+            ..Committed::default()
+        })
+    }
+
     /// `batch` is about to be written: the senders it forgets are not checked from now on.
     /// Their rows go with its commit, which may land even though its answer is lost: the
     /// retry's check must not take them for rows a failover lost.
@@ -360,7 +401,10 @@ impl Committed {
                 .push_back((number, batch.passed_over_by().collect()));
         }
         for (sender, noted) in batch.noted() {
-            let commit = Commit { noted, at };
+            let commit = Commit {
+                noted,
+                at: Some(at),
+            };
             let entry = self.senders.entry(sender).or_insert(commit);
             if commit.noted.seq >= entry.noted.seq {
                 *entry = commit;
@@ -482,7 +526,11 @@ impl Committed {
             let row = there.get(&sender).copied();
             let missing = row.is_none();
             let (db_seq, db_clicks) = row.unwrap_or((0, 0));
-            if missing && now.saturating_duration_since(c.at) >= protocol::senders::IDLE {
+            let pruned_maybe = match c.at {
+                Some(at) => now.saturating_duration_since(at) >= protocol::senders::IDLE,
+                None => true,
+            };
+            if missing && pruned_maybe {
                 continue;
             }
             let n = c.noted;
@@ -503,7 +551,9 @@ impl Committed {
 #[derive(Debug, Clone, Copy)]
 struct Commit {
     noted: Noted,
-    at: Instant,
+    /// `None`: longer ago than this host's monotonic clock reaches back (a record loaded at
+    /// start, older than the boot).
+    at: Option<Instant>,
 }
 
 /// Senders whose rows lack commits of this process, as committed, to put back, each with the

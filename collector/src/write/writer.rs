@@ -68,6 +68,13 @@ impl Writer {
         }
     }
 
+    /// Checks its new sessions for the commits of `committed` too (see
+    /// [`Committed::of_instance`]), as well as its own.
+    pub fn after(mut self, committed: Committed) -> Writer {
+        self.committed = committed;
+        self
+    }
+
     /// What watches its sessions' replication, for [`Watch::run`].
     pub fn watch(&self) -> Arc<Watch> {
         self.watch.clone()
