@@ -781,6 +781,17 @@ mod tests {
         d.clicks = vec![with("c", 0, Agent::Bot, None, None, b"")];
         b.push(&d, &OPEN, at);
         assert_eq!(got(&b), [row("agent", "c bot", 1)]);
+
+        // Human clicks with no other dimension: nothing to write, so no row and no COPY.
+        b.clear();
+        d.clicks = vec![with("c", 0, Agent::Human, None, None, b"")];
+        b.push(&d, &OPEN, at);
+        assert_eq!(got(&b), []);
+        let tag = copy::BatchTag {
+            writer: 1,
+            batch: 2,
+        };
+        assert!(b.breakdown_rows(tag).is_empty(), "no empty agent row");
     }
 
     /// The day maps are kept from batch to batch: a refilled batch counts its own clicks

@@ -214,7 +214,9 @@ pub(crate) fn breakdown_rows<'a>(
     lists: impl IntoIterator<Item = (i32, Dimension, Vec<(&'a str, &'a str, i64)>)>,
 ) -> Bytes {
     let mut buf = BytesMut::new();
-    for (day, dimension, entries) in lists {
+    // A day whose clicks were all human has no agent entry (humans are not stored): no row,
+    // and for a batch of such days no COPY.
+    for (day, dimension, entries) in lists.into_iter().filter(|l| !l.2.is_empty()) {
         put_breakdown_batch(&mut buf, tag, day, dimension, &entries);
     }
     buf.freeze()
