@@ -32,6 +32,16 @@ pub fn run(args: &Args) -> Result<(), TapError> {
             say(&show::batch_details_json(&batch, bytes.len()).to_string())
         }
         Reading::Datagram(batch) => say(show::batch_details(&batch, bytes.len()).trim_end()),
+        Reading::Resync(resync) if args.json => {
+            say(&show::resync_json(&resync, bytes.len()).to_string())
+        }
+        Reading::Resync(resync) => say(&format!(
+            "valid resync, {} bytes\nsender:        {}\nfirst:         {}\nclicks_before: {}",
+            bytes.len(),
+            resync.sender,
+            resync.first,
+            resync.clicks_before
+        )),
         Reading::Rejected { reason, error } => Err(TapError::Invalid {
             len: bytes.len(),
             reason,

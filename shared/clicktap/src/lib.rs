@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
-use protocol::wire::EncodeError;
+use protocol::wire::{self, EncodeError};
 use shared::socket::{BindError, SendErrorKind};
 
 /// Socket-level inspection of the click pipeline's datagram socket.
@@ -127,16 +127,33 @@ pub fn run(cli: Cli) -> Result<(), TapError> {
     }
 }
 
-/// All bytes of a file, or of stdin for `-`.
+/// The most bytes a datagram's input may have: its hex with a separator after every byte,
+/// and a line's end. More is no datagram (`/dev/zero`, `yes |`), and is not read into memory.
+const MAX_INPUT: u64 = 3 * wire::MAX_DATAGRAM as u64 + 2;
+
+/// All bytes of a file, or of stdin for `-`; refused past [`MAX_INPUT`].
 fn read_all(source: &Path) -> Result<Vec<u8>, TapError> {
-    if source == Path::new("-") {
-        let mut bytes = Vec::new();
-        io::stdin()
-            .read_to_end(&mut bytes)
-            .map_err(TapError::io("reading stdin"))?;
-        return Ok(bytes);
+    let what = match source.to_str() {
+        Some("-") => "stdin".to_owned(),
+        _ => source.display().to_string(),
+    };
+    let input: Box<dyn Read> = match source.to_str() {
+        Some("-") => Box::new(io::stdin()),
+        _ => {
+            Box::new(std::fs::File::open(source).map_err(TapError::io(format!("reading {what}")))?)
+        }
+    };
+    let mut bytes = Vec::new();
+    input
+        .take(MAX_INPUT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(TapError::io(format!("reading {what}")))?;
+    if bytes.len() as u64 > MAX_INPUT {
+        return Err(TapError::Usage(format!(
+            "{what} holds more than {MAX_INPUT} bytes: no datagram is that long, even as hex"
+        )));
     }
-    std::fs::read(source).map_err(TapError::io(format!("reading {}", source.display())))
+    Ok(bytes)
 }
 
 /// Prints a line to stdout and flushes it. A closed pipe (`| head`) is not an error.

@@ -66,6 +66,19 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     }
 }
 
+/// When the per-second line after the one due at `due` and printed at `now` is due: on a fixed
+/// schedule, so that lines do not drift by the receive timeout, unless the line was late by a
+/// period or more (the process stopped, or its output blocked). Then a whole period from now,
+/// not at once: a line over the microseconds since would show rates a thousand times too high.
+fn next_line_after(due: Instant, now: Instant) -> Instant {
+    let scheduled = due + STATS_EVERY;
+    if scheduled > now {
+        scheduled
+    } else {
+        now + STATS_EVERY
+    }
+}
+
 struct Listener<'a> {
     args: &'a Args,
     out: signals::Stdout,
@@ -91,8 +104,7 @@ impl Listener<'_> {
                     self.print(&stats_line(&totals, now - second_start, self.args.json))?;
                 }
                 second_start = now;
-                // On a fixed schedule, so that lines do not drift by the receive timeout.
-                next_line = (next_line + STATS_EVERY).max(now);
+                next_line = next_line_after(next_line, now);
             }
         }
         Ok(())
@@ -111,6 +123,20 @@ impl Listener<'_> {
                     show::batch_json(&batch, len, now, note).to_string()
                 } else {
                     show::batch_line(&batch, len, now, note)
+                };
+                self.print(&line)
+            }
+            Reading::Resync(resync) => {
+                // A datagram of no clicks: the collector's verdict on it is its own.
+                self.tally.second.add(len, 0);
+                self.tally.all.add(len, 0);
+                if quiet {
+                    return Ok(());
+                }
+                let line = if json {
+                    show::resync_json(&resync, len).to_string()
+                } else {
+                    show::resync_line(&resync, len)
                 };
                 self.print(&line)
             }
@@ -309,6 +335,15 @@ mod tests {
             base_us: 0,
             clicks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_line_late_by_a_period_or_more_puts_the_next_a_whole_period_after_it() {
+        let due = Instant::now();
+        let on_time = due + Duration::from_millis(30);
+        assert_eq!(next_line_after(due, on_time), due + STATS_EVERY);
+        let stopped = due + STATS_EVERY * 5 + Duration::from_millis(30);
+        assert_eq!(next_line_after(due, stopped), stopped + STATS_EVERY);
     }
 
     #[test]

@@ -8,14 +8,16 @@ use serde_json::{json, Map, Value};
 
 use super::hex;
 use protocol::dimensions::{Dimension, Dimensions};
-use protocol::wire::{self, Click, Datagram, MAX_DATAGRAM};
+use protocol::wire::{self, Click, Datagram, Resync, MAX_DATAGRAM, RESYNC_VERSION};
 
 /// Codes listed on a `listen` line before the rest is summarised as "+N more".
 const CODES_SHOWN: usize = 5;
 
-/// A datagram accepted whole, or the reason it was rejected.
+/// A datagram accepted whole, a sender's resync (which a collector's mirror forwards too), or
+/// the reason it was rejected.
 pub enum Reading<'a> {
     Datagram(Datagram<'a>),
+    Resync(Resync),
     Rejected { reason: &'static str, error: String },
 }
 
@@ -28,8 +30,12 @@ pub fn judge(bytes: &[u8], len: usize) -> Reading<'_> {
             error: format!("{len} bytes, over the {MAX_DATAGRAM}-byte limit"),
         };
     }
-    match wire::decode(bytes) {
-        Ok(batch) => Reading::Datagram(batch),
+    let decoded = match bytes.first() {
+        Some(&RESYNC_VERSION) => wire::decode_resync(bytes).map(Reading::Resync),
+        _ => wire::decode(bytes).map(Reading::Datagram),
+    };
+    match decoded {
+        Ok(reading) => reading,
         Err(reject) => Reading::Rejected {
             reason: reject.reason().as_str(),
             error: reject.to_string(),
@@ -173,6 +179,24 @@ pub fn rejected_line(bytes: &[u8], len: usize, reason: &str, error: &str) -> Str
         "REJECTED bytes={len} reason={reason} error={error:?} head={}",
         hex::head(bytes)
     )
+}
+
+/// The line `listen` prints for a resync: the sender goes on from seq `first`, every datagram
+/// before it acknowledged, `clicks_before` clicks in all before it.
+pub fn resync_line(resync: &Resync, len: usize) -> String {
+    format!(
+        "RESYNC sender={} first={} clicks_before={} bytes={len}",
+        resync.sender, resync.first, resync.clicks_before
+    )
+}
+
+/// [`resync_line`] as `listen --json` and `decode --json` print it.
+pub fn resync_json(resync: &Resync, len: usize) -> Value {
+    json!({
+        "resync": { "sender": resync.sender, "first": resync.first,
+                    "clicks_before": resync.clicks_before },
+        "bytes": len,
+    })
 }
 
 /// The JSON object `listen --json` prints for an accepted datagram: every code, not abbreviated.
@@ -393,6 +417,22 @@ mod tests {
             }
             assert_eq!(json["version"], version);
         }
+    }
+
+    #[test]
+    fn a_resync_is_shown_as_one_and_a_damaged_one_is_rejected() {
+        let bytes = Resync::new(7, 42, 1_000).encode();
+        let Reading::Resync(resync) = judge(&bytes, bytes.len()) else {
+            panic!("a resync not read as one");
+        };
+        let line = resync_line(&resync, bytes.len());
+        assert!(
+            line.starts_with("RESYNC sender=7 first=42 clicks_before=1000 "),
+            "{line}"
+        );
+        assert_eq!(resync_json(&resync, bytes.len())["resync"]["first"], 42);
+        let cut = &bytes[..bytes.len() - 1];
+        assert!(matches!(judge(cut, cut.len()), Reading::Rejected { .. }));
     }
 
     #[test]

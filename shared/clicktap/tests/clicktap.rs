@@ -679,6 +679,32 @@ fn decode_of_garbage_fails_with_the_reason() {
     }
     let out = run_args(&["decode", "/nonexistent/datagram.bin"]);
     assert_fails_with(&out, "reading /nonexistent/datagram.bin: No such file");
+    // An endless input is refused once it is longer than any datagram, not read to its end.
+    let out = run_args(&["decode", "/dev/zero"]);
+    assert_fails_with(&out, "/dev/zero holds more than");
+    let mut cmd = clicktap();
+    cmd.args(["decode", "--hex"]);
+    let out = run(cmd, "00 ".repeat(wire::MAX_DATAGRAM + 1).as_bytes());
+    assert_fails_with(&out, "stdin holds more than");
+}
+
+/// The collector's mirror forwards a sender's resync as any datagram: shown as a resync.
+#[test]
+fn decode_shows_a_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("resync.bin");
+    std::fs::write(&file, wire::Resync::new(5, 9, 300).encode()).unwrap();
+    let out = run_args(&["decode", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout(&out).contains("valid resync") && stdout(&out).contains("first:         9"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
