@@ -536,6 +536,22 @@ async fn dev_script_uses_the_database_url_it_is_given() {
         .await
         .expect("the given database is still up");
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (250_000, 1));
+
+    // A run that fails before it starts a service says nothing of the run before's counts,
+    // whose logs are still there.
+    let mut cmd = dev_command(&dev_dir);
+    cmd.env("DATABASE_URL", "postgres://clicks@127.0.0.1:1/nothing");
+    let mut failed = Service::spawn("dev", cmd);
+    assert!(!failed.wait_exit(FIRST_READY).await.success());
+    let log = failed.log();
+    assert!(
+        log.iter().any(|l| l.contains("migrations failed")),
+        "{log:#?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("dev: final:")),
+        "a final line of another run: {log:#?}"
+    );
 }
 
 /// A run killed with SIGKILL leaves the binaries and PostgreSQL running (they live in sessions
