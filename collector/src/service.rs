@@ -251,6 +251,7 @@ fn maintenance_policy(config: &Config) -> maintenance::Policy {
         fold: compact::Policy {
             interval: config.compact_interval,
             backlog: i64::from(config.compact_backlog),
+            slice: compact::SLICE_ENTRIES,
         },
         // Whole days, rounded up; at most 365 (the flags' own bound).
         window_back_days: config.max_click_age.as_secs().div_ceil(DAY) as i32,

@@ -150,6 +150,7 @@ async fn folding(instance: &str) -> Folding {
     let policy = compact::Policy {
         interval: std::time::Duration::ZERO,
         backlog: 1,
+        slice: compact::SLICE_ENTRIES,
     };
     let way = Apply::of(&client).await.unwrap();
     Folding {
@@ -274,6 +275,7 @@ async fn a_fold_not_due_for_its_own_sums_leaves_them_for_later() {
     f.policy = compact::Policy {
         interval: std::time::Duration::from_secs(3600),
         backlog: 1_000_000,
+        slice: compact::SLICE_ENTRIES,
     };
     let list = "INSERT INTO click_breakdown_lists
                     (day, dimension, entries, code_list, value_list, count_list, writer, batch)
@@ -326,6 +328,7 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     f.policy = compact::Policy {
         interval: std::time::Duration::from_secs(60),
         backlog: 1_000_000,
+        slice: compact::SLICE_ENTRIES,
     };
     let later = clicks(500, 200, start_us() + 5_000_000, 1_000);
     write(&mut f.handoff, batch_of(&datagrams(5, &later))).await;
@@ -358,6 +361,60 @@ async fn a_fold_lost_in_a_failover_is_folded_again_from_its_rows() {
     );
 }
 
+/// A row of another writer's (999) orphaned counts, batch $1 written $1 hours ago: $2 entries
+/// over $3 codes, one click each.
+const BACKLOG_COUNTS: &str = "
+    WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
+    INSERT INTO click_count_lists
+        (day, entries, code_list, count_list, writer, batch, written_at)
+    SELECT current_date, count(*), string_agg(code, ' '), string_agg('1', ' '), 999, $1,
+           now() - $1::int8 * interval '1 hour'
+    FROM g";
+
+/// [`BACKLOG_COUNTS`], of the country breakdown.
+const BACKLOG_BREAKDOWNS: &str = "
+    WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
+    INSERT INTO click_breakdown_lists (day, dimension, entries, code_list, value_list,
+                                       count_list, writer, batch, written_at)
+    SELECT current_date, 'country', count(*), string_agg(code, ' '), string_agg('DE', ' '),
+           string_agg('1', ' '), 999, $1, now() - $1::int8 * interval '1 hour'
+    FROM g";
+
+/// A backlog whose full slices, in one fold, outlast the round's deadline (`--write-timeout`):
+/// every such fold was rolled back and tried again whole, for ever. The rounds after a failed
+/// one take smaller slices, and the collector folds it all, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_whose_slices_outlast_the_write_timeout_is_folded_in_smaller_ones() {
+    const CODES: i64 = 1_000;
+    // A fold takes a slice of whole rows (a batch's): a full slice is 50 of these, of counts
+    // and of breakdowns each, about a second's work here, three times the deadline below; the
+    // least slice takes one row of each.
+    const PER_ROW: i64 = 20_000;
+    const ROWS: i64 = 60;
+    let p = place().await;
+    for batch in 1..=ROWS {
+        for sql in [BACKLOG_COUNTS, BACKLOG_BREAKDOWNS] {
+            let args = [&batch as _, &PER_ROW as _, &CODES as _];
+            p.client.execute(sql, &args).await.unwrap();
+        }
+    }
+    let c = start_collector(&p.db, &p.path, &["--write-timeout", "300ms"]).await;
+    c.service
+        .wait_for_log("its folds take at most", LIMIT)
+        .await;
+    let waiting = "SELECT (SELECT count(*) FROM click_count_lists)
+                        + (SELECT count(*) FROM click_breakdown_lists)";
+    testkit::eventually("the backlog folded", LIMIT, || async {
+        (count(&p.client, waiting).await == 0).then_some(())
+    })
+    .await;
+    let each = ROWS * PER_ROW / CODES;
+    for table in ["click_counts", "click_breakdown_counts"] {
+        let sql = format!("SELECT count(*) FROM {table} WHERE clicks = {each}");
+        assert_eq!(count(&p.client, &sql).await, CODES, "{table}");
+    }
+}
+
 /// A backlog that only the SQL way folds goes a slice a fold, oldest first: a fold's round has a
 /// deadline, and one that took a large backlog whole outlasted it at every round, so that it
 /// was never folded. Other writers' orphaned counts and the breakdown lists, each in rows of
@@ -368,22 +425,8 @@ async fn a_large_backlog_of_others_counts_and_of_breakdowns_goes_a_slice_a_fold(
     let db = pgtest::test_db().await;
     let mut client = pgtest::connect(&db.url).await;
     let per_row = compact::SLICE_ENTRIES * 6 / 10;
-    let lists = "
-        WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
-        INSERT INTO click_count_lists
-            (day, entries, code_list, count_list, writer, batch, written_at)
-        SELECT current_date, count(*), string_agg(code, ' '), string_agg('1', ' '), 999, $1,
-               now() - $1::int8 * interval '1 hour'
-        FROM g";
-    let breakdowns = "
-        WITH g AS (SELECT 'c' || (n % $3::int8) AS code FROM generate_series(1, $2::int8) AS n)
-        INSERT INTO click_breakdown_lists (day, dimension, entries, code_list, value_list,
-                                           count_list, writer, batch, written_at)
-        SELECT current_date, 'country', count(*), string_agg(code, ' '), string_agg('DE', ' '),
-               string_agg('1', ' '), 999, $1, now() - $1::int8 * interval '1 hour'
-        FROM g";
     for hours in 1..=4i64 {
-        for sql in [lists, breakdowns] {
+        for sql in [BACKLOG_COUNTS, BACKLOG_BREAKDOWNS] {
             client
                 .execute(sql, &[&hours, &per_row, &CODES])
                 .await

@@ -134,7 +134,10 @@ const STRAY_SLICE: &str = "
 
 /// The most entries one fold takes the SQL way from each of: this collector's stray batches,
 /// other writers' orphaned rows, and the breakdown lists (the oldest rows' alone, if more).
+/// The maintenance rounds take less after a round that failed (`Policy::slice`).
 pub const SLICE_ENTRIES: i64 = 1_000_000;
+/// The least [`Policy::slice`] comes down to.
+pub const MIN_SLICE_ENTRIES: i64 = 10_000;
 
 /// The sums of those rows, one per key (days as PostgreSQL's day numbers), on PostgreSQL 15
 /// and later: one join of the sums with click_counts, each key updated or inserted. A join
@@ -245,9 +248,28 @@ pub struct Policy {
     pub interval: Duration,
     /// Fold once this many counts wait.
     pub backlog: i64,
+    /// The most entries a fold takes the SQL way from each source ([`SLICE_ENTRIES`] unless a
+    /// round failed: see [`Policy::after_round`]).
+    pub slice: i64,
 }
 
 impl Policy {
+    /// The policy for the next round: after one that failed (ran out of time, or an error),
+    /// a quarter of the slice, down to [`MIN_SLICE_ENTRIES`]; after one that went through, a
+    /// quarter more, up to [`SLICE_ENTRIES`] (slowly, so that a slice just past what fits is
+    /// tried again only every few rounds: each failure is a round's work undone). All three slices and the sums go in one transaction
+    /// under one deadline (`--write-timeout`): with three full slices of slow entries
+    /// (breakdowns, many codes) past it, every fold was rolled back and tried again whole,
+    /// for ever, and pruning, which comes after the fold, never ran either.
+    pub(crate) fn after_round(self, went_through: bool) -> Policy {
+        let slice = if went_through {
+            self.slice.saturating_add(self.slice / 4).min(SLICE_ENTRIES)
+        } else {
+            (self.slice / 4).max(MIN_SLICE_ENTRIES)
+        };
+        Policy { slice, ..self }
+    }
+
     /// How old another writer's counts must be before this collector folds them: a live
     /// collector folds its own within about an interval, so what is older than a few is of
     /// a collector that stopped (a previous life of this one, or a host gone).
@@ -372,7 +394,7 @@ pub async fn fold_with(
     let writer = (own.writer(), held_from);
     let moved = fold_taken(&mut tx, policy, writer, &mut taking.taken, apply).await?;
     let breakdowns: i64 = tx
-        .query_one(FOLD_BREAKDOWNS, &[&SLICE_ENTRIES])
+        .query_one(FOLD_BREAKDOWNS, &[&policy.slice])
         .await?
         .get(0);
     tracing::debug!(breakdowns, "folded {breakdowns} breakdown entries");
@@ -450,7 +472,7 @@ async fn fold_taken(
         }
     }
     if stray_upto > 0 {
-        let slice = [&writer as _, &stray_upto as _, &SLICE_ENTRIES as _];
+        let slice = [&writer as _, &stray_upto as _, &policy.slice as _];
         let upto: Option<i64> = tx.query_one(STRAY_SLICE, &slice).await?.get(0);
         if let Some(upto) = upto.filter(|&upto| upto < stray_upto) {
             taken.left = Some(stray_upto);
@@ -461,7 +483,7 @@ async fn fold_taken(
     let row = tx
         .query_one(
             FOLD_ROWS,
-            &[&writer, &stray_upto, &orphaned, &SLICE_ENTRIES, &held_from],
+            &[&writer, &stray_upto, &orphaned, &policy.slice, &held_from],
         )
         .await?;
     Ok(moved + row.get::<_, i64>(0))
@@ -469,6 +491,26 @@ async fn fold_taken(
 
 #[cfg(test)]
 mod tests {
+    use super::{Policy, MIN_SLICE_ENTRIES, SLICE_ENTRIES};
+    use std::time::Duration;
+
+    #[test]
+    fn a_failed_round_takes_a_quarter_of_the_slice_and_one_that_went_through_a_quarter_more() {
+        let full = Policy {
+            interval: Duration::ZERO,
+            backlog: 1,
+            slice: SLICE_ENTRIES,
+        };
+        let failed = full.after_round(false);
+        assert_eq!(failed.slice, SLICE_ENTRIES / 4);
+        let floor = (0..10).fold(failed, |p, _| p.after_round(false));
+        assert_eq!(floor.slice, MIN_SLICE_ENTRIES);
+        assert_eq!(floor.after_round(true).slice, MIN_SLICE_ENTRIES * 5 / 4);
+        let back = (0..30).fold(floor, |p, _| p.after_round(true));
+        assert_eq!(back.slice, SLICE_ENTRIES);
+        assert_eq!(full.after_round(true).slice, SLICE_ENTRIES);
+    }
+
     /// click_senders keeps an idle sender's row a day longer than the collector's memory keeps
     /// the sender (see `protocol::senders::IDLE`).
     #[test]

@@ -72,7 +72,7 @@ impl Policy {
 /// millisecond: `--compact-interval`).
 pub(crate) async fn run(
     db: Db,
-    policy: Policy,
+    mut policy: Policy,
     own: Arc<Unfolded>,
     metrics: Arc<Metrics>,
     shared: Arc<Shared>,
@@ -95,7 +95,18 @@ pub(crate) async fn run(
             () = own.due_by_memory() => {}
         }
         let round = round(&db, &mut conn, &policy, &own, &metrics, &mut pruning);
-        match timed(policy.timeout, round).await {
+        let result = timed(policy.timeout, round).await;
+        let before = policy.fold.slice;
+        policy.fold = policy.fold.after_round(result.is_ok());
+        if policy.fold.slice < before {
+            tracing::info!(
+                slice = policy.fold.slice,
+                "a round failed: its folds take at most {} entries of each backlog until \
+                 rounds go through again",
+                policy.fold.slice
+            );
+        }
+        match result {
             Ok(()) => {
                 backoff.reset();
                 shared.health.upkeep.store(true, Relaxed);

@@ -93,6 +93,7 @@ pub async fn fold_all(
     let policy = collector::upkeep::compact::Policy {
         interval: Duration::ZERO,
         backlog: 1,
+        slice: collector::upkeep::compact::SLICE_ENTRIES,
     };
     collector::upkeep::compact::fold(client, &policy, own).await
 }
@@ -118,6 +119,7 @@ pub fn policy(retention_days: Option<i32>) -> collector::upkeep::maintenance::Po
         fold: collector::upkeep::compact::Policy {
             interval: Duration::from_secs(60),
             backlog: 1_000_000,
+            slice: collector::upkeep::compact::SLICE_ENTRIES,
         },
         window_back_days: 1,
         window_ahead_days: 1,
