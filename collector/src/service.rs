@@ -120,7 +120,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
     let upkeep = maintenance_policy(&config);
     let start = tokio::select! {
-        start = prepare(&db, &config.instance, &upkeep, &metrics.upkeep, &shared) => start,
+        start = prepare(&db, &config.instance, &upkeep, &metrics, &shared) => start,
         name = &mut stop => {
             tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
@@ -331,7 +331,7 @@ async fn prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &upkeep::Metrics,
+    metrics: &Metrics,
     shared: &Shared,
 ) -> Start {
     let mut backoff = db::backoff();
@@ -351,24 +351,31 @@ async fn try_prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &upkeep::Metrics,
+    metrics: &Metrics,
 ) -> Result<Start, db::Failure> {
     // Connecting has a deadline (--write-timeout; tokio-postgres' connect_timeout bounds the
     // socket's connect, not the startup): a server that accepts and never answers is tried
     // again. The steps after it have none, as a migration may take long.
     let mut client = db::timed(upkeep.timeout, db.connect()).await?;
-    lock::take(&client, instance, &mut Throttle::per_outage()).await?;
+    let replication_waiting = &metrics.write.replication_waiting;
+    lock::take(
+        &client,
+        instance,
+        &mut Throttle::per_outage(),
+        replication_waiting,
+    )
+    .await?;
     migrations::apply(&mut client).await?;
     link_triggers::set_back(
         &mut client,
         link_triggers::Report::All,
         link_triggers::LOCK_WAIT,
-        metrics,
+        &metrics.upkeep,
     )
     .await;
     let today = copy::pg_day(protocol::now_us());
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
-    metrics.partitions_created.inc_by(created);
+    metrics.upkeep.partitions_created.inc_by(created);
     Ok(Start {
         senders: senders::load(&client, instance).await?,
         committed: Committed::of_instance(&client, instance).await?,

@@ -16,8 +16,18 @@ async fn await_value(c: &Collector, series: &str, value: f64, limit: Duration) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_promoted_standby_that_kept_synchronous_standby_names_is_named_and_then_written() {
+/// A collector whose commit waits in SyncRep on a promoted standby that kept its primary's
+/// synchronous_standby_names, named: the pair, the place, the collector, the clicks sent,
+/// and how long the naming took from the promotion.
+struct Stuck {
+    pair: Pair,
+    p: Place,
+    c: Collector,
+    sent: Vec<(String, i64)>,
+    named: Duration,
+}
+
+async fn stuck_in_syncrep() -> Stuck {
     let pair = Pair::start(Replication::Synchronous).await;
     let p = place_on(&pair.primary).await;
     // Both servers, whichever takes writes: how the collector follows a failover.
@@ -61,6 +71,25 @@ async fn a_promoted_standby_that_kept_synchronous_standby_names_is_named_and_the
             .any(|l| l.contains("waiting for the lock of instance")),
         "the wait was blamed on a lock"
     );
+    Stuck {
+        pair,
+        p,
+        c,
+        sent,
+        named,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_that_kept_synchronous_standby_names_is_named_and_then_written() {
+    let Stuck {
+        pair,
+        p,
+        c,
+        sent,
+        named,
+    } = stuck_in_syncrep().await;
+    let standby = &pair.standby;
 
     // What a failover manager does on promotion: then every click lands.
     standby.set_synchronous_standby_names("").await;
@@ -68,6 +97,33 @@ async fn a_promoted_standby_that_kept_synchronous_standby_names_is_named_and_the
     await_rows(&client, None, sent.len() as u64).await;
     await_value(&c, "collector_replication_waiting", 0.0, LIMIT).await;
     eprintln!("a commit stuck in SyncRep named after {named:?}");
+}
+
+/// Restarted meanwhile, the collector waits for its instance's lock, which the stuck commit's
+/// session holds: it still names the SyncRep wait, and keeps the gauge (and the alert on it)
+/// up until the commit goes through and it takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_restarted_during_a_syncrep_wait_names_it_while_it_waits_for_the_lock() {
+    let Stuck { pair, p, mut c, .. } = stuck_in_syncrep().await;
+    c.service.signal(nix::sys::signal::Signal::SIGKILL);
+    c.service.wait_exit(LIMIT).await;
+    let db = TestDb {
+        name: p.db.name.clone(),
+        url: pair.url(&p.db.name),
+    };
+    let next = Collector::spawn(command(&db, &p.path, &["--flush-interval", "20ms"])).await;
+    next.service
+        .wait_for_log(
+            "waits for synchronous replication (wait_event SyncRep)",
+            LIMIT,
+        )
+        .await;
+    await_value(&next, "collector_replication_waiting", 1.0, LIMIT).await;
+    assert_eq!(next.health().await, 503, "not ready while it waits");
+
+    pair.standby.set_synchronous_standby_names("").await;
+    next.ready().await;
+    await_value(&next, "collector_replication_waiting", 0.0, LIMIT).await;
 }
 
 /// The clicks `grams` hold.

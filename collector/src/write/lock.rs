@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use shared::metrics::Gauge;
 use shared::throttle::Throttle;
 use tokio_postgres::Client;
 
@@ -26,16 +27,39 @@ const TRY_LOCK: &str =
 /// `pg_advisory_lock`) leaves no lock request behind in the server when a wait is abandoned.
 const POLL: Duration = Duration::from_millis(100);
 
+/// Every how many asks a waiting collector looks at what the lock's holder waits for.
+const LOOK_EVERY: u32 = 20;
+
+/// Whether the session that holds the lock of instance $1 waits for synchronous replication:
+/// a commit of a collector's process before (restarted meanwhile), stuck in `SyncRep`, holds
+/// it until a standby confirms the commit. pg_locks shows an advisory lock's 64-bit key as
+/// two 32-bit halves.
+const HOLDER_WAITS_ON_REPLICATION: &str = "
+    SELECT coalesce(bool_or(a.wait_event = 'SyncRep'), false)
+      FROM (SELECT hashtextextended('clicks collector ' || $1, 0) AS key) AS k,
+           pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.classid = ((k.key >> 32) & 4294967295)::oid
+       AND l.objid = (k.key & 4294967295)::oid";
+
 /// Takes the lock of `instance` for `client`'s session, waiting while another session holds
 /// it. Kept until the session ends. `wait` (a fresh [`Throttle::per_outage`]) is in a run
 /// while another session holds the lock, so that a caller that gives up can tell that from a
-/// database that does not answer; the wait is logged once, and its end.
+/// database that does not answer; the wait is logged once, and its end. A holder whose commit
+/// waits for synchronous replication is named as such, and shown in `replication_waiting`
+/// (`collector_replication_waiting`) until the lock is taken: a collector restarted while
+/// its commit was stuck would otherwise blame a lock, and the alert on the gauge clear.
 pub async fn take(
     client: &Client,
     instance: &str,
     wait: &mut Throttle,
+    replication_waiting: &Gauge,
 ) -> Result<(), tokio_postgres::Error> {
+    let mut named = false;
+    let mut asked: u32 = 0;
     loop {
+        asked = asked.wrapping_add(1);
         let row = client.query_one(TRY_LOCK, &[&instance]).await?;
         if row.get::<_, bool>(0) {
             if wait.end().is_some() {
@@ -43,6 +67,9 @@ pub async fn take(
                     instance,
                     "took the lock of instance {instance:?}: the other writer is gone"
                 );
+            }
+            if named {
+                replication_waiting.set(0);
             }
             return Ok(());
         }
@@ -53,6 +80,36 @@ pub async fn take(
                  instance, or an abandoned connection of this one, is still writing"
             );
         }
+        // Not when this process has named it already (the writer's watch, for its own
+        // abandoned session): once is enough.
+        let look = !named && asked % LOOK_EVERY == 0 && replication_waiting.get() == 0;
+        if look && holder_waits(client, instance).await {
+            named = true;
+            replication_waiting.set(1);
+            tracing::warn!(
+                instance,
+                "the session that holds the lock of instance {instance:?} (a commit of this \
+                 instance's process before) waits for synchronous replication (wait_event \
+                 SyncRep): no synchronous standby confirms it. Look at \
+                 synchronous_standby_names on the server and at pg_stat_replication: a \
+                 standby down, or a promoted standby that kept its primary's setting (clear \
+                 it: ALTER SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf())"
+            );
+        }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`HOLDER_WAITS_ON_REPLICATION`]; no, if the look fails (the next ask will say why).
+async fn holder_waits(client: &Client, instance: &str) -> bool {
+    match client
+        .query_one(HOLDER_WAITS_ON_REPLICATION, &[&instance])
+        .await
+    {
+        Ok(row) => row.get(0),
+        Err(e) => {
+            tracing::debug!("looking at the lock's holder: {}", crate::db::describe(&e));
+            false
+        }
     }
 }

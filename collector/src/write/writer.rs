@@ -289,12 +289,14 @@ impl Writer {
         let mut wait = Throttle::per_outage();
         let (db, slot) = (&self.db, &mut self.conn);
         let (watch, committed, counts) = (&self.watch, &mut self.committed, &self.shared.counts);
+        let replication_waiting = &self.metrics.replication_waiting;
         let attempt = async {
             let conn = match slot {
                 Some(conn) => conn,
                 slot => {
                     let client = db.connect().await?;
-                    lock::take(&client, &number.instance, &mut wait).await?;
+                    let instance = &number.instance;
+                    lock::take(&client, instance, &mut wait, replication_waiting).await?;
                     let conn = Conn::prepare(client).await?;
                     watch.connected(conn.client()).await?;
                     // Perhaps another server now (a failover): does it have what was
