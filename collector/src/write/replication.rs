@@ -330,11 +330,13 @@ pub struct Committed {
     /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
     /// clicks already counted: they are not counted again as unaccounted.
     passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
-    /// Senders whose loss a check counted and whose records it has not put back yet (its
-    /// statement failed, or its answer was lost): the clicks counted of each. The next check
-    /// counts of such a sender only what it lacks beyond them (on the same server, nothing;
-    /// on another, after a second failover, what that one lacks more), and puts it back.
-    counted: HashMap<u64, u64>,
+    /// Senders whose loss the last check counted: the range of their clicks (after the first,
+    /// through the last, in the sender's running count) counted. The next check counts of
+    /// such a sender only what it lacks outside it: on the same server, when the put-back
+    /// failed, nothing; on another, after a second failover to a server that lacks the
+    /// put-back too, only what that one lacks more. A check that finds the sender's record
+    /// whole lets its range go.
+    counted: HashMap<u64, (u64, u64)>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
@@ -475,21 +477,31 @@ impl Committed {
                 .execute(ADVANCE_SENDERS, &rows.params(&number.instance))
                 .await?;
         }
-        self.counted.clear();
         self.check = false;
         Ok(clicks)
     }
 
-    /// Of what the senders `behind` lack, the clicks not counted by an earlier check whose
-    /// records were not put back; notes them as counted until they are.
+    /// Of what the senders `behind` lack (the last `lacks` of their `noted.clicks`), the
+    /// clicks an earlier check did not count; notes what is counted now, and lets go of the
+    /// ranges of the senders no longer behind.
     fn not_counted_yet(&mut self, behind: &[(u64, Noted, u64)]) -> u64 {
         let mut clicks = 0;
-        let counted: HashMap<u64, u64> = behind
+        let counted: HashMap<u64, (u64, u64)> = behind
             .iter()
-            .map(|&(sender, _, lacks)| {
-                let before = self.counted.get(&sender).copied().unwrap_or(0);
-                clicks += lacks.saturating_sub(before);
-                (sender, lacks.max(before))
+            .map(|&(sender, noted, lacks)| {
+                let (from, to) = (noted.clicks.saturating_sub(lacks), noted.clicks);
+                let Some(&(before_from, before_to)) = self.counted.get(&sender) else {
+                    clicks += lacks;
+                    return (sender, (from, to));
+                };
+                let already = to.min(before_to).saturating_sub(from.max(before_from));
+                clicks += lacks - already.min(lacks);
+                let range = if from <= before_to {
+                    (from.min(before_from), to.max(before_to))
+                } else {
+                    (from, to)
+                };
+                (sender, range)
             })
             .collect();
         self.counted = counted;
@@ -630,21 +642,67 @@ mod tests {
     /// A check whose put-back failed counted its senders' loss: the next one counts of each
     /// only what it lacks beyond that (nothing on the same server; on another, after a second
     /// failover, what that one lacks more), until the records are put back.
-    #[test]
-    fn a_loss_counted_and_not_put_back_is_not_counted_again() {
+    /// Two failovers in a row: the first server lacked a sender's last commits, counted and
+    /// put back; the second lacks the put-back too (it had not replicated yet). Counted once.
+    #[tokio::test]
+    async fn a_second_failover_that_lacks_the_put_back_counts_nothing_again() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let counts = Common::register(&mut Default::default());
+        let number = BatchNumber {
+            writer: 1,
+            instance: "here".into(),
+            batch: 1,
+        };
         let mut c = Committed::default();
-        let lacking = |clicks| [(7, Noted::at(3, 300), clicks)];
-        assert_eq!(c.not_counted_yet(&lacking(100)), 100);
-        assert_eq!(c.not_counted_yet(&lacking(100)), 0, "the same server");
+        let mut batch = Batch::default();
+        batch.note_sender(7, Noted::at(5, 500));
+        c.add(&batch, 1, Instant::now());
+        let lost = "INSERT INTO click_senders (sender, last_seq, clicks, instance)
+                    VALUES (7, 2, 200, 'here')
+                    ON CONFLICT (sender) DO UPDATE SET last_seq = 2, clicks = 200";
+        client.execute(lost, &[]).await.unwrap();
+        c.reconnected();
+        assert_eq!(c.check(&client, &number, &counts).await.unwrap(), 300);
+        let row = "SELECT last_seq, clicks FROM click_senders WHERE sender = 7";
+        let row = client.query_one(row, &[]).await.unwrap();
         assert_eq!(
-            c.not_counted_yet(&lacking(300)),
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+            (5, 500),
+            "put back"
+        );
+
+        client.execute(lost, &[]).await.unwrap();
+        c.reconnected();
+        assert_eq!(c.check(&client, &number, &counts).await.unwrap(), 0);
+        assert_eq!(counts.clicks_unaccounted.get(), 300, "counted once");
+    }
+
+    #[test]
+    fn a_loss_counted_is_not_counted_again_until_a_check_finds_the_record_whole() {
+        let mut c = Committed::default();
+        let lacking = |clicks, lacks| [(7, Noted::at(3, clicks), lacks)];
+        assert_eq!(c.not_counted_yet(&lacking(300, 100)), 100);
+        assert_eq!(c.not_counted_yet(&lacking(300, 100)), 0, "the same server");
+        assert_eq!(
+            c.not_counted_yet(&lacking(300, 300)),
             200,
             "a server lacking more"
         );
-        assert_eq!(c.not_counted_yet(&lacking(300)), 0);
-        c.counted.clear();
+        assert_eq!(c.not_counted_yet(&lacking(300, 300)), 0);
         assert_eq!(
-            c.not_counted_yet(&lacking(50)),
+            c.not_counted_yet(&lacking(300, 100)),
+            0,
+            "put back, then a second failover to a server that lacks the put-back"
+        );
+        assert_eq!(
+            c.not_counted_yet(&lacking(400, 150)),
+            100,
+            "committed on since, and that lost too: only what is new"
+        );
+        assert_eq!(c.not_counted_yet(&[]), 0, "a check that finds it whole");
+        assert_eq!(
+            c.not_counted_yet(&lacking(400, 50)),
             50,
             "put back, then lost again"
         );
