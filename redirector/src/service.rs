@@ -392,10 +392,13 @@ fn removed_at_stop(path: &Path, runtime: Option<&std::ffi::OsStr>) -> Option<Pat
         .find(|dir| resolved(dir).is_some_and(|dir| path.starts_with(dir)))
 }
 
-/// `path` made absolute, its directory's symbolic links resolved where it exists (the file
-/// itself need not).
+/// `path` made absolute, its symbolic links resolved: all of them where it exists, else its
+/// directory's (the file need not exist yet).
 fn resolved(path: &Path) -> Option<PathBuf> {
     let path = std::path::absolute(path).ok()?;
+    if let Ok(real) = std::fs::canonicalize(&path) {
+        return Some(real);
+    }
     let real = match (path.parent(), path.file_name()) {
         (Some(dir), Some(name)) => std::fs::canonicalize(dir).ok().map(|dir| dir.join(name)),
         _ => None,
@@ -588,6 +591,14 @@ mod tests {
             removed_at_stop(&through_real.join("state"), Some(through_link.as_os_str())),
             Some(through_link),
             "the runtime directory named through the link"
+        );
+        let elsewhere = tmp.path().join("state-link");
+        std::fs::write(through_real.join("state"), b"").expect("a state file");
+        std::os::unix::fs::symlink(through_real.join("state"), &elsewhere).expect("symlink");
+        assert_eq!(
+            removed_at_stop(&elsewhere, Some(through_real.as_os_str())),
+            Some(through_real.clone()),
+            "the file itself a link into the runtime directory"
         );
     }
 

@@ -152,11 +152,11 @@ async fn write_timeout_redirector() -> (Fixture, Redirector) {
     (f, r)
 }
 
-/// A connection to `r` with a small receive buffer: what the client leaves unread backs up
-/// into the server's send queue after a few KiB.
-async fn small_window(r: &Redirector) -> TcpStream {
+/// A connection to `r` with a receive buffer of `bytes` (the kernel doubles it): what the
+/// client leaves unread backs up into the server's send queue past that.
+async fn with_window(r: &Redirector, bytes: u32) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
     socket.connect(r.http).await.expect("connect")
 }
 
@@ -165,7 +165,7 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
     let (_f, r) = write_timeout_redirector().await;
 
     // Pipelined requests whose responses it never reads.
-    let stream = small_window(&r).await;
+    let stream = with_window(&r, 4096).await;
     let (mut reader, mut writer) = stream.into_split();
     let requests = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(1_000);
     let sending = tokio::spawn(async move {
@@ -194,23 +194,24 @@ async fn a_client_that_does_not_read_is_closed_by_the_write_timeout() {
 
 /// A client that pipelines requests without end and takes its responses a little at a time
 /// makes room for another response well within the write timeout, again and again: it must
-/// still be closed once it has not taken everything queued for that long.
+/// still be closed once it has not taken what was written before a stall for that long.
 #[tokio::test]
 async fn a_client_that_pipelines_without_end_and_reads_slowly_is_closed_by_the_write_timeout() {
     let (_f, r) = write_timeout_redirector().await;
 
-    let stream = small_window(&r).await;
+    let stream = with_window(&r, 4096).await;
     let (mut reader, mut writer) = stream.into_split();
     let requests = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(1_000);
     let sending =
         tokio::spawn(async move { while writer.write_all(requests.as_bytes()).await.is_ok() {} });
-    // Up to 4 KiB a millisecond (the kernel's doubled 4 KiB receive buffer at a time): room
-    // for a response every few milliseconds, never for all of them.
+    // Up to 4 KiB every 2 ms, 2 MB/s at most: room for a response well within the write
+    // timeout (the kernel wakes a writer once a third of its send buffer is free), never a
+    // whole send buffer in it (up to 4 MiB, about 2.6 MiB here).
     let reading = tokio::spawn(async move {
         let mut buf = [0u8; 4096];
         let mut taken = 0usize;
         loop {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
             match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => return taken,
                 Ok(n) => taken += n,
@@ -241,12 +242,15 @@ async fn a_client_that_pipelines_without_end_and_reads_slowly_is_closed_by_the_w
 #[tokio::test]
 async fn a_client_that_pipelines_bursts_and_reads_them_gets_every_response() {
     const BURSTS: usize = 3;
-    // 4,000 responses of 1.6 KB each are more than the kernel's 4 MiB send buffer at most
-    // holds: the server's writes wait on the reading below.
+    // 4,000 responses of 1.6 KB each are more than the client's receive buffer and the
+    // server's send buffer (at most 4 MiB) hold: the server's writes wait on the reading.
     const BURST: usize = 4_000;
     let (_f, r) = write_timeout_redirector().await;
 
-    let mut stream = small_window(&r).await;
+    // A small window, so that the server's writes wait on the client (a wider one, read at
+    // once, keeps up with the server here). A stall ends once what was written before it is
+    // taken, about a send buffer, a fraction of a burst.
+    let mut stream = with_window(&r, 4096).await;
     let burst = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(BURST);
     let start = Instant::now();
     for i in 0..BURSTS {

@@ -330,13 +330,14 @@ pub struct Committed {
     /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
     /// clicks already counted: they are not counted again as unaccounted.
     passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
-    /// Senders whose loss the last check counted: the range of their clicks (after the first,
-    /// through the last, in the sender's running count) counted. The next check counts of
-    /// such a sender only what it lacks outside it: on the same server, when the put-back
-    /// failed, nothing; on another, after a second failover to a server that lacks the
-    /// put-back too, only what that one lacks more. A check that finds the sender's record
-    /// whole lets its range go.
-    counted: HashMap<u64, (u64, u64)>,
+    /// Senders whose loss a check counted: the ranges of their clicks (after the first,
+    /// through the last, in the sender's running count, which never goes back) counted,
+    /// disjoint and in order. A later check counts of such a sender only what it lacks
+    /// outside them: on the same server, when the put-back failed, nothing; after another
+    /// failover to a server that lacks the put-back too, only what that one lacks more. Kept
+    /// until the sender is forgotten: a server that has a record whole says nothing of its
+    /// standbys.
+    counted: HashMap<u64, Vec<(u64, u64)>>,
     /// Set by a new connection: check before the next write.
     check: bool,
 }
@@ -390,6 +391,7 @@ impl Committed {
     pub fn forget(&mut self, batch: &Batch) {
         for sender in batch.forgotten_column() {
             self.senders.remove(&(sender as u64));
+            self.counted.remove(&(sender as u64));
         }
     }
 
@@ -482,29 +484,19 @@ impl Committed {
     }
 
     /// Of what the senders `behind` lack (the last `lacks` of their `noted.clicks`), the
-    /// clicks an earlier check did not count; notes what is counted now, and lets go of the
-    /// ranges of the senders no longer behind.
+    /// clicks no earlier check counted; notes them as counted.
     fn not_counted_yet(&mut self, behind: &[(u64, Noted, u64)]) -> u64 {
         let mut clicks = 0;
-        let counted: HashMap<u64, (u64, u64)> = behind
-            .iter()
-            .map(|&(sender, noted, lacks)| {
-                let (from, to) = (noted.clicks.saturating_sub(lacks), noted.clicks);
-                let Some(&(before_from, before_to)) = self.counted.get(&sender) else {
-                    clicks += lacks;
-                    return (sender, (from, to));
-                };
-                let already = to.min(before_to).saturating_sub(from.max(before_from));
-                clicks += lacks - already.min(lacks);
-                let range = if from <= before_to {
-                    (from.min(before_from), to.max(before_to))
-                } else {
-                    (from, to)
-                };
-                (sender, range)
-            })
-            .collect();
-        self.counted = counted;
+        for &(sender, noted, lacks) in behind {
+            let (from, to) = (noted.clicks.saturating_sub(lacks), noted.clicks);
+            let ranges = self.counted.entry(sender).or_default();
+            let already: u64 = ranges
+                .iter()
+                .map(|&(f, t)| to.min(t).saturating_sub(from.max(f)))
+                .sum();
+            clicks += lacks - already.min(lacks);
+            add_range(ranges, (from, to));
+        }
         clicks
     }
 
@@ -557,6 +549,32 @@ impl Committed {
             }
         }
         behind
+    }
+}
+
+/// Ranges of a sender's clicks [`Committed::counted`] keeps: past them the two lowest are
+/// merged, the clicks between them taken as counted (a loss of those, a third failover later,
+/// would go uncounted rather than be counted twice).
+const COUNTED_RANGES: usize = 16;
+
+/// Adds the clicks `(from, to]` to `ranges` (disjoint, in order), merged with those it meets.
+fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) {
+    if from >= to {
+        return;
+    }
+    let (mut from, mut to) = (from, to);
+    ranges.retain(|&(f, t)| {
+        let meets = f <= to && from <= t;
+        if meets {
+            (from, to) = (from.min(f), to.max(t));
+        }
+        !meets
+    });
+    let at = ranges.partition_point(|&(f, _)| f < from);
+    ranges.insert(at, (from, to));
+    if ranges.len() > COUNTED_RANGES {
+        let (_, second_to) = ranges.remove(1);
+        ranges[0].1 = second_to;
     }
 }
 
@@ -702,10 +720,39 @@ mod tests {
         );
         assert_eq!(c.not_counted_yet(&[]), 0, "a check that finds it whole");
         assert_eq!(
-            c.not_counted_yet(&lacking(400, 50)),
-            50,
-            "put back, then lost again"
+            c.not_counted_yet(&lacking(400, 300)),
+            0,
+            "whole on one server says nothing of its standby: counted already"
         );
+        assert_eq!(
+            c.not_counted_yet(&lacking(900, 100)),
+            100,
+            "a later loss, apart from the first"
+        );
+        assert_eq!(
+            c.not_counted_yet(&lacking(900, 800)),
+            400,
+            "a server lacking both and what is between them: only that"
+        );
+    }
+
+    #[test]
+    fn counted_ranges_merge_where_they_meet_and_stay_bounded() {
+        let mut ranges = Vec::new();
+        add_range(&mut ranges, (10, 20));
+        add_range(&mut ranges, (30, 40));
+        add_range(&mut ranges, (0, 5));
+        assert_eq!(ranges, [(0, 5), (10, 20), (30, 40)]);
+        add_range(&mut ranges, (15, 30));
+        assert_eq!(ranges, [(0, 5), (10, 40)]);
+        add_range(&mut ranges, (7, 7));
+        assert_eq!(ranges, [(0, 5), (10, 40)], "an empty range adds nothing");
+        for i in 0..40 {
+            add_range(&mut ranges, (100 + 10 * i, 105 + 10 * i));
+        }
+        assert_eq!(ranges.len(), COUNTED_RANGES);
+        assert_eq!(ranges[0].0, 0);
+        assert_eq!(ranges.last(), Some(&(490, 495)));
     }
 
     #[test]

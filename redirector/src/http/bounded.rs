@@ -10,8 +10,8 @@
 //!   connection that has received nothing yet counts as a head begun at its accept;
 //! - a connection idle between requests for `--idle-timeout` is closed (`idle_timeout`);
 //! - a response the client does not take within `--write-timeout` closes its connection
-//!   (`write_timeout`; once a write has waited, everything queued must be taken: see
-//!   `watched`); hyper's header read timeout bounds a request head as a whole, counted
+//!   (`write_timeout`; once a write has waited, everything written before must be taken:
+//!   see `watched`); hyper's header read timeout bounds a request head as a whole, counted
 //!   from when the server began waiting for it, not per byte (`header_timeout`).
 //!
 //! "Idle" means: no request being answered, everything answered written out, and no byte of

@@ -3,13 +3,15 @@
 //! everything marks it idle again, and a response the client leaves untaken for
 //! `--write-timeout` fails the write, which ends the connection.
 //!
-//! "Taken" means the kernel's send queue emptied: once a write has waited for room, the
-//! client has `--write-timeout` to take everything queued, not only room for the next write.
-//! A client that pipelines requests without end and reads a little at a time would
-//! otherwise make room for one more response now and then, and hold its connection (busy, so
-//! never evicted) for as long as it liked. A client that takes what it asked for, however
-//! many requests it pipelines, empties the queue; checking costs a system call, made only
-//! once a write has waited.
+//! "Taken" means acknowledged by the client: once a write has waited for room, the client
+//! has `--write-timeout` to take everything written before that wait, not only room for the
+//! next write. A client that pipelines requests without end and reads a little at a time
+//! would otherwise make room for one more response now and then, and hold its connection
+//! (busy, so never evicted) for as long as it liked; now it must take a whole send buffer
+//! each `--write-timeout`. A client that takes what it asked for, however many requests it
+//! pipelines and however long its round trip, does. What it acknowledged is what was
+//! written less the kernel's send queue (`TIOCOUTQ`: written, not acknowledged); asking
+//! costs a system call, made only while a stall lasts.
 
 use std::future::Future;
 use std::io;
@@ -33,8 +35,12 @@ pub(super) struct Watched {
     conn: Arc<Conn>,
     write_timeout: Duration,
     /// Armed when a write could not hand over everything at once; disarmed by a write that
-    /// finds the send queue empty.
+    /// finds `stall_mark` acknowledged.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Bytes handed to the kernel since the connection began.
+    written: u64,
+    /// `written` when the stall began: what the client must take to end it.
+    stall_mark: u64,
 }
 
 impl Watched {
@@ -44,6 +50,8 @@ impl Watched {
             conn,
             write_timeout,
             stalled: None,
+            written: 0,
+            stall_mark: 0,
         }
     }
 
@@ -66,6 +74,9 @@ impl Watched {
         wrote: Poll<io::Result<usize>>,
         asked: usize,
     ) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = wrote {
+            self.written += n as u64;
+        }
         match wrote {
             Poll::Ready(Ok(n)) if n == asked => {
                 self.conn.wrote_all();
@@ -88,13 +99,14 @@ impl Watched {
     fn arm(&mut self) {
         if self.stalled.is_none() {
             self.stalled = Some(Box::pin(tokio::time::sleep(self.write_timeout)));
+            self.stall_mark = self.written;
         }
     }
 
-    /// Before a write: a client that took everything queued ends the stall; one that has not
-    /// by its deadline fails the write before it starts.
+    /// Before a write: a client that took everything written before the stall ends it; one
+    /// that has not by its deadline fails the write before it starts.
     fn overdue(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
-        if self.stalled.is_some() && self.queue_taken() {
+        if self.stalled.is_some() && self.taken_since_stall() {
             self.stalled = None;
             return None;
         }
@@ -106,10 +118,11 @@ impl Watched {
 }
 
 impl Watched {
-    /// Whether the client has taken (acknowledged) every byte written to it: the kernel's
-    /// send queue (`TIOCOUTQ`) is empty. Taken as yes if the kernel does not say, which is the
-    /// rule a stall had before this check.
-    fn queue_taken(&self) -> bool {
+    /// Whether the client has acknowledged every byte written before the stall began: what
+    /// was written less what the kernel's send queue still holds (`TIOCOUTQ`: unsent or
+    /// unacknowledged). Taken as yes if the kernel does not say, which is the rule a stall had
+    /// before this check.
+    fn taken_since_stall(&self) -> bool {
         let mut queued: nix::libc::c_int = 0;
         // SAFETY: TIOCOUTQ stores one int through the pointer, which outlives the call; the
         // descriptor is the stream's own, open while `self` is.
@@ -120,7 +133,8 @@ impl Watched {
                 &mut queued as *mut nix::libc::c_int,
             )
         };
-        rc != 0 || queued == 0
+        let queued = u64::try_from(queued).unwrap_or(0);
+        rc != 0 || self.written.saturating_sub(queued) >= self.stall_mark
     }
 }
 

@@ -127,9 +127,10 @@ pub fn run(cli: Cli) -> Result<(), TapError> {
     }
 }
 
-/// The most bytes a datagram's input may have: its hex with a separator after every byte,
-/// and a line's end. More is no datagram (`/dev/zero`, `yes |`), and is not read into memory.
-const MAX_INPUT: u64 = 3 * wire::MAX_DATAGRAM as u64 + 2;
+/// The most bytes a datagram's input may have: its hex with up to two separators after every
+/// byte (`od -An -tx1` writes 49 bytes a 16), and a line's end. More is no datagram
+/// (`/dev/zero`, `yes |`), and is not read into memory.
+const MAX_INPUT: u64 = 4 * wire::MAX_DATAGRAM as u64 + 2;
 
 /// All bytes of a file, or of stdin for `-`; refused past [`MAX_INPUT`].
 fn read_all(source: &Path) -> Result<Vec<u8>, TapError> {

@@ -684,7 +684,7 @@ fn decode_of_garbage_fails_with_the_reason() {
     assert_fails_with(&out, "/dev/zero holds more than");
     let mut cmd = clicktap();
     cmd.args(["decode", "--hex"]);
-    let out = run(cmd, "00 ".repeat(wire::MAX_DATAGRAM + 1).as_bytes());
+    let out = run(cmd, "00  ".repeat(wire::MAX_DATAGRAM + 1).as_bytes());
     assert_fails_with(&out, "stdin holds more than");
 }
 
