@@ -113,10 +113,7 @@ async fn a_collector_restarted_during_a_syncrep_wait_names_it_while_it_waits_for
     };
     let next = Collector::spawn(command(&db, &p.path, &["--flush-interval", "20ms"])).await;
     next.service
-        .wait_for_log(
-            "waits for synchronous replication (wait_event SyncRep)",
-            LIMIT,
-        )
+        .wait_for_log("the session that holds the lock of instance", LIMIT)
         .await;
     await_value(&next, "collector_replication_waiting", 1.0, LIMIT).await;
     assert_eq!(next.health().await, 503, "not ready while it waits");

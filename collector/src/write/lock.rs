@@ -11,11 +11,13 @@
 //! written by each: a batch's claim is its own writer's (`store`), and senders' seqs only
 //! keep from moving back. systemd's stop before a start keeps the two from running at once.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shared::metrics::Gauge;
 use shared::throttle::Throttle;
 use tokio_postgres::Client;
+
+use crate::write::replication::NAMED_AFTER;
 
 /// The lock's key: a 64-bit hash of the instance name, prefixed so that it cannot meet the
 /// migrations' key. `hashtextextended` is stable across platforms and versions (hash
@@ -28,7 +30,7 @@ const TRY_LOCK: &str =
 const POLL: Duration = Duration::from_millis(100);
 
 /// Every how many asks a waiting collector looks at what the lock's holder waits for.
-const LOOK_EVERY: u32 = 20;
+const LOOK_EVERY: u32 = 5;
 
 /// Whether the session that holds the lock of instance $1 waits for synchronous replication:
 /// a commit of a collector's process before (restarted meanwhile), stuck in `SyncRep`, holds
@@ -56,7 +58,11 @@ pub async fn take(
     wait: &mut Throttle,
     replication_waiting: &Gauge,
 ) -> Result<(), tokio_postgres::Error> {
-    let mut named = false;
+    let mut holder = Holder {
+        replication_waiting,
+        since: None,
+        named: false,
+    };
     let mut asked: u32 = 0;
     loop {
         asked = asked.wrapping_add(1);
@@ -68,9 +74,6 @@ pub async fn take(
                     "took the lock of instance {instance:?}: the other writer is gone"
                 );
             }
-            if named {
-                replication_waiting.set(0);
-            }
             return Ok(());
         }
         if wait.hit().is_some() {
@@ -80,23 +83,61 @@ pub async fn take(
                  instance, or an abandoned connection of this one, is still writing"
             );
         }
-        // Not when this process has named it already (the writer's watch, for its own
-        // abandoned session): once is enough.
-        let look = !named && asked % LOOK_EVERY == 0 && replication_waiting.get() == 0;
-        if look && holder_waits(client, instance).await {
-            named = true;
-            replication_waiting.set(1);
-            tracing::warn!(
-                instance,
-                "the session that holds the lock of instance {instance:?} (a commit of this \
-                 instance's process before) waits for synchronous replication (wait_event \
-                 SyncRep): no synchronous standby confirms it. Look at \
-                 synchronous_standby_names on the server and at pg_stat_replication: a \
-                 standby down, or a promoted standby that kept its primary's setting (clear \
-                 it: ALTER SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf())"
-            );
+        // Not when the writer's watch has named it (its own abandoned session): once is
+        // enough.
+        let look = holder.named || replication_waiting.get() == 0;
+        if look && asked % LOOK_EVERY == 0 {
+            let waits = holder_waits(client, instance).await;
+            holder.saw(waits, instance);
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What a wait for the lock saw of its holder: since when it has waited in SyncRep at every
+/// look, and whether that is named (`replication_waiting` at 1). Named only after
+/// [`NAMED_AFTER`] of it, as the writer's watch does: a healthy standby's commit waits there
+/// for milliseconds. Unnamed once a look finds it no longer waits, and however the wait for
+/// the lock ends (taken, an error, the attempt dropped at its deadline).
+struct Holder<'a> {
+    replication_waiting: &'a Gauge,
+    since: Option<Instant>,
+    named: bool,
+}
+
+impl Holder<'_> {
+    fn saw(&mut self, waits: bool, instance: &str) {
+        if !waits {
+            self.since = None;
+            if std::mem::take(&mut self.named) {
+                self.replication_waiting.set(0);
+                tracing::info!("the lock's holder no longer waits for synchronous replication");
+            }
+            return;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.named || since.elapsed() < NAMED_AFTER {
+            return;
+        }
+        self.named = true;
+        self.replication_waiting.set(1);
+        tracing::warn!(
+            instance,
+            "the session that holds the lock of instance {instance:?} (a commit of this \
+             instance's process before) has waited over {NAMED_AFTER:?} for synchronous \
+             replication (wait_event SyncRep): no synchronous standby confirms it. Look at \
+             synchronous_standby_names on the server and at pg_stat_replication: a standby \
+             down, or a promoted standby that kept its primary's setting (clear it: ALTER \
+             SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf())"
+        );
+    }
+}
+
+impl Drop for Holder<'_> {
+    fn drop(&mut self) {
+        if self.named {
+            self.replication_waiting.set(0);
+        }
     }
 }
 
@@ -111,5 +152,38 @@ async fn holder_waits(client: &Client, instance: &str) -> bool {
             tracing::debug!("looking at the lock's holder: {}", crate::db::describe(&e));
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One look in SyncRep is not a wait (a healthy standby's commit passes through it); one
+    /// that lasts is named, and unnamed when it ends or when the wait for the lock ends
+    /// however it does.
+    #[test]
+    fn a_holder_is_named_after_a_wait_that_lasts_and_unnamed_however_the_wait_ends() {
+        let gauge = Gauge::default();
+        let long_ago = || Some(Instant::now() - NAMED_AFTER);
+        let mut holder = Holder {
+            replication_waiting: &gauge,
+            since: None,
+            named: false,
+        };
+        holder.saw(true, "i");
+        assert_eq!(gauge.get(), 0, "a single look");
+        holder.since = long_ago();
+        holder.saw(true, "i");
+        assert_eq!(gauge.get(), 1, "waited NAMED_AFTER");
+        holder.saw(false, "i");
+        assert_eq!(gauge.get(), 0, "no longer waits");
+        holder.saw(true, "i");
+        assert_eq!(gauge.get(), 0, "a new wait starts over");
+        holder.since = long_ago();
+        holder.saw(true, "i");
+        assert_eq!(gauge.get(), 1);
+        drop(holder);
+        assert_eq!(gauge.get(), 0, "the wait for the lock ended");
     }
 }

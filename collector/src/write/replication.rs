@@ -699,41 +699,47 @@ mod tests {
     #[test]
     fn a_loss_counted_is_not_counted_again_until_a_check_finds_the_record_whole() {
         let mut c = Committed::default();
-        let lacking = |clicks, lacks| [(7, Noted::at(3, clicks), lacks)];
-        assert_eq!(c.not_counted_yet(&lacking(300, 100)), 100);
-        assert_eq!(c.not_counted_yet(&lacking(300, 100)), 0, "the same server");
-        assert_eq!(
-            c.not_counted_yet(&lacking(300, 300)),
-            200,
-            "a server lacking more"
-        );
-        assert_eq!(c.not_counted_yet(&lacking(300, 300)), 0);
-        assert_eq!(
-            c.not_counted_yet(&lacking(300, 100)),
-            0,
-            "put back, then a second failover to a server that lacks the put-back"
-        );
-        assert_eq!(
-            c.not_counted_yet(&lacking(400, 150)),
-            100,
-            "committed on since, and that lost too: only what is new"
-        );
-        assert_eq!(c.not_counted_yet(&[]), 0, "a check that finds it whole");
-        assert_eq!(
-            c.not_counted_yet(&lacking(400, 300)),
-            0,
-            "whole on one server says nothing of its standby: counted already"
-        );
-        assert_eq!(
-            c.not_counted_yet(&lacking(900, 100)),
-            100,
-            "a later loss, apart from the first"
-        );
-        assert_eq!(
-            c.not_counted_yet(&lacking(900, 800)),
-            400,
-            "a server lacking both and what is between them: only that"
-        );
+        // Each check: the sender's clicks committed, what the server lacks of them (None: the
+        // record whole), the clicks to count, why.
+        let checks = [
+            (300, Some(100), 100, "a first loss"),
+            (300, Some(100), 0, "the same server"),
+            (300, Some(300), 200, "a server lacking more"),
+            (300, Some(300), 0, "that server again"),
+            (
+                300,
+                Some(100),
+                0,
+                "put back, then a failover to one that lacks the put-back",
+            ),
+            (
+                400,
+                Some(150),
+                100,
+                "committed on since, and that lost too: only what is new",
+            ),
+            (400, None, 0, "a check that finds it whole"),
+            (
+                400,
+                Some(300),
+                0,
+                "whole on one server says nothing of its standby",
+            ),
+            (900, Some(100), 100, "a later loss, apart from the first"),
+            (
+                900,
+                Some(800),
+                400,
+                "a server lacking both and what is between them",
+            ),
+        ];
+        for (clicks, lacks, want, why) in checks {
+            let behind: Vec<_> = lacks
+                .map(|l| (7, Noted::at(3, clicks), l))
+                .into_iter()
+                .collect();
+            assert_eq!(c.not_counted_yet(&behind), want, "{why}");
+        }
     }
 
     #[test]
