@@ -32,12 +32,14 @@ const POLL: Duration = Duration::from_millis(100);
 /// Every how many asks a waiting collector looks at what the lock's holder waits for.
 const LOOK_EVERY: u32 = 5;
 
-/// Whether the session that holds the lock of instance $1 waits for synchronous replication:
-/// a commit of a collector's process before (restarted meanwhile), stuck in `SyncRep`, holds
-/// it until a standby confirms the commit. pg_locks shows an advisory lock's 64-bit key as
-/// two 32-bit halves.
+/// Whether the session that holds the lock of instance $1 waits for synchronous replication,
+/// and in which transaction (its start, in Unix microseconds; NULL when it does not wait): a
+/// commit of a collector's process before (restarted meanwhile), stuck in `SyncRep`, holds it
+/// until a standby confirms the commit. pg_locks shows an advisory lock's 64-bit key as two
+/// 32-bit halves.
 const HOLDER_WAITS_ON_REPLICATION: &str = "
-    SELECT coalesce(bool_or(a.wait_event = 'SyncRep'), false)
+    SELECT max((extract(epoch FROM a.xact_start) * 1e6)::int8)
+               FILTER (WHERE a.wait_event = 'SyncRep')
       FROM (SELECT hashtextextended('clicks collector ' || $1, 0) AS key) AS k,
            pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -87,35 +89,44 @@ pub async fn take(
         // enough.
         let look = holder.named || replication_waiting.get() == 0;
         if look && asked % LOOK_EVERY == 0 {
-            let waits = holder_waits(client, instance).await;
-            holder.saw(waits, instance);
+            if let Some(waits) = holder_waits(client, instance).await {
+                holder.saw(waits, instance);
+            }
         }
         tokio::time::sleep(POLL).await;
     }
 }
 
-/// What a wait for the lock saw of its holder: since when it has waited in SyncRep at every
-/// look, and whether that is named (`replication_waiting` at 1). Named only after
-/// [`NAMED_AFTER`] of it, as the writer's watch does: a healthy standby's commit waits there
-/// for milliseconds. Unnamed once a look finds it no longer waits, and however the wait for
-/// the lock ends (taken, an error, the attempt dropped at its deadline).
+/// What a wait for the lock saw of its holder: the transaction it has waited in SyncRep at
+/// every look since when, and whether that is named (`replication_waiting` at 1). Named only
+/// after [`NAMED_AFTER`] of one transaction's wait, as the writer's watch does: a healthy
+/// standby's commit waits there for milliseconds, and a holder committing batch after batch
+/// over a slow link may be seen there at every look, in a new transaction each time.
+/// Unnamed once a look finds it no longer waits, and however the wait for the lock ends
+/// (taken, an error, the attempt dropped at its deadline).
 struct Holder<'a> {
     replication_waiting: &'a Gauge,
-    since: Option<Instant>,
+    /// The waiting transaction's start (Unix microseconds), and when a look first saw it wait.
+    since: Option<(i64, Instant)>,
     named: bool,
 }
 
 impl Holder<'_> {
-    fn saw(&mut self, waits: bool, instance: &str) {
-        if !waits {
+    /// A look's answer: the holder waits in SyncRep in the transaction that began at
+    /// `waits` (Unix microseconds), or does not (`None`).
+    fn saw(&mut self, waits: Option<i64>, instance: &str) {
+        let Some(xact) = waits else {
             self.since = None;
             if std::mem::take(&mut self.named) {
                 self.replication_waiting.set(0);
                 tracing::info!("the lock's holder no longer waits for synchronous replication");
             }
             return;
-        }
-        let since = *self.since.get_or_insert_with(Instant::now);
+        };
+        let since = match self.since {
+            Some((same, since)) if same == xact => since,
+            _ => self.since.insert((xact, Instant::now())).1,
+        };
         if self.named || since.elapsed() < NAMED_AFTER {
             return;
         }
@@ -141,16 +152,17 @@ impl Drop for Holder<'_> {
     }
 }
 
-/// [`HOLDER_WAITS_ON_REPLICATION`]; no, if the look fails (the next ask will say why).
-async fn holder_waits(client: &Client, instance: &str) -> bool {
+/// [`HOLDER_WAITS_ON_REPLICATION`]; `None` if the look fails (unknown: the next ask will
+/// say why).
+async fn holder_waits(client: &Client, instance: &str) -> Option<Option<i64>> {
     match client
         .query_one(HOLDER_WAITS_ON_REPLICATION, &[&instance])
         .await
     {
-        Ok(row) => row.get(0),
+        Ok(row) => Some(row.get(0)),
         Err(e) => {
             tracing::debug!("looking at the lock's holder: {}", crate::db::describe(&e));
-            false
+            None
         }
     }
 }
@@ -165,23 +177,26 @@ mod tests {
     #[test]
     fn a_holder_is_named_after_a_wait_that_lasts_and_unnamed_however_the_wait_ends() {
         let gauge = Gauge::default();
-        let long_ago = || Some(Instant::now() - NAMED_AFTER);
+        let long_ago = |xact| Some((xact, Instant::now() - NAMED_AFTER));
         let mut holder = Holder {
             replication_waiting: &gauge,
             since: None,
             named: false,
         };
-        holder.saw(true, "i");
+        holder.saw(Some(1), "i");
         assert_eq!(gauge.get(), 0, "a single look");
-        holder.since = long_ago();
-        holder.saw(true, "i");
-        assert_eq!(gauge.get(), 1, "waited NAMED_AFTER");
-        holder.saw(false, "i");
+        holder.since = long_ago(1);
+        holder.saw(Some(2), "i");
+        assert_eq!(gauge.get(), 0, "another transaction's wait starts over");
+        holder.since = long_ago(2);
+        holder.saw(Some(2), "i");
+        assert_eq!(gauge.get(), 1, "one transaction waited NAMED_AFTER");
+        holder.saw(None, "i");
         assert_eq!(gauge.get(), 0, "no longer waits");
-        holder.saw(true, "i");
+        holder.saw(Some(3), "i");
         assert_eq!(gauge.get(), 0, "a new wait starts over");
-        holder.since = long_ago();
-        holder.saw(true, "i");
+        holder.since = long_ago(3);
+        holder.saw(Some(3), "i");
         assert_eq!(gauge.get(), 1);
         drop(holder);
         assert_eq!(gauge.get(), 0, "the wait for the lock ended");
