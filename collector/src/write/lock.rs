@@ -17,7 +17,7 @@ use shared::metrics::Gauge;
 use shared::throttle::Throttle;
 use tokio_postgres::Client;
 
-use crate::write::replication::NAMED_AFTER;
+use crate::write::replication::{NAMED_AFTER, SYNCREP_ADVICE};
 
 /// The lock's key: a 64-bit hash of the instance name, prefixed so that it cannot meet the
 /// migrations' key. `hashtextextended` is stable across platforms and versions (hash
@@ -136,10 +136,8 @@ impl Holder<'_> {
             instance,
             "the session that holds the lock of instance {instance:?} (a commit of this \
              instance's process before) has waited over {NAMED_AFTER:?} for synchronous \
-             replication (wait_event SyncRep): no synchronous standby confirms it. Look at \
-             synchronous_standby_names on the server and at pg_stat_replication: a standby \
-             down, or a promoted standby that kept its primary's setting (clear it: ALTER \
-             SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf())"
+             replication (wait_event SyncRep): no synchronous standby confirms it. \
+             {SYNCREP_ADVICE}"
         );
     }
 }

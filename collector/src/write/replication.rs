@@ -45,6 +45,12 @@ const LOOK_AFTER: Duration = Duration::from_secs(1);
 /// timeout (30 s by default), long enough that a standby catching up is not.
 pub const NAMED_AFTER: Duration = Duration::from_secs(2);
 
+/// What a named SyncRep wait's warning tells the operator to look at, and the usual fix.
+pub const SYNCREP_ADVICE: &str = "Look at synchronous_standby_names on the server and at \
+     pg_stat_replication: a standby down, or a promoted standby that kept its primary's \
+     setting (clear it: ALTER SYSTEM SET synchronous_standby_names = ''; SELECT \
+     pg_reload_conf())";
+
 /// Which of `backends` the server still runs (the same pid started at the same time), and one
 /// of them waiting in `SyncRep`.
 async fn look(
@@ -309,10 +315,7 @@ impl Watch {
             "a commit of this collector (backend {pid}) has waited over {NAMED_AFTER:?} for \
              synchronous replication (wait_event SyncRep): no synchronous standby confirms it. \
              The batch is kept, and its backend holds the instance lock until the commit is \
-             confirmed. Look at synchronous_standby_names (now {names:?}) on the server and \
-             at pg_stat_replication: a standby down, or a promoted standby that kept its \
-             primary's setting (clear it: ALTER SYSTEM SET synchronous_standby_names = ''; \
-             SELECT pg_reload_conf())"
+             confirmed. synchronous_standby_names is now {names:?}. {SYNCREP_ADVICE}"
         );
     }
 }

@@ -127,9 +127,7 @@ impl Listener<'_> {
                 self.print(&line)
             }
             Reading::Resync(resync) => {
-                // A datagram of no clicks: the collector's verdict on it is its own.
-                self.tally.second.add(len, 0);
-                self.tally.all.add(len, 0);
+                self.tally.resync(len);
                 if quiet {
                     return Ok(());
                 }
@@ -237,6 +235,13 @@ impl Tally {
             *gap = gap.saturating_add(note.missing);
         }
         note
+    }
+
+    /// A resync: a datagram of no clicks (the collector's verdict on it is its own).
+    fn resync(&mut self, len: usize) {
+        for totals in [&mut self.second, &mut self.all] {
+            totals.add(len, 0);
+        }
     }
 
     fn reject(&mut self, len: usize) {
