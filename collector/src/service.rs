@@ -90,7 +90,7 @@ struct Start {
     /// What the instance's processes before this one committed, for the writer's checks
     /// after a failover.
     committed: Committed,
-    deltas_pending: i64,
+    backlog: compact::Backlog,
     conn: Conn,
 }
 
@@ -140,7 +140,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
                    needs a socket of its own";
         return Err(Fatal::Mirror(std::io::Error::other(own)));
     }
-    metrics.upkeep.deltas_pending.set(start.deltas_pending);
+    maintenance::show(&metrics.upkeep, &start.backlog);
     shared.health.writes.store(true, Relaxed);
     shared.health.upkeep.store(true, Relaxed);
     shared.health.started.store(true, Relaxed);
@@ -379,7 +379,7 @@ async fn try_prepare(
     Ok(Start {
         senders: senders::load(&client, instance).await?,
         committed: Committed::of_instance(&client, instance).await?,
-        deltas_pending: compact::backlog(&client).await?.counts,
+        backlog: compact::backlog(&client).await?,
         conn: Conn::prepare(client).await?,
     })
 }

@@ -33,6 +33,11 @@ shared::metrics! {
             "Per-batch counts (code, day, clicks) not folded into click_counts yet.";
         deltas_oldest_seconds: Gauge = "deltas_oldest_seconds",
             "How long the oldest count not folded yet has waited.";
+        breakdowns_pending: Gauge = "breakdowns_pending",
+            "Per-batch breakdown entries (code, day, dimension, value, clicks) not folded into \
+             click_breakdown_counts yet.";
+        breakdowns_oldest_seconds: Gauge = "breakdowns_oldest_seconds",
+            "How long the oldest breakdown entry not folded yet has waited.";
         unfolded_bytes: Gauge = "unfolded_bytes",
             "Estimated memory of this collector's sums of unfolded counts, a fold's under way \
              included; a fold is due at half of --compact-memory.";

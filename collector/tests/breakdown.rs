@@ -225,20 +225,37 @@ async fn retention_deletes_an_old_days_breakdowns_and_keeps_the_rest_exact() {
 }
 
 /// Breakdown lists alone make a fold due: here a stopped collector's, with no count waiting
-/// that would make it due by the totals' rule.
+/// that would make it due by the totals' rule. While their folds fail (here
+/// `click_breakdown_counts` refuses every row) the backlog's gauges show them: the totals'
+/// gauges count none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breakdown_lists_alone_make_a_fold_due() {
     let p = place().await;
+    // Ready first: a round that fails makes /healthz say 503.
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
     p.client
         .batch_execute(
-            "INSERT INTO click_breakdown_lists
-                 (day, dimension, entries, code_list, value_list, count_list, writer, batch)
-             VALUES ('2026-01-01', 'referrer', 2, 'a b', 't.co (none)', '3 4', 77, 1),
-                    ('2026-01-01', 'agent', 1, 'a', 'bot', '5', 77, 1)",
+            "ALTER TABLE click_breakdown_counts ADD CONSTRAINT refuse_all CHECK (false) NOT VALID;
+             INSERT INTO click_breakdown_lists
+                 (day, dimension, entries, code_list, value_list, count_list, writer, batch,
+                  written_at)
+             VALUES ('2026-01-01', 'referrer', 2, 'a b', 't.co (none)', '3 4', 77, 1,
+                     now() - interval '1 minute'),
+                    ('2026-01-01', 'agent', 1, 'a', 'bot', '5', 77, 1, now())",
         )
         .await
         .unwrap();
-    let _c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
+    c.await_metric("collector_breakdowns_pending", 3.0).await;
+    assert!(c.metric("collector_breakdowns_oldest_seconds").await >= 60.0);
+    assert_eq!(c.metric("collector_deltas_pending").await, 0.0);
+    testkit::eventually("a fold refused", LIMIT, || async {
+        (c.metric("collector_db_errors_total").await > 0.0).then_some(())
+    })
+    .await;
+    p.client
+        .batch_execute("ALTER TABLE click_breakdown_counts DROP CONSTRAINT refuse_all")
+        .await
+        .unwrap();
     let lists = "SELECT count(*) FROM click_breakdown_lists";
     testkit::eventually("the breakdown lists folded", LIMIT, || async {
         (count(&p.client, lists).await == 0).then_some(())
@@ -260,4 +277,10 @@ async fn breakdown_lists_alone_make_a_fold_due() {
         row("b", "referrer", "(none)", 4),
     ]);
     assert_eq!(breakdown(&p.client, "click_breakdown_counts").await, want);
+    testkit::eventually("the breakdown gauges back to 0", LIMIT, || async {
+        let pending = c.metric("collector_breakdowns_pending").await;
+        let oldest = c.metric("collector_breakdowns_oldest_seconds").await;
+        (pending == 0.0 && oldest == 0.0).then_some(())
+    })
+    .await;
 }

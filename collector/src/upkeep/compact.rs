@@ -182,7 +182,10 @@ const BACKLOG: &str = "
                 ELSE coalesce(extract(epoch FROM now() - least(
                          (SELECT min(written_at) FROM click_count_lists),
                          (SELECT min(written_at) FROM click_count_batches))), 0)::float8
-           END";
+           END,
+           (SELECT coalesce(sum(entries), 0) FROM click_breakdown_lists)::int8,
+           coalesce(extract(epoch FROM now() - (SELECT min(written_at)
+                                                FROM click_breakdown_lists)), 0)::float8";
 
 /// Whether FOLD_ROWS would find anything but this collector's own batches from $5 on, or
 /// breakdown lists are due by the policy's rule: the oldest written $3 seconds ago, or $4 entries
@@ -278,11 +281,14 @@ impl Policy {
     }
 }
 
-/// The counts waiting to be folded, and the age of the oldest, in seconds.
+/// The counts waiting to be folded, and the age of the oldest, in seconds; the same of the
+/// breakdowns' entries, which fold by a rule of their own (`OTHERS_DUE`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Backlog {
     pub(crate) counts: i64,
     pub(crate) oldest_secs: f64,
+    pub(crate) breakdowns: i64,
+    pub(crate) breakdowns_oldest_secs: f64,
 }
 
 /// The backlog, whichever collector wrote it.
@@ -291,6 +297,8 @@ pub(crate) async fn backlog(client: &Client) -> Result<Backlog, tokio_postgres::
     Ok(Backlog {
         counts: row.get(0),
         oldest_secs: row.get(1),
+        breakdowns: row.get(2),
+        breakdowns_oldest_secs: row.get(3),
     })
 }
 

@@ -400,9 +400,14 @@ fn failed(steps: Vec<partitions::Failed>) -> Result<(), tokio_postgres::Error> {
         .map_or(Ok(()), |first| Err(first.error))
 }
 
-fn show(metrics: &Metrics, waiting: &Backlog) {
+/// Sets the backlog's gauges.
+pub(crate) fn show(metrics: &Metrics, waiting: &Backlog) {
     metrics.deltas_pending.set(waiting.counts);
     metrics
         .deltas_oldest_seconds
         .set(waiting.oldest_secs.min(1e9) as i64);
+    metrics.breakdowns_pending.set(waiting.breakdowns);
+    metrics
+        .breakdowns_oldest_seconds
+        .set(waiting.breakdowns_oldest_secs.min(1e9) as i64);
 }
