@@ -24,3 +24,33 @@ async fn show(client: &tokio_postgres::Client, setting: &str) -> String {
     let row = client.query_one(&format!("SHOW {setting}"), &[]).await;
     row.unwrap_or_else(|e| panic!("SHOW {setting}: {e}")).get(0)
 }
+
+/// A first host that accepts and never answers (a hung postmaster) is left for the next
+/// within a share of the timeout: tokio-postgres bounds only the TCP connect, so the attempt
+/// waited on it until the caller's deadline, and a failover to the second host was never
+/// seen.
+#[tokio::test]
+async fn a_hung_first_host_is_left_for_the_next_within_the_timeout() {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung_port = hung.local_addr().unwrap().port();
+    // Accepts, keeps every connection open, and says nothing.
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = hung.accept().await {
+            held.push(socket);
+        }
+    });
+    let port = testkit::pgtest::tcp_cluster().port().unwrap();
+    let url =
+        format!("host=127.0.0.1,127.0.0.1 port={hung_port},{port} user=postgres dbname=postgres");
+    let timeout = Duration::from_secs(4);
+    let config = url
+        .parse::<shared::db::Config>()
+        .unwrap()
+        .guarded(timeout, "test");
+    let client = tokio::time::timeout(timeout, shared::db::connect(&config))
+        .await
+        .expect("a session within the timeout")
+        .expect("a session with the second host");
+    assert_eq!(show(&client, "port").await, port.to_string());
+}

@@ -7,7 +7,7 @@ pub mod tls;
 
 use std::sync::Arc;
 
-use tokio_postgres::config::{Host, SslMode as PgSslMode};
+use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode as PgSslMode};
 
 pub use options::{SslMode, TlsOptions};
 
@@ -92,7 +92,7 @@ impl Config {
             .keepalives_idle(std::time::Duration::from_secs(10))
             .keepalives_interval(std::time::Duration::from_secs(5))
             .keepalives_retries(3)
-            .tcp_user_timeout(timeout * 3);
+            .tcp_user_timeout(user_timeout(timeout));
         if self.pg.get_application_name().is_none() {
             self.pg.application_name(name);
         }
@@ -137,7 +137,7 @@ impl Config {
         let Some(timeout) = self.guard else {
             return SET_SEARCH_PATH.to_owned();
         };
-        let user_timeout_ms = (timeout * 3).as_millis().clamp(1, i32::MAX as u128);
+        let user_timeout_ms = user_timeout(timeout).as_millis();
         format!(
             "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
              SET tcp_keepalives_count = 3; \
@@ -148,13 +148,105 @@ impl Config {
 
     /// Connects, and hands back the connection for the caller to drive. The caller sets the
     /// session up, [`Config::session_setup`] first, before its first query.
+    ///
+    /// Once [`Config::guarded`], several hosts are tried one at a time, each but the last
+    /// given a share of the timeout ([`host_share`]) for the whole of its start: TCP, TLS,
+    /// authentication and the `target_session_attrs` check. tokio-postgres bounds only each
+    /// TCP connect, so a first host that accepts and never answers (a hung postmaster) held
+    /// every attempt until the caller's deadline, and one that drops every packet held it
+    /// until the same moment: the new primary after a failover was never reached. The last
+    /// host has what the caller's deadline leaves.
     pub async fn connect_raw(
         &self,
     ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
-        self.connect_config()
-            .connect(tls::MakeTls::new(self.client.clone(), self.tls.mode))
-            .await
+        let pg = self.connect_config();
+        let tls = || tls::MakeTls::new(self.client.clone(), self.tls.mode);
+        let hosts = pg.get_hosts().len();
+        let share = match self.guard {
+            Some(timeout)
+                if hosts > 1 && pg.get_load_balance_hosts() == LoadBalanceHosts::Disable =>
+            {
+                host_share(timeout, hosts)
+            }
+            _ => return pg.connect(tls()).await,
+        };
+        for i in 0..hosts - 1 {
+            let host = one_host(&pg, i);
+            match tokio::time::timeout(share, host.connect(tls())).await {
+                Ok(Ok(session)) => return Ok(session),
+                Ok(Err(e)) => tracing::debug!("host {} of {hosts}: {}", i + 1, describe(&e)),
+                Err(_) => tracing::debug!("host {} of {hosts}: no session within {share:?}", i + 1),
+            }
+        }
+        one_host(&pg, hosts - 1).connect(tls()).await
     }
+}
+
+/// What each host but the last of `hosts` may take of an attempt bounded by `timeout`: the
+/// attempt's half shared among them, so that the last has at least the other half.
+fn host_share(timeout: std::time::Duration, hosts: usize) -> std::time::Duration {
+    timeout / (2 * hosts.min(u32::MAX as usize) as u32).max(1)
+}
+
+/// `pg` with its `i`th host alone (its address and port with it), everything else as it is.
+fn one_host(pg: &tokio_postgres::Config, i: usize) -> tokio_postgres::Config {
+    let mut one = tokio_postgres::Config::new();
+    match &pg.get_hosts()[i] {
+        Host::Tcp(name) => one.host(name),
+        Host::Unix(path) => one.host_path(path),
+    };
+    if let Some(&addr) = pg.get_hostaddrs().get(i) {
+        one.hostaddr(addr);
+    }
+    if let Some(&port) = pg.get_ports().get(i).or(pg.get_ports().first()) {
+        one.port(port);
+    }
+    if let Some(user) = pg.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = pg.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = pg.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = pg.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = pg.get_application_name() {
+        one.application_name(name);
+    }
+    if let Some(&timeout) = pg.get_connect_timeout() {
+        one.connect_timeout(timeout);
+    }
+    if let Some(&timeout) = pg.get_tcp_user_timeout() {
+        one.tcp_user_timeout(timeout);
+    }
+    if let Some(interval) = pg.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = pg.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one.ssl_mode(pg.get_ssl_mode())
+        .ssl_negotiation(pg.get_ssl_negotiation())
+        .keepalives(pg.get_keepalives())
+        .keepalives_idle(pg.get_keepalives_idle())
+        .target_session_attrs(pg.get_target_session_attrs())
+        .channel_binding(pg.get_channel_binding())
+        .load_balance_hosts(pg.get_load_balance_hosts());
+    one
+}
+
+/// The TCP user timeout of a session guarded by `timeout`: three times it, in whole
+/// milliseconds from 1 to 2^31 - 1 (about 24.8 days), what both Linux (`EINVAL` above,
+/// failing every connect) and PostgreSQL take.
+fn user_timeout(timeout: std::time::Duration) -> std::time::Duration {
+    let ms = timeout
+        .saturating_mul(3)
+        .as_millis()
+        .clamp(1, i32::MAX as u128);
+    std::time::Duration::from_millis(ms as u64)
 }
 
 /// `SET statement_timeout` to `limit` in whole milliseconds, within what PostgreSQL takes (1 ms
@@ -248,6 +340,48 @@ mod tests {
         ] {
             parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
         }
+    }
+
+    /// A host taken alone keeps every setting: a field the copy left out would connect to the
+    /// right host with the wrong user, database, timeouts or TLS.
+    #[test]
+    fn one_host_of_a_list_keeps_every_setting_of_its_own() {
+        let url = "host=db1,/run/pg hostaddr=10.0.0.1,10.0.0.2 port=6432,6433 user=u \
+                   password=p dbname=d options=-cx=1 application_name=a sslmode=require \
+                   sslnegotiation=direct connect_timeout=7 tcp_user_timeout=8 keepalives=0 \
+                   keepalives_idle=9 keepalives_interval=10 keepalives_retries=11 \
+                   target_session_attrs=read-write channel_binding=require \
+                   load_balance_hosts=disable";
+        let list: tokio_postgres::Config = url.parse().unwrap();
+        for (i, host) in [
+            "host=db1 hostaddr=10.0.0.1 port=6432",
+            "host=/run/pg hostaddr=10.0.0.2 port=6433",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let alone = url
+                .replace(
+                    "host=db1,/run/pg hostaddr=10.0.0.1,10.0.0.2 port=6432,6433",
+                    host,
+                )
+                .parse::<tokio_postgres::Config>()
+                .unwrap();
+            let one = super::one_host(&list, i);
+            assert!(one == alone, "{i}: {one:?} against {alone:?}");
+        }
+        // One port for every host.
+        let shared: tokio_postgres::Config = "host=a,b port=7".parse().unwrap();
+        assert_eq!(super::one_host(&shared, 1).get_ports(), [7]);
+    }
+
+    #[test]
+    fn a_user_timeout_is_kept_within_what_linux_and_postgresql_take() {
+        let ms = |d| super::user_timeout(d).as_millis();
+        assert_eq!(ms(Duration::from_secs(4)), 12_000);
+        assert_eq!(ms(Duration::from_micros(100)), 1);
+        assert_eq!(ms(Duration::from_secs(9 * 24 * 3600)), i32::MAX as u128);
+        assert_eq!(ms(Duration::MAX), i32::MAX as u128);
     }
 
     #[test]
