@@ -44,6 +44,14 @@ use std::time::{Duration, Instant};
 use crate::wire::{Ack, Resync};
 use crate::{Creds, RejectReason};
 
+/// The uid the kernel shows for a user not mapped into the receiver's user namespace (Linux's
+/// default `kernel.overflowuid`): every redirector's, to a collector under systemd's
+/// `PrivateUsers=yes`. It says nothing of who sent, so a uid recorded or seen as this one is
+/// no evidence against a claim: a collector whose `PrivateUsers=` changed across its
+/// restart saw each redirector's uid change with it, and refused every sender it had
+/// loaded, for good, which stopped their acknowledgements until their ids were forgotten.
+pub const OVERFLOW_UID: u32 = 65534;
+
 /// An acknowledgement or resend request identical to one sent this recently is not sent again:
 /// a burst of repeated or early datagrams gets one answer, not one each.
 const REPEAT_AFTER: Duration = Duration::from_millis(200);
@@ -502,10 +510,12 @@ impl<A: Copy + PartialEq> Senders<A> {
     }
 
     /// Whether `claimed` is of the user `click_senders` recorded for the loaded sender `s`
-    /// (any, where none was recorded).
+    /// (any, where none was recorded, or where either uid is [`OVERFLOW_UID`]: the address
+    /// alone decides then).
     fn recorded_user(s: &Sender<A>, claimed: Option<Owner>) -> bool {
-        s.recorded_uid
-            .map_or(true, |uid| claimed.is_some_and(|c| c.uid == uid))
+        s.recorded_uid.map_or(true, |uid| {
+            claimed.is_some_and(|c| c.uid == uid || c.uid == OVERFLOW_UID || uid == OVERFLOW_UID)
+        })
     }
 
     /// Where the known `sender`'s acknowledgements go, if a later process of its owner's user
@@ -1192,6 +1202,23 @@ mod tests {
             accepted,
             "loaded without an address: anyone's, as before"
         );
+
+        // A collector whose `PrivateUsers=` changed across its restart: the uid recorded, or
+        // the one seen now, is the overflow uid, which says nothing; the address decides.
+        let overflow = Some(Creds {
+            uid: OVERFLOW_UID,
+            ..redirector.unwrap()
+        });
+        let mut private = loaded();
+        assert_eq!(private.judge(7, (5, 1), addr(), overflow, now).0, accepted);
+        assert_eq!(private.judge(7, (6, 1), None, forger, now).0, mismatch);
+        let mut s = Senders::<Addr>::committed([(7, 4, 40)]).replying_at([(
+            7,
+            "sender",
+            Some(OVERFLOW_UID),
+        )]);
+        assert_eq!(s.judge(7, (5, 1), Some("forger"), forger, now).0, mismatch);
+        assert_eq!(s.judge(7, (5, 1), addr(), redirector, now).0, accepted);
 
         // Restarted elsewhere while the collector restarted too: moved, as a known one.
         let mut s = loaded();
