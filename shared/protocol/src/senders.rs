@@ -363,10 +363,9 @@ impl<A: Copy + PartialEq> Senders<A> {
         if let Verdict::Accept { .. } = verdict {
             s.accepted = Some(seq);
             s.clicks = s.clicks.saturating_add(clicks).min(MAX_SEQ);
-            if s.owner.is_none() {
-                s.owner = owner;
-                self.bind(sender, owner);
-            }
+            s.owner = s.owner.or(owner);
+            let owner = s.owner;
+            self.used(sender, owner);
         }
         self.note_asked(sender, owner, reply);
         (verdict, reply)
@@ -575,8 +574,24 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.bind(sender, owner);
     }
 
-    /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, its
-    /// oldest leaves them. It is forgotten, unless it has an address: forgotten then, a commit
+    /// `sender`, of `owner`, had a datagram accepted: it becomes the newest of its process's
+    /// ids (taken back among them if it was pushed out), so that the quota pushes out the
+    /// least recently used. By first use alone, the processes of other pid namespaces, which
+    /// share a quota, pushed out their longest-running redirector's id once 1,024 others had
+    /// come and gone, however busy it was, and forgot it at its first quiet minute.
+    fn used(&mut self, sender: u64, owner: Option<Owner>) {
+        let Some(owner) = owner else { return };
+        if let Some(ids) = self.by_process.get_mut(&owner) {
+            if ids.back() == Some(&sender) {
+                return;
+            }
+            ids.retain(|&id| id != sender);
+        }
+        self.bind(sender, Some(owner));
+    }
+
+    /// Records that `sender` belongs to `owner`; past `PER_PROCESS` ids of one process, the
+    /// least recently used ([`Senders::used`]) leaves them. It is forgotten, unless it has an address: forgotten then, a commit
     /// of its datagrams still to come would go unacknowledged, or one just made be lost with
     /// its acknowledgement, and its resend be written twice. Such a one goes at the first sweep
     /// a minute after it was last seen, its commit at the latest: long after the repeat that
@@ -1399,6 +1414,45 @@ mod tests {
         s.judge(99, (0, 1), addr(), creds(67), now + SWEEP_EVERY);
         assert_eq!(s.forgotten(), [1, 2], "pushed out by 100 and 200");
         assert!(s.knows(100) && s.knows(200));
+    }
+
+    /// The quota pushes out the id least recently used, not the one first registered: a busy
+    /// id stays among its process's ids however many come after it, and one pushed out is
+    /// taken back at its next datagram, not forgotten at its first quiet minute.
+    #[test]
+    fn the_quota_pushes_out_the_id_least_recently_used() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        for id in 1..=PER_PROCESS as u64 {
+            s.judge(id, (0, 1), addr(), creds(0), now);
+            s.commit(id, 0, now);
+        }
+        let later = now + SWEEP_EVERY / 4;
+        for id in 100..100 + HIDDEN_PROCESSES as u64 {
+            s.judge(1, (id - 99, 1), addr(), creds(0), later);
+            s.judge(id, (0, 1), addr(), creds(0), later);
+            s.commit(id, 0, later);
+        }
+        s.commit(1, HIDDEN_PROCESSES as u64, later);
+        assert!(!s.map[&1].over_quota, "used all along");
+        assert!(
+            s.map[&2].over_quota,
+            "first registered after 1, unused since"
+        );
+        // 2 again: taken back, and another of the least recently used pushed out instead.
+        s.judge(2, (1, 1), addr(), creds(0), later);
+        s.commit(2, 1, later);
+        assert!(!s.map[&2].over_quota);
+        s.judge(99, (0, 1), addr(), creds(67), later + 2 * SWEEP_EVERY);
+        let forgotten = s.forgotten();
+        assert!(
+            !forgotten.contains(&1) && !forgotten.contains(&2),
+            "{forgotten:?}"
+        );
+        assert!(
+            forgotten.contains(&3) && forgotten.contains(&100),
+            "{forgotten:?}"
+        );
     }
 
     /// An id pushed out of its process's ids while it waited, then taken over by a later
