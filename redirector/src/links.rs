@@ -931,9 +931,15 @@ impl Loader {
         if serving && head.restoring(self.log_table) {
             return Err(SessionError::Restoring);
         }
-        // The client-side timeout guards each row instead: a big table takes a while.
-        self.timed(tx.batch_execute("SET LOCAL statement_timeout = 0"))
-            .await?;
+        // The client-side timeout guards each row instead: a big table takes a while. Not the
+        // wait for its lock (a bulk reload of `links` in one transaction holds it, taken
+        // after this session prepared READ, whose statement timeout bounds its own wait): the
+        // server would wait on after this session gave up. A quarter shorter, so that the
+        // server's error, which says what it waited for, comes first.
+        let lock_wait = self.options.timeout * 3 / 4;
+        let lock_timeout = shared::db::timeout_setting("lock_timeout", lock_wait);
+        let unbounded = format!("SET LOCAL statement_timeout = 0; SET LOCAL {lock_timeout}");
+        self.timed(tx.batch_execute(&unbounded)).await?;
         self.skipped.clear();
         self.returned.clear();
         let no_params: [&(dyn ToSql + Sync); 0] = [];
