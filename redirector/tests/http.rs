@@ -5,6 +5,7 @@ use std::os::unix::net::UnixDatagram;
 
 use hyper::Method;
 use testkit::redirector::{add_link, fixture, load::Load, redirector, LIMIT};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn answers_redirects_not_found_and_wrong_methods() {
@@ -77,11 +78,20 @@ async fn head_requests_and_unknown_codes_queue_no_clicks_under_load() {
     assert_eq!(r.metric("redirector_redirects_total").await, 0.0);
 }
 
+/// A request head over 16 KiB is refused before routing, and counted; one of 12 KB (a
+/// browser's, carrying the cookies of a parent domain's analytics) is served; a request that
+/// is not HTTP is refused and counted too.
 #[tokio::test]
-async fn a_request_head_over_the_limit_is_refused() {
-    let f = fixture(&[]).await;
+async fn a_request_head_over_the_limit_is_refused_and_counted() {
+    let f = fixture(&[("known", "https://example.com/")]).await;
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
+    let cookies = format!("_ga={}", "a".repeat(12_000));
+    let served =
+        testkit::http::request_with(r.http, Method::GET, "/known", &[("cookie", &cookies)])
+            .await
+            .expect("an answer");
+    assert_eq!(served.status(), 302, "a 12 kB head is served");
     let long = format!("/{}", "a".repeat(20_000));
     let status = testkit::http::request(r.http, Method::GET, &long)
         .await
@@ -92,6 +102,17 @@ async fn a_request_head_over_the_limit_is_refused() {
         "a 20 kB request line is refused before routing"
     );
     assert_eq!(r.metric("redirector_not_found_total").await, 0.0);
+    let too_large = r#"redirector_connections_closed_total{reason="head_too_large"}"#;
+    r.await_metric(too_large, 1.0).await;
+
+    let mut stream = tokio::net::TcpStream::connect(r.http).await.unwrap();
+    stream.write_all(b"NOT HTTP AT ALL\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    let bad = r#"redirector_connections_closed_total{reason="bad_request"}"#;
+    r.await_metric(bad, 1.0).await;
+    assert_eq!(r.metric(too_large).await, 1.0);
 }
 
 #[tokio::test]

@@ -373,6 +373,10 @@ fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<Closed> {
         Some(Closed::IdleTimeout)
     } else if e.is_timeout() {
         Some(Closed::HeaderTimeout)
+    } else if e.is_parse_too_large() {
+        Some(Closed::HeadTooLarge)
+    } else if e.is_parse() {
+        Some(Closed::BadRequest)
     } else {
         tracing::debug!("http connection: {e}");
         None

@@ -96,6 +96,11 @@ impl Redirector {
         metric(self.admin, series).await
     }
 
+    /// Waits until the metric reaches `value`, and checks it went no further.
+    pub async fn await_metric(&self, series: &str, value: f64) {
+        crate::services::await_metric(self.admin, series, value).await;
+    }
+
     /// Kills it with SIGKILL, as a crash would, and waits until it is gone.
     pub async fn kill(&mut self) {
         self.service.signal(nix::sys::signal::Signal::SIGKILL);

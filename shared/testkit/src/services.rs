@@ -74,13 +74,19 @@ impl Collector {
 
     /// Waits until the metric reaches `value`, and checks it went no further.
     pub async fn await_metric(&self, series: &str, value: f64) {
-        let what = format!("{series} to reach {value}");
-        eventually(&what, LIMIT, || async {
-            (self.metric(series).await >= value).then_some(())
-        })
-        .await;
-        assert_eq!(self.metric(series).await, value, "{series}");
+        await_metric(self.admin, series, value).await;
     }
+}
+
+/// Waits until the metric of the admin listener at `admin` reaches `value`, and checks it
+/// went no further.
+pub async fn await_metric(admin: SocketAddr, series: &str, value: f64) {
+    let what = format!("{series} to reach {value}");
+    eventually(&what, LIMIT, || async {
+        (metric(admin, series).await >= value).then_some(())
+    })
+    .await;
+    assert_eq!(metric(admin, series).await, value, "{series}");
 }
 
 /// Waits until the admin listener at `admin` says 200 on `/healthz`.
