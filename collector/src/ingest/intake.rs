@@ -259,7 +259,11 @@ impl Intake {
             Verdict::Accept { lost } => lost,
             Verdict::Duplicate => return (Outcome::Duplicate, reply),
             Verdict::Ahead => return (Outcome::Ahead, reply),
-            Verdict::Refused(_) => return (Outcome::Rejected(why), reply),
+            // What refused it says who sent it (a claim of another's id), which its body's
+            // fault does not: counted as that, it would raise no alert for hostile senders.
+            Verdict::Refused(refusal) => {
+                return (Outcome::Rejected(Why::Refused(refusal)), reply);
+            }
         };
         let rejected = PassedOver {
             rejected: clicks,
@@ -531,7 +535,11 @@ mod tests {
         let owner = (10, Some("a"));
         assert_eq!(take((5, 0), Damage::None, owner.0, owner.1).0, accepted(0));
         let (other, reply) = take((5, 1), Damage::Code, 11, Some("b"));
-        assert!(rejected_for(&other, Damage::Code), "{other:?}");
+        assert_eq!(
+            other,
+            Outcome::Rejected(Why::Refused(Refusal::SenderMismatch)),
+            "another process's claim: refused as one (DatagramsRejectedHostile), not for its body"
+        );
         assert!(reply.is_none());
         let (ahead, reply) = take((5, 2), Damage::Code, owner.0, owner.1);
         assert_eq!(
