@@ -119,6 +119,8 @@ pub enum Error {
     AckSocket(#[from] shared::socket::BindError),
     #[error("--ack-socket: {0}")]
     Io(#[from] io::Error),
+    #[error("--socket {0:?}: not a Unix socket address: {1}")]
+    Collector(PathBuf, nix::Error),
     #[error("--datagram-size: {0}")]
     SendBuffer(#[from] shared::socket::SendBufferError),
 }
@@ -200,12 +202,33 @@ pub struct Drain {
     refused_log: Throttle,
 }
 
+/// The drain's ack socket, bound (SO_PASSCRED on, so each acknowledgement carries its
+/// sender's credentials), and the collector's address, checked: before the state region is
+/// adopted, which a start that failed after it would have changed for nothing (its counts
+/// of torn and stale clicks gone, its mark of a clean stop cleared).
+pub struct Sockets {
+    socket: std::os::unix::net::UnixDatagram,
+    collector: UnixAddr,
+}
+
+impl Sockets {
+    pub fn bind(settings: &Settings) -> Result<Sockets, Error> {
+        let collector = UnixAddr::new(&settings.collector)
+            .map_err(|e| Error::Collector(settings.collector.clone(), e))?;
+        let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
+        socket.set_nonblocking(true)?;
+        // Closing a descriptor a datagram carried could block the drain (`refuse_descriptors`).
+        shared::socket::refuse_descriptors(&socket)?;
+        Ok(Sockets { socket, collector })
+    }
+}
+
 impl Drain {
-    /// Binds the ack socket (SO_PASSCRED on, so each acknowledgement carries its sender's
-    /// credentials), and goes on from where the state region's window and sender left off,
-    /// with datagrams of the size its window slots take.
+    /// Goes on from where the state region's window and sender left off, with datagrams of
+    /// the size its window slots take, on `sockets` (bound with `settings`).
     pub fn new(
         state: Region,
+        sockets: Sockets,
         metrics: Arc<Metrics>,
         common: Arc<Common>,
         settings: Settings,
@@ -219,12 +242,8 @@ impl Drain {
         } = state;
         let mut encoder = Encoder::new(sender.id(), geometry.slot_size as usize)?;
         encoder.resume_as(sender.id(), window.next_seq());
-        let socket = shared::socket::bind_datagram(&settings.ack_socket, settings.ack_socket_mode)?;
-        socket.set_nonblocking(true)?;
-        // Closing a descriptor a datagram carried could block the drain (`refuse_descriptors`).
-        shared::socket::refuse_descriptors(&socket)?;
+        let Sockets { socket, collector } = sockets;
         shared::socket::fit_send_buffer(socket.as_fd(), geometry.slot_size as usize)?;
-        let collector = UnixAddr::new(&settings.collector).map_err(io::Error::from)?;
         let now = Instant::now();
         let unconfirmed = (!window.is_empty()).then(|| Unconfirmed {
             tail: sender.unconfirmed_tail(ring.head(), ring.tail()),
@@ -823,7 +842,14 @@ mod tests {
                 flush_every: Duration::from_millis(5),
                 ack_timeout: Duration::from_secs(3600),
             };
-            Drain::new(region, Arc::default(), Arc::default(), settings).unwrap()
+            Drain::new(
+                region,
+                Sockets::bind(&settings).unwrap(),
+                Arc::default(),
+                Arc::default(),
+                settings,
+            )
+            .unwrap()
         };
         let human = Default::default();
         let mut first = drain(Region::file(&path, geometry).unwrap(), 1);
@@ -865,7 +891,14 @@ mod tests {
             ack_timeout: Duration::from_secs(3600),
         };
         let region = Region::in_process(16, 4).unwrap();
-        let drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
+        let drain = Drain::new(
+            region,
+            Sockets::bind(&settings).unwrap(),
+            Arc::default(),
+            Arc::default(),
+            settings,
+        )
+        .unwrap();
         let garbage = std::os::unix::net::UnixDatagram::unbound().unwrap();
         garbage.set_nonblocking(true).unwrap();
         for i in 0..n {
@@ -942,7 +975,14 @@ mod tests {
         };
         let collector = std::os::unix::net::UnixDatagram::bind(&settings.collector).unwrap();
         let region = Region::in_process(16, window).unwrap();
-        let mut drain = Drain::new(region, Arc::default(), Arc::default(), settings).unwrap();
+        let mut drain = Drain::new(
+            region,
+            Sockets::bind(&settings).unwrap(),
+            Arc::default(),
+            Arc::default(),
+            settings,
+        )
+        .unwrap();
         drain.connect();
         (drain, collector)
     }

@@ -105,6 +105,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     // the service itself needs no Internet sockets of its own (RestrictAddressFamilies=AF_UNIX);
     // the state region comes back from the file descriptor store.
     let mut passed = shared::systemd::Passed::take().map_err(Error::Passed)?;
+    // Whatever can fail at start, before the state region is adopted: adopting it clears its
+    // mark of a clean stop and counts what it holds torn or stale in this process's metrics,
+    // which a start that failed after it would have done for nothing.
+    let http_listener = listener(&mut passed, "http", cfg.listen).await?;
+    let admin_listener = listener(&mut passed, "admin", cfg.admin_listen).await?;
+    // The links may come from a replica; clicks (`--clicks direct`) always go to the primary.
+    let links_db = match &cfg.links_database_url {
+        Some(url) => url.parse().map_err(Error::LinksDatabaseUrl)?,
+        None => db.clone(),
+    };
+    let settings = drain_settings(&cfg);
+    let sockets = match cfg.clicks {
+        ClickMode::Pipeline => Some(drain::Sockets::bind(&settings)?),
+        ClickMode::Off | ClickMode::Direct => None,
+    };
     let state = match cfg.clicks {
         ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics.common)?),
         ClickMode::Off | ClickMode::Direct => {
@@ -115,8 +130,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         }
     };
     let ring = state.as_ref().map(|s| s.ring.clone());
-    let http_listener = listener(&mut passed, "http", cfg.listen).await?;
-    let admin_listener = listener(&mut passed, "admin", cfg.admin_listen).await?;
     for (name, _) in passed.rest() {
         tracing::warn!(
             "systemd passed a descriptor named {name:?}; only \"http\", \"admin\" and \"{}\" \
@@ -137,20 +150,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         poll: cfg.reload_interval,
         timeout: cfg.link_timeout,
     };
-    // The links may come from a replica; clicks (`--clicks direct`) always go to the primary.
-    let links_db = match &cfg.links_database_url {
-        Some(url) => url.parse().map_err(Error::LinksDatabaseUrl)?,
-        None => db.clone(),
-    };
     let loader = metrics.links.clone();
     links::spawn(links_db, table.clone(), loader, options).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());
     let closing = state.as_ref().map(|s| s.closing.clone());
-    let mut drain = match state {
-        Some(state) => Some(tokio::spawn(
-            new_drain(&cfg, state, &metrics)?
+    let mut drain = match state.zip(sockets) {
+        Some((state, sockets)) => Some(tokio::spawn(
+            new_drain(settings, state, sockets, &metrics)?
                 .run(drain_stopped)
                 .instrument(tracing::info_span!("drain")),
         )),
@@ -349,21 +357,30 @@ fn drops_by_reason(metrics: &Common) -> String {
 }
 
 /// The drain task's state, its ack socket bound, going on from the state region.
-fn new_drain(cfg: &Config, state: Region, metrics: &Metrics) -> Result<Drain, Error> {
-    let settings = drain::Settings {
+fn drain_settings(cfg: &Config) -> drain::Settings {
+    drain::Settings {
         collector: cfg.socket.clone(),
         ack_socket: cfg.ack_socket.clone(),
         ack_socket_mode: cfg.ack_socket_mode,
         flush_every: cfg.flush_interval,
         ack_timeout: cfg.ack_timeout,
-    };
+    }
+}
+
+fn new_drain(
+    settings: drain::Settings,
+    state: Region,
+    sockets: drain::Sockets,
+    metrics: &Metrics,
+) -> Result<Drain, Error> {
     let sender = state.sender.id();
+    let ack_socket = settings.ack_socket.clone();
     let (own, common) = (metrics.drain.clone(), metrics.common.clone());
-    let drain = Drain::new(state, own, common, settings)?;
+    let drain = Drain::new(state, sockets, own, common, settings)?;
     tracing::info!(
         sender = format_args!("{sender:016x}"),
         "sending as {sender:016x} from {} (acknowledgements arrive there)",
-        cfg.ack_socket.display(),
+        ack_socket.display(),
     );
     Ok(drain)
 }
@@ -619,7 +636,8 @@ mod tests {
             ack_timeout: Duration::from_secs(2),
         };
         let (own, common) = (metrics.drain.clone(), metrics.common.clone());
-        let drain = Drain::new(state, own, common, settings).unwrap();
+        let sockets = drain::Sockets::bind(&settings).unwrap();
+        let drain = Drain::new(state, sockets, own, common, settings).unwrap();
         let (stop_drain, stopped) = watch::channel(None);
         let drain = tokio::spawn(drain.run(stopped));
         let server = tokio::spawn(async { panic!("the http server task fails") });

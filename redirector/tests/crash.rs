@@ -698,3 +698,27 @@ async fn what_a_stop_under_the_fd_store_counted_as_dropped_is_reclaimed_by_the_n
     );
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
 }
+
+/// A start that fails on its configuration (here a `--socket` path too long for a Unix
+/// address) fails before it adopts the state region, and leaves it as the clean stop left it:
+/// adopted, its mark of a clean stop was cleared (a reboot before the next start would then
+/// throw its clicks away as stale) and its counts of torn and stale clicks went to a process
+/// nobody scraped.
+#[tokio::test]
+async fn a_start_that_fails_on_its_flags_leaves_the_state_file_as_it_was() {
+    const N: u64 = 300;
+    let (f, state, mut r) = holding(N, &[]).await;
+    r.service.signal(Signal::SIGTERM);
+    assert!(r.service.wait_exit(LIMIT).await.success());
+    let before = std::fs::read(&state).unwrap();
+    let long = f.socket.with_file_name("s".repeat(120));
+    let cmd = redirector_command(&f.db.url, &long, &["--state-file", &state]);
+    let mut failed = Service::spawn("redirector", cmd);
+    assert_eq!(failed.wait_exit(LIMIT).await.code(), Some(1));
+    let log = failed.log();
+    assert!(log.iter().any(|l| l.contains("--socket")), "{log:?}");
+    assert!(
+        std::fs::read(&state).unwrap() == before,
+        "the state file changed"
+    );
+}

@@ -52,7 +52,8 @@ fn rig_with(capacity: usize, window: usize, ack_timeout: Duration) -> Rig {
         flush_every: Duration::from_millis(5),
         ack_timeout,
     };
-    let drain = Drain::new(state, metrics.clone(), common.clone(), settings).unwrap();
+    let sockets = redirector::drain::Sockets::bind(&settings).unwrap();
+    let drain = Drain::new(state, sockets, metrics.clone(), common.clone(), settings).unwrap();
     let (stop, stopped) = watch::channel(None);
     let drain = tokio::spawn(drain.run(stopped));
     Rig {
