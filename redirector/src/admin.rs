@@ -4,7 +4,7 @@
 //! counting into `Common` (the link loader among them) and the view of them do not import
 //! each other.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use shared::metrics::Registry;
@@ -19,6 +19,9 @@ pub(crate) struct AdminView {
     pub common: Arc<Common>,
     pub ring: Option<Arc<Ring>>,
     pub links: Arc<LinkTable>,
+    /// Set when the stop begins: the listener is closed then, and a load balancer or a
+    /// readiness probe asking `/healthz` must stop sending clients here.
+    pub stopping: Arc<AtomicBool>,
 }
 
 impl shared::admin::Admin for AdminView {
@@ -39,7 +42,9 @@ impl shared::admin::Admin for AdminView {
     }
 
     fn health(&self) -> Result<(), String> {
-        if self.links.is_loaded() {
+        if self.stopping.load(Ordering::Relaxed) {
+            Err("stopping".into())
+        } else if self.links.is_loaded() {
             Ok(())
         } else {
             Err("link table not loaded yet".into())

@@ -137,6 +137,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
             state::FDNAME
         );
     }
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     shared::admin::spawn(
         admin_listener,
         Arc::new(AdminView {
@@ -144,6 +145,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
             common: metrics.common.clone(),
             ring: ring.clone(),
             links: table.clone(),
+            stopping: stopping.clone(),
         }),
     );
     let options = links::Options {
@@ -209,6 +211,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         why = died(&mut drain) => return Err(Error::DrainDied(why)),
     }
     shared::systemd::notify_or_log("STOPPING=1");
+    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
     ready.abort();
     let _ = stop_http.send(());
     let stopping = Stopping {

@@ -722,3 +722,22 @@ async fn a_start_that_fails_on_its_flags_leaves_the_state_file_as_it_was() {
         "the state file changed"
     );
 }
+
+/// From the moment a stop closes the listener, `/healthz` says 503 `stopping` while the drain
+/// runs out its time (here with no collector): a load balancer or a readiness probe asking it
+/// otherwise sent clients to a closed port for up to twice `--drain-timeout`.
+#[tokio::test]
+async fn healthz_says_stopping_while_the_stop_drains() {
+    let (_f, _state, mut r) = holding(10, &["--drain-timeout", "3s"]).await;
+    assert_eq!(
+        testkit::http::get(r.admin, "/healthz").await.unwrap().0,
+        200
+    );
+    r.service.signal(Signal::SIGTERM);
+    eventually("/healthz to say stopping", LIMIT, || async {
+        let (status, body) = testkit::http::get(r.admin, "/healthz").await.ok()?;
+        (status == 503 && body.contains("stopping")).then_some(())
+    })
+    .await;
+    assert!(r.service.wait_exit(LIMIT).await.success());
+}
