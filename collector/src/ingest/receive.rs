@@ -247,9 +247,14 @@ impl Receiver {
         }
     }
 
-    /// Sends an acknowledgement or a resend request, never waiting.
+    /// Sends an acknowledgement or a resend request, never waiting; notes whether an
+    /// acknowledgement reached its sender's socket.
     fn reply(&mut self, reply: &Reply, now: std::time::Instant) {
         let sent = self.replies.send(&self.inbox, reply, now);
+        if reply.ack.resend_from.is_none() {
+            let senders = self.intake.senders();
+            senders.acknowledged(reply.ack.sender, sent.is_ok());
+        }
         self.events.replied(reply, sent);
     }
 }

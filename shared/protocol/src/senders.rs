@@ -33,7 +33,8 @@
 //! resyncs if it has to; one without a record is one forgotten, going on). Memory stays
 //! bounded: a process keeps at most `PER_PROCESS` ids (besides those with an address pushed
 //! out, kept a minute or two past their commit), all senders at most `MAX_SENDERS` (besides
-//! those whose datagrams wait for their commit), and ids idle for 29 days are forgotten; what
+//! those whose datagrams wait for their commit, and up to `MAX_UNHEARD` whose last
+//! acknowledgement did not reach them), and ids idle for 29 days are forgotten; what
 //! is forgotten leaves `click_senders` with the next batch.
 //!
 //! Loaded from `click_senders` at start; a batch commits its senders' seqs with its rows.
@@ -90,6 +91,10 @@ const MAX_UNACCOUNTED: u64 = 1 << 48;
 const MAX_ASKED: usize = 4_096;
 /// Sender ids kept in all; past it, the least recently seen tenth is forgotten.
 pub const MAX_SENDERS: usize = 100_000;
+/// Senders whose last acknowledgement did not reach their socket kept, at most, whatever
+/// their process's quota and `MAX_SENDERS` say (see [`Senders::acknowledged`]): the most
+/// recently seen of them.
+pub const MAX_UNHEARD: usize = 4_096;
 /// An id not seen for this long is forgotten: a redirector idle for a day with nothing waiting
 /// goes on under a new id, but one stopped on its state region with datagrams in its window
 /// comes back with its old one. Forgotten, it would be asked to resend from seq 0, and its
@@ -213,6 +218,8 @@ struct Sender<A> {
     /// Pushed out of its process's ids, with an address: forgotten a minute or two after its
     /// datagrams are committed (see [`Senders::bind`]).
     over_quota: bool,
+    /// Its last acknowledgement did not reach its socket (see [`Senders::acknowledged`]).
+    unheard: bool,
     seen: Instant,
 }
 
@@ -229,6 +236,7 @@ impl<A: Copy> Sender<A> {
             recorded_uid: None,
             replaced: None,
             over_quota: false,
+            unheard: false,
             seen: now,
         }
     }
@@ -649,10 +657,11 @@ impl<A: Copy + PartialEq> Senders<A> {
         // Datagrams that queued while the receiver was not reading are not judged yet: their
         // senders are not idle, whatever their `seen` says.
         let caught_up = now - self.reading_since >= CAUGHT_UP;
+        let unheard = self.unheard_kept();
         let mut by_age: Vec<(bool, Instant, u64)> = self
             .map
             .iter()
-            .filter(|(_, s)| s.settled())
+            .filter(|(id, s)| s.settled() && (now - s.seen >= IDLE || !unheard.contains(id)))
             .map(|(&id, s)| (!s.over_quota, s.seen, id))
             .collect();
         by_age.sort_unstable();
@@ -673,6 +682,22 @@ impl<A: Copy + PartialEq> Senders<A> {
         self.swept_len = self.map.len();
     }
 
+    /// The senders [`Senders::acknowledged`] keeps: those not heard, the most recently seen
+    /// [`MAX_UNHEARD`] of them.
+    fn unheard_kept(&self) -> std::collections::HashSet<u64> {
+        let mut unheard: Vec<(Instant, u64)> = self
+            .map
+            .iter()
+            .filter(|(_, s)| s.unheard && s.settled())
+            .map(|(&id, s)| (s.seen, id))
+            .collect();
+        if unheard.len() > MAX_UNHEARD {
+            unheard.select_nth_unstable_by(MAX_UNHEARD, |a, b| b.cmp(a));
+            unheard.truncate(MAX_UNHEARD);
+        }
+        unheard.into_iter().map(|(_, id)| id).collect()
+    }
+
     /// Records that `sender`'s datagrams up to `seq` are committed; the acknowledgement to
     /// send, if the sender expects one. Its idle time starts again: its datagrams may have
     /// waited long for the database, and the sender with them.
@@ -682,6 +707,18 @@ impl<A: Copy + PartialEq> Senders<A> {
         s.committed = Some(committed);
         s.seen = now;
         s.tell(Ack::new(sender, Some(committed), None), now, true)
+    }
+
+    /// Whether the acknowledgement just sent to `sender` reached its socket. One that did not
+    /// (its redirector stopped before its commit came, or its queue was full) is not forgotten
+    /// for a flood of ids or pushed out of its process's ids until it is heard again, only
+    /// when idle for [`IDLE`], up to [`MAX_UNHEARD`] of them: its redirector resends what
+    /// was committed when it comes back, and a collector that had forgotten it took that for
+    /// new and wrote it twice.
+    pub fn acknowledged(&mut self, sender: u64, heard: bool) {
+        if let Some(s) = self.map.get_mut(&sender) {
+            s.unheard = !heard;
+        }
     }
 
     /// The receiver reads again, after it stopped (both batches with a writer waiting for the
@@ -1452,6 +1489,52 @@ mod tests {
         assert!(
             forgotten.contains(&3) && forgotten.contains(&100),
             "{forgotten:?}"
+        );
+    }
+
+    /// One whose last acknowledgement did not reach its socket (its redirector stopped before
+    /// the commit) is kept when pushed out, however long it is away short of `IDLE`: its
+    /// resend of what was committed is a repeat, acknowledged again, not taken for new and
+    /// written twice. Heard again, it goes as any other.
+    #[test]
+    fn an_id_whose_acknowledgement_went_unheard_is_kept_for_its_resend() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        // 1, 2 and 3 pushed out; 1 unheard, 3 unheard then heard again.
+        for id in 1..=PER_PROCESS as u64 + 3 {
+            s.judge(id, (0, 1), addr(), creds(66), now);
+            s.commit(id, 0, now);
+            s.acknowledged(id, id != 1 && id != 3);
+        }
+        s.acknowledged(3, true);
+        let away = now + 10 * SWEEP_EVERY;
+        s.judge(99, (0, 1), addr(), creds(67), away);
+        let mut forgotten = s.forgotten();
+        forgotten.sort();
+        assert_eq!(forgotten, [2, 3], "pushed out and heard");
+        let (verdict, reply) = s.judge(1, (0, 1), addr(), creds(68), away);
+        assert_eq!(verdict, Verdict::Duplicate, "a repeat, not written twice");
+        assert_eq!(reply.map(|r| r.ack.committed), Some(Some(0)));
+    }
+
+    /// Of more than `MAX_UNHEARD` senders not heard, the most recently seen are kept: a flood of
+    /// ids at addresses nobody reads does not grow memory past the bound.
+    #[test]
+    fn the_senders_kept_unheard_are_bounded() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let n = MAX_UNHEARD as u64 + 5;
+        for id in 0..n {
+            let at = now + Duration::from_millis(id);
+            s.judge(id, (0, 1), addr(), creds(1000 + id as i32), at);
+            s.commit(id, 0, at);
+            s.acknowledged(id, false);
+        }
+        let kept = s.unheard_kept();
+        assert_eq!(kept.len(), MAX_UNHEARD);
+        assert!(
+            (0..5).all(|id| !kept.contains(&id)),
+            "the least recently seen go"
         );
     }
 
