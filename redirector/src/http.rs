@@ -283,7 +283,7 @@ pub(crate) async fn serve(
                     if let Some(held_back) = accept_log.allow() {
                         tracing::warn!(
                             "http accept: {e}{}; {held_back} more since the last line",
-                            if evicted { " (closed the longest idle connection)" } else { "" }
+                            if evicted { " (closed the connection idle the longest, or the slowest head)" } else { "" }
                         );
                     }
                     retry.wait().await;

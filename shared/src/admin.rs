@@ -68,12 +68,16 @@ fn spawn_bounded(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let places = Places::new(max_connections);
+        // Ten lines a second for as long as the descriptors are out, otherwise.
+        let mut accept_log = crate::throttle::Throttle::default();
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of file descriptors, typically: pause instead of spinning on it.
-                    tracing::warn!("admin accept: {e}");
+                    if let Some(held_back) = accept_log.allow() {
+                        tracing::warn!("admin accept: {e}; {held_back} more since the last line");
+                    }
                     tokio::time::sleep(ACCEPT_PAUSE).await;
                     continue;
                 }

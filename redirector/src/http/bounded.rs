@@ -344,9 +344,11 @@ pub(super) async fn drive(
     let mut check = tokio::time::Instant::now() + idle_timeout;
     let closed = loop {
         tokio::select! {
-            result = &mut connection => break ended(result, &conn),
-            // Counted when it was chosen.
+            // The eviction first: counted when it was chosen, it must not be counted again
+            // as a timeout hyper's future met in the same wake.
+            biased;
             () = conn.evicted.notified() => break None,
+            result = &mut connection => break ended(result, &conn),
             () = tokio::time::sleep_until(check) => {
                 let now = tokio::time::Instant::now();
                 match conn.idle_for() {
