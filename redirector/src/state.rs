@@ -170,10 +170,11 @@ pub enum Error {
     )]
     NotState(String, &'static str),
     #[error(
-        "{0} has layout version {1} and holds clicks, this redirector reads version \
-         {LAYOUT_VERSION}: start the redirector that wrote it with its collector up, to send \
-         what it holds (a clean stop then leaves it empty, which this version lays out anew), \
-         or move it aside (its clicks are lost)"
+        "{0} has layout version {1}, this redirector reads version {LAYOUT_VERSION} (and lays \
+         out anew an empty one of an older version): start the redirector that wrote it (an \
+         older build, or after a rollback a newer one) with its collector up, to send what it \
+         holds, and stop it cleanly; or let it go, its clicks lost: move the --state-file \
+         aside, or for the state systemd kept, `systemctl clean --what=fdstore redirector`"
     )]
     Version(String, u32),
     #[error("the state region's geometry is too large for this machine: {0:?}")]
