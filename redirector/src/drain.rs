@@ -221,6 +221,12 @@ impl Sockets {
         shared::socket::refuse_descriptors(&socket)?;
         Ok(Sockets { socket, collector })
     }
+
+    /// Fits the ack socket's send buffer to datagrams of `size` (the configured size; the
+    /// drain fits it again to its region's, if that region was laid out with another).
+    pub fn fit(&self, size: usize) -> Result<(), Error> {
+        Ok(shared::socket::fit_send_buffer(self.socket.as_fd(), size)?)
+    }
 }
 
 impl Drain {

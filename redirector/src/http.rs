@@ -68,7 +68,7 @@ shared::metrics! {
 /// shortener on a subdomain of a site with analytics and consent cookies gets heads of 6-10
 /// KB, which 8 KiB, hyper's least, refused with a 431. Larger heads are refused so
 /// (`redirector_connections_closed_total{reason="head_too_large"}`).
-pub(crate) const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEAD: usize = 16 * 1024;
 
 /// What happens to a click once its redirect is decided.
 pub(crate) enum Clicks {

@@ -46,7 +46,7 @@ shared::label! {
         HeaderTimeout = "header_timeout",
         /// A response the client did not take within `--write-timeout`.
         WriteTimeout = "write_timeout",
-        /// A request head over [`crate::http::MAX_HEAD`] (or of over 100 headers): answered
+        /// A request head over `http`'s `MAX_HEAD`, or of over 100 headers: answered
         /// 431, its click never counted anywhere else.
         HeadTooLarge = "head_too_large",
         /// A request that is not HTTP/1: answered 400.

@@ -117,7 +117,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     };
     let settings = drain_settings(&cfg);
     let sockets = match cfg.clicks {
-        ClickMode::Pipeline => Some(drain::Sockets::bind(&settings)?),
+        ClickMode::Pipeline => {
+            let sockets = drain::Sockets::bind(&settings)?;
+            sockets.fit(cfg.datagram_size)?;
+            Some(sockets)
+        }
         ClickMode::Off | ClickMode::Direct => None,
     };
     let state = match cfg.clicks {

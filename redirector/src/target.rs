@@ -193,7 +193,7 @@ impl Answer {
 }
 
 /// The most bytes a request's query may add to `Location`: 2 KiB. A request head of 16 KiB
-/// ([`crate::http::MAX_HEAD`]) can carry a query that percent-encodes to three times that, and hyper keeps the header buffer
+/// (`MAX_HEAD` of `http`) can carry a query that percent-encodes to three times that, and hyper keeps the header buffer
 /// it grew for the rest of the connection (to about 48 KiB), on every connection a client
 /// opens. Past it, the link's URL alone is the answer. Added to the longest stored URL (2 KiB
 /// of UTF-8, 6 KiB encoded), 8 KiB, the buffer hyper writes a response head into.

@@ -109,6 +109,9 @@ pub(super) struct Conn {
     /// Requests being answered (hyper answers one at a time; a count keeps it simple).
     in_flight: AtomicU32,
     evicted: Notify,
+    /// Set before `evicted` is notified: the eviction was counted, and no end of the
+    /// connection's own, seen before the notification was, is counted again.
+    was_evicted: AtomicBool,
     write_timed_out: AtomicBool,
 }
 
@@ -240,6 +243,7 @@ impl Connections {
             head_since: AtomicU64::new(NO_HEAD),
             in_flight: AtomicU32::new(0),
             evicted: Notify::new(),
+            was_evicted: AtomicBool::new(false),
             write_timed_out: AtomicBool::new(false),
         });
         let now = conn.millis();
@@ -279,6 +283,7 @@ impl Connections {
             }
         };
         // A stored permit: the connection's task closes it even if it is not waiting yet.
+        conn.was_evicted.store(true, Relaxed);
         conn.evicted.notify_one();
         self.metrics.connections_closed.inc(Closed::Evicted);
         self.metrics.connections.set(open.by_id.len() as i64);
@@ -344,11 +349,9 @@ pub(super) async fn drive(
     let mut check = tokio::time::Instant::now() + idle_timeout;
     let closed = loop {
         tokio::select! {
-            // The eviction first: counted when it was chosen, it must not be counted again
-            // as a timeout hyper's future met in the same wake.
-            biased;
-            () = conn.evicted.notified() => break None,
             result = &mut connection => break ended(result, &conn),
+            // Counted when it was chosen.
+            () = conn.evicted.notified() => break None,
             () = tokio::time::sleep_until(check) => {
                 let now = tokio::time::Instant::now();
                 match conn.idle_for() {
@@ -359,7 +362,8 @@ pub(super) async fn drive(
             }
         }
     };
-    if let Some(reason) = closed {
+    // Evicted (and counted) on another thread as hyper's future ended here: counted once.
+    if let Some(reason) = closed.filter(|_| !conn.was_evicted.load(Relaxed)) {
         held.connections.metrics.connections_closed.inc(reason);
     }
 }

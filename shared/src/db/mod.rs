@@ -31,6 +31,11 @@ pub enum ConfigError {
          host=NAME (PGHOST and libpq's default socket directory are not read)"
     )]
     NoHost,
+    /// What tokio-postgres (and libpq) would refuse at every connect; taken host by host
+    /// ([`Config::connect_raw`]), a list left short would lend a host another's port or none
+    /// of the addresses given.
+    #[error("{0}")]
+    HostCounts(String),
 }
 
 /// A parsed connection string: tokio-postgres' settings plus the TLS ones it does not know.
@@ -62,6 +67,7 @@ impl std::str::FromStr for Config {
         if pg.get_hosts().is_empty() && pg.get_hostaddrs().is_empty() {
             return Err(ConfigError::NoHost);
         }
+        check_host_counts(&pg)?;
         let client = tls::client_config(&tls)?;
         Ok(Config {
             pg,
@@ -137,7 +143,9 @@ impl Config {
     /// `tcp_user_timeout` and `client_connection_check_interval` are set only where the server
     /// has them (12 and 14 on): on an older one the session must get as far as the
     /// collector's check of the server's version, which says what to do, rather than fail on
-    /// an unknown parameter.
+    /// an unknown parameter. A server that has the second but cannot check on its platform
+    /// (14 off Linux, Windows) refuses any value but 0: there it is left unset. (Behind
+    /// PgBouncer the server checks the pooler's connection, which stays: no effect there.)
     pub fn session_setup(&self) -> String {
         let Some(timeout) = self.guard else {
             return SET_SEARCH_PATH.to_owned();
@@ -149,11 +157,13 @@ impl Config {
             )
         };
         let check_ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+        let check = set_if_known("client_connection_check_interval", check_ms);
         format!(
             "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
-             SET tcp_keepalives_count = 3; {}; {}",
+             SET tcp_keepalives_count = 3; {}; \
+             DO $$ BEGIN PERFORM ({check}); \
+             EXCEPTION WHEN invalid_parameter_value THEN NULL; END $$",
             set_if_known("tcp_user_timeout", user_timeout(timeout).as_millis()),
-            set_if_known("client_connection_check_interval", check_ms),
         )
     }
 
@@ -193,10 +203,31 @@ impl Config {
     }
 }
 
-/// What each host but the last of `hosts` may take of an attempt bounded by `timeout`: the
-/// attempt's half shared among them, so that the last has at least the other half.
+/// Refuses a list of ports or addresses that does not match the hosts one to one (one port
+/// may serve them all).
+fn check_host_counts(pg: &tokio_postgres::Config) -> Result<(), ConfigError> {
+    let (hosts, addrs, ports) = (
+        pg.get_hosts().len(),
+        pg.get_hostaddrs().len(),
+        pg.get_ports().len(),
+    );
+    if hosts > 0 && addrs > 0 && hosts != addrs {
+        let msg = format!("names {hosts} hosts and {addrs} hostaddrs: give one address a host");
+        return Err(ConfigError::HostCounts(msg));
+    }
+    let named = hosts.max(addrs);
+    if ports > 1 && ports != named {
+        let msg = format!("names {named} hosts and {ports} ports: give one port, or one a host");
+        return Err(ConfigError::HostCounts(msg));
+    }
+    Ok(())
+}
+
+/// What each host but the last of `hosts` may take of an attempt bounded by `timeout`: a
+/// share of one more than there are hosts, so that the last has two (a third of the timeout
+/// for the first of two hosts, and two thirds for the second).
 fn host_share(timeout: std::time::Duration, hosts: usize) -> std::time::Duration {
-    timeout / (2 * hosts.min(u32::MAX as usize) as u32).max(1)
+    timeout / hosts.saturating_add(1).min(u32::MAX as usize) as u32
 }
 
 /// `pg` with its `i`th host alone (its address and port with it), everything else as it is.
@@ -349,7 +380,17 @@ mod tests {
             let err = parse(url).expect_err(url);
             assert!(matches!(err, super::ConfigError::NoHost), "{url}: {err}");
         }
+        for url in ["host=a,b,c port=5432,5433", "host=a,b hostaddr=10.0.0.1"] {
+            let err = parse(url).expect_err(url);
+            assert!(
+                matches!(err, super::ConfigError::HostCounts(_)),
+                "{url}: {err}"
+            );
+        }
         for url in [
+            "host=a,b port=5432",
+            "host=a,b port=5432,5433",
+            "host=a,b hostaddr=10.0.0.1,10.0.0.2",
             "host=/run/postgresql dbname=clicks",
             "hostaddr=127.0.0.1 dbname=clicks",
             "postgres://db.example.com/clicks",
