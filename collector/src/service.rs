@@ -357,14 +357,11 @@ async fn try_prepare(
     // socket's connect, not the startup): a server that accepts and never answers is tried
     // again. The steps after it have none, as a migration may take long.
     let mut client = db::timed(upkeep.timeout, db.connect()).await?;
-    let replication_waiting = &metrics.write.replication_waiting;
-    lock::take(
-        &client,
-        instance,
-        &mut Throttle::per_outage(),
-        replication_waiting,
-    )
-    .await?;
+    let gauges = (
+        &metrics.write.replication_waiting,
+        &metrics.write.instance_lock_waiting,
+    );
+    lock::take(&client, instance, &mut Throttle::per_outage(), gauges).await?;
     migrations::apply(&mut client).await?;
     link_triggers::set_back(
         &mut client,

@@ -34,5 +34,9 @@ shared::metrics! {
              (wait_event SyncRep): no synchronous standby confirms it.";
         replication_waits: Counter = "replication_waits",
             "Commits named as waiting for synchronous replication (SyncRep) over 2 s.";
+        instance_lock_waiting: Gauge = "instance_lock_waiting",
+            "1 while this collector waits for its --instance's lock, which another session \
+             holds (another collector of this instance, or an abandoned session of this one): \
+             it writes nothing meanwhile.";
     }
 }

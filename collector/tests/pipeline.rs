@@ -48,8 +48,12 @@ async fn hundred_thousand_clicks_land_exactly_with_totals() {
     // Each batch went in at its first attempt: a COPY whose stream came out wrong would be
     // refused and its rows sifted in (`store::sift_in`), which lands them all the same.
     assert_eq!(c.metric("collector_db_errors_total").await, 0.0);
-    assert!(c.metric("collector_compactions_total").await >= 1.0);
-    assert!(c.metric("collector_compaction_seconds_count").await >= 1.0);
+    // Counted once the fold's commit returned, a moment after its counts could be read.
+    testkit::eventually("the fold counted", LIMIT, || async {
+        let folds = c.metric("collector_compaction_seconds_count").await;
+        (c.metric("collector_compactions_total").await >= 1.0 && folds >= 1.0).then_some(())
+    })
+    .await;
     assert_eq!(
         c.metric("collector_batch_seconds_count").await,
         c.metric("collector_batches_total").await
@@ -306,6 +310,9 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
     let (status, body) = testkit::http::get(second.admin, "/healthz").await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(!second_path.exists(), "no socket while it waits");
+    let lock_waiting = "collector_instance_lock_waiting";
+    assert_eq!(second.metric(lock_waiting).await, 1.0, "waiting shown");
+    assert_eq!(other.metric(lock_waiting).await, 0.0);
     first.service.signal(Signal::SIGTERM);
     assert!(first.service.wait_exit(LIMIT).await.success());
 
@@ -315,6 +322,7 @@ async fn a_second_collector_of_the_instance_waits_until_the_first_has_written_an
         .service
         .wait_for_log("ready: instance \"host-a\", 2 known senders", LIMIT)
         .await;
+    assert_eq!(second.metric(lock_waiting).await, 0.0, "the wait is over");
     let mut want = sent.clone();
     want.extend(clicks(10, 5, start_us(), 1));
     want.sort();

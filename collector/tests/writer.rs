@@ -375,7 +375,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
         &holder,
         INSTANCE,
         &mut shared::throttle::Throttle::per_outage(),
-        &Default::default(),
+        (&Default::default(), &Default::default()),
     )
     .await
     .unwrap();

@@ -54,17 +54,20 @@ const HOLDER_WAITS_ON_REPLICATION: &str = "
 /// waits for synchronous replication is named as such, and shown in `replication_waiting`
 /// (`collector_replication_waiting`) until the lock is taken: a collector restarted while
 /// its commit was stuck would otherwise blame a lock, and the alert on the gauge clear.
+/// `lock_waiting` (`collector_instance_lock_waiting`) is 1 while another session holds it:
+/// the log's line alone said so, and the collector's admin listener answers all the while.
 pub async fn take(
     client: &Client,
     instance: &str,
     wait: &mut Throttle,
-    replication_waiting: &Gauge,
+    (replication_waiting, lock_waiting): (&Gauge, &Gauge),
 ) -> Result<(), tokio_postgres::Error> {
     let mut holder = Holder {
         replication_waiting,
         since: None,
         named: false,
     };
+    let mut _held_elsewhere = None;
     let mut asked: u32 = 0;
     loop {
         asked = asked.wrapping_add(1);
@@ -78,6 +81,7 @@ pub async fn take(
             }
             return Ok(());
         }
+        _held_elsewhere.get_or_insert_with(|| Raised::new(lock_waiting));
         if wait.hit().is_some() {
             tracing::info!(
                 instance,
@@ -147,6 +151,22 @@ impl Drop for Holder<'_> {
         if self.named {
             self.replication_waiting.set(0);
         }
+    }
+}
+
+/// A gauge at 1 until dropped, however what it shows ends.
+struct Raised<'a>(&'a Gauge);
+
+impl Raised<'_> {
+    fn new(gauge: &Gauge) -> Raised<'_> {
+        gauge.set(1);
+        Raised(gauge)
+    }
+}
+
+impl Drop for Raised<'_> {
+    fn drop(&mut self) {
+        self.0.set(0);
     }
 }
 

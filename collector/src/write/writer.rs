@@ -289,14 +289,17 @@ impl Writer {
         let mut wait = Throttle::per_outage();
         let (db, slot) = (&self.db, &mut self.conn);
         let (watch, committed, counts) = (&self.watch, &mut self.committed, &self.shared.counts);
-        let replication_waiting = &self.metrics.replication_waiting;
+        let gauges = (
+            &self.metrics.replication_waiting,
+            &self.metrics.instance_lock_waiting,
+        );
         let attempt = async {
             let conn = match slot {
                 Some(conn) => conn,
                 slot => {
                     let client = db.connect().await?;
                     let instance = &number.instance;
-                    lock::take(&client, instance, &mut wait, replication_waiting).await?;
+                    lock::take(&client, instance, &mut wait, gauges).await?;
                     let conn = Conn::prepare(client).await?;
                     watch.connected(conn.client()).await?;
                     // Perhaps another server now (a failover): does it have what was
