@@ -109,9 +109,6 @@ pub(super) struct Conn {
     /// Requests being answered (hyper answers one at a time; a count keeps it simple).
     in_flight: AtomicU32,
     evicted: Notify,
-    /// Set before `evicted` is notified: the eviction was counted, and no end of the
-    /// connection's own, seen before the notification was, is counted again.
-    was_evicted: AtomicBool,
     write_timed_out: AtomicBool,
 }
 
@@ -243,7 +240,6 @@ impl Connections {
             head_since: AtomicU64::new(NO_HEAD),
             in_flight: AtomicU32::new(0),
             evicted: Notify::new(),
-            was_evicted: AtomicBool::new(false),
             write_timed_out: AtomicBool::new(false),
         });
         let now = conn.millis();
@@ -283,7 +279,6 @@ impl Connections {
             }
         };
         // A stored permit: the connection's task closes it even if it is not waiting yet.
-        conn.was_evicted.store(true, Relaxed);
         conn.evicted.notify_one();
         self.metrics.connections_closed.inc(Closed::Evicted);
         self.metrics.connections.set(open.by_id.len() as i64);
@@ -322,18 +317,24 @@ impl Held {
     pub(super) fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
+
+    /// Gives the place back; false if it was given up already: evicted, which the eviction
+    /// counted. Decided under the lock the eviction takes, so that a connection that ends on
+    /// its own as it is evicted is counted once.
+    fn release(&self) -> bool {
+        let mut open = self.connections.lock();
+        let held = open.by_id.remove(&self.conn.id).is_some();
+        if held {
+            let open_now = open.by_id.len() as i64;
+            self.connections.metrics.connections.set(open_now);
+        }
+        held
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut open = self.connections.lock();
-        // An evicted connection gave its place up already.
-        if open.by_id.remove(&self.conn.id).is_some() {
-            self.connections
-                .metrics
-                .connections
-                .set(open.by_id.len() as i64);
-        }
+        self.release();
     }
 }
 
@@ -362,8 +363,7 @@ pub(super) async fn drive(
             }
         }
     };
-    // Evicted (and counted) on another thread as hyper's future ended here: counted once.
-    if let Some(reason) = closed.filter(|_| !conn.was_evicted.load(Relaxed)) {
+    if let Some(reason) = closed.filter(|_| held.release()) {
         held.connections.metrics.connections_closed.inc(reason);
     }
 }

@@ -136,34 +136,19 @@ impl Config {
     /// backend whose client vanished from the network (its last packets lost in the outage)
     /// otherwise waits for it until the server's keepalives notice, after the kernel's two
     /// hours, holding what it holds: the collector's writer lock of its instance among them.
-    /// The server also looks whether the client is still there every `timeout` while a
-    /// statement runs (`client_connection_check_interval`): one that waits for a lock with no
-    /// timeout (a full load of the links, whose statement timeout is off) otherwise waits on
-    /// after its client gave up, holding a connection slot, one more at each retry.
-    /// `tcp_user_timeout` and `client_connection_check_interval` are set only where the server
-    /// has them (12 and 14 on): on an older one the session must get as far as the
-    /// collector's check of the server's version, which says what to do, rather than fail on
-    /// an unknown parameter. A server that has the second but cannot check on its platform
-    /// (14 off Linux, Windows) refuses any value but 0: there it is left unset. (Behind
-    /// PgBouncer the server checks the pooler's connection, which stays: no effect there.)
+    /// `tcp_user_timeout` is set only where the server has it (12 and later): on an older one
+    /// the session must get as far as the collector's check of the server's version, which
+    /// says what to do, rather than fail on an unknown parameter.
     pub fn session_setup(&self) -> String {
         let Some(timeout) = self.guard else {
             return SET_SEARCH_PATH.to_owned();
         };
-        let set_if_known = |name: &str, ms: u128| {
-            format!(
-                "SELECT set_config('{name}', '{ms}', false) \
-                 WHERE current_setting('{name}', true) IS NOT NULL"
-            )
-        };
-        let check_ms = timeout.as_millis().clamp(1, i32::MAX as u128);
-        let check = set_if_known("client_connection_check_interval", check_ms);
+        let user_timeout_ms = user_timeout(timeout).as_millis();
         format!(
             "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
-             SET tcp_keepalives_count = 3; {}; \
-             DO $$ BEGIN PERFORM ({check}); \
-             EXCEPTION WHEN invalid_parameter_value THEN NULL; END $$",
-            set_if_known("tcp_user_timeout", user_timeout(timeout).as_millis()),
+             SET tcp_keepalives_count = 3; \
+             SELECT set_config('tcp_user_timeout', '{user_timeout_ms}', false) \
+             WHERE current_setting('tcp_user_timeout', true) IS NOT NULL"
         )
     }
 
