@@ -394,7 +394,22 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     // Each attempt asks for the lock on a connection of its own: a second one asking means
     // the first gave up waiting.
     let first = asking_for_the_lock(&client, holder_pid, 0).await;
-    asking_for_the_lock(&client, holder_pid, first).await;
+    // Shown all along, between the attempts too.
+    let waiting = || metrics.write.instance_lock_waiting.get();
+    testkit::eventually("the wait for the lock shown", LIMIT, || async {
+        (waiting() == 1).then_some(())
+    })
+    .await;
+    let second = asking_for_the_lock(&client, holder_pid, first);
+    tokio::pin!(second);
+    loop {
+        tokio::select! {
+            _ = &mut second => break,
+            () = tokio::time::sleep(Duration::from_millis(2)) => {
+                assert_eq!(waiting(), 1, "the wait for the lock shown");
+            }
+        }
+    }
     assert!(
         handoff.empty.try_recv().is_err(),
         "not written while locked"

@@ -56,12 +56,8 @@ impl Session {
             let driver = AbortOnDrop(tokio::spawn(async move {
                 let _ = connection.await;
             }));
-            let setup = format!(
-                "{}; {}",
-                config.session_setup(),
-                shared::db::set_statement_timeout(timeout)
-            );
-            client.batch_execute(&setup).await?;
+            let limit = shared::db::set_statement_timeout(timeout);
+            config.set_up(&client, &limit).await?;
             let insert = client.prepare(INSERT).await?;
             Ok::<_, DirectError>(Session {
                 client,

@@ -659,11 +659,10 @@ impl Loader {
         // failing the whole read: there the rows come as stored, and `check` skips a URL
         // that is not UTF-8 (elsewhere the server converts to UTF-8 as it should).
         let setup = format!(
-            "{}; {}; SET plan_cache_mode = force_custom_plan; {SQL_ASCII_AS_STORED}",
-            config.session_setup(),
+            "{}; SET plan_cache_mode = force_custom_plan; {SQL_ASCII_AS_STORED}",
             shared::db::set_statement_timeout(self.options.timeout)
         );
-        if let Err(e) = self.timed(client.batch_execute(&setup)).await {
+        if let Err(e) = self.timed(config.set_up(&client, &setup)).await {
             return e;
         }
         // A hot standby refuses LISTEN (and NOTIFY never reaches it): there the change log

@@ -18,6 +18,10 @@ async fn a_guarded_session_is_watched_from_the_servers_side_too() {
     assert_eq!(show(&client, "tcp_keepalives_interval").await, "5");
     assert_eq!(show(&client, "tcp_keepalives_count").await, "3");
     assert_eq!(show(&client, "tcp_user_timeout").await, "12000");
+    assert_eq!(
+        show(&client, "client_connection_check_interval").await,
+        "4s"
+    );
 }
 
 async fn show(client: &tokio_postgres::Client, setting: &str) -> String {

@@ -311,10 +311,14 @@ impl Writer {
             };
             conn.write(batch, rows, number, attempts).await
         };
-        let result = timed(self.timeout, attempt).await;
-        match result {
+        let result = match timed(self.timeout, attempt).await {
             Err(Failure::Timeout(limit)) if wait.in_run() => Err(Failure::LockHeld(limit)),
             result => result,
-        }
+        };
+        // The wait goes on across attempts (the lock's own gauge ends with each): shown until
+        // an attempt ends otherwise, so that a scrape between two finds it too.
+        let held = matches!(result, Err(Failure::LockHeld(_)));
+        self.metrics.instance_lock_waiting.set(i64::from(held));
+        result
     }
 }

@@ -152,8 +152,37 @@ impl Config {
         )
     }
 
+    /// Sets a session up: [`Config::session_setup`] and the caller's `extra` statements (none:
+    /// empty), then, once guarded, has the server look whether the client is still there
+    /// every timeout while a statement runs (`client_connection_check_interval`). A backend
+    /// whose client gave up on it (a COPY or a read waiting for a lock an operator's DDL
+    /// holds) otherwise waits on, holding what it holds: the collector's instance lock among
+    /// it, for as long as the DDL's lock. A server that does not know the setting (before 14)
+    /// or cannot check on its platform (14 off Linux, Windows: it refuses any value but 0) is
+    /// left as it is; a failed `SET` outside a transaction leaves the session usable. (Behind
+    /// PgBouncer the server checks the pooler's connection: no effect there.)
+    pub async fn set_up(
+        &self,
+        client: &tokio_postgres::Client,
+        extra: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let setup = self.session_setup();
+        let sep = if extra.is_empty() { "" } else { "; " };
+        client
+            .batch_execute(&format!("{setup}{sep}{extra}"))
+            .await?;
+        let Some(timeout) = self.guard else {
+            return Ok(());
+        };
+        let check = timeout_setting("client_connection_check_interval", timeout);
+        match client.batch_execute(&format!("SET {check}")).await {
+            Err(e) if e.code().is_some_and(|c| CHECK_REFUSED.contains(c)) => Ok(()),
+            result => result,
+        }
+    }
+
     /// Connects, and hands back the connection for the caller to drive. The caller sets the
-    /// session up, [`Config::session_setup`] first, before its first query.
+    /// session up ([`Config::set_up`]) before its first query.
     ///
     /// Once [`Config::guarded`], several hosts are tried one at a time, each but the last
     /// given a share of the timeout ([`host_share`]) for the whole of its start: TCP, TLS,
@@ -276,6 +305,13 @@ fn user_timeout(timeout: std::time::Duration) -> std::time::Duration {
     std::time::Duration::from_millis(ms as u64)
 }
 
+/// What a server says of `client_connection_check_interval` that leaves a session as it was:
+/// unknown (before 14), or not supported on its platform.
+const CHECK_REFUSED: [tokio_postgres::error::SqlState; 2] = [
+    tokio_postgres::error::SqlState::UNDEFINED_OBJECT,
+    tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE,
+];
+
 /// `SET statement_timeout` to `limit` in whole milliseconds, within what PostgreSQL takes (1 ms
 /// to 2^31 - 1 ms, about 24.8 days): a flag's `500us` must not mean no limit (0), nor `30days`
 /// an error that fails every session.
@@ -316,7 +352,7 @@ pub const SET_SEARCH_PATH: &str = "SET search_path = public";
 
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
 /// (or the connection fails: the client's next query then reports it). The session is set up
-/// first ([`Config::session_setup`]: its search path pinned).
+/// first ([`Config::set_up`]: its search path pinned).
 pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, connection) = config.connect_raw().await?;
     tokio::spawn(async move {
@@ -324,7 +360,7 @@ pub async fn connect(config: &Config) -> Result<tokio_postgres::Client, tokio_po
             tracing::debug!("database connection ended: {}", describe(&e));
         }
     });
-    client.batch_execute(&config.session_setup()).await?;
+    config.set_up(&client, "").await?;
     Ok(client)
 }
 
