@@ -421,6 +421,7 @@ async fn waiting_for_the_writer_lock_held_by_another_session_is_not_a_database_o
     handed_back(&mut handoff).await;
     assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 500);
     assert_eq!(metrics.shared.counts.db_errors.get(), 0);
+    assert_eq!(waiting(), 0, "the wait is over");
 }
 
 /// Waits for a session other than `holder` and `not` asking for the instance lock; its pid.

@@ -54,8 +54,10 @@ const HOLDER_WAITS_ON_REPLICATION: &str = "
 /// waits for synchronous replication is named as such, and shown in `replication_waiting`
 /// (`collector_replication_waiting`) until the lock is taken: a collector restarted while
 /// its commit was stuck would otherwise blame a lock, and the alert on the gauge clear.
-/// `lock_waiting` (`collector_instance_lock_waiting`) is 1 while another session holds it:
-/// the log's line alone said so, and the collector's admin listener answers all the while.
+/// `lock_waiting` (`collector_instance_lock_waiting`) is 1 while another session holds it
+/// (the log's line alone said so, and the collector's admin listener answers all the while),
+/// and 0 once it is taken or the wait fails; left as it is when the wait is dropped at a
+/// deadline, as the writer's next attempt waits on (the writer sets it after each).
 pub async fn take(
     client: &Client,
     instance: &str,
@@ -67,12 +69,18 @@ pub async fn take(
         since: None,
         named: false,
     };
-    let mut _held_elsewhere = None;
     let mut asked: u32 = 0;
     loop {
         asked = asked.wrapping_add(1);
-        let row = client.query_one(TRY_LOCK, &[&instance]).await?;
+        let row = match client.query_one(TRY_LOCK, &[&instance]).await {
+            Ok(row) => row,
+            Err(e) => {
+                lock_waiting.set(0);
+                return Err(e);
+            }
+        };
         if row.get::<_, bool>(0) {
+            lock_waiting.set(0);
             if wait.end().is_some() {
                 tracing::info!(
                     instance,
@@ -81,7 +89,7 @@ pub async fn take(
             }
             return Ok(());
         }
-        _held_elsewhere.get_or_insert_with(|| Raised::new(lock_waiting));
+        lock_waiting.set(1);
         if wait.hit().is_some() {
             tracing::info!(
                 instance,
@@ -151,22 +159,6 @@ impl Drop for Holder<'_> {
         if self.named {
             self.replication_waiting.set(0);
         }
-    }
-}
-
-/// A gauge at 1 until dropped, however what it shows ends.
-struct Raised<'a>(&'a Gauge);
-
-impl Raised<'_> {
-    fn new(gauge: &Gauge) -> Raised<'_> {
-        gauge.set(1);
-        Raised(gauge)
-    }
-}
-
-impl Drop for Raised<'_> {
-    fn drop(&mut self) {
-        self.0.set(0);
     }
 }
 

@@ -155,9 +155,11 @@ impl Config {
     /// Sets a session up: [`Config::session_setup`] and the caller's `extra` statements (none:
     /// empty), then, once guarded, has the server look whether the client is still there
     /// every timeout while a statement runs (`client_connection_check_interval`). A backend
-    /// whose client gave up on it (a COPY or a read waiting for a lock an operator's DDL
-    /// holds) otherwise waits on, holding what it holds: the collector's instance lock among
-    /// it, for as long as the DDL's lock. A server that does not know the setting (before 14)
+    /// whose client is gone (the process killed, or the session closed, while a statement
+    /// waits for a lock an operator's DDL holds) otherwise waits on, holding what it holds:
+    /// the collector's instance lock among it, for as long as the DDL's lock. (A session an
+    /// attempt of the writer gave up on stays open until its statement ends, by design: its
+    /// commit may yet land, which the next attempt finds.) A server that does not know the setting (before 14)
     /// or cannot check on its platform (14 off Linux, Windows: it refuses any value but 0) is
     /// left as it is; a failed `SET` outside a transaction leaves the session usable. (Behind
     /// PgBouncer the server checks the pooler's connection: no effect there.)
