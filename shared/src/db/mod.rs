@@ -158,8 +158,8 @@ impl Config {
     /// whose client is gone (the process killed, or the session closed, while a statement
     /// waits for a lock an operator's DDL holds) otherwise waits on, holding what it holds:
     /// the collector's instance lock among it, for as long as the DDL's lock. (A session an
-    /// attempt of the writer gave up on stays open until its statement ends, by design: its
-    /// commit may yet land, which the next attempt finds.) A server that does not know the setting (before 14)
+    /// attempt of the writer gave up on stays open until its statement ends, by design: a
+    /// commit it was making may yet land, which the next attempt finds.) A server that does not know the setting (before 14)
     /// or cannot check on its platform (14 off Linux, Windows: it refuses any value but 0) is
     /// left as it is; a failed `SET` outside a transaction leaves the session usable. (Behind
     /// PgBouncer the server checks the pooler's connection: no effect there.)
