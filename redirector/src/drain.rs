@@ -829,6 +829,12 @@ mod tests {
     use super::*;
     use nix::libc;
 
+    /// A drain of `region` with `settings` and metrics of its own.
+    fn unmetered(region: Region, settings: Settings) -> Drain {
+        let sockets = Sockets::bind(&settings).unwrap();
+        Drain::new(region, sockets, Arc::default(), Arc::default(), settings).unwrap()
+    }
+
     /// Torn cells behind a window that still holds unsent datagrams (so the drain has not
     /// passed over them) are not counted again in what a stop leaves.
     #[tokio::test]
@@ -848,14 +854,7 @@ mod tests {
                 flush_every: Duration::from_millis(5),
                 ack_timeout: Duration::from_secs(3600),
             };
-            Drain::new(
-                region,
-                Sockets::bind(&settings).unwrap(),
-                Arc::default(),
-                Arc::default(),
-                settings,
-            )
-            .unwrap()
+            unmetered(region, settings)
         };
         let human = Default::default();
         let mut first = drain(Region::file(&path, geometry).unwrap(), 1);
@@ -897,14 +896,7 @@ mod tests {
             ack_timeout: Duration::from_secs(3600),
         };
         let region = Region::in_process(16, 4).unwrap();
-        let drain = Drain::new(
-            region,
-            Sockets::bind(&settings).unwrap(),
-            Arc::default(),
-            Arc::default(),
-            settings,
-        )
-        .unwrap();
+        let drain = unmetered(region, settings);
         let garbage = std::os::unix::net::UnixDatagram::unbound().unwrap();
         garbage.set_nonblocking(true).unwrap();
         for i in 0..n {
@@ -981,14 +973,7 @@ mod tests {
         };
         let collector = std::os::unix::net::UnixDatagram::bind(&settings.collector).unwrap();
         let region = Region::in_process(16, window).unwrap();
-        let mut drain = Drain::new(
-            region,
-            Sockets::bind(&settings).unwrap(),
-            Arc::default(),
-            Arc::default(),
-            settings,
-        )
-        .unwrap();
+        let mut drain = unmetered(region, settings);
         drain.connect();
         (drain, collector)
     }

@@ -116,21 +116,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         None => db.clone(),
     };
     let settings = drain_settings(&cfg);
-    let sockets = match cfg.clicks {
+    // The drain's sockets, then (last) the state region.
+    let (sockets, state) = match cfg.clicks {
         ClickMode::Pipeline => {
             let sockets = drain::Sockets::bind(&settings)?;
             sockets.fit(cfg.datagram_size)?;
-            Some(sockets)
+            let state = open_state(&cfg, &mut passed, &metrics.common)?;
+            (Some(sockets), Some(state))
         }
-        ClickMode::Off | ClickMode::Direct => None,
-    };
-    let state = match cfg.clicks {
-        ClickMode::Pipeline => Some(open_state(&cfg, &mut passed, &metrics.common)?),
         ClickMode::Off | ClickMode::Direct => {
             if let Some(fd) = passed.named(state::FDNAME) {
                 unused_state(&fd, "with --clicks off or direct");
             }
-            None
+            (None, None)
         }
     };
     let ring = state.as_ref().map(|s| s.ring.clone());
@@ -363,7 +361,7 @@ fn drops_by_reason(metrics: &Common) -> String {
         .join(", ")
 }
 
-/// The drain task's state, its ack socket bound, going on from the state region.
+/// Where the drain sends, and how, as the flags say.
 fn drain_settings(cfg: &Config) -> drain::Settings {
     drain::Settings {
         collector: cfg.socket.clone(),
@@ -374,6 +372,7 @@ fn drain_settings(cfg: &Config) -> drain::Settings {
     }
 }
 
+/// The drain task's state, on its bound `sockets`, going on from the state region.
 fn new_drain(
     settings: drain::Settings,
     state: Region,

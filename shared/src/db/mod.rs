@@ -88,7 +88,7 @@ impl Config {
     /// (a server that accepts and never answers included), TCP keepalives and a user timeout
     /// of three times `timeout`, which find a peer gone from the network long before the
     /// kernel's retransmissions would (about 15 minutes), on both sides of the session (the
-    /// server's in [`Config::session_setup`]); named `name` in `pg_stat_activity` unless the
+    /// server's in [`Config::set_up`]); named `name` in `pg_stat_activity` unless the
     /// URL names it.
     pub fn guarded(mut self, timeout: std::time::Duration, name: &str) -> Config {
         self.guard = Some(timeout);
@@ -139,7 +139,7 @@ impl Config {
     /// `tcp_user_timeout` is set only where the server has it (12 and later): on an older one
     /// the session must get as far as the collector's check of the server's version, which
     /// says what to do, rather than fail on an unknown parameter.
-    pub fn session_setup(&self) -> String {
+    fn session_setup(&self) -> String {
         let Some(timeout) = self.guard else {
             return SET_SEARCH_PATH.to_owned();
         };
@@ -152,8 +152,8 @@ impl Config {
         )
     }
 
-    /// Sets a session up: [`Config::session_setup`] and the caller's `extra` statements (none:
-    /// empty), then, once guarded, has the server look whether the client is still there
+    /// Sets a session up: its search path and keepalives (`session_setup`) and the caller's
+    /// `extra` statements (none: empty), then, once guarded, has the server look whether the client is still there
     /// every timeout while a statement runs (`client_connection_check_interval`). A backend
     /// whose client is gone (the process killed, or the session closed, while a statement
     /// waits for a lock an operator's DDL holds) otherwise waits on, holding what it holds:
@@ -187,7 +187,7 @@ impl Config {
     /// session up ([`Config::set_up`]) before its first query.
     ///
     /// Once [`Config::guarded`], several hosts are tried one at a time, each but the last
-    /// given a share of the timeout ([`host_share`]) for the whole of its start: TCP, TLS,
+    /// given a share of the timeout (`host_share`) for the whole of its start: TCP, TLS,
     /// authentication and the `target_session_attrs` check. tokio-postgres bounds only each
     /// TCP connect, so a first host that accepts and never answers (a hung postmaster) held
     /// every attempt until the caller's deadline, and one that drops every packet held it
