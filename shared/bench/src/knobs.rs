@@ -53,13 +53,14 @@ pub(crate) struct Knobs {
     pub(crate) distinct: u64,
 }
 
-const REDIRECT_MODES: [&str; 7] = [
+const REDIRECT_MODES: [&str; 8] = [
     "off",
     "pipeline",
     "direct",
     "dimensions",
     "neighbour",
     "paired",
+    "paired-aa",
     "baseline",
 ];
 
@@ -109,10 +110,13 @@ impl Knobs {
         if baseline.is_none() && modes.iter().any(|m| m == "baseline") {
             return Err("MODES has baseline but BASELINE (a git revision) is not set".into());
         }
-        if redirect_cpu.is_some() && modes.iter().any(|m| m == "paired") {
+        if redirect_cpu.is_some() && modes.iter().any(|m| m.starts_with("paired")) {
             // Both redirectors would share the one CPU, which is then no longer the
             // redirector's alone.
-            return Err("REDIRECT_CPU cannot be used with mode paired (two redirectors)".into());
+            return Err(
+                "REDIRECT_CPU cannot be used with modes paired and paired-aa (two redirectors)"
+                    .into(),
+            );
         }
         Ok(Knobs {
             rounds: positive("ROUNDS", rounds)?,

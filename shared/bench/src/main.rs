@@ -40,7 +40,8 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
                             (on 127.0.0.1:18081) at the same time, each under a load of
                             its own (CONNECTIONS connections, half of REDIRECT_RATE), so
                             that both meet the machine in the same state (not with
-                            REDIRECT_CPU)
+                            REDIRECT_CPU); mode paired-aa: the same with clicks off in
+                            both, what the method makes of two equal redirectors
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for
@@ -84,7 +85,7 @@ BASELINE (a git revision: its binaries run as mode `baseline` beside the current
 database of their own), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
 instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", with
---quick \"off pipeline direct paired\", also dimensions, neighbour and paired, plus baseline
+--quick \"off pipeline direct paired\", also dimensions, neighbour, paired and paired-aa, plus baseline
 with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
 of mode neighbour), REDIRECTOR_FLUSH_INTERVAL (50ms, the redirector's --flush-interval, given to
 every build alike, BASELINE's too), DIMENSIONS (\"referrer,device,country\", the

@@ -200,10 +200,12 @@ impl Row<'_> {
     }
 }
 
-/// The `paired-off` row of a round: its redirector's CPU from `cpu0` to `used`; no collector,
-/// no rows of its own, and PostgreSQL's CPU is in the pipeline's row.
-fn paired_off_row(
-    mix: &str,
+/// The row of a round's redirector with clicks off beside a paired mode ([`partner`]): its
+/// CPU from `cpu0` to `used`; no collector, no rows of its own, and PostgreSQL's CPU is in the
+/// other redirector's row.
+fn paired_off_row<'a>(
+    mix: &'a str,
+    mode: &'a str,
     round: u32,
     load: &(Report, Duration),
     redirects: u64,
@@ -216,7 +218,7 @@ fn paired_off_row(
     };
     Row {
         mix,
-        mode: "paired-off",
+        mode,
         round,
         load,
         counts: (redirects, 0, 0),
@@ -379,7 +381,7 @@ async fn once(
     let (variant, clicks) = match mode {
         "baseline" => (Variant::Baseline, "pipeline"),
         "dimensions" | "paired" => (Variant::Current, "pipeline"),
-        "neighbour" => (Variant::Current, "off"),
+        "neighbour" | "paired-aa" => (Variant::Current, "off"),
         _ => (Variant::Current, mode),
     };
     let dims = dimensions(bench, mode).map(str::to_owned);
@@ -397,9 +399,9 @@ async fn once(
         None => Vec::new(),
     };
     let redirector = start_redirector(bench, variant, clicks, &MAIN, &dims_flags).await?;
-    let paired_off = match mode {
-        "paired" => Some(start_redirector(bench, variant, "off", &PAIRED_OFF, &[]).await?),
-        _ => None,
+    let paired_off = match partner(mode) {
+        Some(_) => Some(start_redirector(bench, variant, "off", &PAIRED_OFF, &[]).await?),
+        None => None,
     };
     let written = match collector {
         Some(_) => Some(Written::now(variant).await?),
@@ -427,10 +429,12 @@ async fn once(
     let used = Used::of(&redirector);
     let paired_off = paired_off.map(|(proc, cpu0)| (Used::of(&proc), proc, cpu0));
     let (redirects, sent, dropped) = stop_redirector(bench, redirector, &MAIN).await?;
-    if let (Some((used, proc, cpu0)), Some(load)) = (paired_off, paired_off_load) {
+    if let (Some((used, proc, cpu0)), Some(load), Some(off_mode)) =
+        (paired_off, paired_off_load, partner(mode))
+    {
         let (off_redirects, ..) = stop_redirector(bench, proc, &PAIRED_OFF).await?;
-        write_summary(bench, mix, "paired-off", round, &load)?;
-        let row = paired_off_row(mix, round, &load, off_redirects, &cpu0, used);
+        write_summary(bench, mix, off_mode, round, &load)?;
+        let row = paired_off_row(mix, off_mode, round, &load, off_redirects, &cpu0, used);
         crate::table::append(&bench.path("redirect.tsv"), &row)?;
     }
     let (mut compact, mut col_mib, mut col_written) = (0.0, "0".to_owned(), "0.000".to_owned());
@@ -627,6 +631,11 @@ fn print_table(bench: &Bench, modes: &[String]) {
             "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own at half the rate; its \"vs off\" columns are against `paired-off`."
         );
     }
+    if k.modes.iter().any(|m| m == "paired-aa") {
+        println!(
+            "`paired-aa`: as `paired`, with clicks off in both redirectors (`paired-aa` in the pipeline's place): its \"vs off\" columns, against `paired-aa-off`, are what the method makes of two equal redirectors."
+        );
+    }
     if k.modes.iter().any(|m| m == "neighbour") {
         println!(
             "`neighbour`: clicks off beside pgbench making {} single-row INSERTs a second.",
@@ -648,9 +657,9 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector (until written) / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let rows = rows(&bench.path("redirect.tsv"));
-    let shown = modes.iter().flat_map(|m| match m.as_str() {
-        "paired" => vec!["paired-off", "paired"],
-        m => vec![m],
+    let shown = modes.iter().flat_map(|m| match partner(m) {
+        Some(off) => vec![off, m.as_str()],
+        None => vec![m.as_str()],
     });
     for mix in MIXES {
         let col = |mode: &str, field| median(&column(&rows, &[mix, mode], field));
@@ -682,12 +691,25 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("the collector's in brackets until they were written: the rest is the run's fold, a whole one however short the run.");
 }
 
-/// The mode whose redirector has clicks off that `mode` is compared with: `paired-off`, run at
-/// the same time, for `paired`; mode `off`, run in turn, for the others.
-fn off_of(mode: &str) -> &'static str {
+/// The rows of the redirector with clicks off that serves at the same time as a paired mode's
+/// (`paired`: the pipeline; `paired-aa`: clicks off too, so that its ratio shows what the
+/// method itself makes of two equal redirectors).
+fn partner(mode: &str) -> Option<&'static str> {
     match mode {
-        "paired" | "paired-off" => "paired-off",
-        _ => "off",
+        "paired" => Some("paired-off"),
+        "paired-aa" => Some("paired-aa-off"),
+        _ => None,
+    }
+}
+
+/// The mode whose redirector has clicks off that `mode` is compared with: its [`partner`], run
+/// at the same time, for a paired mode (and that partner itself); mode `off`, run in turn, for
+/// the others.
+fn off_of(mode: &str) -> &str {
+    match partner(mode) {
+        Some(off) => off,
+        None if mode.starts_with("paired") => mode,
+        None => "off",
     }
 }
 
@@ -786,17 +808,19 @@ mod tests {
     }
 
     #[test]
-    fn paired_is_compared_with_paired_off_and_the_others_with_off() {
+    fn each_paired_mode_is_compared_with_its_partner_and_the_others_with_off() {
         // 800 ticks over a million redirects, in us a redirect.
         let off_us = 800.0 * 1e6 / crate::procfs::clk_tck() / 1e6;
-        let used = Used {
-            ticks: 800,
-            mib: "0".to_owned(),
-        };
         let load = (Report::default(), Duration::from_secs(1));
-        let paired_off = paired_off_row("zipf", 1, &load, 1_000_000, &Cpu::default(), used);
+        let paired_off = |mode, ticks| {
+            let used = Used {
+                ticks,
+                mib: "0".to_owned(),
+            };
+            paired_off_row("zipf", mode, 1, &load, 1_000_000, &Cpu::default(), used)
+        };
         assert_eq!(
-            paired_off[10],
+            paired_off("paired-off", 800)[10],
             format!("{off_us:.3}"),
             "field 11: the redirector's us"
         );
@@ -804,13 +828,19 @@ mod tests {
         let rows = [
             row_of("off", "10", "0"),
             row_of("pipeline", "10.5", "0.5"),
-            paired_off,
+            paired_off("paired-off", 800),
             row_of("paired", &paired, &(off_us * 0.05).to_string()),
+            // paired-aa's partner at twice paired-off's CPU: against paired-off, or mode off,
+            // paired-aa's ratio would not be 1.1.
+            paired_off("paired-aa-off", 1600),
+            row_of("paired-aa", &(off_us * 2.2).to_string(), "0"),
         ];
         // Each as the median of its rounds' ratios prints it.
         assert_eq!(host_cost(&rows, "zipf", "pipeline", 1), "1.1");
         assert_eq!(host_cost(&rows, "zipf", "paired", 1), "1.1");
         assert_eq!(host_cost(&rows, "zipf", "paired-off", 1), "1");
+        assert_eq!(host_cost(&rows, "zipf", "paired-aa", 1), "1.1");
+        assert_eq!(host_cost(&rows, "zipf", "paired-aa-off", 1), "1");
     }
 
     #[test]
