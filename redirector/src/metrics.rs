@@ -51,6 +51,11 @@ shared::label! {
         HeadTooLarge = "head_too_large",
         /// A request that is not HTTP/1: answered 400.
         BadRequest = "bad_request",
+        /// HTTP/2's connection preface: a client, most likely a proxy, that speaks HTTP/2
+        /// without asking first ("prior knowledge", h2c) where this server speaks HTTP/1.1
+        /// only. Closed without an answer (it would not read one); under `bad_request`, it
+        /// was told from garbage by nothing.
+        Http2 = "http2",
     }
 }
 

@@ -80,7 +80,8 @@ async fn head_requests_and_unknown_codes_queue_no_clicks_under_load() {
 
 /// A request head over 16 KiB is refused before routing, and counted; one of 12 KB (a
 /// browser's, carrying the cookies of a parent domain's analytics) is served; a request that
-/// is not HTTP is refused and counted too.
+/// is not HTTP is refused and counted too, and HTTP/2 without asking (a proxy told to speak
+/// h2c to its backends) under a reason of its own.
 #[tokio::test]
 async fn a_request_head_over_the_limit_is_refused_and_counted() {
     let f = fixture(&[("known", "https://example.com/")]).await;
@@ -113,6 +114,17 @@ async fn a_request_head_over_the_limit_is_refused_and_counted() {
     let bad = r#"redirector_connections_closed_total{reason="bad_request"}"#;
     r.await_metric(bad, 1.0).await;
     assert_eq!(r.metric(too_large).await, 1.0);
+
+    let mut stream = tokio::net::TcpStream::connect(r.http).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // Until the server closes it.
+    stream.read_to_end(&mut Vec::new()).await.unwrap();
+    let http2 = r#"redirector_connections_closed_total{reason="http2"}"#;
+    r.await_metric(http2, 1.0).await;
+    assert_eq!(r.metric(bad).await, 1.0, "not counted as garbage too");
 }
 
 #[tokio::test]

@@ -381,6 +381,8 @@ fn ended(result: hyper::Result<()>, conn: &Conn) -> Option<Closed> {
         Some(Closed::HeaderTimeout)
     } else if e.is_parse_too_large() {
         Some(Closed::HeadTooLarge)
+    } else if e.is_parse_version_h2() {
+        Some(Closed::Http2)
     } else if e.is_parse() {
         Some(Closed::BadRequest)
     } else {
