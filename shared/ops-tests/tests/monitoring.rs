@@ -241,7 +241,9 @@ fn panels(dashboard: &Value) -> Vec<&Value> {
 }
 
 /// The series selectors of the pipeline's metrics (and `up`) in a PromQL expression, with their
-/// label matchers: `up{job="collector"}`, `redirector_send_errors_total{kind!="queue_full"}`.
+/// label matchers: `up{job="collector"}`, `redirector_send_errors_total{kind!="queue_full"}`;
+/// a selector without a name (`{__name__=~"collector_.*"}`) whole; and a metric of ours named
+/// in a string (`label_replace`'s), on its own.
 fn selectors(expr: &str) -> Vec<String> {
     let b = expr.as_bytes();
     let skip_string = |mut i: usize| {
@@ -252,27 +254,48 @@ fn selectors(expr: &str) -> Vec<String> {
         }
         i + 1
     };
+    // From a `{` to past its `}`.
+    let skip_matchers = |mut i: usize| {
+        while i < b.len() && b[i] != b'}' {
+            i = if b[i] == b'"' { skip_string(i) } else { i + 1 };
+        }
+        i + 1
+    };
+    let ours = |name: &str| {
+        name == "up" || name.starts_with("redirector_") || name.starts_with("collector_")
+    };
+    let name_byte = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
     let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
         match b[i] {
-            b'"' | b'\'' | b'`' => i = skip_string(i),
+            b'"' | b'\'' | b'`' => {
+                let start = i;
+                i = skip_string(i);
+                let inner = expr.get(start + 1..i - 1).unwrap_or_default();
+                if ours(inner) && inner.bytes().all(name_byte) {
+                    out.push(inner.to_owned());
+                }
+            }
+            b'{' => {
+                let start = i;
+                i = skip_matchers(i);
+                out.push(expr[start..i.min(b.len())].to_owned());
+            }
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':')
-                {
+                while i < b.len() && name_byte(b[i]) {
                     i += 1;
                 }
                 let name = &expr[start..i];
-                if name == "up" || name.starts_with("redirector_") || name.starts_with("collector_")
-                {
+                if ours(name) {
                     if b.get(i) == Some(&b'{') {
-                        while i < b.len() && b[i] != b'}' {
-                            i = if b[i] == b'"' { skip_string(i) } else { i + 1 };
-                        }
-                        i += 1;
+                        i = skip_matchers(i);
                     }
-                    out.push(expr[start..i].to_owned());
+                    out.push(expr[start..i.min(b.len())].to_owned());
+                } else if b.get(i) == Some(&b'{') {
+                    // Another's metric: its matchers are not a selector of their own.
+                    i = skip_matchers(i);
                 }
             }
             _ => i += 1,
@@ -392,6 +415,19 @@ fn encode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+#[test]
+fn selectors_without_a_name_and_our_metrics_named_in_strings_are_found() {
+    assert_eq!(
+        selectors(
+            r#"count({__name__=~"collector_.*", job="collector"}) and label_replace(other{a="b"}, "x", "collector_senders", "y", "(.*)")"#
+        ),
+        [
+            r#"{__name__=~"collector_.*", job="collector"}"#,
+            "collector_senders"
+        ]
+    );
 }
 
 #[test]
