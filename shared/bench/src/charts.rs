@@ -15,8 +15,16 @@ pub(crate) fn draw(knobs: &Knobs) -> Res<()> {
         .is_ok_and(|o| o.status.success());
     if !has_matplotlib {
         log("installing matplotlib (PyPI)");
-        run(Command::new("python3").args(["-m", "pip", "install", "-q", "matplotlib"]))
-            .map_err(|e| format!("pip install matplotlib failed: {e}"))?;
+        // Debian's Python refuses pip outside a virtual environment (PEP 668).
+        run(Command::new("python3").args(["-m", "pip", "install", "-q", "matplotlib"])).map_err(
+            |e| {
+                format!(
+                    "pip install matplotlib failed ({e}): install it with the system's \
+                     packages (Debian: apt-get install python3-matplotlib), then \
+                     `scripts/bench charts`"
+                )
+            },
+        )?;
     }
     std::fs::create_dir_all("benchmarks")?;
     run(Command::new("python3")

@@ -18,7 +18,8 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     /// Initialises the cluster if needed and starts it, with commit timestamps on (they time
-    /// the hosts runs); one left running by an interrupted run without them is restarted.
+    /// the hosts runs); one left running by an interrupted run without them is restarted. The
+    /// room for WAL an interrupted run may have left set is given back.
     pub(crate) async fn start(repo: &Path, out: &Path) -> Res<Cluster> {
         let cluster = Cluster {
             repo: repo.to_owned(),
@@ -40,6 +41,7 @@ impl Cluster {
         }
         // A cluster left running takes the current access rules.
         cluster.pg("pg_reload_access")?;
+        room_for_wal(&cluster.connect("postgres").await?, false).await?;
         Ok(cluster)
     }
 
@@ -119,7 +121,8 @@ async fn room_for_wal(admin: &tokio_postgres::Client, on: bool) -> Res<()> {
 }
 
 /// Runs `runs` with room for WAL, given back afterwards whether they succeed or not (else a
-/// failed bench would leave the cluster's `max_wal_size` at 4 GB for the next).
+/// failed bench would leave the cluster's `max_wal_size` at 4 GB for the next). A run
+/// interrupted (^C, SIGTERM) drops this future before that: `Cluster::start` gives it back.
 pub(crate) async fn with_room_for_wal(
     admin: &tokio_postgres::Client,
     runs: impl std::future::Future<Output = Res<()>>,

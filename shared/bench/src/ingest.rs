@@ -123,6 +123,8 @@ pub(crate) async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
         IF to_regclass('click_count_batches') IS NOT NULL THEN TRUNCATE click_count_batches; END IF;
         IF to_regclass('clicks_set_aside') IS NOT NULL THEN TRUNCATE clicks_set_aside; END IF;
         IF to_regclass('click_count_lists') IS NOT NULL THEN TRUNCATE click_count_lists; END IF;
+        IF to_regclass('click_breakdown_counts') IS NOT NULL THEN TRUNCATE click_breakdown_counts; END IF;
+        IF to_regclass('click_breakdown_lists') IS NOT NULL THEN TRUNCATE click_breakdown_lists; END IF;
         END $$";
     execute(&client, optional).await
 }

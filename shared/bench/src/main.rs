@@ -270,7 +270,10 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     stop_cluster(&knobs);
     let mismatches = mismatches?;
     if what == "all" {
-        charts::draw(&knobs)?;
+        // The figures are in $OUT and printed whether or not they can be drawn.
+        if let Err(e) = charts::draw(&knobs) {
+            log(&format!("the charts were not drawn: {e}"));
+        }
     }
     if mismatches > 0 {
         log(&format!(

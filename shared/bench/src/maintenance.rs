@@ -81,6 +81,16 @@ async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
             Some((moved, took))
         })
         .collect();
+    if folds.is_empty() {
+        // The run waited for its folds: none in the log is a log filter that missed them,
+        // which would print a fold rate of 0.
+        return Err(format!(
+            "no \"folded N counts in T\" line in {} for this run, though its clicks were \
+             folded: the collector's RUST_LOG no longer names the module that writes it",
+            bench.path("collector.log").display()
+        )
+        .into());
+    }
     let rows: f64 = folds.iter().map(|f| f.0).sum();
     let secs: f64 = folds.iter().map(|f| f.1).sum();
     let longest = folds.iter().map(|f| f.1).fold(0.0, f64::max);

@@ -256,9 +256,11 @@ pub(crate) async fn start_collector(bench: &Bench, variant: Variant, extra: &[&s
         cmd.args(["--instance", "bench"]);
     }
     cmd.args(&bench.knobs.collector_flags).args(extra);
+    // The per-fold lines (`bench compaction` reads them) are debug lines of
+    // `collector::upkeep::maintenance`; BASELINE's older builds wrote them under the other two.
     cmd.env(
         "RUST_LOG",
-        "info,collector::maintenance=debug,collector::compact=debug",
+        "info,collector::upkeep=debug,collector::maintenance=debug,collector::compact=debug",
     );
     let log = bench.path("collector.log");
     let proc = Proc::spawn("collector", cmd, &log)?;

@@ -49,6 +49,11 @@ pub fn run(args: &Args) -> Result<(), TapError> {
     let stop = signals::stop_flag().map_err(TapError::io("installing signal handlers"))?;
     let socket = bind_datagram(&args.socket, args.mode)?;
     let _remove = RemoveOnExit::new(&args.socket);
+    // As the collector's socket: a descriptor a datagram carried is closed as it is read, and
+    // a close can block (a lingering TCP socket), holding up the tap. Before Linux 6.16, closed
+    // so all the same.
+    shared::socket::refuse_descriptors(&socket)
+        .map_err(TapError::io("refusing datagrams that carry descriptors"))?;
     socket
         .set_read_timeout(Some(RECV_WAIT))
         .map_err(TapError::io("setting the receive timeout"))?;

@@ -160,6 +160,46 @@ fn parse_code(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Appends the codes of `path`, one a line, each checked as it is read: a line is read only
+/// as far as a code can be long, so that a file with no newline (`/dev/zero`) is refused
+/// rather than read into memory whole.
+fn read_code_file(path: &Path, codes: &mut Vec<String>) -> Result<(), TapError> {
+    use std::io::{BufRead, Read};
+    // A code, then `\r\n` at most; one byte more tells a longer line.
+    const LONGEST: u64 = wire::MAX_CODE_LEN as u64 + 3;
+    let file = std::fs::File::open(path).map_err(TapError::io("reading --code-file"))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut bytes = Vec::new();
+    for line in 1.. {
+        bytes.clear();
+        let read = (&mut reader)
+            .take(LONGEST)
+            .read_until(b'\n', &mut bytes)
+            .map_err(TapError::io("reading --code-file"))?;
+        if read == 0 {
+            return Ok(());
+        }
+        let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let why = if bytes.len() as u64 == LONGEST && !bytes.ends_with(b"\n") {
+            Some(format!(
+                "longer than any code ({} bytes at most)",
+                wire::MAX_CODE_LEN
+            ))
+        } else {
+            std::str::from_utf8(text)
+                .map_err(|_| "not UTF-8".to_owned())
+                .and_then(parse_code)
+                .map(|code| codes.push(code))
+                .err()
+        };
+        if let Some(why) = why {
+            return Err(TapError::CodeFile { line, why });
+        }
+    }
+    Ok(())
+}
+
 fn parse_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(rate) if rate.is_finite() && rate >= 0.001 => Ok(rate),
@@ -196,11 +236,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
 fn all_codes(args: &Args) -> Result<Vec<String>, TapError> {
     let mut codes = args.codes.clone();
     if let Some(path) = &args.code_file {
-        let text = std::fs::read_to_string(path).map_err(TapError::io("reading --code-file"))?;
-        for (n, line) in text.lines().enumerate() {
-            let code = parse_code(line).map_err(|why| TapError::CodeFile { line: n + 1, why })?;
-            codes.push(code);
-        }
+        read_code_file(path, &mut codes)?;
     }
     if codes.is_empty() {
         return Err(TapError::CodeFile {

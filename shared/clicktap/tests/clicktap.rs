@@ -227,6 +227,28 @@ async fn send_into_listen_shows_every_click() {
     assert!(!socket.exists(), "listen left its socket file behind");
 }
 
+/// As the collector's socket, the tap's refuses datagrams that carry descriptors at their
+/// sender, on a kernel that can (Linux 6.16 on): closing one as it is read could block it.
+#[tokio::test]
+async fn listen_refuses_datagrams_carrying_descriptors() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let listen = Listen::start(&socket, &["--json"]).await;
+    let sender = UnixDatagram::unbound().unwrap();
+    let (_read, write) = nix::unistd::pipe().unwrap();
+    let sent = testkit::send_with_fds(&sender, &socket, b"fds", &[write.as_raw_fd()]);
+    // Whether this kernel knows the option, asked of a socket of the test's own.
+    let can = shared::socket::refuse_descriptors(&UnixDatagram::unbound().unwrap()).unwrap();
+    assert_eq!(
+        sent.err(),
+        can.then_some(nix::errno::Errno::EPERM),
+        "sent at a kernel that can refuse: {can}"
+    );
+    let status = listen.stop(Signal::SIGTERM).await;
+    assert!(status.success(), "listen exited with {status}");
+}
+
 #[tokio::test]
 async fn send_cycles_through_the_codes_of_a_code_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -264,6 +286,16 @@ async fn send_cycles_through_the_codes_of_a_code_file() {
         file_arg,
     ]);
     assert_fails_with(&out, "--code-file line 2");
+
+    // A file with no end to its first line is refused at that line, not read whole.
+    let out = run_args(&[
+        "send",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--code-file",
+        "/dev/zero",
+    ]);
+    assert_fails_with(&out, "--code-file line 1: longer than any code");
 }
 
 #[tokio::test]
