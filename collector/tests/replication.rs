@@ -123,6 +123,53 @@ async fn a_collector_restarted_during_a_syncrep_wait_names_it_while_it_waits_for
     await_value(&next, "collector_replication_waiting", 0.0, LIMIT).await;
 }
 
+/// A reload changes synchronous_standby_names under the writer's session, which stays: a
+/// commit it makes wait is named with the setting as it is now (an operator's typo), and the
+/// gauge follows; cleared again (as a failover manager does when its standby goes), the gauge
+/// follows that too, after the next writes, on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_synchronous_standby_names_is_seen_without_a_new_session() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    let server = &pair.primary;
+    let p = place_on(server).await;
+    let c = start_collector(&p.db, &p.path, &["--flush-interval", "20ms"]).await;
+    c.service
+        .wait_for_log("commits are not replicated synchronously", LIMIT)
+        .await;
+    assert_eq!(c.metric("collector_database_synchronous").await, 0.0);
+
+    // A standby's name that no standby has: every commit waits.
+    server.set_synchronous_standby_names("nobody").await;
+    let sent = clicks(200, 10, start_us(), 1_001);
+    send_all(&p.path, datagrams(31, &sent)).await;
+    let line = c.service.wait_for_log("wait_event SyncRep", LIMIT).await;
+    assert!(
+        line.contains(r#"synchronous_standby_names is now "nobody""#),
+        "{line}"
+    );
+    await_value(&c, "collector_database_synchronous", 1.0, LIMIT).await;
+
+    server.set_synchronous_standby_names("").await;
+    await_rows(&p.client, None, sent.len() as u64).await;
+    // Clicks from a new sender at each look, until a write after the settings were last
+    // read reads them again.
+    let mut sender = 32;
+    testkit::eventually("collector_database_synchronous to read 0", LIMIT, || {
+        sender += 1;
+        let grams = datagrams(sender, &clicks(5, 5, start_us(), 1_001));
+        async {
+            send_all(&p.path, grams).await;
+            (c.metric("collector_database_synchronous").await == 0.0).then_some(())
+        }
+    })
+    .await;
+    let log = c.service.log();
+    assert!(
+        !log.iter().any(|l| l.contains("on a new connection")),
+        "the writer took a new session, which reads the settings anyway: {log:#?}"
+    );
+}
+
 /// The clicks `grams` hold.
 fn clicks_in(grams: &[Vec<u8>]) -> u64 {
     grams

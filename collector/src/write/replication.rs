@@ -4,7 +4,9 @@
 //! - At each connect the writer reads `synchronous_standby_names` (its own session sets
 //!   `synchronous_commit = on`, `store::Conn::prepare`): with a name there, a commit returns
 //!   only once a synchronous standby has it, so a failover to that standby loses nothing
-//!   acknowledged. Logged, and the gauge `collector_database_synchronous`.
+//!   acknowledged. Logged, and the gauge `collector_database_synchronous`. Read again after a
+//!   write every [`SETTINGS_EVERY`], and by the watch as it names a wait: a reload changes it
+//!   under a session that stays (a failover manager clears it when the standby goes).
 //! - A commit waits for a synchronous standby forever when none confirms it (none connected,
 //!   or a promoted standby that kept its primary's `synchronous_standby_names`). Its backend
 //!   then holds the instance lock, so without a look from outside it reads as a timeout and
@@ -44,6 +46,8 @@ const LOOK_AFTER: Duration = Duration::from_secs(1);
 /// A `SyncRep` wait this long is named. Short enough to be named well within the write
 /// timeout (30 s by default), long enough that a standby catching up is not.
 pub const NAMED_AFTER: Duration = Duration::from_secs(2);
+/// How often the writer reads its session's replication settings again, after a write.
+const SETTINGS_EVERY: Duration = Duration::from_secs(5);
 
 /// What a named SyncRep wait's warning tells the operator to look at, and the usual fix.
 pub const SYNCREP_ADVICE: &str = "Look at synchronous_standby_names on the server and at \
@@ -139,8 +143,9 @@ struct State {
     /// The backends of the writer's sessions: the current one, and abandoned ones until they
     /// are gone (an abandoned commit stuck in `SyncRep` keeps its backend, and the lock).
     backends: Vec<Backend>,
-    /// The settings last read, and whether they were logged.
+    /// The settings last read (logged when they change), and when.
     settings: Option<Settings>,
+    settings_read: Option<Instant>,
     /// Since when a backend of the writer is seen waiting in `SyncRep`.
     sync_wait: Option<Instant>,
     named: bool,
@@ -158,8 +163,7 @@ impl Watch {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new writer session: its backend is watched, its settings logged when they change
-    /// and shown in `collector_database_synchronous`.
+    /// A new writer session: its backend is watched, and its settings read ([`Watch::reread`]).
     pub async fn connected(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let row = client
             .query_one(
@@ -173,12 +177,29 @@ impl Watch {
             pid: row.get(0),
             started_us: row.get(1),
         };
-        let settings = settings(client).await?;
+        self.state().backends.push(backend);
+        self.reread(client).await
+    }
+
+    /// Whether the writer's settings were read [`SETTINGS_EVERY`] ago or more.
+    pub fn settings_due(&self) -> bool {
+        let read = self.state().settings_read;
+        read.map_or(true, |at| at.elapsed() >= SETTINGS_EVERY)
+    }
+
+    /// Reads the settings of the writer's session `client` again.
+    pub async fn reread(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
+        self.note(settings(client).await?);
+        Ok(())
+    }
+
+    /// Settings as read: shown in `collector_database_synchronous`, logged when they change.
+    fn note(&self, settings: Settings) {
         self.metrics
             .database_synchronous
             .set(i64::from(settings.synchronous()));
         let mut state = self.state();
-        state.backends.push(backend);
+        state.settings_read = Some(Instant::now());
         if state.settings.as_ref() != Some(&settings) {
             if settings.synchronous() {
                 tracing::info!(
@@ -198,7 +219,6 @@ impl Watch {
             }
             state.settings = Some(settings);
         }
-        Ok(())
     }
 
     /// The writer starts writing a batch.
@@ -270,10 +290,14 @@ impl Watch {
                     None => db.connect().await?,
                 };
                 let found = look(&client, &backends).await?;
+                let names = client
+                    .query_one("SELECT current_setting('synchronous_standby_names')", &[])
+                    .await?
+                    .get::<_, String>(0);
                 session = Some(client);
-                Ok::<_, tokio_postgres::Error>(found)
+                Ok::<_, tokio_postgres::Error>((found, names))
             };
-            let (live, waiting) = match tokio::time::timeout(timeout, looking).await {
+            let ((live, waiting), names) = match tokio::time::timeout(timeout, looking).await {
                 Ok(Ok(found)) => found,
                 Ok(Err(e)) => {
                     tracing::debug!("looking at the writer's sessions: {}", describe(&e));
@@ -281,12 +305,14 @@ impl Watch {
                 }
                 Err(_) => continue,
             };
-            self.seen(&live, waiting);
+            self.seen(&live, waiting, names);
         }
     }
 
-    /// What one look found: the writer's backends still there, and one waiting in `SyncRep`.
-    fn seen(&self, live: &[Backend], waiting: Option<Backend>) {
+    /// What one look found: the writer's backends still there, one waiting in `SyncRep`, and
+    /// `synchronous_standby_names` as the server has it now (the writer's, read before the
+    /// wait, may be from before a reload: the one that made it wait).
+    fn seen(&self, live: &[Backend], waiting: Option<Backend>, names: String) {
         let mut state = self.state();
         // Abandoned backends that ended are no longer watched; the newest (current) always is.
         let current = state.backends.last().copied();
@@ -303,12 +329,13 @@ impl Watch {
             return;
         }
         state.named = true;
-        let names = state
-            .settings
-            .as_ref()
-            .map(|s| s.standby_names.clone())
-            .unwrap_or_default();
+        // The writer's own `synchronous_commit`: a session of the watch's has the server's.
+        let commit = state.settings.as_ref().map(|s| s.commit.clone());
         drop(state);
+        self.note(Settings {
+            standby_names: names.clone(),
+            commit: commit.unwrap_or_else(|| "on".to_owned()),
+        });
         self.metrics.replication_waiting.set(1);
         self.metrics.replication_waits.inc();
         tracing::warn!(
@@ -787,8 +814,9 @@ mod tests {
             pid,
             started_us: 1_000,
         };
+        let names = || "standby1".to_owned();
         watch.state().backends = vec![b(7), b(8)];
-        watch.seen(&[b(8)], Some(b(8)));
+        watch.seen(&[b(8)], Some(b(8)), names());
         assert_eq!(
             watch.state().backends,
             [b(8)],
@@ -796,12 +824,14 @@ mod tests {
         );
         assert!(watch.cause().is_none(), "not named at once");
         watch.state().sync_wait = Some(Instant::now() - NAMED_AFTER);
-        watch.seen(&[b(8)], Some(b(8)));
-        watch.seen(&[b(8)], Some(b(8)));
+        watch.seen(&[b(8)], Some(b(8)), names());
+        watch.seen(&[b(8)], Some(b(8)), names());
         assert_eq!(metrics.replication_waits.get(), 1);
         assert_eq!(metrics.replication_waiting.get(), 1);
-        assert!(watch.cause().unwrap().contains("synchronous_standby_names"));
-        watch.seen(&[b(8)], None);
+        let cause = watch.cause().unwrap();
+        assert!(cause.contains(r#"synchronous_standby_names ("standby1")"#), "{cause}");
+        assert_eq!(metrics.database_synchronous.get(), 1, "the names seen");
+        watch.seen(&[b(8)], None, names());
         assert_eq!(metrics.replication_waiting.get(), 0);
         assert!(watch.cause().is_none());
     }

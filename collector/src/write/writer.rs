@@ -147,6 +147,20 @@ impl Writer {
                 .dec_by(batch.received() as i64);
             // The receiver is gone only at shutdown, after its last batch.
             let _ = ends.empty.send(batch).await;
+            self.reread_settings().await;
+        }
+    }
+
+    /// Reads the session's replication settings again when due (`Watch::settings_due`): a
+    /// reload may have changed them since it connected. A failure is left to the next write.
+    async fn reread_settings(&mut self) {
+        let Some(conn) = &self.conn else { return };
+        if !self.watch.settings_due() {
+            return;
+        }
+        let reread = tokio::time::timeout(self.timeout, self.watch.reread(conn.client())).await;
+        if let Ok(Err(e)) = reread {
+            tracing::debug!("reading the replication settings again: {}", describe(&e));
         }
     }
 
