@@ -19,8 +19,8 @@ use crate::ingest::socket::Inbox;
 use crate::metrics::{AdminView, Shared};
 use crate::upkeep::{compact, link_triggers, maintenance, partitions};
 use crate::write::batch::{self, DateWindow, Handoff};
-use crate::write::replication::Committed;
-use crate::write::store::Conn;
+use crate::write::replication::{Committed, Watch};
+use crate::write::store::{self, Conn};
 use crate::write::unfolded::{Meters, Unfolded};
 use crate::write::writer::Writer;
 use crate::write::{copy, lock};
@@ -119,8 +119,18 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mirror = mirror.map_err(Fatal::Mirror)?;
     let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
     let upkeep = maintenance_policy(&config);
+    // Looks at the sessions of start-up and then of the writer from one of its own while a
+    // commit takes long, for as long as the process runs: a commit that waits for a standby
+    // is named as such.
+    let watch = Watch::new(metrics.write.clone());
+    tokio::spawn(
+        watch
+            .clone()
+            .run(db.clone(), config.write_timeout)
+            .instrument(tracing::info_span!("replication")),
+    );
     let start = tokio::select! {
-        start = prepare(&db, &config.instance, &upkeep, &metrics, &shared) => start,
+        start = prepare(&db, &config.instance, &upkeep, (&metrics, &watch), &shared) => start,
         name = &mut stop => {
             tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
@@ -162,7 +172,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let unfolded = Arc::new(Unfolded::bounded(writer_id, config.compact_memory, meters));
     let (handoff, writer) = start_writer(
         &db,
-        (start.conn, start.committed),
+        (start.conn, start.committed, watch),
         &config,
         &unfolded,
         &metrics,
@@ -290,7 +300,7 @@ async fn listen_admin(
 /// ends once the receiver is gone and the last batch is committed.
 fn start_writer(
     db: &Db,
-    (conn, committed): (Conn, Committed),
+    (conn, committed, watch): (Conn, Committed, Arc<Watch>),
     config: &Config,
     unfolded: &Arc<Unfolded>,
     metrics: &Metrics,
@@ -306,15 +316,8 @@ fn start_writer(
         shared.clone(),
         Some(conn),
     )
-    .after(committed);
-    // Looks at the writer's sessions from one of its own while a write takes long, for as
-    // long as the process runs: a commit that waits for a standby is named as such.
-    tokio::spawn(
-        writer
-            .watch()
-            .run(db.clone(), config.write_timeout)
-            .instrument(tracing::info_span!("replication")),
-    );
+    .after(committed)
+    .watched_by(watch);
     let span = tracing::info_span!("writer");
     (
         handoff,
@@ -331,12 +334,12 @@ async fn prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    (metrics, watch): (&Metrics, &Watch),
     shared: &Shared,
 ) -> Start {
     let mut backoff = db::backoff();
     loop {
-        match try_prepare(db, instance, upkeep, metrics).await {
+        match try_prepare(db, instance, upkeep, (metrics, watch)).await {
             Ok(start) => return start,
             Err(error) => {
                 shared.counts.db_errors.inc();
@@ -351,7 +354,7 @@ async fn try_prepare(
     db: &Db,
     instance: &str,
     upkeep: &maintenance::Policy,
-    metrics: &Metrics,
+    (metrics, watch): (&Metrics, &Watch),
 ) -> Result<Start, db::Failure> {
     // Connecting has a deadline (--write-timeout; tokio-postgres' connect_timeout bounds the
     // socket's connect, not the startup): a server that accepts and never answers is tried
@@ -362,6 +365,11 @@ async fn try_prepare(
         &metrics.write.instance_lock_waiting,
     );
     lock::take(&client, instance, &mut Throttle::per_outage(), gauges).await?;
+    // The steps below commit with no deadline: one waiting for a standby (a promoted one that
+    // kept synchronous_standby_names) would hold the start up unnamed, the socket unbound.
+    store::durable_commits(&client).await?;
+    watch.connected(&client).await?;
+    watch.writing();
     migrations::apply(&mut client).await?;
     link_triggers::set_back(
         &mut client,
@@ -373,6 +381,7 @@ async fn try_prepare(
     let today = copy::pg_day(protocol::now_us());
     let created = partitions::create_at_start(&client, &upkeep.partitions(today)).await?;
     metrics.upkeep.partitions_created.inc_by(created);
+    watch.written();
     Ok(Start {
         senders: senders::load(&client, instance).await?,
         committed: Committed::of_instance(&client, instance).await?,

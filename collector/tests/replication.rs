@@ -170,6 +170,29 @@ async fn a_reloaded_synchronous_standby_names_is_seen_without_a_new_session() {
     );
 }
 
+/// Start-up's own commits (the migrations, here) waiting for a standby are named as the
+/// writer's are: before, the collector sat at "starting" with its socket unbound and nothing
+/// said, while the redirectors' rings filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_migrations_wait_for_a_standby_names_the_wait() {
+    let pair = Pair::start(Replication::Asynchronous).await;
+    pair.primary.set_synchronous_standby_names("nobody").await;
+    let db = pair.primary.fresh_database().await;
+    let (_dir, path) = socket_path();
+    let c = Collector::spawn(command(&db, &path, &[])).await;
+    let line = c.service.wait_for_log("wait_event SyncRep", LIMIT).await;
+    assert!(
+        line.contains(r#"synchronous_standby_names is now "nobody""#),
+        "{line}"
+    );
+    await_value(&c, "collector_replication_waiting", 1.0, LIMIT).await;
+    assert_eq!(c.health().await, 503, "not ready while it waits");
+
+    pair.primary.set_synchronous_standby_names("").await;
+    c.ready().await;
+    await_value(&c, "collector_replication_waiting", 0.0, LIMIT).await;
+}
+
 /// The clicks `grams` hold.
 fn clicks_in(grams: &[Vec<u8>]) -> u64 {
     grams

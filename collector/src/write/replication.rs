@@ -163,7 +163,8 @@ impl Watch {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new writer session: its backend is watched, and its settings read ([`Watch::reread`]).
+    /// A new writer session (or start-up's, which the writer goes on with): its backend is
+    /// watched, and its settings read ([`Watch::reread`]).
     pub async fn connected(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let row = client
             .query_one(
@@ -177,7 +178,12 @@ impl Watch {
             pid: row.get(0),
             started_us: row.get(1),
         };
-        self.state().backends.push(backend);
+        {
+            let mut state = self.state();
+            if state.backends.last() != Some(&backend) {
+                state.backends.push(backend);
+            }
+        }
         self.reread(client).await
     }
 
@@ -221,7 +227,7 @@ impl Watch {
         }
     }
 
-    /// The writer starts writing a batch.
+    /// The writer starts writing a batch (or start-up its first commits).
     pub fn writing(&self) {
         self.state().writing_since = Some(Instant::now());
     }
@@ -829,7 +835,10 @@ mod tests {
         assert_eq!(metrics.replication_waits.get(), 1);
         assert_eq!(metrics.replication_waiting.get(), 1);
         let cause = watch.cause().unwrap();
-        assert!(cause.contains(r#"synchronous_standby_names ("standby1")"#), "{cause}");
+        assert!(
+            cause.contains(r#"synchronous_standby_names ("standby1")"#),
+            "{cause}"
+        );
         assert_eq!(metrics.database_synchronous.get(), 1, "the names seen");
         watch.seen(&[b(8)], None, names());
         assert_eq!(metrics.replication_waiting.get(), 0);

@@ -229,12 +229,18 @@ pub struct Conn {
     forget_senders: Statement,
 }
 
+/// Has the session's commits return only once durable, replicated to a synchronous standby
+/// if there is one, whatever the server's default: the writer's commits are acknowledged to
+/// the senders, who then forget those clicks; start-up's (in the session the writer goes on
+/// with) are watched as the writer's are.
+pub(crate) async fn durable_commits(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("SET synchronous_commit = on").await
+}
+
 impl Conn {
     /// Prepares the statements on `client`.
     pub(crate) async fn prepare(client: Client) -> Result<Conn, tokio_postgres::Error> {
-        // A commit is acknowledged to the senders, who then forget those clicks: it must be
-        // durable when it returns, whatever the server's default.
-        client.batch_execute("SET synchronous_commit = on").await?;
+        durable_commits(&client).await?;
         Ok(Conn {
             copy_clicks: client.prepare(COPY_CLICKS).await?,
             copy_day: HashMap::new(),

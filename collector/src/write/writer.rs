@@ -75,9 +75,11 @@ impl Writer {
         self
     }
 
-    /// What watches its sessions' replication, for [`Watch::run`].
-    pub fn watch(&self) -> Arc<Watch> {
-        self.watch.clone()
+    /// Watched by `watch` (run by its owner, [`Watch::run`]), which start-up's session was
+    /// watched by: the writer goes on with that session.
+    pub fn watched_by(mut self, watch: Arc<Watch>) -> Writer {
+        self.watch = watch;
+        self
     }
 
     /// Writes the batches that come full and hands each back committed (the receiver
