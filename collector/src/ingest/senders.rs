@@ -1,10 +1,10 @@
 //! Each sender's seqs as this collector knows them: the protocol's `Senders` (crate `protocol`)
 //! over Unix socket addresses, loaded from `click_senders` at start.
 
-use std::os::unix::ffi::OsStrExt;
-
 use nix::sys::socket::UnixAddr;
 use tokio_postgres::Client;
+
+use crate::write::batch::recorded_reply;
 
 /// The senders, by the addresses their acknowledgements go to.
 pub type Senders = protocol::senders::Senders<UnixAddr>;
@@ -40,11 +40,7 @@ pub(crate) async fn load(
     let id = |r: &tokio_postgres::Row, i| r.get::<_, i64>(i) as u64;
     let last = rows.iter().map(|r| (id(r, 0), id(r, 1), id(r, 2)));
     let addresses = rows.iter().filter_map(|r| {
-        let path = r.get::<_, Option<&[u8]>>(3)?;
-        let at = UnixAddr::new(std::ffi::OsStr::from_bytes(path)).ok()?;
-        let uid = r
-            .get::<_, Option<i64>>(4)
-            .and_then(|u| u32::try_from(u).ok());
+        let (at, uid) = recorded_reply(r, 3)?;
         Some((id(r, 0), at, uid))
     });
     Ok(Senders::committed(last).replying_at(addresses))

@@ -603,6 +603,31 @@ impl Noted {
             uid: None,
         }
     }
+
+    /// From the address recorded in a `click_senders` row: its `reply_to` in column `at` and
+    /// its `reply_uid` in the next ([`recorded_reply`]).
+    pub(crate) fn replying(mut self, row: &tokio_postgres::Row, at: usize) -> Noted {
+        if let Some((reply, uid)) = recorded_reply(row, at) {
+            (self.reply, self.uid) = (Some(reply), uid);
+        }
+        self
+    }
+}
+
+/// The address a `click_senders` row records its sender's acknowledgements go to: the
+/// socket's path in column `at` (bytea) and the uid that sent from it in the next; none
+/// without a path, or with one no socket address can hold.
+pub(crate) fn recorded_reply(
+    row: &tokio_postgres::Row,
+    at: usize,
+) -> Option<(UnixAddr, Option<u32>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = row.get::<_, Option<&[u8]>>(at)?;
+    let reply = UnixAddr::new(std::ffi::OsStr::from_bytes(path)).ok()?;
+    let uid = row
+        .get::<_, Option<i64>>(at + 1)
+        .and_then(|u| u32::try_from(u).ok());
+    Some((reply, uid))
 }
 
 /// Senders as `click_senders` columns: ids, highest seqs and clicks up to them as bigint (the

@@ -397,7 +397,8 @@ impl Committed {
         let rows = client
             .query(
                 "SELECT sender, last_seq, clicks, \
-                        (extract(epoch FROM now() - updated_at) * 1e6)::int8 \
+                        (extract(epoch FROM now() - updated_at) * 1e6)::int8, \
+                        reply_to, reply_uid \
                    FROM click_senders WHERE instance = $1 \
                   ORDER BY updated_at DESC LIMIT $2",
                 &[&instance, &(protocol::senders::MAX_SENDERS as i64)],
@@ -410,7 +411,8 @@ impl Committed {
                 // Stored as bigint: the u64 bits reinterpreted.
                 let column = |i| r.get::<_, i64>(i) as u64;
                 let age = Duration::from_micros(r.get::<_, i64>(3).max(0) as u64);
-                let noted = Noted::at(column(1), column(2));
+                // Put back after a failover, the record keeps its address.
+                let noted = Noted::at(column(1), column(2)).replying(r, 4);
                 let at = now.checked_sub(age);
                 (column(0), Commit { noted, at })
             })
@@ -730,6 +732,44 @@ mod tests {
         c.reconnected();
         assert_eq!(c.check(&client, &number, &counts).await.unwrap(), 0);
         assert_eq!(counts.clicks_unaccounted.get(), 300, "counted once");
+    }
+
+    /// The commits of the process before, lost in a failover, are put back with the address
+    /// their sender replies at: without it, the next start would let any allowed process
+    /// claim the sender's id first.
+    #[tokio::test]
+    async fn a_record_of_the_process_before_is_put_back_with_its_address() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let counts = Common::register(&mut Default::default());
+        let recorded = "INSERT INTO click_senders
+                            (sender, last_seq, clicks, instance, reply_to, reply_uid)
+                        VALUES (7, 5, 500, 'here', '/run/redirector/ack.sock', 1000)";
+        client.execute(recorded, &[]).await.unwrap();
+        let mut c = Committed::of_instance(&client, "here").await.unwrap();
+        client
+            .execute("DELETE FROM click_senders WHERE sender = 7", &[])
+            .await
+            .unwrap();
+        c.reconnected();
+        let number = BatchNumber {
+            writer: 1,
+            instance: "here".into(),
+            batch: 1,
+        };
+        assert_eq!(c.check(&client, &number, &counts).await.unwrap(), 500);
+        let row = "SELECT last_seq, convert_from(reply_to, 'UTF8'), reply_uid
+                     FROM click_senders WHERE sender = 7";
+        let row = client.query_one(row, &[]).await.unwrap();
+        assert_eq!(
+            (
+                row.get::<_, i64>(0),
+                row.get::<_, String>(1),
+                row.get::<_, i64>(2)
+            ),
+            (5, "/run/redirector/ack.sock".to_owned(), 1000),
+            "put back whole"
+        );
     }
 
     #[test]
