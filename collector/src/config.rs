@@ -119,12 +119,14 @@ pub struct Config {
     )]
     pub(crate) admin_listen: SocketAddr,
 
-    /// Write a batch once it holds this many clicks (1 to 10,000,000). Bigger batches cost
+    /// Write a batch once it holds this many clicks (1 to 5,000,000). Bigger batches cost
     /// less per click in PostgreSQL (each commit waits for a WAL flush); two batches of this
     /// size (at the default, about 3 MB of rows each and up to 8 MB of counts a day when
     /// every code is distinct) are in memory at most, kept for reuse. Below 400,000 clicks/s
     /// (at the default --flush-interval), --flush-interval comes first. The ceiling keeps a
-    /// batch's count lists under PostgreSQL's 1 GB field limit (10 M codes of 64 bytes: 650 MB).
+    /// batch's largest row under PostgreSQL's 1 GB limit on a row: a day's referrer
+    /// breakdown, a code of up to 64 bytes, a host of up to 64 and a count an entry (5 M
+    /// entries: 720 MB).
     #[arg(
         long,
         env = "COLLECTOR_BATCH_ROWS",
@@ -246,9 +248,9 @@ pub struct Config {
 /// collector (a typo's extra digits).
 const MEMORY_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(64 << 30);
 /// `--batch-rows`' ceiling.
-const MAX_BATCH_ROWS: i64 = 10_000_000;
+const MAX_BATCH_ROWS: i64 = 5_000_000;
 // The sums' code maps index at most MAX_ENTRIES entries, of 40 bytes or more each; the sums
-// pass the bound by one batch's codes at most (--batch-rows, 10 M) before they are dropped.
+// pass the bound by one batch's codes at most (--batch-rows) before they are dropped.
 const _: () = assert!(
     *MEMORY_RANGE.end() / 40 + (MAX_BATCH_ROWS as u64) < crate::write::code_map::MAX_ENTRIES,
     "--compact-memory's ceiling holds more sums than a code map can index"
@@ -355,7 +357,7 @@ mod tests {
             ("--socket-mode", "1777", "above 0777"),
             ("--flush-interval", "0s", "more than zero"),
             ("--batch-rows", "0", "0"),
-            ("--batch-rows", "10000001", "10000000"),
+            ("--batch-rows", "5000001", "5000000"),
             ("--instance", "", "1 to 255"),
             ("--instance", "a\tb", "control character"),
             ("--allow-uid", "root", "invalid digit"),
