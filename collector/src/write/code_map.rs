@@ -33,7 +33,7 @@ const ENTRIES_AHEAD: usize = 8;
 /// whoever reads the entries in turn (a batch's count lists, the sums, a fold) walks memory
 /// in order.
 ///
-/// Positions are `u32`: a batch holds at most `--batch-rows` (10 M) codes, and the sums what
+/// Positions are `u32`: a batch holds at most `--batch-rows` (5 M) codes, and the sums what
 /// `--compact-memory` (64 GiB at most, [`MAX_ENTRIES`]) holds at 40 bytes or more an entry.
 #[derive(Debug)]
 pub(crate) struct CodeMap<V> {

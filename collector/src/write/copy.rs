@@ -184,7 +184,7 @@ fn put_list<T>(buf: &mut BytesMut, items: &[T], mut put: impl FnMut(&mut BytesMu
         }
         put(buf, item);
     }
-    // At most `--batch-rows` (10 M) entries of at most 64 bytes and a space: within an i32.
+    // At most `--batch-rows` (5 M) entries of at most 64 bytes and a space: within an i32.
     let len = (buf.len() - len_at - 4) as i32;
     buf[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
 }

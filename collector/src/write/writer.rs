@@ -154,15 +154,22 @@ impl Writer {
     }
 
     /// Reads the session's replication settings again when due (`Watch::settings_due`): a
-    /// reload may have changed them since it connected. A failure is left to the next write.
+    /// reload may have changed them since it connected. A session that fails it, or does not
+    /// answer within the deadline, is dropped: the next batch would only meet it again.
     async fn reread_settings(&mut self) {
         let Some(conn) = &self.conn else { return };
         if !self.watch.settings_due() {
             return;
         }
-        let reread = tokio::time::timeout(self.timeout, self.watch.reread(conn.client())).await;
-        if let Ok(Err(e)) = reread {
-            tracing::debug!("reading the replication settings again: {}", describe(&e));
+        let reread = timed(self.timeout, self.watch.reread(conn.client()));
+        if let Err(failure) = reread.await {
+            tracing::warn!(
+                error = %failure,
+                "reading the replication settings again: {failure}; the next batch goes on a \
+                 new connection"
+            );
+            self.shared.counts.db_errors.inc();
+            self.conn = None;
         }
     }
 
