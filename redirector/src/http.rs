@@ -49,6 +49,8 @@ shared::metrics! {
             "Redirects whose request query was not forwarded: it would add more than 2 KiB to Location.";
         country_invalid: Counter = "country_invalid",
             "Country headers that held no assigned ISO 3166 alpha-2 code (the country left out).";
+        country_missing: Counter = "country_missing",
+            "Clicks recorded with the country whose request had no --country-header (the country left out).";
         not_found: Counter = "not_found", "Requests for an unknown or malformed code (404).";
         method_not_allowed: Counter = "method_not_allowed",
             "Methods other than GET or HEAD (405).";
@@ -149,6 +151,9 @@ impl App {
             let classified = self.classifier.classify(req.headers(), &mut referrer);
             if classified.country_rejected {
                 self.metrics.country_invalid.inc();
+            }
+            if classified.country_missing {
+                self.metrics.country_missing.inc();
             }
             self.record(code, &classified.dimensions).await;
         } else if counted {

@@ -112,6 +112,8 @@ async fn every_dimension_lands_in_click_breakdown_exactly() {
     let (f, r, sent) = clicks_through(&DIMENSIONS).await;
     assert_eq!(breakdown(&f.client, "b").await, every_dimension());
     assert_eq!(r.metric("redirector_country_invalid_total").await, 1.0);
+    // Slack's fetch and the prefetch came without the header.
+    assert_eq!(r.metric("redirector_country_missing_total").await, 2.0);
     let by_agent = |agent| format!("redirector_redirects_by_agent_total{{agent=\"{agent}\"}}");
     assert_eq!(r.metric(&by_agent("human")).await, 5.0);
     assert_eq!(r.metric(&by_agent("preview")).await, 2.0);
@@ -165,4 +167,9 @@ async fn without_dimensions_only_the_agent_is_recorded() {
         ])
     );
     assert_eq!(r.metric("redirector_country_invalid_total").await, 0.0);
+    assert_eq!(
+        r.metric("redirector_country_missing_total").await,
+        0.0,
+        "not recorded, so not missing"
+    );
 }

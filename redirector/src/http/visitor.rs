@@ -21,6 +21,10 @@ pub(crate) struct Classified<'b> {
     /// The country header was there but held no assigned ISO 3166 alpha-2 code (the proxy or
     /// CDN sent `XX`, `T1` or garbage): the caller counts it, the click carries no country.
     pub(crate) country_rejected: bool,
+    /// The country is recorded and the request had no country header (it did not come
+    /// through the proxy or CDN that sets it, or that one does not): the caller counts it, the
+    /// click carries no country.
+    pub(crate) country_missing: bool,
 }
 
 /// The headers a classification reads (`Classifier::relevant`).
@@ -219,6 +223,7 @@ impl Classifier {
         Classified {
             dimensions,
             country_rejected: country.is_some_and(|c| c.is_none()),
+            country_missing: self.country_header.is_some() && country.is_none(),
         }
     }
 

@@ -33,13 +33,17 @@ pub enum Device {
     Other = 3,
 }
 
-/// An ISO 3166-1 alpha-2 country code, upper case, one of those assigned.
+/// An ISO 3166-1 alpha-2 country code, upper case, one of those assigned (or Kosovo's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Country([u8; 2]);
 
-/// The assigned ISO 3166-1 alpha-2 codes (tzdata's `iso3166.tab`, 249 of them), sorted, two
-/// bytes each.
-const ISO_3166: &[u8] = b"ADAEAFAGAIALAMAOAQARASATAUAWAXAZBABBBDBEBFBGBHBIBJBLBMBNBOBQBRBSBTBVBWBYBZCACCCDCFCGCHCICKCLCMCNCOCRCUCVCWCXCYCZDEDJDKDMDODZECEEEGEHERESETFIFJFKFMFOFRGAGBGDGEGFGGGHGIGLGMGNGPGQGRGSGTGUGWGYHKHMHNHRHTHUIDIEILIMINIOIQIRISITJEJMJOJPKEKGKHKIKMKNKPKRKWKYKZLALBLCLILKLRLSLTLULVLYMAMCMDMEMFMGMHMKMLMMMNMOMPMQMRMSMTMUMVMWMXMYMZNANCNENFNGNINLNONPNRNUNZOMPAPEPFPGPHPKPLPMPNPRPSPTPWPYQARERORSRURWSASBSCSDSESGSHSISJSKSLSMSNSOSRSSSTSVSXSYSZTCTDTFTGTHTJTKTLTMTNTOTRTTTVTWTZUAUGUMUSUYUZVAVCVEVGVIVNVUWFWSYEYTZAZMZW";
+/// The assigned ISO 3166-1 alpha-2 codes (tzdata's `iso3166.tab`, 249 of them) and `XK`,
+/// sorted, two bytes each. `XK` is user-assigned, not ISO's, but it is Kosovo's in the EU's
+/// and the IMF's use and in the GeoIP databases CDNs fill their country headers from: left
+/// out, every click from Kosovo would be counted as an invalid header. A collector from before
+/// it holds a datagram carrying it as an unknown dimension value (`bad_dimension`): upgrade
+/// collectors first.
+const ISO_3166: &[u8] = b"ADAEAFAGAIALAMAOAQARASATAUAWAXAZBABBBDBEBFBGBHBIBJBLBMBNBOBQBRBSBTBVBWBYBZCACCCDCFCGCHCICKCLCMCNCOCRCUCVCWCXCYCZDEDJDKDMDODZECEEEGEHERESETFIFJFKFMFOFRGAGBGDGEGFGGGHGIGLGMGNGPGQGRGSGTGUGWGYHKHMHNHRHTHUIDIEILIMINIOIQIRISITJEJMJOJPKEKGKHKIKMKNKPKRKWKYKZLALBLCLILKLRLSLTLULVLYMAMCMDMEMFMGMHMKMLMMMNMOMPMQMRMSMTMUMVMWMXMYMZNANCNENFNGNINLNONPNRNUNZOMPAPEPFPGPHPKPLPMPNPRPSPTPWPYQARERORSRURWSASBSCSDSESGSHSISJSKSLSMSNSOSRSSSTSVSXSYSZTCTDTFTGTHTJTKTLTMTNTOTRTTTVTWTZUAUGUMUSUYUZVAVCVEVGVIVNVUWFWSXKYEYTZAZMZW";
 
 impl Country {
     /// The code in `text` (either case, surrounding blanks ignored), if it is an assigned
@@ -298,7 +302,7 @@ mod tests {
     #[test]
     fn the_iso_list_is_sorted_and_whole() {
         let pairs: Vec<_> = ISO_3166.chunks_exact(2).collect();
-        assert_eq!(pairs.len(), 249);
+        assert_eq!(pairs.len(), 250);
         assert!(pairs.windows(2).all(|w| w[0] < w[1]));
     }
 
@@ -324,6 +328,7 @@ mod tests {
             assert_eq!(Country::parse(bad), None, "{bad:?}");
         }
         assert_eq!(Country::parse(b"zw").unwrap().as_str(), "ZW");
+        assert_eq!(Country::parse(b"XK").unwrap().as_str(), "XK", "Kosovo");
     }
 
     #[test]

@@ -251,7 +251,7 @@ fn drawn() -> impl Strategy<Value = Drawn> {
         0..4u8,
         prop::option::of(referrer()),
         prop::option::of(0..4u8),
-        prop::option::of(0..249usize),
+        prop::option::of(0..250usize),
     )
 }
 
