@@ -149,8 +149,13 @@ pub async fn apply_up_to(
     client: &mut Client,
     last: i32,
 ) -> Result<Vec<i32>, tokio_postgres::Error> {
-    refuse_older_than(client, OLDEST_SERVER).await?;
     let tx = client.transaction().await?;
+    // No statement timeout: one the database or the role sets (common on managed servers)
+    // would cancel a long migration (a scan of a large table, an index build) at every
+    // attempt, and the collector never start. Only the waits for the tables' locks are
+    // bounded, below.
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    refuse_older_than(&tx, OLDEST_SERVER).await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await?;
     let lock_timeout = format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis());
