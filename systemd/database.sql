@@ -18,6 +18,11 @@ CREATE ROLE "clicks-redirector" LOGIN IN ROLE clicks_link_reader;
 -- The collector's login role owns the database, so that it can create the schema's tables
 -- (and hand them to clicks_collector) in its first migrations.
 CREATE DATABASE clicks OWNER "clicks-collector";
+-- The group roles are the server's, not this database's: the logins of another pipeline on
+-- this server (a staging one beside production) are members too, and would own and read this
+-- one's tables. Only this pipeline's logins connect here.
+REVOKE CONNECT ON DATABASE clicks FROM PUBLIC;
+GRANT CONNECT ON DATABASE clicks TO "clicks-collector", "clicks-redirector";
 -- In the new database, schema public takes objects from the collector's group role (its
 -- migrations and daily partitions) and from nobody else. Before PostgreSQL 15 every role may
 -- create objects in public, and so shadow a function the collector calls by name; migration

@@ -580,7 +580,7 @@ fn psql() -> PathBuf {
 
 /// The README's database step (`psql < systemd/database.sql` as the superuser), then the
 /// collector's migrations as its own role: the redirector's role can read links and nothing
-/// more.
+/// more, and another pipeline's login in the same group role cannot connect.
 #[tokio::test]
 async fn database_step_lets_the_collector_migrate_and_the_redirector_read_links() {
     database_step(testkit::pgtest::cluster()).await;
@@ -681,5 +681,27 @@ async fn database_step(cluster: &testkit::pgtest::Cluster) {
         Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
         "{}",
         shared::db::describe(&create)
+    );
+
+    // A staging pipeline's collector on the same server: a member of the same group role.
+    let admin = testkit::pgtest::connect(&cluster.url("postgres")).await;
+    admin
+        .batch_execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'other-collector') THEN
+                 CREATE ROLE \"other-collector\" LOGIN IN ROLE clicks_collector;
+               END IF;
+             END $$",
+        )
+        .await
+        .expect("a superuser creates another pipeline's login");
+    let other = shared::db::connect(&url("other-collector").parse().expect("a URL"))
+        .await
+        .err()
+        .expect("another pipeline's login must not connect to this one's database");
+    assert!(
+        shared::db::describe(&other).contains("permission denied for database"),
+        "{}",
+        shared::db::describe(&other)
     );
 }
