@@ -29,7 +29,7 @@ BEGIN
                     RAISE EXCEPTION 'migration 8: role % is missing, and % may not create it',
                         role, current_user
                         USING HINT = 'As a superuser, create the roles and make the services'' '
-                                     'login roles members (README, "Database access").';
+                                     'login roles members (docs/operating.md, "Database access").';
             END;
         END IF;
     END LOOP;
@@ -45,7 +45,9 @@ BEGIN
         RAISE EXCEPTION 'migration 8: role % is not a member of clicks_collector', current_user
             USING HINT = format('As a superuser, run: GRANT clicks_collector TO %I; '
                                 'GRANT clicks_link_reader TO <the redirector''s role>; '
-                                'then start the collector again (README, "Database access").',
+                                'then, on a database set up with an older database.sql, the '
+                                'REVOKEs of docs/operating.md, "Upgrading a database set up '
+                                'before migration 8"; then start the collector again.',
                                 current_user);
     END IF;
 END
@@ -56,6 +58,8 @@ GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
 
 -- Everything the migrations made so far (tables, partitions, views, sequences, functions)
 -- passes to clicks_collector, so that any member can run the collector and later migrations.
+-- Not what an extension made (pg_stat_statements' view, pgcrypto's functions): its owner is
+-- the superuser who created it, which a collector may not take from it, nor should.
 DO $$
 DECLARE
     r record;
@@ -66,6 +70,9 @@ BEGIN
         WHERE c.relnamespace = 'public'::regnamespace
           AND c.relkind IN ('r', 'p', 'v', 'm')
           AND c.relowner <> 'clicks_collector'::regrole
+          AND NOT EXISTS (SELECT FROM pg_depend d
+                          WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                            AND d.deptype = 'e')
     LOOP
         EXECUTE format('ALTER TABLE %s OWNER TO clicks_collector', r.name);
     END LOOP;
@@ -74,8 +81,12 @@ BEGIN
         FROM pg_proc p
         WHERE p.pronamespace = 'public'::regnamespace
           AND p.proowner <> 'clicks_collector'::regrole
+          AND NOT EXISTS (SELECT FROM pg_depend d
+                          WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                            AND d.deptype = 'e')
     LOOP
-        EXECUTE format('ALTER FUNCTION %s OWNER TO clicks_collector', r.name);
+        -- A routine: a procedure or an aggregate too.
+        EXECUTE format('ALTER ROUTINE %s OWNER TO clicks_collector', r.name);
     END LOOP;
 END
 $$;

@@ -34,7 +34,8 @@ BEGIN
                         'the schema belongs to %', current_user, owner
             USING HINT = 'As a superuser, in this database, run: GRANT USAGE, CREATE ON SCHEMA '
                          'public TO clicks_collector; REVOKE CREATE ON SCHEMA public FROM '
-                         'PUBLIC; then start the collector again (README, "Database access").';
+                         'PUBLIC; then start the collector again (docs/operating.md, "Database '
+                         'access").';
     END IF;
 END
 $$;

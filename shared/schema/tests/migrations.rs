@@ -503,6 +503,51 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
     );
 }
 
+/// A database owned by a new login role `<prefix>_<pid>` in clicks_collector, as
+/// `systemd/database.sql` makes the collector's: a superuser's session in it, and the login's.
+async fn collectors_database(prefix: &str) -> (tokio_postgres::Client, tokio_postgres::Client) {
+    let cluster = pgtest::cluster();
+    // The group roles exist once any database of the cluster is migrated.
+    let _ = pgtest::test_db().await;
+    let admin = cluster.connect("postgres").await;
+    let name = format!("{prefix}_{}", std::process::id());
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN IN ROLE clicks_collector"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin.batch_execute(&sql).await.unwrap();
+    }
+    let login = pgtest::connect(&format!("{} user={name}", cluster.url(&name))).await;
+    (cluster.connect(&name).await, login)
+}
+
+/// Migration 8 hands the schema's objects to clicks_collector, but not what an extension made
+/// there: a collector that is no superuser may not take those from their owner, and stopped at
+/// migration 8 for good on a database where someone had run `CREATE EXTENSION`.
+#[tokio::test]
+async fn migration_8_leaves_an_extensions_objects_to_their_owner() {
+    let (superuser, mut collector) = collectors_database("ext").await;
+    superuser
+        .batch_execute("CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    schema::apply(&mut collector)
+        .await
+        .expect("every migration, the extensions' objects left alone");
+    let owners: String = collector
+        .query_one(
+            "SELECT (SELECT proowner::regrole::text FROM pg_proc
+                      WHERE oid = 'digest(text, text)'::regprocedure)
+                 || ' ' || (SELECT relowner::regrole::text FROM pg_class
+                             WHERE oid = 'pg_stat_statements'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owners, "postgres postgres");
+}
+
 /// Before PostgreSQL 15 schema public belongs to the bootstrap superuser and every role may
 /// create objects in it, so could shadow a function the collector calls by name. A collector
 /// whose login role owns the database (as `systemd/database.sql` makes it) may not revoke
@@ -510,18 +555,8 @@ async fn migration_8_tells_a_collector_without_the_role_what_to_run() {
 /// through, and the collector's role still creates partitions. Recreated here on 15.
 #[tokio::test]
 async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_what_to_run() {
-    let cluster = pgtest::cluster();
-    // The group roles exist once any database of the cluster is migrated.
-    let _ = pgtest::test_db().await;
-    let admin = cluster.connect("postgres").await;
+    let (superuser, mut collector) = collectors_database("pg14").await;
     let name = format!("pg14_{}", std::process::id());
-    for sql in [
-        format!("CREATE ROLE {name} LOGIN IN ROLE clicks_collector"),
-        format!("CREATE DATABASE {name} OWNER {name}"),
-    ] {
-        admin.batch_execute(&sql).await.unwrap();
-    }
-    let superuser = cluster.connect(&name).await;
     superuser
         .batch_execute(
             "ALTER SCHEMA public OWNER TO postgres; GRANT CREATE ON SCHEMA public TO PUBLIC",
@@ -530,7 +565,6 @@ async fn migration_13_on_14s_schema_public_tells_a_collector_that_cannot_revoke_
         .unwrap();
     let public_may_create = "SELECT has_schema_privilege('public', 'public', 'CREATE')";
 
-    let mut collector = pgtest::connect(&format!("{} user={name}", cluster.url(&name))).await;
     schema::apply_up_to(&mut collector, 12)
         .await
         .expect("migrations 1-12 as the database owner");
