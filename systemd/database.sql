@@ -20,7 +20,8 @@ CREATE ROLE "clicks-redirector" LOGIN IN ROLE clicks_link_reader;
 CREATE DATABASE clicks OWNER "clicks-collector";
 -- The group roles are the server's, not this database's: the logins of another pipeline on
 -- this server (a staging one beside production) are members too, and would own and read this
--- one's tables. Only this pipeline's logins connect here.
+-- one's tables. Only this pipeline's logins connect here: grant CONNECT to any other role
+-- that must (the application writing links, a subscription's owner, reports, backups).
 REVOKE CONNECT ON DATABASE clicks FROM PUBLIC;
 GRANT CONNECT ON DATABASE clicks TO "clicks-collector", "clicks-redirector";
 -- In the new database, schema public takes objects from the collector's group role (its

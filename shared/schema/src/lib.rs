@@ -149,12 +149,17 @@ pub async fn apply_up_to(
     client: &mut Client,
     last: i32,
 ) -> Result<Vec<i32>, tokio_postgres::Error> {
+    // No statement timeout, nor (PostgreSQL 17 on) transaction timeout: one the database or
+    // the role sets (common on managed servers) would cancel a long migration (a scan of a
+    // large table, an index build) at every attempt, and the collector never start. Only the
+    // waits for the tables' locks are bounded, below. Set first thing in the transaction,
+    // whose timeout runs from its start.
+    let timeouts = match server_version(&*client).await? {
+        170_000.. => "SET LOCAL statement_timeout = 0; SET LOCAL transaction_timeout = 0",
+        _ => "SET LOCAL statement_timeout = 0",
+    };
     let tx = client.transaction().await?;
-    // No statement timeout: one the database or the role sets (common on managed servers)
-    // would cancel a long migration (a scan of a large table, an index build) at every
-    // attempt, and the collector never start. Only the waits for the tables' locks are
-    // bounded, below.
-    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    tx.batch_execute(timeouts).await?;
     refuse_older_than(&tx, OLDEST_SERVER).await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await?;

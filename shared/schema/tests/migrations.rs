@@ -38,14 +38,19 @@ async fn applying_twice_changes_nothing() {
 /// A migration waits for a table's lock at most `LOCK_WAIT`: behind a session that holds
 /// `links` (migration 21 makes triggers on it), it fails with the lock's timeout, the schema as
 /// it was, and applies once that session has ended.
-/// A statement timeout the database sets does not cut the migrations short: a long one would
-/// be cancelled at every start. A millisecond outlasts none of them whole.
+/// A statement timeout the database sets (and from PostgreSQL 17 on a transaction timeout)
+/// does not cut the migrations short: a long one would be cancelled at every start. A
+/// millisecond outlasts none of them whole, and 5 ms not all of them together.
 #[tokio::test]
 async fn a_statement_timeout_the_database_sets_does_not_cancel_the_migrations() {
     let db = pgtest::cluster().fresh_database().await;
     let admin = pgtest::connect(&db.url).await;
     let set = format!("ALTER DATABASE \"{}\" SET statement_timeout = 1", db.name);
     admin.batch_execute(&set).await.unwrap();
+    if schema::server_version(&admin).await.unwrap() >= 170_000 {
+        let set = format!("ALTER DATABASE \"{}\" SET transaction_timeout = 5", db.name);
+        admin.batch_execute(&set).await.unwrap();
+    }
     let mut client = pgtest::connect(&db.url).await;
     let timeout: String = client
         .query_one("SHOW statement_timeout", &[])
