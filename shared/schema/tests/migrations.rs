@@ -532,8 +532,14 @@ async fn collectors_database(prefix: &str) -> (tokio_postgres::Client, tokio_pos
 #[tokio::test]
 async fn migration_8_leaves_an_extensions_objects_to_their_owner() {
     let (superuser, mut collector) = collectors_database("ext").await;
+    // Schema public closed as systemd/database.sql closes it: before PostgreSQL 15 migration
+    // 13 would stop here otherwise (its own test).
     superuser
-        .batch_execute("CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_stat_statements")
+        .batch_execute(
+            "GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+             CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_stat_statements",
+        )
         .await
         .unwrap();
     schema::apply(&mut collector)
