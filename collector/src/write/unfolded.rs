@@ -265,19 +265,22 @@ impl Unfolded {
         let mut s = self.lock();
         s.taken = s.bytes();
         let taken = (s.first <= s.last).then(|| {
-            let (first, last, rows, keys) = (s.first, s.last, s.rows, s.keys);
-            (std::mem::take(&mut s.sums), (first, last, rows, keys))
+            let sums = Sums {
+                first: s.first,
+                last: s.last,
+                rows: s.rows,
+                keys: s.keys,
+                chunks: Vec::new(),
+            };
+            (sums, std::mem::take(&mut s.sums))
         });
         s.restart();
         self.show(&s);
         let stray_upto = s.stray_upto.take();
         drop(s);
-        let sums = taken.map(|(sums, (first, last, rows, keys))| Sums {
-            first,
-            last,
-            rows,
-            keys,
-            chunks: in_chunks(sums),
+        let sums = taken.map(|(sums, counts)| Sums {
+            chunks: in_chunks(counts),
+            ..sums
         });
         Taken {
             sums,

@@ -277,25 +277,17 @@ async fn send_cycles_through_the_codes_of_a_code_file() {
         "{lines:?}"
     );
 
+    let send_file = |path: &str| {
+        let socket = socket.to_str().unwrap();
+        run_args(&["send", "--socket", socket, "--code-file", path])
+    };
     std::fs::write(&file, "ok\nnot ok\n").unwrap();
-    let out = run_args(&[
-        "send",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--code-file",
-        file_arg,
-    ]);
-    assert_fails_with(&out, "--code-file line 2");
-
+    assert_fails_with(&send_file(file_arg), "--code-file line 2");
     // A file with no end to its first line is refused at that line, not read whole.
-    let out = run_args(&[
-        "send",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--code-file",
-        "/dev/zero",
-    ]);
-    assert_fails_with(&out, "--code-file line 1: longer than any code");
+    assert_fails_with(
+        &send_file("/dev/zero"),
+        "--code-file line 1: longer than any code",
+    );
 }
 
 #[tokio::test]
