@@ -455,6 +455,47 @@ async fn a_large_backlog_of_others_counts_and_of_breakdowns_goes_a_slice_a_fold(
     }
 }
 
+/// What collectors of earlier builds left (arrays from before migration 10, deltas from before
+/// 5) is folded a slice a fold too, the oldest arrays first: an upgrade that left tens of
+/// millions of them, taken whole, outlasted the fold's deadline at every round. Four arrays of
+/// 0.6 of a slice (one a fold) and 2.5 slices of deltas; `click_totals` exact after each fold.
+#[tokio::test]
+async fn an_earlier_builds_backlog_goes_a_slice_a_fold() {
+    const SLICE: i64 = 100;
+    let db = pgtest::test_db().await;
+    let mut client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "INSERT INTO click_count_batches (day, entries, codes, counts, written_at)
+             SELECT '2026-01-01', 60, array_agg('old-' || g), array_agg(1::int8),
+                    now() - h * interval '1 hour'
+             FROM generate_series(1, 4) AS h, generate_series(1, 60) AS g GROUP BY h;
+             INSERT INTO click_count_deltas
+             SELECT 'old-' || (g % 60 + 1), '2026-01-01', 1 FROM generate_series(1, 250) AS g",
+        )
+        .await
+        .unwrap();
+    let policy = compact::Policy {
+        interval: std::time::Duration::ZERO,
+        backlog: 1,
+        slice: SLICE,
+    };
+    let own = Unfolded::new(1);
+    let total = "SELECT coalesce(sum(clicks), 0)::int8 FROM click_totals";
+    let left = "SELECT (SELECT count(*) FROM click_count_batches)
+                     + (SELECT count(*) FROM click_count_deltas)";
+    let mut folds = Vec::new();
+    while count(&client, left).await > 0 {
+        assert!(folds.len() < 8, "still waiting after folds of {folds:?}");
+        let moved = compact::fold(&mut client, &policy, &own).await.unwrap();
+        folds.push(moved.expect("a fold"));
+        assert_eq!(count(&client, total).await, 4 * 60 + 250, "after {folds:?}");
+    }
+    assert_eq!(folds, [160, 160, 110, 60], "counts moved by each fold");
+    let folded = "SELECT coalesce(sum(clicks), 0)::int8 FROM click_counts";
+    assert_eq!(count(&client, folded).await, 4 * 60 + 250);
+}
+
 /// The fold of collectors of migration 9's version (`git show cbafdf2:collector/src/compact.rs`),
 /// which may still run during a rolling upgrade: it reads only click_count_batches' arrays.
 const FOLD_ROWS_OF_VERSION_9: &str = "

@@ -132,18 +132,32 @@ pg_stopped() {
     [ "$status" = 3 ]
 }
 
+# Started with Ctrl-C ignored: pg_ctl sets its own handler once it has forked the server (in a
+# session of its own), and passes a Ctrl-C on to it from then on (a fast shutdown); one that
+# came before ended pg_ctl alone, and left a server whose postmaster.pid was not written yet,
+# which the caller's stop then took for stopped and left running.
 pg_start() { # LOG; extra server settings in $PG_OPTIONS
     pg_access || return 1
-    as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
-        -o "-k '$PGDIR' -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
-        start >/dev/null
+    (
+        trap '' INT
+        as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
+            -o "-k '$PGDIR' -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
+            start >/dev/null
+    )
 }
 
 # A server already running (left by an earlier run) takes the current access rules (its
 # socket's mode stays what it started with; $PGDIR's closes it).
 pg_reload_access() { pg_access && as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" reload >/dev/null; }
 
-pg_stop() { as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast -w -t 60 stop >/dev/null; }
+# A server that stopped meanwhile (told to by pg_ctl start, above) is stopped, not an error.
+pg_stop() {
+    local why
+    why=$(as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast -w -t 60 stop 2>&1 >/dev/null) && return 0
+    pg_stopped && return 0
+    printf '%s\n' "$why" >&2
+    return 1
+}
 
 # The libpq key=value connection string for database $1 as the superuser postgres (the path
 # quoted: it may hold spaces; pg_ctl's -o above is read by a shell, hence its quotes too).

@@ -52,8 +52,11 @@ macro_rules! slice {
 /// (left by a fold that an asynchronous failover lost after its commit returned), the oldest
 /// of them up to $4 entries (`slice!`); and what collectors of earlier
 /// versions write, during a rolling upgrade: rows of click_count_batches (arrays, before
-/// migration 10) and of click_count_deltas (before migration 5)), sums per key, upserts in
-/// key order, and returns how many counts it moved.
+/// migration 10; the oldest up to $4 entries too) and up to $4 rows of click_count_deltas
+/// (before migration 5; they have no time to order by, nor need one)), sums per key, upserts
+/// in key order, and returns how many counts it moved. Each source is sliced: an upgrade that
+/// left tens of millions of counts of an earlier build, taken whole, outlasted the fold's
+/// deadline at every round.
 const FOLD_ROWS: &str = concat!(
     "
     WITH lists AS (
@@ -70,10 +73,21 @@ const FOLD_ROWS: &str = concat!(
         RETURNING day, code_list, count_list, entries),
     batches AS (
         DELETE FROM click_count_batches
-        WHERE writer IS NULL
-           OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')
+        WHERE (writer IS NULL
+               OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second'))
+          AND written_at <= ",
+    slice!(
+        "click_count_batches
+                WHERE writer IS NULL
+                   OR (writer <> $1 AND written_at < now() - $3::float8 * interval '1 second')",
+        "$4"
+    ),
+    "
         RETURNING day, codes, counts, entries),
-    rows AS (DELETE FROM click_count_deltas RETURNING code, day, clicks),
+    rows AS (
+        DELETE FROM click_count_deltas
+        WHERE ctid = ANY (ARRAY(SELECT ctid FROM click_count_deltas LIMIT $4))
+        RETURNING code, day, clicks),
     moved AS (
         SELECT u.code, l.day, u.clicks
         FROM lists AS l,

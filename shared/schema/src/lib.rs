@@ -128,6 +128,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "prune_on_postgresql_14",
         include_str!("../migrations/0022_prune_on_postgresql_14.sql"),
     ),
+    (
+        23,
+        "link_reader_reads_links_only",
+        include_str!("../migrations/0023_link_reader_reads_links_only.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -559,6 +559,75 @@ async fn migration_8_leaves_an_extensions_objects_to_their_owner() {
     assert_eq!(owners, "postgres postgres");
 }
 
+/// An older `database.sql` gave the redirector's login SELECT on every table the collector's
+/// login made, by a default privilege. Migration 23 takes that back from the redirectors
+/// (members of clicks_link_reader), on the tables already there and on the partitions made
+/// later, and leaves links readable and another role's grant alone.
+#[tokio::test]
+async fn migration_23_takes_back_the_old_read_grants_of_the_redirector() {
+    let (superuser, mut collector) = collectors_database("grants").await;
+    let name = format!("grants_{}", std::process::id());
+    let (redirector, reports) = (format!("{name}_r"), format!("{name}_reports"));
+    superuser
+        .batch_execute(&format!(
+            "CREATE ROLE {redirector} LOGIN IN ROLE clicks_link_reader;
+             CREATE ROLE {reports} LOGIN;
+             GRANT USAGE, CREATE ON SCHEMA public TO clicks_collector;
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+             ALTER DEFAULT PRIVILEGES FOR ROLE {name} IN SCHEMA public
+                 GRANT SELECT ON TABLES TO {redirector}, {reports}"
+        ))
+        .await
+        .unwrap();
+    let may_read = |role: &str, table: &str| {
+        format!("SELECT has_table_privilege('{role}', '{table}', 'SELECT')")
+    };
+    let later_day = "clicks_p' || to_char((now() AT TIME ZONE 'UTC')::date + 10, 'YYYYMMDD') || '";
+    let new_partition = "SELECT ensure_click_partition((now() AT TIME ZONE 'UTC')::date + 10)";
+    schema::apply_up_to(&mut collector, 22).await.unwrap();
+    let read = |sql: String| {
+        let superuser = &superuser;
+        async move {
+            superuser
+                .query_one(&sql, &[])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(
+        read(may_read(&redirector, "click_totals")).await,
+        "the old default privilege is not in place"
+    );
+
+    assert_eq!(schema::apply(&mut collector).await.unwrap(), [23]);
+    let made: bool = collector
+        .query_one(new_partition, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(made, "the partition was there before the migration");
+    let partition: String = collector
+        .query_one(&format!("SELECT '{later_day}'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    for table in ["click_totals", "clicks", partition.as_str()] {
+        assert!(
+            !read(may_read(&redirector, table)).await,
+            "the redirector may still read {table}"
+        );
+        assert!(
+            read(may_read(&reports, table)).await,
+            "another role's grant on {table} was taken"
+        );
+    }
+    assert!(
+        read(may_read(&redirector, "links")).await,
+        "the redirector may no longer read links"
+    );
+}
+
 /// Before PostgreSQL 15 schema public belongs to the bootstrap superuser and every role may
 /// create objects in it, so could shadow a function the collector calls by name. A collector
 /// whose login role owns the database (as `systemd/database.sql` makes it) may not revoke
