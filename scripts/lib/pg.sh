@@ -132,18 +132,32 @@ pg_stopped() {
     [ "$status" = 3 ]
 }
 
-# Started with Ctrl-C ignored: pg_ctl sets its own handler once it has forked the server (in a
-# session of its own), and passes a Ctrl-C on to it from then on (a fast shutdown); one that
-# came before ended pg_ctl alone, and left a server whose postmaster.pid was not written yet,
-# which the caller's stop then took for stopped and left running.
 pg_start() { # LOG; extra server settings in $PG_OPTIONS
     pg_access || return 1
-    (
-        trap '' INT
-        as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
-            -o "-k '$PGDIR' -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
-            start >/dev/null
-    )
+    as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$1" -w -t 60 \
+        -o "-k '$PGDIR' -c listen_addresses= -c unix_socket_permissions=0700 ${PG_OPTIONS:-}" \
+        start >/dev/null
+}
+
+# Whether a process was started on $PGDIR/data (`postgres -D <it>`, as pg_ctl starts it), by
+# the processes rather than postmaster.pid: a Ctrl-C passed on by `pg_ctl start` (which then
+# exits) to a server too early in its start to act on it, or one that ended pg_ctl just after
+# its fork, leaves a server that has not written postmaster.pid yet, so that `pg_ctl status`
+# says stopped.
+pg_forked() {
+    local cmdline
+    for cmdline in /proc/[0-9]*/cmdline; do
+        { tr '\0' '\n' <"$cmdline"; } 2>/dev/null | grep -qxF -- "$PGDIR/data" && return 0
+    done
+    return 1
+}
+
+# Stops the server unless it is known not to run; one in its start (`pg_forked`) is waited
+# for, up to 10 s, until its postmaster.pid says where it is or it is gone.
+pg_stop_if_running() {
+    local deadline=$((SECONDS + 10))
+    while pg_stopped && pg_forked && ((SECONDS < deadline)); do sleep 0.1; done
+    pg_stopped || pg_stop
 }
 
 # A server already running (left by an earlier run) takes the current access rules (its

@@ -147,7 +147,8 @@ const STRAY_SLICE: &str = "
           FROM click_count_lists WHERE writer = $1 AND batch <= $2) AS l";
 
 /// The most entries one fold takes the SQL way from each of: this collector's stray batches,
-/// other writers' orphaned rows, and the breakdown lists (the oldest rows' alone, if more).
+/// other writers' orphaned rows, the arrays and the deltas of earlier builds, and the
+/// breakdown lists (the oldest rows' alone, if more).
 /// The maintenance rounds take less after a round that failed (`Policy::slice`).
 pub const SLICE_ENTRIES: i64 = 1_000_000;
 /// The least [`Policy::slice`] comes down to.
@@ -274,7 +275,7 @@ impl Policy {
     /// The policy for the next round: after one that failed (ran out of time, or an error),
     /// a quarter of the slice, down to [`MIN_SLICE_ENTRIES`]; after one that went through, a
     /// quarter more, up to [`SLICE_ENTRIES`] (slowly, so that a slice just past what fits is
-    /// tried again only every few rounds: each failure is a round's work undone). All three slices and the sums go in one transaction
+    /// tried again only every few rounds: each failure is a round's work undone). All the slices and the sums go in one transaction
     /// under one deadline (`--write-timeout`): with three full slices of slow entries
     /// (breakdowns, many codes) past it, every fold was rolled back and tried again whole,
     /// for ever, and pruning, which comes after the fold, never ran either.

@@ -78,6 +78,53 @@ struct Ready {
 }
 
 /// The first `host:port` after `prefix` in `line`.
+/// A server forked an instant before a Ctrl-C (passed on by `pg_ctl start` too early for it, or
+/// ending pg_ctl just after its fork) has not written postmaster.pid yet, so `pg_ctl status`
+/// says stopped: the stop at the end took it for stopped and left it running. Here a real
+/// server is started 2 s late by a process whose arguments name its data directory, as
+/// pg_ctl's fork does, and `pg_stop_if_running` (what the end of `scripts/dev` calls) must
+/// wait for it and stop it.
+#[test]
+fn a_server_in_its_start_before_its_pid_file_is_stopped_not_left_running() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let script = r#"
+        set -eu
+        . scripts/lib/pg.sh
+        PGDIR=$DIR/pg
+        PGBIN=$(pg_bindir)
+        pg_prepare "$DIR/pg.log"
+        pg_initdb "$DIR/initdb.log"
+        pg_access
+        as_pg sh -c 'sleep 2; exec "$1/postgres" -D "$2" -k "$3" -c listen_addresses= >>"$4" 2>&1'             sh "$PGBIN" "$PGDIR/data" "$PGDIR" "$DIR/pg.log" &
+        server=$!
+        for _ in $(seq 50); do pg_forked && break; sleep 0.02; done
+        pg_forked || { echo "the late start is not seen"; exit 1; }
+        pg_stopped || { echo "postmaster.pid written already: nothing tested"; exit 1; }
+        pg_stop_if_running
+        # The server's process ends once stopped; left running, it is still there in 15 s.
+        for _ in $(seq 150); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$server" 2>/dev/null; then
+            echo "left running"
+            as_pg "$PGBIN/pg_ctl" -D "$PGDIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+            exit 1
+        fi
+        echo stopped
+    "#;
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .current_dir(repo())
+        .env("DIR", dir.path())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && printed.trim_end().ends_with("stopped"),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn addr_after(line: &str, prefix: &str) -> SocketAddr {
     let rest = &line[line.find(prefix).expect("prefix") + prefix.len()..];
     let addr = rest.split('/').next().unwrap_or_default();
