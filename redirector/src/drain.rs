@@ -293,15 +293,7 @@ impl Drain {
                 Wake::Tick => self.fill(),
                 Wake::Readable => self.take_acks(),
                 Wake::Retry => self.retry(),
-                Wake::AckTimeout => {
-                    // An acknowledgement queued by now (the task woke late) is no timeout.
-                    self.take_acks();
-                    if self.window.awaits_ack()
-                        && self.progress + self.settings.ack_timeout <= Instant::now()
-                    {
-                        self.resend_unacked();
-                    }
-                }
+                Wake::AckTimeout => self.ack_timeout(),
             }
             if deadline.is_some() {
                 // Stopping: no handler pushes any more; move whatever is left at once.
@@ -544,6 +536,21 @@ impl Drain {
     }
 
     /// No acknowledgement for `--ack-timeout`: go back to the oldest unacknowledged datagram.
+    /// The acknowledgement timeout: everything unacknowledged is sent again, unless an
+    /// acknowledgement is queued by now (the task woke late), or a send of the window is still
+    /// under way (a resend, or new datagrams the collector's full queue holds up). Rewound
+    /// again there, with an --ack-timeout shorter than a resend of the window takes, the
+    /// window was never all sent, and the ring, which `fill` leaves until it is, never emptied.
+    fn ack_timeout(&mut self) {
+        self.take_acks();
+        if self.window.awaits_ack()
+            && !self.window.has_unsent()
+            && self.progress + self.settings.ack_timeout <= Instant::now()
+        {
+            self.resend_unacked();
+        }
+    }
+
     fn resend_unacked(&mut self) {
         let again = self.window.rewind();
         tracing::debug!(
@@ -996,6 +1003,45 @@ mod tests {
         assert!(matches!(wake, Wake::Tick), "{wake:?}");
         let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
         assert!(matches!(wake, Wake::AckTimeout), "{wake:?}");
+    }
+
+    /// An acknowledgement timeout while a resend is under way lets it finish rather than
+    /// start it over: rewound at every timeout shorter than a resend takes, the window was
+    /// never all sent, and the ring never emptied into it (`fill` waits for that). Two
+    /// datagrams sent, a timeout, one of them sent again, a timeout: the other goes once more,
+    /// not both.
+    #[tokio::test]
+    async fn an_acknowledgement_timeout_lets_a_resend_under_way_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(1);
+        let (mut drain, collector) = connected(dir.path(), 4, timeout);
+        collector.set_nonblocking(true).unwrap();
+        let human = Default::default();
+        for (code, at) in [("a", 1), ("b", 2)] {
+            drain.ring.push(code, at, &human).unwrap();
+            drain.fill();
+            drain.pump().await;
+        }
+        let received = |collector: &std::os::unix::net::UnixDatagram| {
+            let mut buf = [0u8; 256];
+            std::iter::from_fn(|| collector.recv(&mut buf).ok()).count()
+        };
+        assert_eq!(received(&collector), 2);
+        tokio::time::sleep(2 * timeout).await;
+        drain.ack_timeout();
+        drain.sent();
+        assert!(drain.window.has_unsent(), "one of the two sent again");
+        tokio::time::sleep(2 * timeout).await;
+        drain.ack_timeout();
+        drain.pump().await;
+        assert_eq!(
+            received(&collector),
+            1,
+            "the resend finished, not begun again"
+        );
+        drain.ring.push("c", 3, &human).unwrap();
+        drain.fill();
+        assert!(drain.window.has_unsent(), "c sealed into the window");
     }
 
     /// A run of full queues moves the queue's backoff alone: the collector going away after

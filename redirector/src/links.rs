@@ -924,21 +924,27 @@ impl Loader {
             .read_only(true)
             .start();
         let tx = self.timed(begin).await?;
+        // The client-side timeout guards each row instead: a big table takes a while. Not the
+        // wait for its lock (a bulk reload of `links` in one transaction holds it, taken
+        // after this session prepared READ, whose statement timeout bounds its own wait): the
+        // server would wait on after this session gave up. A quarter shorter, so that the
+        // server's error, which says what it waited for, comes first. The lock is taken
+        // before the snapshot (HEAD's): a TRUNCATE (or a rewriting ALTER TABLE) that commits
+        // between the two leaves a snapshot taken before it reading the new, empty file, and
+        // every link was removed from the table served.
+        let lock_wait = self.options.timeout * 3 / 4;
+        let lock_timeout = shared::db::timeout_setting("lock_timeout", lock_wait);
+        let unbounded = format!(
+            "SET LOCAL statement_timeout = 0; SET LOCAL {lock_timeout};
+             LOCK TABLE links IN ACCESS SHARE MODE"
+        );
+        self.timed(tx.batch_execute(&unbounded)).await?;
         let head = Head::from_row(&self.timed(tx.query_one(HEAD, &[])).await?)?;
         let started = Instant::now();
         let serving = self.links.is_loaded();
         if serving && head.restoring(self.log_table) {
             return Err(SessionError::Restoring);
         }
-        // The client-side timeout guards each row instead: a big table takes a while. Not the
-        // wait for its lock (a bulk reload of `links` in one transaction holds it, taken
-        // after this session prepared READ, whose statement timeout bounds its own wait): the
-        // server would wait on after this session gave up. A quarter shorter, so that the
-        // server's error, which says what it waited for, comes first.
-        let lock_wait = self.options.timeout * 3 / 4;
-        let lock_timeout = shared::db::timeout_setting("lock_timeout", lock_wait);
-        let unbounded = format!("SET LOCAL statement_timeout = 0; SET LOCAL {lock_timeout}");
-        self.timed(tx.batch_execute(&unbounded)).await?;
         self.skipped.clear();
         self.returned.clear();
         let no_params: [&(dyn ToSql + Sync); 0] = [];

@@ -22,7 +22,8 @@
 //! - a new sender id (after a day idle) is journalled: `renewing` set, the id written, the
 //!   window restarted, `renewing` cleared; found set, the adoption takes another new id;
 //! - a new region's cells are laid out first, then the header's sizes, then its magic: a
-//!   header without magic that holds no more than sizes is a layout cut short, laid out again.
+//!   header without magic that holds no more than sizes, in a file as long as their layout,
+//!   is a layout cut short, laid out again.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -448,7 +449,7 @@ impl Region {
     }
 
     fn open(fd: Flock<OwnedFd>, want: Geometry, kept: Kept, what: &str) -> Result<Region, Error> {
-        let mut found = read_header(&fd, what)?;
+        let mut found = read_header(&fd, what, Some(want))?;
         // A stale region is counted, then laid out anew as configured: as a new one.
         let (fd, lost) = match found {
             Some(f) if f.stale => {
@@ -583,7 +584,7 @@ impl Region {
 pub fn held_in(fd: &OwnedFd) -> Result<u64, Error> {
     let what = format!("the state systemd kept ({FDNAME:?})");
     let fd = lock(reopen(fd, &what)?, &what)?;
-    match read_header(&fd, &what)? {
+    match read_header(&fd, &what, None)? {
         None => Ok(0),
         Some(found) => Ok(counted(fd, found, &what)?.1),
     }
@@ -713,8 +714,13 @@ struct Found {
 }
 
 /// The header of the region in `fd`, checked against its magic and version; `None` for an
-/// empty file (a new region).
-fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> {
+/// empty file or a layout cut short (a new region). `want`, the geometry this start lays out,
+/// stands in for a cut-short header's sizes not written yet (none for a memfd of our own).
+fn read_header(
+    fd: &Flock<OwnedFd>,
+    what: &str,
+    want: Option<Geometry>,
+) -> Result<Option<Found>, Error> {
     let io = |e: nix::errno::Errno| Error::Io(what.into(), e.into());
     let len = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(io)?.st_size as usize;
     if len == 0 {
@@ -746,8 +752,25 @@ fn read_header(fd: &Flock<OwnedFd>, what: &str) -> Result<Option<Found>, Error> 
         && (sizes_only || h.iter().all(|&b| b == 0))
     {
         // Sized and never laid out: a process killed in `format`, which writes the header's
-        // sizes after the cells and its magic last. A new region.
-        return Ok(None);
+        // sizes after the cells and its magic last. A new region, if the file is as long as
+        // the layout of those sizes (the others as configured now): it was sized for it
+        // before `format` began. Not any file that starts with zeros (a file system's image).
+        let or = |size: u64, configured: u64| if size == 0 { configured } else { size };
+        let laid_out = |w: Geometry| {
+            let g = Geometry {
+                ring: or(geometry.ring, w.ring),
+                window: or(geometry.window, w.window),
+                slot_size: or(geometry.slot_size, w.slot_size),
+            };
+            g.offsets().is_some_and(|o| o.len == len)
+        };
+        if want.map_or(true, laid_out) {
+            return Ok(None);
+        }
+        return Err(Error::NotState(
+            what.into(),
+            "no magic number, and not the size of a layout cut short",
+        ));
     }
     if h[..8] != MAGIC {
         return Err(Error::NotState(what.into(), "no magic number"));
@@ -1435,6 +1458,15 @@ mod tests {
         );
         let err = Region::file(&path, GEOMETRY).err().unwrap();
         assert!(err.to_string().contains("sizes are out of range"), "{err}");
+        // Zeros, but not as long as a layout: a file system's image, say. Refused, untouched.
+        let image = vec![0u8; 1 << 20];
+        std::fs::write(&path, &image).unwrap();
+        let err = Region::file(&path, GEOMETRY).err().unwrap();
+        assert!(
+            err.to_string().contains("not the size of a layout"),
+            "{err}"
+        );
+        assert!(std::fs::read(&path).unwrap() == image, "untouched");
     }
 
     #[test]

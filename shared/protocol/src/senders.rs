@@ -447,8 +447,10 @@ impl<A: Copy + PartialEq> Senders<A> {
         let Some(last) = first.checked_sub(1) else {
             return Resynced::Stale;
         };
-        // No `last` past `MAX_SEQ` gets past the clicks' bound below; their count can.
-        if from.is_none() || resync.clicks_before > MAX_SEQ {
+        // Neither past what the record keeps (a datagram's seq is refused there too): a `last`
+        // past it, from a record near it, got past the clicks' bound below, and was written
+        // as a negative seq the database's GREATEST kept behind, a failover at every check.
+        if from.is_none() || resync.clicks_before > MAX_SEQ || last > MAX_SEQ {
             return Resynced::Refused(Refusal::BadResync);
         }
         let s = self.map.get(&sender);
@@ -1028,6 +1030,24 @@ mod tests {
                 unaccounted: MAX_UNACCOUNTED
             },
             "as many as a resync may count"
+        );
+        // A record near the end of the seqs: a resync may not move it past them.
+        let near = MAX_SEQ - 10;
+        let mut s = Senders::<Addr>::committed([(6, near, 1_000)]);
+        assert_eq!(s.judge(6, (near + 2, 1), addr(), c, now).0, Verdict::Ahead);
+        assert_eq!(
+            s.resync(&Resync::new(6, MAX_SEQ + 1_000, 1_000), addr(), c, now),
+            Resynced::Refused(Refusal::BadResync),
+            "past the seqs the record keeps"
+        );
+        assert_eq!(
+            s.resync(&Resync::new(6, MAX_SEQ + 1, 1_000), addr(), c, now),
+            Resynced::Skipped {
+                first: MAX_SEQ + 1,
+                skipped: 10,
+                unaccounted: 0
+            },
+            "up to the last seq the record keeps"
         );
     }
 

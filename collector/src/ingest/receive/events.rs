@@ -102,13 +102,15 @@ impl Events {
         }
     }
 
-    /// What became of one datagram; `senders` is how many senders are known after it.
+    /// What became of one datagram; `senders` is how many senders are known after it (set
+    /// whatever the outcome: a sweep of idle senders runs at every datagram judged).
     pub(crate) fn outcome(&mut self, outcome: Outcome, senders: usize) {
         let m = &self.metrics;
+        m.senders.set(senders as i64);
         match outcome {
             Outcome::Rejected(why) => self.rejected(&why),
             Outcome::PassedOver { taken, why, clicks } => {
-                self.seq_accepted(senders, taken);
+                self.seq_accepted(taken);
                 self.passed_over(&why, taken, clicks);
             }
             Outcome::Duplicate => {
@@ -132,7 +134,6 @@ impl Events {
             } => {
                 m.resyncs.inc(Resync::Skipped);
                 m.senders_evicted.inc_by(evicted as u64);
-                m.senders.set(senders as i64);
                 // Throttled as the other events are: a peer can bring a resync of a fresh id
                 // about at will (a datagram ahead, then the resync asked for).
                 if let Some(held) = self.resync_log.allow() {
@@ -153,15 +154,14 @@ impl Events {
             Outcome::Accepted { taken, clicks } => {
                 m.clicks_received.inc_by(clicks as u64);
                 self.shared.counts.pending_clicks.inc_by(clicks as i64);
-                self.seq_accepted(senders, taken);
+                self.seq_accepted(taken);
             }
         }
     }
 
-    /// A datagram's seq was `taken`; `senders` are known after it.
-    fn seq_accepted(&mut self, senders: usize, taken: Taken) {
+    /// A datagram's seq was `taken`.
+    fn seq_accepted(&mut self, taken: Taken) {
         self.metrics.senders_evicted.inc_by(taken.evicted as u64);
-        self.metrics.senders.set(senders as i64);
         if taken.lost > 0 {
             self.lost(taken.sender, taken.seq, taken.lost);
         }
