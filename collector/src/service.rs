@@ -118,6 +118,13 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mirror = config.mirror.clone().map(Mirror::new).transpose();
     let mirror = mirror.map_err(Fatal::Mirror)?;
     let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
+    // Ready for systemd once the sockets are in hand, before the database: redirector.service
+    // is ordered after this unit (for the stop: it drains into a running collector), and a
+    // start job of this one still under way held every start of the redirector behind it
+    // (another host's collector holding this instance's lock, a migration, a commit waiting
+    // for a standby), though the redirector needs nothing of the collector to serve. The
+    // socket queues meanwhile; /healthz says when it writes.
+    shared::systemd::notify_or_log("READY=1");
     let upkeep = maintenance_policy(&config);
     // Looks at the sessions of start-up and then of the writer from one of its own while a
     // commit takes long, for as long as the process runs: a commit that waits for a standby
@@ -132,6 +139,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, (&metrics, &watch), &shared) => start,
         name = &mut stop => {
+            shared::systemd::notify_or_log("STOPPING=1");
             tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
         }
@@ -161,7 +169,6 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         config.instance,
         start.senders.len()
     );
-    shared::systemd::notify_or_log("READY=1");
 
     // Below 2^63: a positive bigint.
     let meters = Meters {

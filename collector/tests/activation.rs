@@ -71,6 +71,33 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     assert!(!p.dir.path().join("not-bound.sock").exists());
 }
 
+/// READY=1 comes once the sockets are in hand, before the database is reached: the
+/// redirector's unit is ordered after this one, and a start of the collector that waited on
+/// its database (away here; or a migration, or an instance lock held elsewhere) held every
+/// start of the redirector behind it. /healthz still says it does not write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_for_systemd_before_the_database_is_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("collector.sock");
+    let passed = shared::socket::bind_datagram(&path, 0o600).unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(LIMIT)).unwrap();
+    let nowhere = format!(
+        "host={} dbname=clicks",
+        dir.path().join("no-server").display()
+    );
+    let mut inner =
+        testkit::services::collector_command(&nowhere, &dir.path().join("not-bound.sock"), &[]);
+    inner.env("NOTIFY_SOCKET", &notify_path);
+    let mut c = Collector::spawn(testkit::socket_activated(&inner, passed.as_raw_fd())).await;
+    assert_eq!(notification(&notify), "READY=1");
+    assert_eq!(c.health().await, 503, "not writing: no database");
+    c.service.signal(Signal::SIGTERM);
+    assert_eq!(notification(&notify), "STOPPING=1");
+    assert!(c.service.wait_exit(LIMIT).await.success());
+}
+
 /// Under systemd the admin listener comes from collector-admin.socket too (named "admin"),
 /// beside the datagram socket, so the service needs no Internet sockets of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

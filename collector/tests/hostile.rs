@@ -405,6 +405,38 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     assert_eq!(c.health().await, 200);
 }
 
+/// A constraint checked at commit (deferred: a foreign key to `links`, say) refuses the batch
+/// at COMMIT, where the sift, which splits the COPY of the clicks, could not find the row: the
+/// batch was retried for good. The sift makes every constraint immediate, so the refusal comes
+/// from the COPY, and the row is set aside while its neighbours land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_a_deferred_constraint_refuses_is_set_aside_too() {
+    let p = place().await;
+    p.client
+        .batch_execute(
+            "INSERT INTO links (code, url)
+             SELECT code, 'https://example.com/' || code FROM unnest('{a,b,c}'::text[]) AS code;
+             ALTER TABLE clicks ADD CONSTRAINT known_code FOREIGN KEY (code) REFERENCES links
+                 DEFERRABLE INITIALLY DEFERRED",
+        )
+        .await
+        .unwrap();
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    let mut enc = Encoder::new(9, DEFAULT_DATAGRAM).unwrap();
+    let now = protocol::now_us();
+    for (i, code) in ["a", "b", "gone", "c"].into_iter().enumerate() {
+        enc.push(code, now + i as i64).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, 3).await;
+    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
+        .await;
+    let aside = "SELECT code || ' ' || (error LIKE '%known_code%')::text FROM clicks_set_aside";
+    let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
+    assert_eq!(aside, "gone true");
+    assert_eq!(c.health().await, 200);
+}
+
 /// A trigger's refusal raised as a check violation names no constraint, as PostgreSQL's own
 /// "no partition of relation clicks found for row" does; unlike that one, it is not raised
 /// by `ExecFindPartition`. The click is a row refused (set aside), not one of a day whose

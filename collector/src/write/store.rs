@@ -229,6 +229,14 @@ pub struct Conn {
     forget_senders: Statement,
 }
 
+/// The deferrable constraints of `clicks` and its partitions (foreign keys, constraint
+/// triggers), as a list for SET CONSTRAINTS; null if none.
+const DEFERRED_ON_CLICKS: &str = "
+    SELECT string_agg(DISTINCT format('%I.%I', n.nspname, c.conname), ', ')
+    FROM pg_constraint AS c JOIN pg_namespace AS n ON n.oid = c.connamespace
+    WHERE c.condeferrable
+      AND c.conrelid IN (SELECT relid FROM pg_partition_tree('clicks'))";
+
 /// Has the session's commits return only once durable, replicated to a synchronous standby
 /// if there is one, whatever the server's default: the writer's commits are acknowledged to
 /// the senders, who then forget those clicks; start-up's (in the session the writer goes on
@@ -282,6 +290,17 @@ impl Conn {
             clicks.push((self.copy_clicks_of(day.day, today).await?, day));
         }
         let mut tx = self.client.transaction().await?;
+        if attempts.sift {
+            // A constraint of clicks checked at commit (deferred) refuses the batch at COMMIT,
+            // where the sift, which splits the COPY of the clicks, cannot find the row:
+            // checked at once, it refuses the COPY that holds it. Those of clicks only: what
+            // an operator deferred on another table stays deferred.
+            let deferred: Option<String> = tx.query_one(DEFERRED_ON_CLICKS, &[]).await?.get(0);
+            if let Some(names) = deferred {
+                tx.batch_execute(&format!("SET CONSTRAINTS {names} IMMEDIATE"))
+                    .await?;
+            }
+        }
         let claim = [
             &number.writer as _,
             &number.batch as _,

@@ -93,8 +93,12 @@ impl Writer {
             self.last.instance
         );
         if let Some(conn) = &self.conn {
-            if let Err(e) = self.watch.connected(conn.client()).await {
-                tracing::warn!("reading the replication settings: {}", describe(&e));
+            // Timed as every other wait on the database here: a server that stopped answering
+            // since start-up would otherwise hold the writer before its first batch for good.
+            let connected = timed(self.timeout, self.watch.connected(conn.client()));
+            if let Err(failure) = connected.await {
+                tracing::warn!("reading the replication settings: {failure}");
+                self.shared.counts.db_errors.inc();
                 self.conn = None;
             }
         }

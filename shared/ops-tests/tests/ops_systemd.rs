@@ -250,9 +250,10 @@ fn services_take_their_listeners_from_socket_units_and_keep_to_unix_sockets() {
     }
 }
 
-/// Both services report READY=1 only once the database answered (the collector's migrations
-/// run before it): systemd's default start timeout would kill them at every attempt while it
-/// is away, or a migration longer than 90 s at every attempt.
+/// The redirector reports READY=1 only once the database answered (its first link load):
+/// systemd's default start timeout would kill it at every attempt while the database is away.
+/// The collector reports it before the database (its own test, `collector/tests/activation.rs`),
+/// and has no start timeout either.
 #[test]
 fn services_ready_after_the_database_have_no_start_timeout() {
     for service in ["redirector.service", "collector.service"] {
