@@ -296,8 +296,9 @@ async fn await_read_after(standby: &tokio_postgres::Client, after: f64) -> f64 {
                  WHERE application_name = 'redirector-links' AND state = 'idle'";
     eventually("a read of the link loader's", LIMIT, || async {
         let row = standby.query_opt(began, &[]).await.ok()??;
-        let began: f64 = row.get(0);
-        (began > after).then_some(began)
+        // None for a session connected that has run nothing yet.
+        let began: Option<f64> = row.get(0);
+        began.filter(|&began| began > after)
     })
     .await
 }
