@@ -324,9 +324,9 @@ impl Drain {
             }
             _ => None,
         };
-        let ack_due = self
-            .window
-            .awaits_ack()
+        // Not while a send of the window is under way (`ack_timeout` lets it finish): armed,
+        // a deadline past would wake the loop at once, for nothing, until the send went.
+        let ack_due = (self.window.awaits_ack() && !self.window.has_unsent())
             .then(|| self.progress + self.settings.ack_timeout);
         let at = |t: Option<Instant>| tokio::time::sleep_until(t.unwrap_or_else(Instant::now));
         tokio::select! {
@@ -1042,6 +1042,33 @@ mod tests {
         drain.ring.push("c", 3, &human).unwrap();
         drain.fill();
         assert!(drain.window.has_unsent(), "c sealed into the window");
+    }
+
+    /// While a send is held up (the collector's queue full) past the acknowledgement timeout,
+    /// the next wake is the retry, not the timeout, which `ack_timeout` would pass over: the
+    /// loop woke at once and again until the retry, a core spinning for as long as the
+    /// collector did not read.
+    #[tokio::test]
+    async fn a_send_held_up_past_the_acknowledgement_timeout_waits_for_its_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(1);
+        let (mut drain, _collector) = connected(dir.path(), 4, timeout);
+        let human = Default::default();
+        drain.ring.push("a", 1, &human).unwrap();
+        drain.fill();
+        drain.pump().await;
+        drain.ring.push("b", 2, &human).unwrap();
+        drain.fill();
+        assert!(drain.window.awaits_ack() && drain.window.has_unsent());
+        let retry_at = Instant::now() + Duration::from_millis(100);
+        drain.link = Link::Blocked(retry_at);
+        tokio::time::sleep(2 * timeout).await;
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        tick.tick().await;
+        let (_stop, mut stopped) = watch::channel(None);
+        let wake = drain.next_wake(&mut tick, &mut stopped, None).await;
+        assert!(matches!(wake, Wake::Retry), "{wake:?}");
+        assert!(Instant::now() >= retry_at, "woken before the retry");
     }
 
     /// A run of full queues moves the queue's backoff alone: the collector going away after

@@ -21,7 +21,7 @@
 //!   between has the next one release them, never send them twice;
 //! - a new sender id (after a day idle) is journalled: `renewing` set, the id written, the
 //!   window restarted, `renewing` cleared; found set, the adoption takes another new id;
-//! - a new region's cells are laid out first, then the header's sizes, then its magic: a
+//! - a new region's header sizes are written first, then its cells, then its magic: a
 //!   header without magic that holds no more than sizes, in a file as long as their layout,
 //!   is a layout cut short, laid out again.
 
@@ -752,9 +752,11 @@ fn read_header(
         && (sizes_only || h.iter().all(|&b| b == 0))
     {
         // Sized and never laid out: a process killed in `format`, which writes the header's
-        // sizes after the cells and its magic last. A new region, if the file is as long as
-        // the layout of those sizes (the others as configured now): it was sized for it
-        // before `format` began. Not any file that starts with zeros (a file system's image).
+        // sizes first and its magic last, or before it (zeros). A new region, if the file is
+        // as long as the layout of those sizes (any not written yet as configured now): it
+        // was sized for it before `format` began. Not any file that starts with zeros (a file
+        // system's image): a start configured otherwise than the one killed before its sizes
+        // were written is refused too, and says to move the file aside.
         let or = |size: u64, configured: u64| if size == 0 { configured } else { size };
         let laid_out = |w: Geometry| {
             let g = Geometry {
@@ -858,18 +860,21 @@ const MAX_POSITION: u64 = 1 << 62;
 /// Lays out a zeroed region: the header, and the ring's cells free for the first lap. The
 /// window's slots and bounds start at zero; the sender id is set at adoption.
 fn format(map: &Mapping, geometry: Geometry) {
-    // SAFETY: as in `Region::adopt`.
-    Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
-    // The header after the cells, and its magic last, after everything it vouches for: a
-    // process killed before then leaves a header of zeros, or of its sizes alone, which
-    // `read_header` takes for a new region and the next process lays out again.
-    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    // The header's sizes first, then the cells, and its magic last, after everything it
+    // vouches for: a process killed before then leaves a header of its sizes alone (or some
+    // of them), which `read_header` takes for a new region, the file being as long as their
+    // layout, and the next process lays out again. Sizes written after the cells left a
+    // header of zeros to a kill among them (the OOM killer, as the cells' pages are first
+    // touched), which a start configured with other sizes could not tell from a foreign file.
     // SAFETY: a freshly sized, zeroed mapping nothing else refers to yet.
     let header = unsafe { &mut *map.base.cast::<Header>() };
     header.version = LAYOUT_VERSION;
     header.ring = geometry.ring;
     header.window = geometry.window;
     header.slot_size = geometry.slot_size;
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    // SAFETY: as in `Region::adopt`.
+    Ring::format(unsafe { map.slice::<Cell>(HEADER_SIZE, geometry.ring as usize) });
     std::sync::atomic::compiler_fence(Ordering::SeqCst);
     header.magic = MAGIC;
 }

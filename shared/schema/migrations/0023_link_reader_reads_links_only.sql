@@ -36,6 +36,8 @@ BEGIN
                        r.owner,
                        CASE WHEN r.space = 0 THEN '' ELSE 'IN SCHEMA ' || r.space::regnamespace END,
                        r.grantee);
+        RAISE WARNING 'migration 23: % no longer gets SELECT on the tables % makes',
+            r.grantee, r.owner;
     END LOOP;
     FOR r IN
         SELECT DISTINCT c.oid::regclass AS name, a.grantee::regrole AS grantee
@@ -48,6 +50,7 @@ BEGIN
           AND a.grantee = ANY (readers)
     LOOP
         EXECUTE format('REVOKE SELECT ON %s FROM %s', r.name, r.grantee);
+        RAISE WARNING 'migration 23: SELECT on % revoked from %', r.name, r.grantee;
     END LOOP;
 END
 $$;
