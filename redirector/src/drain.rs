@@ -1044,6 +1044,17 @@ mod tests {
         assert!(drain.window.has_unsent(), "c sealed into the window");
     }
 
+    /// A click pushed, sealed into the window and sent; then another pushed, and sealed too if
+    /// the window has room for it, not sent.
+    async fn sent_then_sealed(drain: &mut Drain) {
+        let human = Default::default();
+        drain.ring.push("a", 1, &human).unwrap();
+        drain.fill();
+        drain.pump().await;
+        drain.ring.push("b", 2, &human).unwrap();
+        drain.fill();
+    }
+
     /// While a send is held up (the collector's queue full) past the acknowledgement timeout,
     /// the next wake is the retry, not the timeout, which `ack_timeout` would pass over: the
     /// loop woke at once and again until the retry, a core spinning for as long as the
@@ -1053,12 +1064,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let timeout = Duration::from_millis(1);
         let (mut drain, _collector) = connected(dir.path(), 4, timeout);
-        let human = Default::default();
-        drain.ring.push("a", 1, &human).unwrap();
-        drain.fill();
-        drain.pump().await;
-        drain.ring.push("b", 2, &human).unwrap();
-        drain.fill();
+        sent_then_sealed(&mut drain).await;
         assert!(drain.window.awaits_ack() && drain.window.has_unsent());
         let retry_at = Instant::now() + Duration::from_millis(100);
         drain.link = Link::Blocked(retry_at);
@@ -1095,12 +1101,7 @@ mod tests {
     async fn an_acknowledgement_that_frees_a_full_window_fills_it_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let (mut drain, collector) = connected(dir.path(), 1, Duration::from_secs(3600));
-        let human = Default::default();
-        drain.ring.push("a", 1, &human).unwrap();
-        drain.fill();
-        drain.pump().await;
-        drain.ring.push("b", 2, &human).unwrap();
-        drain.fill();
+        sent_then_sealed(&mut drain).await;
         assert!(
             drain.window.is_full() && !drain.window.has_unsent(),
             "b waits in the ring"
