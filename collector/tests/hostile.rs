@@ -528,6 +528,36 @@ async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_atte
     assert_eq!(c.health().await, 200);
 }
 
+/// A sift that outlasts an attempt, whose probe's code is refused too (a constraint an operator
+/// added that refuses it and the batch's codes): the next probe, of another code, says the
+/// table takes rows, so the rows found are remembered and each attempt gets further. With one
+/// probe a day, every row found stayed unsure, forgotten at the deadline, and the batch was
+/// sifted again from the start at every attempt, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sift_whose_probe_is_refused_too_tries_another_code() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &["--write-timeout", "1s"]).await;
+    // The probe's code (the first of the last batch written whole), then another.
+    let mut enc = Encoder::new(18, DEFAULT_DATAGRAM).unwrap();
+    for code in ["gone", "kept"] {
+        enc.push(code, protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, 2).await;
+    refuse_slowly(&p.client, "links_gone", "code IN ('gone', 'poison')").await;
+    let mut enc = Encoder::new(19, DEFAULT_DATAGRAM).unwrap();
+    for _ in 0..600 {
+        enc.push("poison", protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
+    c.await_metric(refused, 600.0).await;
+    c.service
+        .wait_for_log("clicks: took over 1s; retrying", LIMIT)
+        .await;
+    assert_eq!(c.health().await, 200);
+}
+
 /// A table that refuses every row, and a batch too large for an attempt to find that out
 /// before its deadline: no attempt sees the table take a range, so none remembers a row as
 /// refused for the next, and once the table is fixed the batch lands whole, none set aside.

@@ -497,8 +497,9 @@ async fn sift_in(
     let mut unroutable = 0;
     // Found before the table took any range: remembered once it does.
     let mut unsure: Vec<(usize, String)> = Vec::new();
-    // A probe taken for another day of this attempt already says the table takes rows.
-    let (mut taken, mut probed) = (probe.probe.taken, false);
+    // A probe or a range taken for another day of this attempt already says the table takes
+    // rows.
+    let (mut taken, mut probes) = (probe.probe.taken, 0);
     // A stack of ranges of `tried` still to try, all of it first.
     let mut ranges = Vec::new();
     ranges.push(0..tried.len());
@@ -513,6 +514,7 @@ async fn sift_in(
                 sifted.took(tx, range.map(|at| tried[at])).await?;
                 known.append(&mut unsure);
                 taken = true;
+                probe.probe.taken = true;
             }
             Err(e) if refuses_rows(&e) => {
                 sifted.refused(tx).await?;
@@ -520,8 +522,8 @@ async fn sift_in(
                 if range.len() == 1 || unroutable_here {
                     let why = describe(&e);
                     let found = range.clone().map(|at| (tried[at], why.clone()));
-                    if !unroutable_here && !taken && !probed {
-                        probed = true;
+                    if !unroutable_here && !taken && probes < PROBES_A_DAY {
+                        probes += 1;
                         taken = takes(tx, probe.copy_clicks, probe.probe, clicks).await?;
                     }
                     if unroutable_here {
@@ -544,6 +546,12 @@ async fn sift_in(
     sifted.finish(tx).await?;
     Ok((refused, unroutable))
 }
+
+/// The probes a day's sift tries at most, each of another code (`takes`), at the first rows
+/// it finds refused: with one, a probe's code refused too (an operator's constraint refusing
+/// the codes of links gone, say) left every row found unsure, forgotten at the attempt's
+/// deadline, and a sift that outlasts one attempt began again at every attempt, for good.
+const PROBES_A_DAY: usize = 3;
 
 /// Savepoint levels of a sift ([`Sifted`]), and what each takes before it is rolled back and
 /// COPYed again as one.
