@@ -3,12 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
 /// `cargo tree` of `package` (`edges`: which kinds of dependency), one crate name per line.
 fn tree(package: &str, edges: &str) -> BTreeSet<String> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
+    let out = testkit::cargo()
         .current_dir(testkit::repo())
         .args([
             "tree",

@@ -43,6 +43,8 @@ fn start(dev_dir: &Path) -> Service {
 /// The script from the repository root, on free ports, with its data in `dev_dir`.
 fn dev_command(dev_dir: &Path) -> Command {
     let mut cmd = Command::new("sh");
+    // The script builds the release binaries with cargo.
+    testkit::without_test_env(&mut cmd);
     cmd.args(["-c", "exec ./scripts/dev 1>&2"])
         .current_dir(repo())
         .env("DEV_DIR", dev_dir)
@@ -660,8 +662,7 @@ async fn dev_script_run_by_a_normal_user_keeps_its_cluster_to_that_user() {
         eprintln!("skipped: running the script as another user needs root");
         return;
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let built = Command::new(cargo)
+    let built = testkit::cargo()
         .args([
             "build",
             "--release",

@@ -46,8 +46,7 @@ pub fn binary(name: &str) -> PathBuf {
     let path = profile_dir.join(name);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if !built.iter().any(|b| b == name) {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
+        let mut cmd = cargo();
         cmd.args(["build", "--quiet", "--workspace", "--bin", name]);
         if profile_dir.file_name().is_some_and(|p| p == "release") {
             cmd.arg("--release");
@@ -59,6 +58,42 @@ pub fn binary(name: &str) -> PathBuf {
         built.push(name.to_owned());
     }
     path
+}
+
+/// The cargo running the tests, for a test to run, without the test's environment.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    without_test_env(&mut cmd);
+    cmd
+}
+
+/// Takes out of `cmd`'s environment the variables cargo sets for a test (CARGO_MANIFEST_DIR,
+/// CARGO_PKG_NAME, ...), for a cargo the test runs itself or through a script. ring's build
+/// script reruns when one of them changes: a build under one crate's tests, then one under
+/// another's or under none, each rebuilt ring and all above it, every test binary and the
+/// release binaries' fat LTO, again and again through CI.
+pub fn without_test_env(cmd: &mut Command) -> &mut Command {
+    const SET_FOR_A_TEST: [&str; 8] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    for (name, _) in std::env::vars_os() {
+        let set_for_a_test = name.to_str().is_some_and(|name| {
+            SET_FOR_A_TEST.contains(&name)
+                || name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_BIN_EXE_")
+        });
+        if set_for_a_test {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, for at most `limit`; panics saying what
