@@ -1,6 +1,7 @@
 //! The collector process: start-up order, the tasks, signals and the lossless stop.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tracing::Instrument;
@@ -115,8 +116,9 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
             addr: config.admin_listen,
             source,
         })?;
-    let mirror = config.mirror.clone().map(Mirror::new).transpose();
-    let mirror = mirror.map_err(Fatal::Mirror)?;
+    // Held, not read, until the database is reached (see Inbox::open below).
+    let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
+    let mirror = open_mirror(&config, &passed)?;
     let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
     // Ready for systemd once the sockets are in hand, before the database: redirector.service
     // is ordered after this unit (for the stop: it drains into a running collector), and a
@@ -146,18 +148,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     };
     // Opened only now: until the database is reached, senders find no socket and keep their
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
-    let passed = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
-    let inbox_path = inbox.path();
-    if (config.mirror.as_deref())
-        .zip(inbox_path.as_deref())
-        .is_some_and(|(mirror, inbox)| shared::socket::same_path(mirror, inbox))
-    {
-        // Each datagram forwarded would come back to be forwarded again, for ever.
-        let own = "is the collector's own socket (--socket, or the one systemd passed): a tap \
-                   needs a socket of its own";
-        return Err(Fatal::Mirror(std::io::Error::other(own)));
-    }
     maintenance::show(&metrics.upkeep, &start.backlog);
     shared.health.writes.store(true, Relaxed);
     shared.health.upkeep.store(true, Relaxed);
@@ -395,4 +386,24 @@ async fn try_prepare(
         backlog: compact::backlog(&client).await?,
         conn: Conn::prepare(client).await?,
     })
+}
+
+/// The `--mirror` socket, if any, refused where it is the collector's own (`--socket`, or
+/// the one systemd passed): each datagram forwarded would come back to be forwarded again,
+/// for ever. Checked before the database steps, which a configuration error would otherwise
+/// wait through, only to fail at each restart after them.
+fn open_mirror(config: &Config, passed: &[OwnedFd]) -> Result<Option<Mirror>, Fatal> {
+    let Some(mirror) = &config.mirror else {
+        return Ok(None);
+    };
+    let inbox = match passed {
+        [] => Some(config.socket.clone()),
+        [fd, ..] => crate::ingest::socket::bound_path(fd.as_fd()),
+    };
+    if inbox.is_some_and(|inbox| shared::socket::same_path(mirror, &inbox)) {
+        let own = "is the collector's own socket (--socket, or the one systemd passed): a tap \
+                   needs a socket of its own";
+        return Err(Fatal::Mirror(std::io::Error::other(own)));
+    }
+    Mirror::new(mirror.clone()).map(Some).map_err(Fatal::Mirror)
 }

@@ -101,11 +101,16 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
 
 /// A `--mirror` that names the collector's own socket is refused at start: every datagram
 /// forwarded would come back to be forwarded again, for ever, filling the queue. Also where
-/// the socket is the one systemd passed, bound at a path other than `--socket`'s.
+/// the socket is the one systemd passed, bound at a path other than `--socket`'s. Refused
+/// before the database steps: the database here is unreachable, which they would wait on
+/// (and a collector that failed after them restarted into them again, for ever).
 #[tokio::test]
 async fn a_mirror_on_the_collectors_own_socket_is_refused() {
-    let db = testkit::pgtest::test_db().await;
     let dir = tempfile::tempdir().unwrap();
+    let nowhere = format!(
+        "host={} dbname=clicks",
+        dir.path().join("no-server").display()
+    );
     let socket = dir.path().join("collector.sock");
     let own = socket.to_str().unwrap();
     let refused = |cmd| async {
@@ -116,14 +121,14 @@ async fn a_mirror_on_the_collectors_own_socket_is_refused() {
         assert!(log.contains("is the collector's own socket"), "{log}");
     };
     refused(testkit::services::collector_command(
-        &db.url,
+        &nowhere,
         &socket,
         &["--mirror", own],
     ))
     .await;
     let passed = shared::socket::bind_datagram(&socket, 0o600).unwrap();
     let elsewhere = dir.path().join("not-bound.sock");
-    let cmd = testkit::services::collector_command(&db.url, &elsewhere, &["--mirror", own]);
+    let cmd = testkit::services::collector_command(&nowhere, &elsewhere, &["--mirror", own]);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&passed);
     refused(testkit::socket_activated(&cmd, fd)).await;
 }

@@ -2,7 +2,7 @@
 //! and fenced at stop so that nothing new arrives while the queue is drained.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixDatagram as StdDatagram;
 use std::path::{Path, PathBuf};
 
@@ -86,17 +86,6 @@ impl Inbox {
         })
     }
 
-    /// Where it is bound: `--socket`, or where systemd bound the one it passed (`None` if
-    /// that has no path).
-    pub(crate) fn path(&self) -> Option<PathBuf> {
-        match &self.origin {
-            Origin::Bound(path) => Some(path.clone()),
-            Origin::Activated => socket::getsockname::<UnixAddr>(self.sock.as_fd().as_raw_fd())
-                .ok()
-                .and_then(|addr| addr.path().map(Path::to_owned)),
-        }
-    }
-
     /// Whether stopping drains the queue (a bound socket) or leaves it to systemd.
     pub(crate) fn drains_at_stop(&self) -> bool {
         matches!(self.origin, Origin::Bound(_))
@@ -162,6 +151,12 @@ fn check_datagram(fd: &OwnedFd) -> Result<(), OpenError> {
         return Err(OpenError::NotDatagram(format!("{kind:?}")));
     }
     Ok(())
+}
+
+/// Where the Unix socket `fd` is bound (`None` if it has no path).
+pub(crate) fn bound_path(fd: BorrowedFd<'_>) -> Option<PathBuf> {
+    let addr = socket::getsockname::<UnixAddr>(fd.as_raw_fd()).ok()?;
+    addr.path().map(Path::to_owned)
 }
 
 #[cfg(test)]
