@@ -558,6 +558,40 @@ async fn a_sift_whose_probe_is_refused_too_tries_another_code() {
     assert_eq!(c.health().await, 200);
 }
 
+/// A batch whose every click is refused, and the codes an attempt probes refused too (a
+/// constraint refusing the codes of links gone, many of them the last clicked): each attempt
+/// probes codes the attempts before did not, until one is taken and the batch's clicks are
+/// set aside as bad. When each attempt forgot its probes, every attempt tried the same four
+/// and held the batch as one a table refusing everything refuses, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &[]).await;
+    // The probe's code (the first of the last batch written whole), more the table holds
+    // before the one it still takes.
+    let mut enc = Encoder::new(23, DEFAULT_DATAGRAM).unwrap();
+    for code in ["gone1", "gone2", "gone3", "gone4", "gone5", "gone6", "kept"] {
+        enc.push(code, protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, 7).await;
+    let gone = "ALTER TABLE clicks ADD CONSTRAINT links_gone \
+                CHECK (code NOT LIKE 'gone%' AND code <> 'poison') NOT VALID";
+    p.client.batch_execute(gone).await.unwrap();
+    let mut enc = Encoder::new(24, DEFAULT_DATAGRAM).unwrap();
+    for _ in 0..20 {
+        enc.push("poison", protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    // Held once at least: the first attempt's probes were all refused.
+    c.service
+        .wait_for_log("every click of a batch of 20 refused", LIMIT)
+        .await;
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
+    c.await_metric(refused, 20.0).await;
+    assert_eq!(c.health().await, 200);
+}
+
 /// A table that refuses every row, and a batch too large for an attempt to find that out
 /// before its deadline: no attempt sees the table take a range, so none remembers a row as
 /// refused for the next, and once the table is fixed the batch lands whole, none set aside.

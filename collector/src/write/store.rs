@@ -196,8 +196,12 @@ pub(crate) struct Probe {
     /// A code whose click the table took in an earlier batch. Without one, a code `clicks`
     /// holds (`takes`).
     pub(crate) code: Option<String>,
-    /// Codes refused as probes in this attempt at the batch: not tried again in it, so that
-    /// its next look tries another.
+    /// Codes refused as probes by this attempt at the batch and those before it (the last
+    /// [`PROBES_KEPT`]): not tried again, so that each look tries another. Forgotten each in
+    /// this attempt, the same few were tried at every attempt, and a batch whose every click
+    /// was refused, as were those few codes, was held as one a table refusing everything,
+    /// for good. Forgotten all when no other code is left: a table that refused every code
+    /// for a while starts over.
     refused: Vec<String>,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
@@ -281,9 +285,6 @@ impl Conn {
         attempts: &mut Attempts,
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
-        // Ruled out for this attempt only: kept across attempts, a table refusing everything
-        // for a while would rule out every code `clicks` holds.
-        attempts.probe.refused.clear();
         attempts.probe.taken = false;
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
@@ -553,6 +554,9 @@ async fn sift_in(
 /// deadline, and a sift that outlasts one attempt began again at every attempt, for good.
 const PROBES_A_DAY: usize = 3;
 
+/// The probe codes refused that an attempt at a batch leaves to the next ([`Probe`]).
+const PROBES_KEPT: usize = 64;
+
 /// Savepoint levels of a sift ([`Sifted`]), and what each takes before it is rolled back and
 /// COPYed again as one.
 const LEVELS: usize = 4;
@@ -737,7 +741,8 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 /// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
 /// without one, of a code `clicks` holds that is neither the batch's nor refused as a probe
 /// before ([`A_CODE_TAKEN`]); `false` if it holds none. A code refused is forgotten as the
-/// probe's and not tried again in this attempt; one taken answers for the rest of it.
+/// probe's and not tried again at this batch (a while: [`Probe`]); one taken answers for the
+/// rest of the attempt.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
@@ -762,7 +767,10 @@ async fn takes(
             not.extend(probe.refused.iter().map(String::as_str));
             match tx.query_opt(A_CODE_TAKEN, &[&not]).await? {
                 Some(row) => row.try_get(0)?,
-                None => return Ok(false),
+                None => {
+                    probe.refused.clear();
+                    return Ok(false);
+                }
             }
         }
     };
@@ -778,6 +786,9 @@ async fn takes(
     probe.taken = taken;
     if !taken {
         probe.code = None;
+        if probe.refused.len() == PROBES_KEPT {
+            probe.refused.remove(0);
+        }
         probe.refused.push(code);
     }
     Ok(taken)
