@@ -177,7 +177,8 @@ pub struct Config {
     /// code and day, however many clicks) take half of this memory. They never take more: sums
     /// that reach it before a fold takes them (the database away from the fold, another
     /// collector folding, codes coming faster than folds go) are dropped, and their batches
-    /// folded from their rows, which costs the database more and is exact all the same. Bytes,
+    /// folded from their rows, which costs the database more and is exact all the same (a fold
+    /// briefly holds a second copy of the sums it takes, while it puts them in order). Bytes,
     /// or with a unit: K, M, G (powers of 1024, as systemd's MemoryMax=), e.g. `64M`. The
     /// collector's peak RSS with it is in BENCHMARKS.md ("The collector's memory").
     #[arg(
