@@ -68,6 +68,12 @@ shared::metrics! {
         clicks_reclaimed: Counter = "clicks_reclaimed",
             "Of the clicks recovered, those the last stop counted as dropped (shutdown, unacknowledged; in its log) because it could not tell that systemd's store would keep them: sent after all, not lost.";
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
+        /// Set once, as the state region is adopted: the counts made then (torn,
+        /// stale_region, recovered) show in no `increase()` when they equal the last
+        /// process's, and a new series' first value in none; the ClicksDropped alert reads
+        /// them beside it.
+        start_time_seconds: Gauge = "start_time_seconds",
+            "When this process started, in seconds since the Unix epoch.";
         clicks_dropped: LabeledCounter<Dropped> = "clicks_dropped",
             "Clicks lost, by reason: served and not sent, sent and never acknowledged (unacknowledged), or cut off mid-push by a kill (torn, never answered).";
         /// Set when `/metrics` is read, from `Ring::pushed`.

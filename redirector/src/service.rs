@@ -480,6 +480,12 @@ fn open_state(
              the redirector read /proc/sys"
         );
     }
+    let started = std::time::UNIX_EPOCH
+        .elapsed()
+        .map_or(0, |since| since.as_secs());
+    metrics
+        .start_time_seconds
+        .set(started.try_into().unwrap_or(i64::MAX));
     metrics.clicks_recovered.inc_by(region.recovered);
     if region.reclaimed > 0 {
         tracing::info!(

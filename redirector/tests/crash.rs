@@ -482,10 +482,18 @@ async fn under_load_three_kills_lose_no_redirect_a_client_saw_and_write_none_twi
         let pause = moments.pause(Duration::from_millis(300), Duration::from_millis(1_200));
         tokio::time::sleep(pause).await;
         r.kill().await;
+        let unix_now = || std::time::UNIX_EPOCH.elapsed().unwrap().as_secs_f64();
+        let before = unix_now();
         r = held
             .start(redirector_command(&f.db.url, &f.socket, &flags), None)
             .await;
         r.ready().await;
+        // What ClicksDropped reads beside the counts made at start (monitoring/alerts.yml).
+        let started = r.metric("redirector_start_time_seconds").await;
+        assert!(
+            (before.floor()..=unix_now()).contains(&started),
+            "start time {started}, started at {before} or after"
+        );
         torn += r
             .metric("redirector_clicks_dropped_total{reason=\"torn\"}")
             .await;
