@@ -101,7 +101,8 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
 
 /// A `--mirror` that names the collector's own socket is refused at start: every datagram
 /// forwarded would come back to be forwarded again, for ever, filling the queue. Also where
-/// the socket is the one systemd passed, bound at a path other than `--socket`'s. Refused
+/// the socket is the one systemd passed, bound at a path other than `--socket`'s, and where
+/// the mirror names it through a symbolic link. Refused
 /// before the database steps: the database here is unreachable, which they would wait on
 /// (and a collector that failed after them restarted into them again, for ever).
 #[tokio::test]
@@ -124,6 +125,15 @@ async fn a_mirror_on_the_collectors_own_socket_is_refused() {
         &nowhere,
         &socket,
         &["--mirror", own],
+    ))
+    .await;
+    // Spelt through a symbolic link to its directory, before it is bound: no file to compare.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+    let through_link = link.join("collector.sock");
+    let mirror = ["--mirror", through_link.to_str().unwrap()];
+    refused(testkit::services::collector_command(
+        &nowhere, &socket, &mirror,
     ))
     .await;
     let passed = shared::socket::bind_datagram(&socket, 0o600).unwrap();

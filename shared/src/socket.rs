@@ -35,13 +35,20 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-/// Whether `a` and `b` name one socket: the same path made absolute (one not bound yet), or
-/// the same file (through a link, or another spelling).
+/// Whether `a` and `b` name one socket: the same path made absolute, or in the same directory
+/// (through a symbolic link, `..`) under the same name (a socket not bound yet has no file to
+/// compare), or the same file (another link to it).
 pub fn same_path(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let absolute = |p| std::path::absolute(p).ok();
+    let resolved = |p: &Path| {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(dir.unwrap_or(Path::new("."))).ok()?;
+        Some(dir.join(p.file_name()?))
+    };
     let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     matches!((absolute(a), absolute(b)), (Some(a), Some(b)) if a == b)
+        || resolved(a).is_some_and(|r| Some(r) == resolved(b))
         || inode(a).is_some_and(|i| Some(i) == inode(b))
 }
 
