@@ -559,14 +559,15 @@ async fn a_sift_whose_probe_is_refused_too_tries_another_code() {
 }
 
 /// A batch whose every click is refused, and the codes an attempt probes refused too (a
-/// constraint refusing the codes of links gone, many of them the last clicked): each attempt
-/// probes codes the attempts before did not, until one is taken and the batch's clicks are
-/// set aside as bad. When each attempt forgot its probes, every attempt tried the same four
-/// and held the batch as one a table refusing everything refuses, for good.
+/// constraint refusing the codes of links gone, many of them clicked before): each attempt
+/// probes the folded codes after those the attempt before did, until one is taken and the
+/// batch's clicks are set aside as bad. When each attempt began its looks afresh, every
+/// attempt tried the same four and held the batch as one a table refusing everything
+/// refuses, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     let p = place().await;
-    let c = start_collector(&p.db, &p.path, &[]).await;
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
     // The probe's code (the first of the last batch written whole), more the table holds
     // before the one it still takes.
     let mut enc = Encoder::new(23, DEFAULT_DATAGRAM).unwrap();
@@ -575,6 +576,11 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 7).await;
+    testkit::eventually("the codes folded", LIMIT, || async {
+        let folded = "SELECT count(*) FROM click_counts WHERE code = 'kept'";
+        (count(&p.client, folded).await == 1).then_some(())
+    })
+    .await;
     let gone = "ALTER TABLE clicks ADD CONSTRAINT links_gone \
                 CHECK (code NOT LIKE 'gone%' AND code <> 'poison') NOT VALID";
     p.client.batch_execute(gone).await.unwrap();

@@ -39,7 +39,7 @@ const ATTACHED: &str = "
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 /// A code of a click `clicks` took, not one of $1 (the batch's, and those refused as probes),
-/// for [`takes`]: the first row a scan meets, read only when the table refuses clicks. Each
+/// for [`another_code`] where click_counts has none: the first row a scan meets, read only when the table refuses clicks. Each
 /// scan stops after 100,000 rows: where a few codes are in every batch, a history of
 /// them holds no other, and a scan of all of it outlived the attempt (its backend, which
 /// does not notice a client gone, then held the instance lock from the retries). First the
@@ -50,6 +50,9 @@ const A_CODE_TAKEN: &str = "
     (SELECT code FROM (SELECT code FROM click_counts LIMIT 100000) AS c
       WHERE code <> ALL($1) LIMIT 1)
     LIMIT 1";
+/// By click_counts' key: each look an index probe, past the codes left out (their days).
+const A_CODE_FOLDED: &str = "
+    SELECT code FROM click_counts WHERE code > $2 AND code <> ALL($1) ORDER BY code LIMIT 1";
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -196,13 +199,15 @@ pub(crate) struct Probe {
     /// A code whose click the table took in an earlier batch. Without one, a code `clicks`
     /// holds (`takes`).
     pub(crate) code: Option<String>,
-    /// Codes refused as probes by this attempt at the batch and those before it (the last
-    /// [`PROBES_KEPT`]): not tried again, so that each look tries another. Forgotten each in
-    /// this attempt, the same few were tried at every attempt, and a batch whose every click
-    /// was refused, as were those few codes, was held as one a table refusing everything,
-    /// for good. Forgotten all when no other code is left: a table that refused every code
-    /// for a while starts over.
+    /// Codes refused as probes in this attempt at the batch: not tried again in it, so that
+    /// its next look tries another.
     refused: Vec<String>,
+    /// The last of click_counts' codes probed by the attempts at the batch: the next look
+    /// takes the code after it, in order, round again past the last ([`another_code`]). Each
+    /// attempt began its looks afresh once, so they tried the same few codes, and a batch
+    /// whose every click was refused, as were those few codes (a constraint refusing the
+    /// codes of links gone), was held as one a table refusing everything, for good.
+    after: String,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
 }
@@ -285,6 +290,9 @@ impl Conn {
         attempts: &mut Attempts,
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
+        // Ruled out for this attempt only: kept across attempts, a table refusing everything
+        // for a while would rule out every code `clicks` holds.
+        attempts.probe.refused.clear();
         attempts.probe.taken = false;
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
@@ -554,9 +562,6 @@ async fn sift_in(
 /// deadline, and a sift that outlasts one attempt began again at every attempt, for good.
 const PROBES_A_DAY: usize = 3;
 
-/// The probe codes refused that an attempt at a batch leaves to the next ([`Probe`]).
-const PROBES_KEPT: usize = 64;
-
 /// Savepoint levels of a sift ([`Sifted`]), and what each takes before it is rolled back and
 /// COPYed again as one.
 const LEVELS: usize = 4;
@@ -739,10 +744,9 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 
 /// Whether `clicks` takes a click of the probe's code now, by `copy_clicks` (in a savepoint,
 /// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
-/// without one, of a code `clicks` holds that is neither the batch's nor refused as a probe
-/// before ([`A_CODE_TAKEN`]); `false` if it holds none. A code refused is forgotten as the
-/// probe's and not tried again at this batch (a while: [`Probe`]); one taken answers for the
-/// rest of the attempt.
+/// without one, of [`another_code`]; `false` if there is none. A code refused is forgotten
+/// as the probe's and not tried again in this attempt; one taken is the probe's, and answers
+/// for the rest of the attempt.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
@@ -762,17 +766,10 @@ async fn takes(
     }
     let code = match probe.code.clone() {
         Some(code) => code,
-        None => {
-            let mut not: Vec<&str> = codes.into_iter().collect();
-            not.extend(probe.refused.iter().map(String::as_str));
-            match tx.query_opt(A_CODE_TAKEN, &[&not]).await? {
-                Some(row) => row.try_get(0)?,
-                None => {
-                    probe.refused.clear();
-                    return Ok(false);
-                }
-            }
-        }
+        None => match another_code(tx, probe, codes).await? {
+            Some(code) => code,
+            None => return Ok(false),
+        },
     };
     let mut row = BytesMut::new();
     copy::put_click(&mut row, &code, protocol::now_us());
@@ -784,14 +781,38 @@ async fn takes(
     };
     tx.batch_execute("ROLLBACK TO probe; RELEASE probe").await?;
     probe.taken = taken;
-    if !taken {
+    if taken {
+        probe.code = Some(code);
+    } else {
         probe.code = None;
-        if probe.refused.len() == PROBES_KEPT {
-            probe.refused.remove(0);
-        }
         probe.refused.push(code);
     }
     Ok(taken)
+}
+
+/// A code to probe, neither `batch`'s nor refused in this attempt: the next of click_counts'
+/// codes after `probe.after`, in order (its key's), round again from the first past the last;
+/// without any (nothing folded yet), one `clicks` holds ([`A_CODE_TAKEN`]).
+async fn another_code(
+    tx: &tokio_postgres::Transaction<'_>,
+    probe: &mut Probe,
+    batch: HashSet<&str>,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let mut not: Vec<&str> = batch.into_iter().collect();
+    not.extend(probe.refused.iter().map(String::as_str));
+    loop {
+        if let Some(row) = tx.query_opt(A_CODE_FOLDED, &[&not, &probe.after]).await? {
+            let code: String = row.try_get(0)?;
+            probe.after.clone_from(&code);
+            return Ok(Some(code));
+        }
+        if probe.after.is_empty() {
+            break;
+        }
+        probe.after.clear();
+    }
+    let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
+    row.map(|row| row.try_get(0)).transpose()
 }
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no
@@ -932,20 +953,51 @@ mod tests {
         (scanned, scans)
     }
 
+    /// A fresh database whose `clicks` has a partition for 1990-01-01, and `sql` run on it.
+    async fn with_a_day_of_1990(sql: &str) -> (testkit::pgtest::TestDb, tokio_postgres::Client) {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let day = "CREATE TABLE clicks_p19900101 PARTITION OF clicks
+                       FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z');";
+        client.batch_execute(&format!("{day} {sql}")).await.unwrap();
+        (db, client)
+    }
+
+    /// The probe's looks walk click_counts' codes in order, each once (whatever its days),
+    /// leaving out the batch's, round again past the last; with none folded, a code of clicks.
+    #[tokio::test]
+    async fn the_looks_for_a_probe_code_walk_the_folded_codes_round() {
+        let sql = "INSERT INTO clicks VALUES ('unfolded', '1990-01-01Z')";
+        let (_db, mut client) = with_a_day_of_1990(sql).await;
+        let mut probe = Probe::default();
+        let batch = || HashSet::from(["b"]);
+        let tx = client.transaction().await.unwrap();
+        let found = another_code(&tx, &mut probe, batch()).await.unwrap();
+        assert_eq!(found.as_deref(), Some("unfolded"), "nothing folded yet");
+        tx.batch_execute(
+            "INSERT INTO click_counts VALUES ('a', '1990-01-01', 1), ('a', '1990-01-02', 1),
+                 ('b', '1990-01-01', 1), ('c', '1990-01-01', 1), ('d', '1990-01-01', 1)",
+        )
+        .await
+        .unwrap();
+        let mut walked = Vec::new();
+        for _ in 0..5 {
+            walked.push(
+                another_code(&tx, &mut probe, batch())
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(walked, ["a", "c", "d", "a", "c"]);
+    }
+
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
     /// live at once (seen from inside the transaction) and none to the commit, every row taken
     /// once.
     #[tokio::test]
     async fn a_long_sift_keeps_under_64_subtransactions_live() {
-        let db = testkit::pgtest::test_db().await;
-        let mut client = testkit::pgtest::connect(&db.url).await;
-        client
-            .batch_execute(
-                "CREATE TABLE clicks_p19900101 PARTITION OF clicks
-                     FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z')",
-            )
-            .await
-            .unwrap();
+        let (_db, mut client) = with_a_day_of_1990("").await;
         let mut rows = bytes::BytesMut::new();
         for i in 0..300 {
             super::copy::put_click(&mut rows, "c", 631_152_000_000_000 + i);
@@ -993,21 +1045,15 @@ mod tests {
     /// code in `click_counts`.
     #[tokio::test]
     async fn the_look_for_a_probe_code_reads_a_bounded_part_of_the_history() {
-        let db = testkit::pgtest::test_db().await;
-        let client = testkit::pgtest::connect(&db.url).await;
-        client
-            .batch_execute(
-                "CREATE TABLE clicks_p19900101 PARTITION OF clicks
-                     FOR VALUES FROM ('1990-01-01Z') TO ('1990-01-02Z');
-                 INSERT INTO clicks (code, clicked_at)
-                 SELECT 'few', '1990-01-01Z' FROM generate_series(1, 300000);
-                 INSERT INTO click_counts VALUES ('few', '1990-01-01', 300000),
-                                                 ('other', '1990-01-01', 1);
-                 ANALYZE clicks_p19900101;
-                 SET max_parallel_workers_per_gather = 0",
-            )
-            .await
-            .unwrap();
+        let (_db, client) = with_a_day_of_1990(
+            "INSERT INTO clicks (code, clicked_at)
+             SELECT 'few', '1990-01-01Z' FROM generate_series(1, 300000);
+             INSERT INTO click_counts VALUES ('few', '1990-01-01', 300000),
+                                             ('other', '1990-01-01', 1);
+             ANALYZE clicks_p19900101;
+             SET max_parallel_workers_per_gather = 0",
+        )
+        .await;
         let not = vec!["few", "poison"];
         let found = client
             .query_opt(super::A_CODE_TAKEN, &[&not])

@@ -206,6 +206,9 @@ impl Writer {
                              good: set aside in clicks_set_aside with the error",
                             batch.len()
                         );
+                        // A probe taken is the next batch's, which need not look again; one
+                        // refused is forgotten (`store::takes`).
+                        self.probe.clone_from(&attempts.probe.code);
                     }
                     self.shared.health.writes.store(true, Relaxed);
                     return (Stored::Written { refused }, began);
