@@ -118,6 +118,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         })?;
     // Held, not read, until the database is reached (see Inbox::open below).
     let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
+    crate::ingest::socket::check_passed(&passed)?;
     let mirror = open_mirror(&config, &passed)?;
     let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
     // Ready for systemd once the sockets are in hand, before the database: redirector.service

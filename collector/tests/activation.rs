@@ -71,6 +71,28 @@ async fn a_passed_socket_is_used_and_left_to_systemd_with_its_queue() {
     assert!(!p.dir.path().join("not-bound.sock").exists());
 }
 
+/// A socket systemd passed that is no datagram socket (a unit's `ListenStream=`) is refused
+/// before the database steps, which would wait on the database (away here), only to fail
+/// after them at every restart.
+#[tokio::test]
+async fn a_passed_socket_that_takes_no_datagrams_is_refused_before_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = std::os::unix::net::UnixListener::bind(dir.path().join("stream.sock")).unwrap();
+    let inner = testkit::services::collector_command(
+        testkit::UNREACHABLE_DB,
+        &dir.path().join("not-bound.sock"),
+        &[],
+    );
+    let mut c = testkit::Service::spawn(
+        "collector",
+        testkit::socket_activated(&inner, stream.as_raw_fd()),
+    );
+    let status = c.wait_exit(LIMIT).await;
+    assert!(!status.success(), "{status}");
+    let log = c.log().join("\n");
+    assert!(log.contains("not a Unix datagram socket"), "{log}");
+}
+
 /// READY=1 comes once the sockets are in hand, before the database is reached: the
 /// redirector's unit is ordered after this one, and a start of the collector that waited on
 /// its database (away here; or a migration, or an instance lock held elsewhere) held every
@@ -83,12 +105,11 @@ async fn ready_for_systemd_before_the_database_is_reached() {
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(LIMIT)).unwrap();
-    let nowhere = format!(
-        "host={} dbname=clicks",
-        dir.path().join("no-server").display()
+    let mut inner = testkit::services::collector_command(
+        testkit::UNREACHABLE_DB,
+        &dir.path().join("not-bound.sock"),
+        &[],
     );
-    let mut inner =
-        testkit::services::collector_command(&nowhere, &dir.path().join("not-bound.sock"), &[]);
     inner.env("NOTIFY_SOCKET", &notify_path);
     let mut c = Collector::spawn(testkit::socket_activated(&inner, passed.as_raw_fd())).await;
     assert_eq!(notification(&notify), "READY=1");

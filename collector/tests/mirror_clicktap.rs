@@ -108,10 +108,6 @@ async fn listen_on_the_mirror_shows_live_traffic_while_the_collector_writes() {
 #[tokio::test]
 async fn a_mirror_on_the_collectors_own_socket_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let nowhere = format!(
-        "host={} dbname=clicks",
-        dir.path().join("no-server").display()
-    );
     let socket = dir.path().join("collector.sock");
     let own = socket.to_str().unwrap();
     let refused = |cmd| async {
@@ -122,7 +118,7 @@ async fn a_mirror_on_the_collectors_own_socket_is_refused() {
         assert!(log.contains("is the collector's own socket"), "{log}");
     };
     refused(testkit::services::collector_command(
-        &nowhere,
+        testkit::UNREACHABLE_DB,
         &socket,
         &["--mirror", own],
     ))
@@ -133,12 +129,18 @@ async fn a_mirror_on_the_collectors_own_socket_is_refused() {
     let through_link = link.join("collector.sock");
     let mirror = ["--mirror", through_link.to_str().unwrap()];
     refused(testkit::services::collector_command(
-        &nowhere, &socket, &mirror,
+        testkit::UNREACHABLE_DB,
+        &socket,
+        &mirror,
     ))
     .await;
     let passed = shared::socket::bind_datagram(&socket, 0o600).unwrap();
     let elsewhere = dir.path().join("not-bound.sock");
-    let cmd = testkit::services::collector_command(&nowhere, &elsewhere, &["--mirror", own]);
+    let cmd = testkit::services::collector_command(
+        testkit::UNREACHABLE_DB,
+        &elsewhere,
+        &["--mirror", own],
+    );
     let fd = std::os::fd::AsRawFd::as_raw_fd(&passed);
     refused(testkit::socket_activated(&cmd, fd)).await;
 }

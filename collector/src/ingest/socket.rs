@@ -46,6 +46,7 @@ impl Inbox {
     /// Takes the socket systemd passed (`passed`: what LISTEN_FDS held besides the admin
     /// listener) or else binds `path` with `mode`.
     pub(crate) fn open(path: &Path, mode: u32, passed: Vec<OwnedFd>) -> Result<Inbox, OpenError> {
+        check_passed(&passed)?;
         let mut fds = passed;
         match fds.len() {
             0 => {
@@ -60,7 +61,6 @@ impl Inbox {
             }
             1 => {
                 let fd = fds.pop().expect("one");
-                check_datagram(&fd)?;
                 tracing::info!("using the socket passed by systemd");
                 Self::new(fd, Origin::Activated)
             }
@@ -142,6 +142,17 @@ fn recv_into(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Option<Datagram>> {
         return Ok(None);
     }
     Ok(Some(datagram))
+}
+
+/// What systemd passed for the inbox, `passed`: nothing, or one Unix datagram socket. Checked
+/// before the database steps too (`service::run`): a unit's error waited through them, only
+/// to fail after them, at every restart.
+pub(crate) fn check_passed(passed: &[OwnedFd]) -> Result<(), OpenError> {
+    match passed {
+        [] => Ok(()),
+        [fd] => check_datagram(fd),
+        more => Err(OpenError::FdCount(more.len())),
+    }
 }
 
 fn check_datagram(fd: &OwnedFd) -> Result<(), OpenError> {

@@ -28,6 +28,10 @@ pub fn repo() -> PathBuf {
         .expect("the repository's root")
 }
 
+/// A database URL that reaches no server (its socket directory does not exist): for a start
+/// that must fail, or wait, before the database.
+pub const UNREACHABLE_DB: &str = "host=/nowhere dbname=clicks";
+
 /// Upper bound for anything the tests await.
 pub const LIMIT: Duration = Duration::from_secs(60);
 
@@ -489,7 +493,7 @@ pub fn assert_bad_worker_threads_refused(name: &str) {
     for bad in ["0", "two"] {
         let out = std::process::Command::new(binary(name))
             .env(shared::runtime::WORKER_THREADS, bad)
-            .args(["--database-url", "host=/nowhere dbname=clicks"])
+            .args(["--database-url", UNREACHABLE_DB])
             .output()
             .unwrap_or_else(|e| panic!("running {name}: {e}"));
         let said = String::from_utf8_lossy(&out.stderr);
