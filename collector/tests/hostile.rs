@@ -596,6 +596,25 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     c.await_metric(refused, 20.0).await;
     assert_eq!(c.health().await, 200);
+    // The probe taken is the next batch's, which need not look for one again.
+    let held = |c: &Collector| {
+        let log = c.service.log();
+        log.iter()
+            .filter(|l| l.contains("every click of a batch of 20 refused"))
+            .count()
+    };
+    let held_before = held(&c);
+    let mut enc = Encoder::new(25, DEFAULT_DATAGRAM).unwrap();
+    for _ in 0..20 {
+        enc.push("poison", protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    c.await_metric(refused, 40.0).await;
+    assert_eq!(
+        held(&c),
+        held_before,
+        "the next batch held, though a probe was taken"
+    );
 }
 
 /// A table that refuses every row, and a batch too large for an attempt to find that out

@@ -50,9 +50,16 @@ const A_CODE_TAKEN: &str = "
     (SELECT code FROM (SELECT code FROM click_counts LIMIT 100000) AS c
       WHERE code <> ALL($1) LIMIT 1)
     LIMIT 1";
-/// By click_counts' key: each look an index probe, past the codes left out (their days).
-const A_CODE_FOLDED: &str = "
-    SELECT code FROM click_counts WHERE code > $2 AND code <> ALL($1) ORDER BY code LIMIT 1";
+/// The codes of the next $2 entries of click_counts' key after $1 (a code has one a day), each
+/// once, in order, with its entries, for [`another_code`]: a bounded read of an index, however
+/// many of them are left out, which are left out by the collector (a batch may hold 100,000
+/// codes, which `<> ALL` compares one by one before PostgreSQL 15).
+const FOLDED_AFTER: &str = "
+    SELECT code, count(*)
+      FROM (SELECT code FROM click_counts WHERE code > $1 ORDER BY code LIMIT $2) AS step
+     GROUP BY code ORDER BY code";
+/// The entries of click_counts one look at it reads ([`FOLDED_AFTER`]).
+const FOLDED_STEP: i64 = 10_000;
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -745,8 +752,8 @@ fn rows_of(buf: &Bytes, clicks: &[copy::ClickRow<'_>], at: &[usize]) -> Bytes {
 /// Whether `clicks` takes a click of the probe's code now, by `copy_clicks` (in a savepoint,
 /// rolled back: nothing of it stays), unless that code is one of `batch`'s: then, as
 /// without one, of [`another_code`]; `false` if there is none. A code refused is forgotten
-/// as the probe's and not tried again in this attempt; one taken is the probe's, and answers
-/// for the rest of the attempt.
+/// as the probe's and not tried again in this attempt; one taken is the probe's (the next
+/// batch's too), and answers for the rest of the attempt.
 async fn takes(
     tx: &mut tokio_postgres::Transaction<'_>,
     copy_clicks: &Statement,
@@ -757,16 +764,11 @@ async fn takes(
         return Ok(true);
     }
     let codes: HashSet<&str> = batch.iter().map(|row| row.code).collect();
-    if probe
-        .code
-        .as_deref()
-        .is_some_and(|code| codes.contains(code))
-    {
-        probe.code = None;
-    }
-    let code = match probe.code.clone() {
+    // Kept as the probe's when it is one of this batch's: it may be no other's.
+    let carried = (probe.code.clone()).filter(|code| !codes.contains(code.as_str()));
+    let code = match carried {
         Some(code) => code,
-        None => match another_code(tx, probe, codes).await? {
+        None => match another_code(tx, probe, &codes).await? {
             Some(code) => code,
             None => return Ok(false),
         },
@@ -784,33 +786,52 @@ async fn takes(
     if taken {
         probe.code = Some(code);
     } else {
-        probe.code = None;
+        if probe.code.as_ref() == Some(&code) {
+            probe.code = None;
+        }
         probe.refused.push(code);
     }
     Ok(taken)
 }
 
-/// A code to probe, neither `batch`'s nor refused in this attempt: the next of click_counts'
-/// codes after `probe.after`, in order (its key's), round again from the first past the last;
-/// without any (nothing folded yet), one `clicks` holds ([`A_CODE_TAKEN`]).
+/// A code to probe, neither `batch`'s nor refused in this attempt: the first of click_counts'
+/// codes after `probe.after`, in order (its key's), in the next [`FOLDED_AFTER`] step of
+/// them, round again from the first past the last; `None` if a whole step holds none, and the
+/// next look goes on after it. Where a whole round holds none (nothing folded, or only the
+/// batch's codes), one `clicks` holds ([`A_CODE_TAKEN`]).
 async fn another_code(
     tx: &tokio_postgres::Transaction<'_>,
     probe: &mut Probe,
-    batch: HashSet<&str>,
+    batch: &HashSet<&str>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let mut not: Vec<&str> = batch.into_iter().collect();
-    not.extend(probe.refused.iter().map(String::as_str));
+    let mut from_the_first = probe.after.is_empty();
     loop {
-        if let Some(row) = tx.query_opt(A_CODE_FOLDED, &[&not, &probe.after]).await? {
-            let code: String = row.try_get(0)?;
-            probe.after.clone_from(&code);
-            return Ok(Some(code));
+        let step = tx
+            .query(FOLDED_AFTER, &[&probe.after, &FOLDED_STEP])
+            .await?;
+        let mut entries = 0;
+        for row in &step {
+            let code: &str = row.try_get(0)?;
+            if !batch.contains(code) && !probe.refused.iter().any(|r| r == code) {
+                probe.after = code.to_owned();
+                return Ok(Some(code.to_owned()));
+            }
+            entries += row.try_get::<_, i64>(1)?;
         }
-        if probe.after.is_empty() {
+        if let Some(last) = step.last() {
+            probe.after = last.try_get(0)?;
+        }
+        if entries == FOLDED_STEP {
+            return Ok(None);
+        }
+        if from_the_first {
             break;
         }
         probe.after.clear();
+        from_the_first = true;
     }
+    let mut not: Vec<&str> = batch.iter().copied().collect();
+    not.extend(probe.refused.iter().map(String::as_str));
     let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
     row.map(|row| row.try_get(0)).transpose()
 }
@@ -972,7 +993,7 @@ mod tests {
         let mut probe = Probe::default();
         let batch = || HashSet::from(["b"]);
         let tx = client.transaction().await.unwrap();
-        let found = another_code(&tx, &mut probe, batch()).await.unwrap();
+        let found = another_code(&tx, &mut probe, &batch()).await.unwrap();
         assert_eq!(found.as_deref(), Some("unfolded"), "nothing folded yet");
         tx.batch_execute(
             "INSERT INTO click_counts VALUES ('a', '1990-01-01', 1), ('a', '1990-01-02', 1),
@@ -983,13 +1004,30 @@ mod tests {
         let mut walked = Vec::new();
         for _ in 0..5 {
             walked.push(
-                another_code(&tx, &mut probe, batch())
+                another_code(&tx, &mut probe, &batch())
                     .await
                     .unwrap()
                     .unwrap(),
             );
         }
         assert_eq!(walked, ["a", "c", "d", "a", "c"]);
+        let all = HashSet::from(["a", "b", "c", "d"]);
+        let found = another_code(&tx, &mut probe, &all).await.unwrap();
+        assert_eq!(
+            found.as_deref(),
+            Some("unfolded"),
+            "a round of the batch's codes only"
+        );
+        // A step of the batch's code alone (one entry a day): none this look, the next on.
+        let days = "INSERT INTO click_counts SELECT 'b', '1990-01-03'::date + n, 1
+                    FROM generate_series(0, 10000) AS n";
+        tx.batch_execute(days).await.unwrap();
+        probe.after.clear();
+        let ab = HashSet::from(["a", "b"]);
+        let first = another_code(&tx, &mut probe, &ab).await.unwrap();
+        assert_eq!(first, None, "a whole step of b");
+        let next = another_code(&tx, &mut probe, &ab).await.unwrap();
+        assert_eq!(next.as_deref(), Some("c"));
     }
 
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions

@@ -14,7 +14,7 @@ use crate::write::batch::SetAside;
 use crate::write::batch::{Batch, WriterEnds};
 use crate::write::lock;
 use crate::write::replication::{Committed, Watch};
-use crate::write::store::{refuses_rows, Attempts, BatchNumber, Conn, Rows, Stored};
+use crate::write::store::{refuses_rows, Attempts, BatchNumber, Conn, Probe, Rows, Stored};
 use crate::write::unfolded::Unfolded;
 use crate::write::Metrics;
 
@@ -33,8 +33,9 @@ pub struct Writer {
     watch: Arc<Watch>,
     /// What it committed, to find what a failover lost.
     committed: Committed,
-    /// The code of the first click of the last batch written whole: see `Attempts::probe`.
-    probe: Option<String>,
+    /// What the attempts at the last batch left of their probe (`Attempts::probe`), its code
+    /// the first click's of the last batch written whole.
+    probe: Probe,
 }
 
 impl Writer {
@@ -64,7 +65,7 @@ impl Writer {
             shared,
             watch,
             committed: Committed::default(),
-            probe: None,
+            probe: Probe::default(),
         }
     }
 
@@ -114,7 +115,12 @@ impl Writer {
             let span = tracing::info_span!("batch", number = number.batch);
             self.watch.writing();
             self.committed.forget(&batch);
-            let (written, began) = self.write(&batch, &rows, &number).instrument(span).await;
+            let mut attempts = Attempts::default();
+            attempts.probe = std::mem::take(&mut self.probe);
+            let (written, began) = (self.write(&batch, &rows, &number, &mut attempts))
+                .instrument(span)
+                .await;
+            self.probe = attempts.probe;
             self.watch.written();
             let refused = match written {
                 Stored::Written { refused } | Stored::AlreadyCommitted { refused } => refused,
@@ -126,7 +132,7 @@ impl Writer {
                 Stored::Written { refused: 0 } | Stored::AlreadyCommitted { refused: 0 }
             );
             if let (true, Some(code)) = (whole, rows.first_code()) {
-                let probe = self.probe.get_or_insert_with(String::new);
+                let probe = self.probe.code.get_or_insert_with(String::new);
                 probe.clear();
                 probe.push_str(code);
             }
@@ -183,20 +189,20 @@ impl Writer {
     /// to set the refused ones aside. Returns how it went in: written (with how many refused),
     /// or already committed by an attempt whose answer was lost; and when the attempt that
     /// stored it began (the first, if that answer was lost), no later than its transaction.
+    /// `attempts` come with the probe the batch before left them, and leave it to the next.
     async fn write(
         &mut self,
         batch: &Batch,
         rows: &Rows,
         number: &BatchNumber,
+        attempts: &mut Attempts,
     ) -> (Stored, Instant) {
         let mut backoff = db::backoff();
-        let mut attempts = Attempts::default();
-        attempts.probe.code.clone_from(&self.probe);
         let first = Instant::now();
         loop {
             let began = Instant::now();
             let found = attempts.found_refused();
-            match self.attempt(batch, rows, number, &mut attempts).await {
+            match self.attempt(batch, rows, number, attempts).await {
                 Ok(Stored::Written { refused }) => {
                     if refused > 0 {
                         tracing::warn!(
@@ -206,9 +212,6 @@ impl Writer {
                              good: set aside in clicks_set_aside with the error",
                             batch.len()
                         );
-                        // A probe taken is the next batch's, which need not look again; one
-                        // refused is forgotten (`store::takes`).
-                        self.probe.clone_from(&attempts.probe.code);
                     }
                     self.shared.health.writes.store(true, Relaxed);
                     return (Stored::Written { refused }, began);
@@ -225,9 +228,6 @@ impl Writer {
                     return (Stored::AlreadyCommitted { refused }, first);
                 }
                 Ok(Stored::AllRefused(error)) => {
-                    // A probe refused too, or one of the batch's codes, is forgotten
-                    // (`store::takes`).
-                    self.probe.clone_from(&attempts.probe.code);
                     tracing::warn!(
                         clicks = batch.len(),
                         %error,
