@@ -68,7 +68,7 @@ shared::metrics! {
         clicks_reclaimed: Counter = "clicks_reclaimed",
             "Of the clicks recovered, those the last stop counted as dropped (shutdown, unacknowledged; in its log) because it could not tell that systemd's store would keep them: sent after all, not lost.";
         clicks_sent: Counter = "clicks_sent", "Clicks in datagrams the kernel accepted.";
-        /// Set once, as the state region is adopted: the counts made then (torn,
+        /// Set once, at start: the counts made as the state region is adopted (torn,
         /// stale_region, recovered) show in no `increase()` when they equal the last
         /// process's, and a new series' first value in none; the ClicksDropped alert reads
         /// them beside it.

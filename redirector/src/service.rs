@@ -95,6 +95,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     cfg.check_sockets().map_err(Error::Sockets)?;
     let mut registry = Registry::with_prefix("redirector");
     let metrics = Metrics::register(&mut registry);
+    let started = std::time::UNIX_EPOCH
+        .elapsed()
+        .map_or(0, |since| since.as_secs());
+    (metrics.common.start_time_seconds).set(started.try_into().unwrap_or(i64::MAX));
     let table = Arc::new(LinkTable::default());
     let max_connections =
         http::connection_limit(cfg.max_connections).map_err(Error::MaxConnections)?;
@@ -480,12 +484,6 @@ fn open_state(
              the redirector read /proc/sys"
         );
     }
-    let started = std::time::UNIX_EPOCH
-        .elapsed()
-        .map_or(0, |since| since.as_secs());
-    metrics
-        .start_time_seconds
-        .set(started.try_into().unwrap_or(i64::MAX));
     metrics.clicks_recovered.inc_by(region.recovered);
     if region.reclaimed > 0 {
         tracing::info!(

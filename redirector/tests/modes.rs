@@ -28,6 +28,10 @@ async fn off_mode_redirects_and_records_nothing() {
     assert_eq!(r.metric("redirector_redirects_total").await, 2_000.0);
     assert_eq!(r.metric("redirector_clicks_queued_total").await, 0.0);
     assert_eq!(r.metric("redirector_clicks_sent_total").await, 0.0);
+    // Set in every mode, not only where a state region is adopted.
+    let started = r.metric("redirector_start_time_seconds").await;
+    let unix_now = std::time::UNIX_EPOCH.elapsed().unwrap().as_secs_f64();
+    assert!(started > unix_now - 600.0, "start time {started}");
 
     // A stop sends whatever the redirector still held. A marker click sent after it queues
     // behind all of that on the collector's socket, so once the marker is a row, any click of

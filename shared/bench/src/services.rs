@@ -157,11 +157,15 @@ pub(crate) fn has_flag(binary: &Path, flag: &str) -> bool {
 }
 
 /// Builds a revision's collector, redirector and clicktap once (cached by commit in $OUT)
-/// from an exported tree of it; the directory they are in.
+/// from an exported tree of it, as `scripts/bench` builds the current ones: the services in
+/// one cargo run, clicktap in another (built together, clicktap's dependencies turn on more
+/// features of the services', and a baseline would not be built like for like); the
+/// directory they are in.
 pub(crate) fn build_rev(rev: &str, out: &Path) -> Res<PathBuf> {
     let commit = git(&["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
         .map_err(|_| format!("{rev} is not a revision"))?;
-    let dir = out.join(format!("rev-{commit}"));
+    // "services-apart": not the directories of builds of the services with clicktap.
+    let dir = out.join(format!("rev-{commit}-services-apart"));
     let bin = dir.join("bin");
     if ["redirector", "collector", "clicktap"]
         .iter()
@@ -180,20 +184,15 @@ pub(crate) fn build_rev(rev: &str, out: &Path) -> Res<PathBuf> {
         .arg(&tar)
         .arg("-C")
         .arg(dir.join("src")))?;
-    let mut cargo = Command::new("cargo");
-    cargo.args(["build", "--release", "-q"]);
-    cargo.args([
-        "--bin",
-        "collector",
-        "--bin",
-        "redirector",
-        "--bin",
-        "clicktap",
-    ]);
-    cargo
-        .current_dir(dir.join("src"))
-        .env("CARGO_TARGET_DIR", dir.join("target"));
-    run(&mut cargo).map_err(|e| format!("building {rev} failed: {e}"))?;
+    for bins in [&["collector", "redirector"][..], &["clicktap"]] {
+        let mut cargo = Command::new("cargo");
+        cargo.args(["build", "--release", "-q"]);
+        cargo.args(bins.iter().flat_map(|b| ["--bin", b]));
+        cargo
+            .current_dir(dir.join("src"))
+            .env("CARGO_TARGET_DIR", dir.join("target"));
+        run(&mut cargo).map_err(|e| format!("building {rev} failed: {e}"))?;
+    }
     for b in ["collector", "redirector", "clicktap"] {
         std::fs::copy(dir.join("target/release").join(b), bin.join(b))?;
     }
