@@ -35,21 +35,31 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-/// Whether `a` and `b` name one socket: the same path made absolute, or in the same directory
-/// (through a symbolic link, `..`) under the same name (a socket not bound yet has no file to
-/// compare), or the same file (another link to it).
+/// Whether `a` and `b` name one socket: the same path made absolute, or resolved (symbolic
+/// links, `..`) as far as it exists (a socket not bound yet has no file to compare, nor its
+/// directory, made at the bind, any), or the same file (another link to it).
 pub fn same_path(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let absolute = |p| std::path::absolute(p).ok();
-    let resolved = |p: &Path| {
-        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
-        let dir = std::fs::canonicalize(dir.unwrap_or(Path::new("."))).ok()?;
-        Some(dir.join(p.file_name()?))
-    };
     let inode = |p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     matches!((absolute(a), absolute(b)), (Some(a), Some(b)) if a == b)
         || resolved(a).is_some_and(|r| Some(r) == resolved(b))
         || inode(a).is_some_and(|i| Some(i) == inode(b))
+}
+
+/// `path` made absolute, its longest leading part that exists resolved (`canonicalize`) and
+/// the rest joined as it is; `None` where the rest holds a `..` or `.`.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let path = std::path::absolute(path).ok()?;
+    let mut rest = Vec::new();
+    let mut leading = path.as_path();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(leading) {
+            return Some(rest.iter().rev().fold(real, |real, name| real.join(name)));
+        }
+        rest.push(leading.file_name()?);
+        leading = leading.parent()?;
+    }
 }
 
 /// Binds a datagram socket at `path` with SO_PASSCRED set before bind and the file mode set to
@@ -525,6 +535,25 @@ impl crate::metrics::Label for SendErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One socket however spelt, before it or its directory exists: through a symbolic link
+    /// to a directory above it, or `..`; another name, or a `..` not yet resolvable, is not.
+    #[test]
+    fn same_path_sees_one_socket_through_links_before_it_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("run");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("var-run")).unwrap();
+        let socket = real.join("clicks/collector.sock");
+        let through_link = dir.path().join("var-run/clicks/collector.sock");
+        assert!(same_path(&socket, &through_link));
+        assert!(same_path(
+            &socket,
+            &real.join("../run/clicks/collector.sock")
+        ));
+        assert!(!same_path(&socket, &real.join("clicks/tap.sock")));
+        assert!(!same_path(&socket, &real.join("clicks/../clicks/tap.sock")));
+    }
     use std::os::fd::AsFd;
     use testkit::send_with_fds;
 
