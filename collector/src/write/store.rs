@@ -50,16 +50,22 @@ const A_CODE_TAKEN: &str = "
     (SELECT code FROM (SELECT code FROM click_counts LIMIT 100000) AS c
       WHERE code <> ALL($1) LIMIT 1)
     LIMIT 1";
-/// The codes of the next $2 entries of click_counts' key after $1 (a code has one a day), each
-/// once, in order, with its entries, for [`another_code`]: a bounded read of an index, however
-/// many of them are left out, which are left out by the collector (a batch may hold 100,000
+/// The next $2 codes of click_counts after $1, in order, each whether it is $3 or after it,
+/// for [`another_code`]: one probe of its key's index a code, however many days it has, and
+/// however many of them are left out, which the collector leaves out (a batch may hold 100,000
 /// codes, which `<> ALL` compares one by one before PostgreSQL 15).
-const FOLDED_AFTER: &str = "
-    SELECT code, count(*)
-      FROM (SELECT code FROM click_counts WHERE code > $1 ORDER BY code LIMIT $2) AS step
-     GROUP BY code ORDER BY code";
-/// The entries of click_counts one look at it reads ([`FOLDED_AFTER`]).
-const FOLDED_STEP: i64 = 10_000;
+const WALK_AFTER: &str = "
+    WITH RECURSIVE walk (code, n) AS (
+        (SELECT code, 1 FROM click_counts WHERE code > $1 ORDER BY code LIMIT 1)
+        UNION ALL
+        SELECT (SELECT c.code FROM click_counts AS c WHERE c.code > w.code ORDER BY c.code LIMIT 1),
+               w.n + 1
+          FROM walk AS w
+         WHERE w.code IS NOT NULL AND w.n < $2)
+    SELECT code, code >= $3 FROM walk WHERE code IS NOT NULL ORDER BY n";
+/// The codes of one step of the walk ([`WALK_AFTER`]), and the steps of one look.
+const WALK_STEP: i32 = 1_000;
+const LOOK_STEPS: usize = 10;
 const COPY_SET_ASIDE: &str =
     "COPY clicks_set_aside (code, clicked_at, reason, error) FROM STDIN (FORMAT binary)";
 const COPY_COUNTS: &str =
@@ -215,8 +221,18 @@ pub(crate) struct Probe {
     /// whose every click was refused, as were those few codes (a constraint refusing the
     /// codes of links gone), was held as one a table refusing everything, for good.
     after: String,
+    /// Where the walk began to find no code for this attempt, and whether it has been round
+    /// the end since: past that place again, it has read every code and falls back on one of
+    /// `clicks` ([`another_code`]).
+    fruitless: Option<Fruitless>,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
+}
+
+#[derive(Debug, Default)]
+struct Fruitless {
+    from: String,
+    wrapped: bool,
 }
 
 impl Attempts {
@@ -300,6 +316,7 @@ impl Conn {
         // Ruled out for this attempt only: kept across attempts, a table refusing everything
         // for a while would rule out every code `clicks` holds.
         attempts.probe.refused.clear();
+        attempts.probe.fruitless = None;
         attempts.probe.taken = false;
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
@@ -795,45 +812,54 @@ async fn takes(
 }
 
 /// A code to probe, neither `batch`'s nor refused in this attempt: the first of click_counts'
-/// codes after `probe.after`, in order (its key's), in the next [`FOLDED_AFTER`] step of
-/// them, round again from the first past the last; `None` if a whole step holds none, and the
-/// next look goes on after it. Where a whole round holds none (nothing folded, or only the
-/// batch's codes), one `clicks` holds ([`A_CODE_TAKEN`]).
+/// codes after `probe.after`, in order (its key's), round again from the first past the last.
+/// A look reads at most [`LOOK_STEPS`] steps of [`WALK_STEP`] codes (each code once, however
+/// many days it has): `None` if they hold none, and the next look goes on after them. Where
+/// the walk has been round all of them and found none (nothing folded, or only the batch's
+/// codes), one that `clicks` holds ([`A_CODE_TAKEN`]).
 async fn another_code(
     tx: &tokio_postgres::Transaction<'_>,
     probe: &mut Probe,
     batch: &HashSet<&str>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let mut from_the_first = probe.after.is_empty();
-    loop {
+    for _ in 0..LOOK_STEPS {
+        let from = probe.fruitless.as_ref().map(|f| f.from.as_str());
+        let wrapped = probe.fruitless.as_ref().is_some_and(|f| f.wrapped);
         let step = tx
-            .query(FOLDED_AFTER, &[&probe.after, &FOLDED_STEP])
+            .query(WALK_AFTER, &[&probe.after, &WALK_STEP, &from])
             .await?;
-        let mut entries = 0;
+        let mut round = false;
         for row in &step {
             let code: &str = row.try_get(0)?;
             if !batch.contains(code) && !probe.refused.iter().any(|r| r == code) {
                 probe.after = code.to_owned();
+                probe.fruitless = None;
                 return Ok(Some(code.to_owned()));
             }
-            entries += row.try_get::<_, i64>(1)?;
+            round |= wrapped && row.try_get::<_, Option<bool>>(1)? == Some(true);
         }
+        let fruitless = probe.fruitless.get_or_insert_with(|| Fruitless {
+            from: probe.after.clone(),
+            wrapped: false,
+        });
         if let Some(last) = step.last() {
             probe.after = last.try_get(0)?;
         }
-        if entries == FOLDED_STEP {
-            return Ok(None);
+        if !round && step.len() < WALK_STEP as usize {
+            // The end: round again from the first, once.
+            round = fruitless.wrapped;
+            fruitless.wrapped = true;
+            probe.after.clear();
         }
-        if from_the_first {
-            break;
+        if round {
+            probe.fruitless = None;
+            let mut not: Vec<&str> = batch.iter().copied().collect();
+            not.extend(probe.refused.iter().map(String::as_str));
+            let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
+            return row.map(|row| row.try_get(0)).transpose();
         }
-        probe.after.clear();
-        from_the_first = true;
     }
-    let mut not: Vec<&str> = batch.iter().copied().collect();
-    not.extend(probe.refused.iter().map(String::as_str));
-    let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
-    row.map(|row| row.try_get(0)).transpose()
+    Ok(None)
 }
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no
@@ -985,7 +1011,8 @@ mod tests {
     }
 
     /// The probe's looks walk click_counts' codes in order, each once (whatever its days),
-    /// leaving out the batch's, round again past the last; with none folded, a code of clicks.
+    /// leaving out the batch's, round again past the last, a bounded number a look; with none
+    /// folded, or a round of the batch's codes only, a code of clicks.
     #[tokio::test]
     async fn the_looks_for_a_probe_code_walk_the_folded_codes_round() {
         let sql = "INSERT INTO clicks VALUES ('unfolded', '1990-01-01Z')";
@@ -1018,16 +1045,26 @@ mod tests {
             Some("unfolded"),
             "a round of the batch's codes only"
         );
-        // A step of the batch's code alone (one entry a day): none this look, the next on.
-        let days = "INSERT INTO click_counts SELECT 'b', '1990-01-03'::date + n, 1
-                    FROM generate_series(0, 10000) AS n";
-        tx.batch_execute(days).await.unwrap();
+        // Past a look's steps of the batch's codes alone: none this look, the next goes on.
+        let many = "INSERT INTO click_counts SELECT 'b' || lpad(n::text, 5, '0'), '1990-01-01', 1
+                    FROM generate_series(0, 9999) AS n";
+        tx.batch_execute(many).await.unwrap();
+        let bs: Vec<String> = (0..10_000).map(|n| format!("b{n:05}")).collect();
+        let mut batch: HashSet<&str> = bs.iter().map(String::as_str).collect();
+        batch.extend(["a", "b"]);
         probe.after.clear();
-        let ab = HashSet::from(["a", "b"]);
-        let first = another_code(&tx, &mut probe, &ab).await.unwrap();
-        assert_eq!(first, None, "a whole step of b");
-        let next = another_code(&tx, &mut probe, &ab).await.unwrap();
+        let first = another_code(&tx, &mut probe, &batch).await.unwrap();
+        assert_eq!(first, None, "a look's steps of the batch's codes");
+        let next = another_code(&tx, &mut probe, &batch).await.unwrap();
         assert_eq!(next.as_deref(), Some("c"));
+        // A round longer than a look: clicks' code once the walk is past where it began, at
+        // the first code after the end.
+        batch.extend(["c", "d"]);
+        probe.after.clear();
+        let first = another_code(&tx, &mut probe, &batch).await.unwrap();
+        assert_eq!(first, None, "a look of a round longer than one");
+        let next = another_code(&tx, &mut probe, &batch).await.unwrap();
+        assert_eq!(next.as_deref(), Some("unfolded"), "the round over");
     }
 
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
