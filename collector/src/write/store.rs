@@ -39,17 +39,14 @@ const ATTACHED: &str = "
 
 const COPY_CLICKS: &str = "COPY clicks (code, clicked_at) FROM STDIN (FORMAT binary)";
 /// A code of a click `clicks` took, not one of $1 (the batch's, and those refused as probes),
-/// for [`another_code`] where click_counts has none: the first row a scan meets, read only when the table refuses clicks. Each
-/// scan stops after 100,000 rows: where a few codes are in every batch, a history of
-/// them holds no other, and a scan of all of it outlived the attempt (its backend, which
-/// does not notice a client gone, then held the instance lock from the retries). First the
-/// oldest rows of `clicks`, then `click_counts`, which holds a code taken once a day.
+/// for [`another_code`] where click_counts has none: the first row a scan meets, read only
+/// when the table refuses clicks. The scan stops after 100,000 rows: where a few codes are in
+/// every batch, a history of them holds no other, and a scan of all of it outlived the
+/// attempt (its backend, which does not notice a client gone, then held the instance lock
+/// from the retries). `NOT = ANY`, not `<> ALL`: PostgreSQL 14 hashes the first over a
+/// batch's codes, and compares the second one by one.
 const A_CODE_TAKEN: &str = "
-    (SELECT code FROM (SELECT code FROM clicks LIMIT 100000) AS c WHERE code <> ALL($1) LIMIT 1)
-    UNION ALL
-    (SELECT code FROM (SELECT code FROM click_counts LIMIT 100000) AS c
-      WHERE code <> ALL($1) LIMIT 1)
-    LIMIT 1";
+    SELECT code FROM (SELECT code FROM clicks LIMIT 100000) AS c WHERE NOT code = ANY($1) LIMIT 1";
 /// The next $2 codes of click_counts after $1, in order, each whether it is $3 or after it,
 /// for [`another_code`]: one probe of its key's index a code, however many days it has, and
 /// however many of them are left out, which the collector leaves out (a batch may hold 100,000
@@ -221,9 +218,11 @@ pub(crate) struct Probe {
     /// whose every click was refused, as were those few codes (a constraint refusing the
     /// codes of links gone), was held as one a table refusing everything, for good.
     after: String,
-    /// Where the walk began to find no code for this attempt, and whether it has been round
-    /// the end since: past that place again, it has read every code and falls back on one of
-    /// `clicks` ([`another_code`]).
+    /// Where the walk began to find no code for this batch, and whether it has been round the
+    /// end since: past that place again, it has read every code, and this batch's looks fall
+    /// back on one of `clicks` from then on ([`another_code`]). Kept across the attempts at
+    /// the batch: an attempt makes a few looks, and a round longer than they read was never
+    /// done.
     fruitless: Option<Fruitless>,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
@@ -233,9 +232,21 @@ pub(crate) struct Probe {
 struct Fruitless {
     from: String,
     wrapped: bool,
+    /// Round: every code read.
+    done: bool,
 }
 
 impl Attempts {
+    /// The attempts at a new batch, with the probe the batch before left them: its code and
+    /// its place in the walk, not what it found of the codes, which were that batch's.
+    pub(crate) fn with_probe(mut probe: Probe) -> Attempts {
+        probe.fruitless = None;
+        Attempts {
+            probe,
+            ..Attempts::default()
+        }
+    }
+
     /// Clicks found refused for good so far.
     pub(crate) fn found_refused(&self) -> usize {
         self.known_refused.values().map(Vec::len).sum()
@@ -316,7 +327,6 @@ impl Conn {
         // Ruled out for this attempt only: kept across attempts, a table refusing everything
         // for a while would rule out every code `clicks` holds.
         attempts.probe.refused.clear();
-        attempts.probe.fruitless = None;
         attempts.probe.taken = false;
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
@@ -822,7 +832,11 @@ async fn another_code(
     probe: &mut Probe,
     batch: &HashSet<&str>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
+    let done = probe.fruitless.as_ref().is_some_and(|f| f.done);
     for _ in 0..LOOK_STEPS {
+        if done {
+            break;
+        }
         let from = probe.fruitless.as_ref().map(|f| f.from.as_str());
         let wrapped = probe.fruitless.as_ref().is_some_and(|f| f.wrapped);
         let step = tx
@@ -840,7 +854,7 @@ async fn another_code(
         }
         let fruitless = probe.fruitless.get_or_insert_with(|| Fruitless {
             from: probe.after.clone(),
-            wrapped: false,
+            ..Fruitless::default()
         });
         if let Some(last) = step.last() {
             probe.after = last.try_get(0)?;
@@ -852,14 +866,17 @@ async fn another_code(
             probe.after.clear();
         }
         if round {
-            probe.fruitless = None;
-            let mut not: Vec<&str> = batch.iter().copied().collect();
-            not.extend(probe.refused.iter().map(String::as_str));
-            let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
-            return row.map(|row| row.try_get(0)).transpose();
+            fruitless.done = true;
+            break;
         }
     }
-    Ok(None)
+    if !probe.fruitless.as_ref().is_some_and(|f| f.done) {
+        return Ok(None);
+    }
+    let mut not: Vec<&str> = batch.iter().copied().collect();
+    not.extend(probe.refused.iter().map(String::as_str));
+    let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
+    row.map(|row| row.try_get(0)).transpose()
 }
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no
@@ -1022,6 +1039,8 @@ mod tests {
         let tx = client.transaction().await.unwrap();
         let found = another_code(&tx, &mut probe, &batch()).await.unwrap();
         assert_eq!(found.as_deref(), Some("unfolded"), "nothing folded yet");
+        // Round for this batch: the next batch's walk starts afresh.
+        probe = Attempts::with_probe(probe).probe;
         tx.batch_execute(
             "INSERT INTO click_counts VALUES ('a', '1990-01-01', 1), ('a', '1990-01-02', 1),
                  ('b', '1990-01-01', 1), ('c', '1990-01-01', 1), ('d', '1990-01-01', 1)",
@@ -1038,6 +1057,9 @@ mod tests {
             );
         }
         assert_eq!(walked, ["a", "c", "d", "a", "c"]);
+        // The code the walk stands on is the one left: it is found as the round ends.
+        let found = another_code(&tx, &mut probe, &HashSet::from(["a", "b", "d"])).await;
+        assert_eq!(found.unwrap().as_deref(), Some("c"), "the code it stood on");
         let all = HashSet::from(["a", "b", "c", "d"]);
         let found = another_code(&tx, &mut probe, &all).await.unwrap();
         assert_eq!(
@@ -1052,14 +1074,27 @@ mod tests {
         let bs: Vec<String> = (0..10_000).map(|n| format!("b{n:05}")).collect();
         let mut batch: HashSet<&str> = bs.iter().map(String::as_str).collect();
         batch.extend(["a", "b"]);
+        probe = Attempts::with_probe(probe).probe;
         probe.after.clear();
         let first = another_code(&tx, &mut probe, &batch).await.unwrap();
         assert_eq!(first, None, "a look's steps of the batch's codes");
         let next = another_code(&tx, &mut probe, &batch).await.unwrap();
         assert_eq!(next.as_deref(), Some("c"));
+        // A round begun mid-table: a code before where it began is found after the wrap.
+        batch.extend(["c", "d"]);
+        probe = Attempts::with_probe(probe).probe;
+        let b02000 = batch.take("b02000").unwrap();
+        probe.after = "b05000".into();
+        let found = another_code(&tx, &mut probe, &batch).await.unwrap();
+        assert_eq!(
+            found.as_deref(),
+            Some(b02000),
+            "found past the end, before the start"
+        );
+        batch.insert(b02000);
         // A round longer than a look: clicks' code once the walk is past where it began, at
         // the first code after the end.
-        batch.extend(["c", "d"]);
+        probe = Attempts::with_probe(probe).probe;
         probe.after.clear();
         let first = another_code(&tx, &mut probe, &batch).await.unwrap();
         assert_eq!(first, None, "a look of a round longer than one");
@@ -1115,16 +1150,15 @@ mod tests {
         assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (300, 1));
     }
 
-    /// A history holding only the batch's codes: the look for a probe's code reads at most
-    /// 100,000 rows of `clicks` (it read all of them, and outlived the attempt), then finds a
-    /// code in `click_counts`.
+    /// A history holding only the batch's codes for 300,000 rows: the look for a probe's code
+    /// in `clicks` reads at most 100,000 of them (it read all of them, and outlived the
+    /// attempt), and finds none; the code past them is for a later look to find.
     #[tokio::test]
     async fn the_look_for_a_probe_code_reads_a_bounded_part_of_the_history() {
         let (_db, client) = with_a_day_of_1990(
             "INSERT INTO clicks (code, clicked_at)
              SELECT 'few', '1990-01-01Z' FROM generate_series(1, 300000);
-             INSERT INTO click_counts VALUES ('few', '1990-01-01', 300000),
-                                             ('other', '1990-01-01', 1);
+             INSERT INTO clicks VALUES ('other', '1990-01-01Z');
              ANALYZE clicks_p19900101;
              SET max_parallel_workers_per_gather = 0",
         )
@@ -1134,10 +1168,7 @@ mod tests {
             .query_opt(super::A_CODE_TAKEN, &[&not])
             .await
             .unwrap();
-        assert_eq!(
-            found.map(|row| row.get::<_, String>(0)),
-            Some("other".into())
-        );
+        assert_eq!(found.map(|row| row.get::<_, String>(0)), None);
         let explain = format!("EXPLAIN (ANALYZE, COSTS OFF) {}", super::A_CODE_TAKEN);
         let plan: Vec<String> = client
             .query(&explain, &[&not])

@@ -115,8 +115,7 @@ impl Writer {
             let span = tracing::info_span!("batch", number = number.batch);
             self.watch.writing();
             self.committed.forget(&batch);
-            let mut attempts = Attempts::default();
-            attempts.probe = std::mem::take(&mut self.probe);
+            let mut attempts = Attempts::with_probe(std::mem::take(&mut self.probe));
             let (written, began) = (self.write(&batch, &rows, &number, &mut attempts))
                 .instrument(span)
                 .await;
