@@ -219,10 +219,10 @@ pub(crate) struct Probe {
     /// codes of links gone), was held as one a table refusing everything, for good.
     after: String,
     /// Where the walk began to find no code for this batch, and whether it has been round the
-    /// end since: past that place again, it has read every code, and this batch's looks fall
-    /// back on one of `clicks` from then on ([`another_code`]). Kept across the attempts at
-    /// the batch: an attempt makes a few looks, and a round longer than they read was never
-    /// done.
+    /// end since: past that place again, it has read every code, and the attempt's later
+    /// looks fall back on one of `clicks` ([`another_code`]). A round under way is kept across
+    /// the attempts at the batch (an attempt makes a few looks, and a round longer than they
+    /// read was never done); one done, for its attempt only.
     fruitless: Option<Fruitless>,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
@@ -328,6 +328,11 @@ impl Conn {
         // for a while would rule out every code `clicks` holds.
         attempts.probe.refused.clear();
         attempts.probe.taken = false;
+        // A round done, over codes this attempt may no longer refuse and a table a fold may
+        // have added to since, is begun again; one under way goes on.
+        if attempts.probe.fruitless.as_ref().is_some_and(|f| f.done) {
+            attempts.probe.fruitless = None;
+        }
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
             clicks.push((self.copy_clicks_of(day.day, today).await?, day));
