@@ -236,6 +236,21 @@ struct Fruitless {
     done: bool,
 }
 
+impl Probe {
+    /// What a new attempt at the batch keeps of the probe: its code, its place in the walk,
+    /// and a round under way. Codes refused are ruled out for an attempt only: kept across
+    /// attempts, a table refusing everything for a while would rule out every code `clicks`
+    /// holds. A round done, over codes this attempt may no longer refuse and a table a fold
+    /// may have added to since, is begun again.
+    fn begin_an_attempt(&mut self) {
+        self.refused.clear();
+        self.taken = false;
+        if self.fruitless.as_ref().is_some_and(|f| f.done) {
+            self.fruitless = None;
+        }
+    }
+}
+
 impl Attempts {
     /// The attempts at a new batch, with the probe the batch before left them: its code and
     /// its place in the walk, not what it found of the codes, which were that batch's.
@@ -324,15 +339,7 @@ impl Conn {
         attempts: &mut Attempts,
     ) -> Result<Stored, tokio_postgres::Error> {
         let today = copy::pg_day(protocol::now_us());
-        // Ruled out for this attempt only: kept across attempts, a table refusing everything
-        // for a while would rule out every code `clicks` holds.
-        attempts.probe.refused.clear();
-        attempts.probe.taken = false;
-        // A round done, over codes this attempt may no longer refuse and a table a fold may
-        // have added to since, is begun again; one under way goes on.
-        if attempts.probe.fruitless.as_ref().is_some_and(|f| f.done) {
-            attempts.probe.fruitless = None;
-        }
+        attempts.probe.begin_an_attempt();
         let mut clicks = Vec::with_capacity(rows.clicks.len());
         for day in &rows.clicks {
             clicks.push((self.copy_clicks_of(day.day, today).await?, day));
@@ -1105,6 +1112,31 @@ mod tests {
         assert_eq!(first, None, "a look of a round longer than one");
         let next = another_code(&tx, &mut probe, &batch).await.unwrap();
         assert_eq!(next.as_deref(), Some("unfolded"), "the round over");
+    }
+
+    /// A new attempt forgets the codes refused and a round of the walk done, not one under way.
+    #[test]
+    fn an_attempt_goes_on_with_a_round_under_way_and_begins_a_done_one_again() {
+        let mut probe = Probe {
+            refused: vec!["x".into()],
+            taken: true,
+            fruitless: Some(Fruitless {
+                from: "m".into(),
+                wrapped: true,
+                done: false,
+            }),
+            ..Probe::default()
+        };
+        probe.begin_an_attempt();
+        assert!(probe.refused.is_empty() && !probe.taken);
+        let under_way = probe
+            .fruitless
+            .as_ref()
+            .map(|f| (f.from.as_str(), f.wrapped));
+        assert_eq!(under_way, Some(("m", true)), "a round under way");
+        probe.fruitless.as_mut().unwrap().done = true;
+        probe.begin_an_attempt();
+        assert!(probe.fruitless.is_none(), "a round done");
     }
 
     /// A sift that takes hundreds of ranges keeps fewer than PostgreSQL's 64 subtransactions
