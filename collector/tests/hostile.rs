@@ -584,11 +584,7 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     let gone = "ALTER TABLE clicks ADD CONSTRAINT links_gone \
                 CHECK (code NOT LIKE 'gone%' AND code <> 'poison') NOT VALID";
     p.client.batch_execute(gone).await.unwrap();
-    let mut enc = Encoder::new(24, DEFAULT_DATAGRAM).unwrap();
-    for _ in 0..20 {
-        enc.push("poison", protocol::now_us()).unwrap();
-    }
-    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    send_all(&p.path, vec![datagram(24, 0, "poison", 20)]).await;
     // Held once at least: the first attempt's probes were all refused.
     c.service
         .wait_for_log("every click of a batch of 20 refused", LIMIT)
@@ -604,11 +600,7 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
             .count()
     };
     let held_before = held(&c);
-    let mut enc = Encoder::new(25, DEFAULT_DATAGRAM).unwrap();
-    for _ in 0..20 {
-        enc.push("poison", protocol::now_us()).unwrap();
-    }
-    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    send_all(&p.path, vec![datagram(25, 0, "poison", 20)]).await;
     c.await_metric(refused, 40.0).await;
     assert_eq!(
         held(&c),
