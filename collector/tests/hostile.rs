@@ -570,27 +570,15 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     let c = start_collector(&p.db, &p.path, &["--compact-interval", "1s"]).await;
     // The probe's code (the first of the last batch written whole), more the table holds
     // before the one it still takes.
-    let mut enc = Encoder::new(23, DEFAULT_DATAGRAM).unwrap();
-    for code in ["gone1", "gone2", "gone3", "gone4", "gone5", "gone6", "kept"] {
-        enc.push(code, protocol::now_us()).unwrap();
-    }
-    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
-    await_rows(&p.client, None, 7).await;
+    write_gone_then_kept(&p, 6).await;
     testkit::eventually("the codes folded", LIMIT, || async {
         let folded = "SELECT count(*) FROM click_counts WHERE code = 'kept'";
         (count(&p.client, folded).await == 1).then_some(())
     })
     .await;
-    let gone = "ALTER TABLE clicks ADD CONSTRAINT links_gone \
-                CHECK (code NOT LIKE 'gone%' AND code <> 'poison') NOT VALID";
-    p.client.batch_execute(gone).await.unwrap();
-    send_all(&p.path, vec![datagram(24, 0, "poison", 20)]).await;
     // Held once at least: the first attempt's probes were all refused.
-    c.service
-        .wait_for_log("every click of a batch of 20 refused", LIMIT)
-        .await;
+    poison_held_then_set_aside(&p, &c).await;
     let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    c.await_metric(refused, 20.0).await;
     assert_eq!(c.health().await, 200);
     // The probe taken is the next batch's, which need not look for one again.
     let held = |c: &Collector| {
@@ -607,6 +595,48 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
         held_before,
         "the next batch held, though a probe was taken"
     );
+}
+
+/// With nothing folded, the probe's codes come from a scan of `clicks`, which meets its rows
+/// in the same order at every attempt: the attempts at a batch go on past the codes tried
+/// before, and a batch whose every click was refused, as were the table's first codes, is
+/// set aside once a later attempt finds one the table takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_at_a_batch_with_nothing_folded_probe_new_codes_of_clicks() {
+    let p = place().await;
+    let c = start_collector(&p.db, &p.path, &["--compact-interval", "1h"]).await;
+    write_gone_then_kept(&p, 9).await;
+    let folded = "SELECT count(*) FROM click_counts";
+    assert_eq!(count(&p.client, folded).await, 0, "nothing folded");
+    // Held at least twice: an attempt tries three codes, and nine were refused.
+    poison_held_then_set_aside(&p, &c).await;
+    assert_eq!(count(&p.client, "SELECT count(*) FROM clicks").await, 10);
+}
+
+/// A click each of `gone` codes `gone1`..., then one of `kept`, written as sender 23's batch:
+/// the probe's code is the first (of the last batch written whole).
+async fn write_gone_then_kept(p: &Place, gone: u64) {
+    let mut enc = Encoder::new(23, DEFAULT_DATAGRAM).unwrap();
+    let codes = (1..=gone).map(|i| format!("gone{i}"));
+    for code in codes.chain(["kept".to_owned()]) {
+        enc.push(&code, protocol::now_us()).unwrap();
+    }
+    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    await_rows(&p.client, None, gone + 1).await;
+}
+
+/// The `gone` codes and `poison` refused from now on (the links gone), and a batch of 20
+/// clicks of `poison` (sender 24's) held at least once, then set aside.
+async fn poison_held_then_set_aside(p: &Place, c: &Collector) {
+    let gone = "ALTER TABLE clicks ADD CONSTRAINT links_gone \
+                CHECK (code NOT LIKE 'gone%' AND code <> 'poison') NOT VALID";
+    p.client.batch_execute(gone).await.unwrap();
+    send_all(&p.path, vec![datagram(24, 0, "poison", 20)]).await;
+    c.service
+        .wait_for_log("every click of a batch of 20 refused", LIMIT)
+        .await;
+    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
+    c.await_metric(refused, 20.0).await;
 }
 
 /// A table that refuses every row, and a batch too large for an attempt to find that out

@@ -224,6 +224,12 @@ pub(crate) struct Probe {
     /// the attempts at the batch (an attempt makes a few looks, and a round longer than they
     /// read was never done); one done, for its attempt only.
     fruitless: Option<Fruitless>,
+    /// The codes of `clicks` ([`A_CODE_TAKEN`]) the attempts at the batch have tried: its
+    /// next look passes over them, and once it finds no other, begins again. Forgotten at
+    /// each attempt as `refused` is, its scan, which meets the table's rows in the same order
+    /// each time, offered the same first few codes every time, and a batch whose every click
+    /// was refused, as were they, was held for good. At most [`SCANNED_AT_MOST`].
+    scanned: Vec<String>,
     /// A probe was taken in this attempt: the table takes rows, whatever day or look asks.
     taken: bool,
 }
@@ -240,7 +246,8 @@ impl Probe {
     /// What a new attempt at the batch keeps of the probe: its code, its place in the walk,
     /// and a round under way. Codes refused are ruled out for an attempt only: kept across
     /// attempts, a table refusing everything for a while would rule out every code `clicks`
-    /// holds. A round done, over codes this attempt may no longer refuse and a table a fold
+    /// holds (those its scan offered are kept, and offered again once it offers none:
+    /// `scanned`). A round done, over codes this attempt may no longer refuse and a table a fold
     /// may have added to since, is begun again.
     fn begin_an_attempt(&mut self) {
         self.refused.clear();
@@ -256,6 +263,7 @@ impl Attempts {
     /// its place in the walk, not what it found of the codes, which were that batch's.
     pub(crate) fn with_probe(mut probe: Probe) -> Attempts {
         probe.fruitless = None;
+        probe.scanned.clear();
         Attempts {
             probe,
             ..Attempts::default()
@@ -886,10 +894,25 @@ async fn another_code(
         return Ok(None);
     }
     let mut not: Vec<&str> = batch.iter().copied().collect();
-    not.extend(probe.refused.iter().map(String::as_str));
+    not.extend(
+        probe
+            .refused
+            .iter()
+            .chain(&probe.scanned)
+            .map(String::as_str),
+    );
     let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
-    row.map(|row| row.try_get(0)).transpose()
+    let code: Option<String> = row.map(|row| row.try_get(0)).transpose()?;
+    match &code {
+        Some(code) if probe.scanned.len() < SCANNED_AT_MOST => probe.scanned.push(code.clone()),
+        _ => probe.scanned.clear(),
+    }
+    Ok(code)
 }
+
+/// The codes of `clicks` a batch's attempts pass over at most ([`Probe::scanned`]): about a
+/// megabyte, sent with each look.
+const SCANNED_AT_MOST: usize = 10_000;
 
 /// Whether PostgreSQL found no partition to route a row to: a check violation that names no
 /// constraint (a CHECK constraint's violation names it), raised where rows are routed (its
@@ -1051,6 +1074,13 @@ mod tests {
         let tx = client.transaction().await.unwrap();
         let found = another_code(&tx, &mut probe, &batch()).await.unwrap();
         assert_eq!(found.as_deref(), Some("unfolded"), "nothing folded yet");
+        // The batch's later looks pass over the codes of clicks tried, and once none is left,
+        // begin again.
+        let mut looks = Vec::new();
+        for _ in 0..2 {
+            looks.push(another_code(&tx, &mut probe, &batch()).await.unwrap());
+        }
+        assert_eq!(looks, [None, Some("unfolded".to_owned())], "clicks' codes");
         // Round for this batch: the next batch's walk starts afresh.
         probe = Attempts::with_probe(probe).probe;
         tx.batch_execute(
@@ -1119,6 +1149,7 @@ mod tests {
     fn an_attempt_goes_on_with_a_round_under_way_and_begins_a_done_one_again() {
         let mut probe = Probe {
             refused: vec!["x".into()],
+            scanned: vec!["y".into()],
             taken: true,
             fruitless: Some(Fruitless {
                 from: "m".into(),
@@ -1129,6 +1160,7 @@ mod tests {
         };
         probe.begin_an_attempt();
         assert!(probe.refused.is_empty() && !probe.taken);
+        assert_eq!(probe.scanned, ["y"], "the codes of clicks tried");
         let under_way = probe
             .fruitless
             .as_ref()
