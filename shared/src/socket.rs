@@ -48,18 +48,27 @@ pub fn same_path(a: &Path, b: &Path) -> bool {
 }
 
 /// `path` made absolute, its longest leading part that exists resolved (`canonicalize`) and
-/// the rest joined as it is; `None` where the rest holds a `..` or `.`.
+/// the rest joined as it is; `None` where the rest holds a `..` or `.`. A symbolic link to
+/// what does not exist yet (a socket not bound) is followed as the kernel would, at most 40
+/// deep as it does, and resolved the same way.
 fn resolved(path: &Path) -> Option<PathBuf> {
-    let path = std::path::absolute(path).ok()?;
-    let mut rest = Vec::new();
-    let mut leading = path.as_path();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(leading) {
-            return Some(rest.iter().rev().fold(real, |real, name| real.join(name)));
-        }
-        rest.push(leading.file_name()?);
-        leading = leading.parent()?;
+    let mut path = std::path::absolute(path).ok()?;
+    for _ in 0..40 {
+        let mut rest = Vec::new();
+        let mut leading = path.as_path();
+        let target = loop {
+            if let Ok(real) = std::fs::canonicalize(leading) {
+                return Some(rest.iter().rev().fold(real, |real, name| real.join(name)));
+            }
+            if let Ok(link) = std::fs::read_link(leading) {
+                break leading.parent()?.join(link);
+            }
+            rest.push(leading.file_name()?);
+            leading = leading.parent()?;
+        };
+        path = rest.iter().rev().fold(target, |path, name| path.join(name));
     }
+    None
 }
 
 /// Binds a datagram socket at `path` with SO_PASSCRED set before bind and the file mode set to
@@ -537,7 +546,8 @@ mod tests {
     use super::*;
 
     /// One socket however spelt, before it or its directory exists: through a symbolic link
-    /// to a directory above it, or `..`; another name, or a `..` not yet resolvable, is not.
+    /// to a directory above it, or to it (absolute or relative), or `..`; another name, a `..`
+    /// not yet resolvable, or links that loop, is not.
     #[test]
     fn same_path_sees_one_socket_through_links_before_it_is_made() {
         let dir = tempfile::tempdir().unwrap();
@@ -553,6 +563,15 @@ mod tests {
         ));
         assert!(!same_path(&socket, &real.join("clicks/tap.sock")));
         assert!(!same_path(&socket, &real.join("clicks/../clicks/tap.sock")));
+        let (absolute, relative) = (dir.path().join("mirror.sock"), real.join("mirror.sock"));
+        std::os::unix::fs::symlink(&through_link, &absolute).unwrap();
+        std::os::unix::fs::symlink("clicks/collector.sock", &relative).unwrap();
+        assert!(same_path(&socket, &absolute), "a link to it");
+        assert!(same_path(&socket, &relative), "a relative link to it");
+        let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+        std::os::unix::fs::symlink(&b, &a).unwrap();
+        std::os::unix::fs::symlink(&a, &b).unwrap();
+        assert!(!same_path(&socket, &a), "a loop");
     }
     use std::os::fd::AsFd;
     use testkit::send_with_fds;
