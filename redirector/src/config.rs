@@ -235,6 +235,18 @@ impl Config {
         }
     }
 
+    /// What the flags say that the server will not do, to be logged: an `--idle-timeout` over
+    /// `--header-read-timeout`, whose timer ends an idle keep-alive connection first.
+    pub fn shortened(&self) -> Option<String> {
+        (self.idle_timeout > self.header_read_timeout).then(|| {
+            format!(
+                "--idle-timeout {:?} is over --header-read-timeout {:?}: idle keep-alive \
+                 connections are closed at the latter",
+                self.idle_timeout, self.header_read_timeout
+            )
+        })
+    }
+
     /// The drain's own socket is not the collector's: it would replace a leftover collector
     /// socket, and send every datagram to itself.
     pub fn check_sockets(&self) -> Result<(), &'static str> {
@@ -285,8 +297,20 @@ mod tests {
         assert_eq!(c.dimensions, Recorded::default());
         assert_eq!(c.country_header, None);
         assert_eq!(c.check_dimensions(), Ok(()));
+        assert_eq!(c.shortened(), None);
         let unflagged = Config::try_parse_from(["redirector", "--database-url", "x"]).unwrap();
         assert_eq!(unflagged.flush_interval, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn an_idle_timeout_over_the_header_read_timeout_is_said_to_be_shortened() {
+        let parse = |idle: &str| {
+            let args = ["redirector", "--database-url", "x", "--idle-timeout", idle];
+            Config::try_parse_from(args).unwrap().shortened()
+        };
+        assert_eq!(parse("10s"), None, "at the header read timeout");
+        let said = parse("30s").expect("over it");
+        assert!(said.contains("30s") && said.contains("10s"), "{said}");
     }
 
     #[test]

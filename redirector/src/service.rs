@@ -93,6 +93,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     cfg.check_dimensions().map_err(Error::Dimensions)?;
     cfg.check_sockets().map_err(Error::Sockets)?;
+    if let Some(shortened) = cfg.shortened() {
+        tracing::warn!("{shortened}");
+    }
     let mut registry = Registry::with_prefix("redirector");
     let metrics = Metrics::register(&mut registry);
     let started = std::time::UNIX_EPOCH

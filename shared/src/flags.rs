@@ -32,14 +32,21 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A file mode in octal (`660`, `0660` or `0o660`), at most `0777`: socket files need no
-/// other bits.
+/// A socket file's mode in octal (`660`, `0660` or `0o660`), at most `0777` (socket files
+/// need no other bits), with a write bit: sending to a socket needs one, and without any, no
+/// peer but root could.
 pub fn mode(s: &str) -> Result<u32, String> {
     let digits = s.strip_prefix("0o").unwrap_or(s);
     let mode = u32::from_str_radix(digits, 8)
         .map_err(|e| format!("{s:?} is not octal, as a file mode such as 660 is: {e}"))?;
     if mode > 0o777 {
         return Err(format!("{s} is above 0777"));
+    }
+    if mode & 0o222 == 0 {
+        return Err(format!(
+            "{s} lets no one write to the socket, and a peer sends to it by writing: \
+             give its owner or group the write bit (660, say)"
+        ));
     }
     Ok(mode)
 }
@@ -55,6 +62,10 @@ mod tests {
         assert_eq!(mode("0o600"), Ok(0o600));
         assert!(mode("999").unwrap_err().contains("not octal"));
         assert!(mode("1777").unwrap_err().contains("above 0777"));
+        for no_one_writes in ["0", "444", "0o550"] {
+            assert!(mode(no_one_writes).unwrap_err().contains("no one"));
+        }
+        assert_eq!(mode("200"), Ok(0o200));
     }
 
     #[test]
