@@ -71,7 +71,7 @@ shared::metrics! {
     pub struct Metrics {
         datagrams_sent: Counter = "datagrams_sent", "Datagrams the kernel accepted.";
         send_errors: LabeledCounter<SendErrorKind> = "send_errors",
-            "Failed datagram sends, by kind.";
+            "Failed datagram sends, by kind; not_found also counts each reconnect that finds no collector socket.";
         resends: Counter = "resends",
             "Datagrams sent again: unacknowledged in time, asked for, or to a new collector.";
         acks: Counter = "acks", "Acknowledgements taken from the collector.";
