@@ -28,7 +28,7 @@ async fn many_distinct_codes_keep_the_collector_under_its_memory_limit_with_exac
     let flags = ["--compact-memory", BOUND, "--batch-rows", "5000"];
     let c = start_collector(&p.db, &p.path, &flags).await;
     let pid = c.service.pid();
-    let at_start = peak_kib(pid);
+    let at_start = testkit::peak_rss_kib(pid);
     let started = std::time::Instant::now();
     let path = p.path.clone();
     let sending = tokio::task::spawn_blocking(move || {
@@ -53,7 +53,7 @@ async fn many_distinct_codes_keep_the_collector_under_its_memory_limit_with_exac
     .await;
     let took = started.elapsed();
 
-    let peak = peak_kib(pid);
+    let peak = testkit::peak_rss_kib(pid);
     let folds = c.metric("collector_compactions_total").await;
     let dropped = c.metric("collector_unfolded_dropped_total").await;
     eprintln!(
@@ -88,14 +88,4 @@ async fn many_distinct_codes_keep_the_collector_under_its_memory_limit_with_exac
         (CODES as i64, sent as i64, AGAIN as i64),
         "keys, clicks, keys clicked twice"
     );
-}
-
-/// A process's peak resident memory (VmHWM), in KiB.
-fn peak_kib(pid: nix::unistd::Pid) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
 }

@@ -914,9 +914,11 @@ impl Loader {
     }
 
     /// Loads every row of `links`, in one REPEATABLE READ snapshot with the head it returns.
-    /// While a table is being served this compares instead of rebuilding: rows that differ are
-    /// applied shard by shard, then a second pass over the codes removes what `links` no
-    /// longer has.
+    /// While a table is being served this compares instead of rebuilding: a pass over the
+    /// codes removes what `links` no longer has, then rows that differ are applied shard by
+    /// shard. In that order: the other way round, a `links` replaced by as many other codes
+    /// (a TRUNCATE and a reload, a dump of another database restored) held both sets, twice
+    /// the table, until the removal (and served the links gone until then).
     async fn full_load(&mut self, client: &mut Client, why: &str) -> Result<Head, SessionError> {
         let begin = client
             .build_transaction()
@@ -948,6 +950,11 @@ impl Loader {
         self.skipped.clear();
         self.returned.clear();
         let no_params: [&(dyn ToSql + Sync); 0] = [];
+        let removed = if serving {
+            self.remove_unseen(&tx).await?
+        } else {
+            0
+        };
         let mut rows = Box::pin(self.timed(tx.query_raw(ALL_LINKS, no_params)).await?);
         let links = self.links.clone();
         let mut batch = Batch::new(&links.table, !serving);
@@ -955,10 +962,7 @@ impl Loader {
             let TextBytes(code) = row.try_get(0)?;
             batch.set(code, self.check(code, link_of(&row, 1)?));
         }
-        let mut changed = batch.finish();
-        if serving {
-            changed += self.remove_unseen(&tx).await?;
-        }
+        let changed = removed + batch.finish();
         self.log_skipped();
         self.metrics.link_loads.inc();
         self.metrics.links_lag.set(started.elapsed().as_secs_f64());
@@ -979,7 +983,7 @@ impl Loader {
         Ok(head)
     }
 
-    /// The second pass of a comparison: removes the links `links` does not have.
+    /// The first pass of a comparison: removes the links `links` does not have.
     async fn remove_unseen(&mut self, tx: &Transaction<'_>) -> Result<u64, SessionError> {
         let mut seen = Seen::new(&self.links.table);
         let no_params: [&(dyn ToSql + Sync); 0] = [];

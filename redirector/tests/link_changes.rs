@@ -441,6 +441,43 @@ async fn truncating_links_makes_a_full_reload() {
     assert_eq!(r.metric("redirector_links").await, 1.0);
 }
 
+/// `links` replaced whole by as many other codes (TRUNCATE and a reload in one transaction):
+/// the comparing load removes the codes gone before it adds the new, so the table is never
+/// both sets, the old and the new, at once: the peak RSS does not grow by the new table's
+/// size. (It removed them last, after the new were in.)
+#[tokio::test]
+async fn links_replaced_whole_are_never_held_twice() {
+    const N: u32 = 200_000;
+    let f = fixture(&[]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    let pid = r.service.pid();
+    let empty = testkit::rss_kib(pid);
+    // More than a read of the log takes: loaded in full, comparing, from an empty table.
+    big_table(&f.client, N).await;
+    await_loads(&r, 2.0).await;
+    let (table, peak) = (testkit::rss_kib(pid) - empty, testkit::peak_rss_kib(pid));
+    execute(
+        &f.client,
+        &format!(
+            "BEGIN; TRUNCATE links;
+             INSERT INTO links (code, url)
+             SELECT 'other' || n, 'https://example.com/articles/2026/' || lpad(n::text, 11, '0')
+             FROM generate_series(0, {N} - 1) AS n; COMMIT;"
+        ),
+    )
+    .await;
+    await_loads(&r, 3.0).await;
+    assert_eq!(r.metric("redirector_links").await, f64::from(N));
+    assert_eq!(served(r.http, "big0").await, None);
+    let grew = testkit::peak_rss_kib(pid).saturating_sub(peak);
+    assert!(
+        grew < table / 2,
+        "the peak RSS grew by {grew} KiB over the replacement, a table of {N} links being \
+         {table} KiB"
+    );
+}
+
 /// Runs PostgreSQL's client `program` (beside the server's binaries) with `args`.
 fn pg_client(program: &str, args: &[&str]) {
     let bindir = testkit::pgtest::find_bindir().expect("PostgreSQL's binaries");

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use testkit::status_kib;
+
 use crate::Res;
 
 /// Clock ticks a second, the unit of /proc/PID/stat's times.
@@ -80,15 +82,6 @@ pub(crate) fn postmaster(data: &Path) -> Res<i32> {
 pub(crate) fn pg_ticks(postmaster: i32) -> u64 {
     let own = stat_fields(postmaster).map_or(0, |f| f.iter().skip(11).take(4).sum());
     own + children(postmaster).into_iter().map(ticks).sum::<u64>()
-}
-
-/// A process's line `key:` of /proc/PID/status, in KiB; none if it is gone.
-fn status_kib(pid: i32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// Resident memory now (VmRSS) or at its peak (VmHWM), in KiB; 0 if the process is gone.

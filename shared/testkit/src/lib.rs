@@ -247,12 +247,21 @@ impl Drop for Service {
 
 /// A process's resident memory, in KiB.
 pub fn rss_kib(pid: nix::unistd::Pid) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status_kib(pid.as_raw(), "VmRSS").expect("VmRSS in /proc/PID/status")
+}
+
+/// A process's peak resident memory so far (`VmHWM`), in KiB.
+pub fn peak_rss_kib(pid: nix::unistd::Pid) -> u64 {
+    status_kib(pid.as_raw(), "VmHWM").expect("VmHWM in /proc/PID/status")
+}
+
+/// A process's line `key:` of /proc/PID/status, in KiB; none if it is gone.
+pub fn status_kib(pid: i32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
 }
 
 /// The descriptors a process has open (the entries of `/proc/PID/fd`).
