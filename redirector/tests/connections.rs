@@ -252,7 +252,7 @@ async fn a_client_that_pipelines_bursts_and_reads_them_gets_every_response() {
     // taken, about a send buffer, a fraction of a burst.
     let mut stream = with_window(&r, 4096).await;
     let burst = format!("HEAD /{LONG_CODE} HTTP/1.1\r\nHost: t\r\n\r\n").repeat(BURST);
-    let start = Instant::now();
+    // The bursts and the pauses between them (1.5 s in all) outlast the write timeout.
     for i in 0..BURSTS {
         let (mut reader, mut writer) = stream.split();
         let (sent, responses) = tokio::join!(
@@ -263,10 +263,6 @@ async fn a_client_that_pipelines_bursts_and_reads_them_gets_every_response() {
         assert_eq!(responses, BURST, "burst {i}: the connection closed");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(
-        start.elapsed() > Duration::from_secs(1),
-        "the bursts must outlast the write timeout"
-    );
     assert_eq!(closed(&r, "write_timeout").await, 0.0);
 }
 

@@ -152,7 +152,6 @@ impl Received {
     async fn until(&mut self, c: &Collector, clicks: usize, code: &str) {
         let mut buf = vec![0u8; protocol::wire::MAX_DATAGRAM];
         while self.clicks < clicks {
-            c.socket.readable().await.unwrap();
             let read = tokio::time::timeout(LIMIT, async {
                 loop {
                     c.socket.readable().await.unwrap();

@@ -177,10 +177,10 @@ async fn every_panel_and_alert_has_data_and_nothing_fires_under_healthy_load() {
         }
     }
     let alerts = prometheus.api("/api/v1/alerts").await;
-    if let Some(active) = alerts["data"]["alerts"]
+    let active = alerts["data"]["alerts"]
         .as_array()
-        .filter(|a| !a.is_empty())
-    {
+        .unwrap_or_else(|| panic!("/api/v1/alerts without data.alerts: {alerts}"));
+    if !active.is_empty() {
         failures.push(format!(
             "alerts pending or firing under healthy load: {active:#?}"
         ));

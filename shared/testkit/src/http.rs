@@ -8,13 +8,30 @@ use http_body_util::BodyExt;
 use hyper::{Method, Response};
 
 /// One `method` request for `path` on a fresh connection to `addr`: the answer with its body.
-/// An error is returned, not raised, so that a wait can ask again while a listener starts.
+/// An error is returned, not raised, so that a wait can ask again while a listener starts;
+/// one not answered whole within [`crate::LIMIT`] is an error too (`TimedOut`), so that a
+/// service that never answers fails the test rather than holding it.
 pub async fn request(addr: SocketAddr, method: Method, path: &str) -> io::Result<Response<String>> {
     request_with(addr, method, path, &[]).await
 }
 
 /// [`request`] with these `headers` too.
 pub async fn request_with(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> io::Result<Response<String>> {
+    let answered = tokio::time::timeout(crate::LIMIT, answer(addr, method, path, headers));
+    answered.await.unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{path} on {addr}: no answer within {:?}", crate::LIMIT),
+        ))
+    })
+}
+
+async fn answer(
     addr: SocketAddr,
     method: Method,
     path: &str,

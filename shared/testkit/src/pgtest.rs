@@ -111,13 +111,14 @@ impl Cluster {
     /// Starts a cluster: a new one from `initdb`, or with `primary` (a Unix cluster's socket
     /// directory) a streaming standby of it, copied by `pg_basebackup -R`.
     fn start_from(kind: Kind, primary: Option<&Path>) -> Result<Cluster, String> {
-        let bin = find_bindir().ok_or_else(|| {
-            format!(
+        let bin = find_bindir().ok_or_else(|| match std::env::var("PGTEST_BINDIR") {
+            Ok(named) => format!("PGTEST_BINDIR ({named}) lacks {}", NEEDED.join(", ")),
+            Err(_) => format!(
                 "PostgreSQL server binaries ({}) were not found on PATH, in `pg_config --bindir`, \
                  or under /usr/lib/postgresql/*/bin. Install them: `apt-get install postgresql` \
                  (Debian) and run the tests again.",
                 NEEDED.join(", ")
-            )
+            ),
         })?;
         let dir = tempfile::Builder::new()
             .prefix("pgtest-")
@@ -368,10 +369,15 @@ fn run_unprivileged(cmd: &mut Command, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Where `initdb` and `pg_ctl` are: PATH, then `pg_config --bindir`, then the newest
-/// `/usr/lib/postgresql/*/bin`.
+/// Where `initdb` and `pg_ctl` are: `$PGTEST_BINDIR` alone when set (`scripts/test-server-
+/// versions` names each server's: a directory without them is not passed over for another
+/// server's), else PATH, then `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
 pub fn find_bindir() -> Option<PathBuf> {
     let has_all = |dir: &Path| NEEDED.iter().all(|b| dir.join(b).is_file());
+    if let Some(named) = std::env::var_os("PGTEST_BINDIR") {
+        let named = PathBuf::from(named);
+        return has_all(&named).then(|| std::fs::canonicalize(&named).unwrap_or(named));
+    }
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
