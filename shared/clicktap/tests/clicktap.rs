@@ -891,7 +891,9 @@ async fn listen_refuses_a_regular_file_and_a_path_in_use() {
 async fn permission_denied_is_named() {
     let dir = world_readable_tempdir();
     let socket = dir.path().join("tap.sock");
-    let listen = Listen::start(&socket, &["--mode", "400"]).await;
+    // Only its group may write: not its owner (owner bits alone apply to the owner), nor
+    // `nobody`, who is not in the group. (A mode without any write bit is refused.)
+    let listen = Listen::start(&socket, &["--mode", "020"]).await;
     let mut cmd = unprivileged(clicktap());
     cmd.args(["send", "--socket", socket.to_str().unwrap(), "--code", "a"]);
     let out = run(cmd, b"");
