@@ -42,10 +42,15 @@ fn start(dev_dir: &Path) -> Service {
 
 /// The script from the repository root, on free ports, with its data in `dev_dir`.
 fn dev_command(dev_dir: &Path) -> Command {
+    dev_command_as(dev_dir, "exec ./scripts/dev 1>&2")
+}
+
+/// [`dev_command`] with this shell command line.
+fn dev_command_as(dev_dir: &Path, line: &str) -> Command {
     let mut cmd = Command::new("sh");
     // The script builds the release binaries with cargo.
     testkit::without_test_env(&mut cmd);
-    cmd.args(["-c", "exec ./scripts/dev 1>&2"])
+    cmd.args(["-c", line])
         .current_dir(repo())
         .env("DEV_DIR", dev_dir)
         .env("DEV_LISTEN", "127.0.0.1:0")
@@ -649,6 +654,54 @@ async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
         &["redirector: 1 clicks sent, 0 dropped"],
     )
     .await;
+}
+
+/// Its output read no further than the first line (`scripts/dev | head -n 1`): each later
+/// line's write fails, and the run goes on (SIGPIPE killed it at the next line, leaving what
+/// it had started running, with nothing said); a SIGTERM then stops everything.
+#[tokio::test]
+async fn dev_script_whose_output_is_closed_runs_on_and_stops_cleanly() {
+    let dir = DevDir::new();
+    let dev_dir = dir.path();
+    let mut cmd = dev_command_as(&dev_dir, "./scripts/dev | head -n 1 >&2");
+    cmd.env_remove("DATABASE_URL");
+    let mut run = Service::spawn("dev | head", cmd);
+    let log = dev_dir.join("redirector.log");
+    let redirect = eventually("the redirector listening", FIRST_READY, || async {
+        let ended = !alive(run.pid().as_raw());
+        assert!(
+            !ended,
+            "scripts/dev | head ended before the redirector listened"
+        );
+        let text = fs::read_to_string(&log).ok()?;
+        let line = text.lines().find(|l| l.contains("http listening on "))?;
+        Some(addr_after(line, "http listening on "))
+    })
+    .await;
+    let (status, _) = eventually("a redirect served", READY, || async {
+        let got = get(redirect, "/seed1").await;
+        (got.0 == 302).then_some(got)
+    })
+    .await;
+    assert_eq!(status, 302);
+    let pid_of = |name: &str| -> i32 {
+        let file = dev_dir.join(format!("{name}.pid"));
+        let text = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        text.trim().parse().expect("a pid")
+    };
+    let script = pid_of("dev");
+    let mut pids = vec![script, pid_of("collector"), pid_of("redirector")];
+    let postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg"));
+    pids.push(postmaster);
+    pids.extend(children_of(postmaster));
+    assert!(alive(script), "scripts/dev exited with its output closed");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(script), Signal::SIGTERM).unwrap();
+    let status = run.wait_exit(STOP).await;
+    assert!(status.success(), "the pipeline exited with {status}");
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "processes left running: {left:?}");
+    let named = mentioning(&dev_dir);
+    assert!(named.is_empty(), "processes naming the dev dir: {named:?}");
 }
 
 /// Run by a normal user (here `daemon`, by root through setpriv), the script gives PostgreSQL
