@@ -58,6 +58,7 @@ async fn once(bench: &Bench, variant: Variant, mix: &str, k: usize, round: u32) 
         collectors.push(start_host(bench, variant, i).await?);
     }
     let pids: Vec<i32> = collectors.iter().map(Proc::pid).collect();
+    let rows0 = crate::redirect::rows_now(bench, variant).await?;
     let cpu0: u64 = pids.iter().map(|&p| ticks(p)).sum();
     let pg0 = pg_ticks(bench.postmaster);
     let t0 = epoch_now();
@@ -120,6 +121,8 @@ async fn once(bench: &Bench, variant: Variant, mix: &str, k: usize, round: u32) 
         )
         .into());
     }
+    let mode = format!("hosts ({}, {k} hosts, {mix})", variant.name());
+    crate::redirect::check_recorded(bench, variant, &mode, share * k as u64, 0, rows0).await?;
     let times: Vec<f64> = done.iter().map(|d| d - t0).collect();
     let last = times.iter().copied().fold(0.0, f64::max);
     let rates: Vec<f64> = times.iter().map(|t| share as f64 / t).collect();

@@ -129,9 +129,9 @@ pub(crate) async fn reset_tables(bench: &Bench, variant: Variant) -> Res<()> {
     execute(&client, optional).await
 }
 
-/// `clicktap send` of `count` codes of `dist` to the collector's socket, at `rate` if given.
-async fn send(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Res<()> {
-    send_with(bench, send_command(bench, dist, count, rate)).await
+/// `clicktap send` of `count` codes of `dist` to the collector's socket, as fast as it takes them.
+async fn send(bench: &Bench, variant: Variant, dist: &str, count: u64) -> Res<()> {
+    send_with(bench, send_command(bench, variant, dist, count, None)).await
 }
 
 async fn send_with(bench: &Bench, cmd: Command) -> Res<()> {
@@ -151,9 +151,16 @@ fn dimension_args(dimensions: &str) -> Vec<&'static str> {
     dimensions.split(',').flat_map(flag).collect()
 }
 
-/// The `clicktap send` command line of [`send`].
-pub(crate) fn send_command(bench: &Bench, dist: &str, count: u64, rate: Option<u64>) -> Command {
-    let mut cmd = Command::new(bench.bin.join("clicktap"));
+/// The `clicktap send` command line of [`send`]: the variant's own clicktap, which speaks
+/// the wire its collector takes.
+pub(crate) fn send_command(
+    bench: &Bench,
+    variant: Variant,
+    dist: &str,
+    count: u64,
+    rate: Option<u64>,
+) -> Command {
+    let mut cmd = Command::new(bench.bin(variant, "clicktap"));
     cmd.arg("send")
         .arg("--socket")
         .arg(bench.path("collector.sock"))
@@ -171,11 +178,11 @@ pub(crate) fn send_command(bench: &Bench, dist: &str, count: u64, rate: Option<u
 async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u32) -> Res<()> {
     let clicks = bench.knobs.clicks;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now(variant).await?;
+    let written = Written::now(bench, variant).await?;
     let memory = PgMemory::start(bench.postmaster);
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let t0 = Instant::now();
-    send(bench, dist, clicks, None).await?;
+    send(bench, variant, dist, clicks).await?;
     let admin = addr(COLLECTOR_ADMIN);
     let log_path = bench.path("collector.log");
     let what = format!("{clicks} clicks written");
@@ -193,6 +200,9 @@ async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u3
         .await?;
     let per = Cpu::now(None, Some(collector.pid()), bench.postmaster).per_click(&cpu0, clicks);
     let catchup = c0.elapsed().as_secs_f64();
+    // After the CPU is read: the count is PostgreSQL's work, not the run's.
+    let mode = format!("collector ({}, {dist})", variant.name());
+    written.check_rows(bench, &mode, clicks).await?;
     let col_mib = hwm_mib(collector.pid());
     let pg_mib = memory.peak();
     collector.stop().await;
@@ -395,10 +405,10 @@ async fn totals_once(
     reset_tables(bench, variant).await?;
     settle(superuser, &bench.path("postgres.log")).await?;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now(variant).await?;
+    let written = Written::now(bench, variant).await?;
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let lag0 = lag_buckets().await?;
-    let mut cmd = send_command(bench, "uniform", n, Some(bench.knobs.rate));
+    let mut cmd = send_command(bench, variant, "uniform", n, Some(bench.knobs.rate));
     if let Some(dimensions) = &bench.knobs.totals_dimensions {
         cmd.args(dimension_args(dimensions));
     }
@@ -417,6 +427,10 @@ async fn totals_once(
     // whichever run came next, which moved a round's ratio with the order (BENCHMARKS.md).
     execute(superuser, "CHECKPOINT").await?;
     let cpu_done = Cpu::now(None, Some(collector.pid()), bench.postmaster);
+    // After the CPU is read: the count is PostgreSQL's work, not the run's.
+    written
+        .check_rows(bench, &format!("totals ({})", variant.name()), n)
+        .await?;
     let [_, col_us, pg_us] = cpu_done.per_click(&cpu0, n);
     // The same in two parts: until the clicks are written (the COPYs, and the folds that came
     // due meanwhile), and after (a 20-s run's fold comes after, at --compact-interval).

@@ -149,10 +149,18 @@ pub(crate) struct Bench {
     pub(crate) base_bin: Option<PathBuf>,
     pub(crate) cluster: cluster::Cluster,
     pub(crate) postmaster: i32,
-    pub(crate) mismatches: u32,
+    /// Checks that failed ([`Bench::mismatch`]): the run fails at the end.
+    mismatches: std::sync::atomic::AtomicU32,
 }
 
 impl Bench {
+    /// A check that failed: said now (`what`, after "MISMATCH in "), and the run fails at the
+    /// end, its figures printed all the same.
+    pub(crate) fn mismatch(&self, what: &str) {
+        log(&format!("MISMATCH in {what}"));
+        (self.mismatches).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub(crate) fn bin(&self, variant: Variant, name: &str) -> PathBuf {
         match (variant, &self.base_bin) {
             (Variant::Baseline, Some(dir)) => dir.join(name),
@@ -277,8 +285,9 @@ fn run(what: &str, quick: bool) -> Res<i32> {
     }
     if mismatches > 0 {
         log(&format!(
-            "{mismatches} checks failed: a run's recorded plus dropped clicks differ from its redirects \
-             served, or a dimension's breakdown from its clicks recorded (the MISMATCH lines above)"
+            "{mismatches} checks failed: a run's recorded plus dropped clicks differ from what it \
+             sent, a dimension's breakdown from its clicks recorded, or a load's answers were \
+             not all redirects (the MISMATCH lines above)"
         ));
         return Ok(1);
     }
@@ -345,7 +354,7 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     if what == "links-soak" {
         links::bench_links_soak(&mut bench).await?;
     }
-    Ok(bench.mismatches)
+    Ok(bench.mismatches.into_inner())
 }
 
 /// The binaries, the cluster, and a fresh database for each variant.
@@ -377,7 +386,7 @@ async fn setup(knobs: Knobs) -> Res<Bench> {
         base_bin,
         cluster,
         postmaster,
-        mismatches: 0,
+        mismatches: Default::default(),
     };
     ingest::fresh_db(&bench, Variant::Current).await?;
     if bench.knobs.baseline.is_some() {

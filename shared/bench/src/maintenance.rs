@@ -52,12 +52,12 @@ const WAITING_COUNTS: &str = "SELECT coalesce(sum(entries), 0)::float8 FROM clic
 async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
     let sustain = bench.knobs.sustain;
     let collector = start_collector(bench, Variant::Current, &[]).await?;
-    let written = Written::now(Variant::Current).await?;
+    let written = Written::now(bench, Variant::Current).await?;
     let skip = log_lines(bench);
     let t0 = Instant::now();
     let mut sender = Proc::spawn(
         "clicktap send",
-        crate::ingest::send_command(bench, dist, sustain, None),
+        crate::ingest::send_command(bench, Variant::Current, dist, sustain, None),
         &bench.path("clicktap.log"),
     )?;
     // Read from the table, not from the gauge collector_deltas_pending: that is set once a
@@ -81,6 +81,8 @@ async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
         .await_folded(bench, sustain as f64, Duration::from_secs(600))
         .await?;
     collector.stop().await;
+    // After the folds: the count would have slowed the last.
+    written.check_rows(bench, "compaction", sustain).await?;
     let folds: Vec<(f64, f64)> = log_since(bench, skip)
         .iter()
         .filter_map(|l| {

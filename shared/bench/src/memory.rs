@@ -49,7 +49,7 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     let n = bench.knobs.distinct;
     let collector = start_collector(bench, variant, &[]).await?;
     let bound = bound(bench, variant);
-    let written = Written::now(variant).await?;
+    let written = Written::now(bench, variant).await?;
     let admin = addr(COLLECTOR_ADMIN);
     let dropped0 = metric(admin, "collector_unfolded_dropped_total").await.ok();
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
@@ -100,7 +100,9 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     collector.stop().await;
     let exact = exact(bench, variant, sent).await?;
     if !exact {
-        bench.mismatches += 1;
+        bench.mismatch(&format!(
+            "mode memory: the totals of {sent} clicks are not exact"
+        ));
     }
     let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
     let row = [

@@ -272,16 +272,19 @@ pub(crate) async fn start_collector(bench: &Bench, variant: Variant, extra: &[&s
 pub(crate) struct Written {
     /// Whose database the collector writes to: its breakdown lists are part of the fold.
     variant: Variant,
+    /// Rows in its `clicks`.
+    rows: i64,
     pub(crate) clicks: f64,
     pub(crate) compactions: f64,
     pub(crate) compaction_s: f64,
 }
 
 impl Written {
-    pub(crate) async fn now(variant: Variant) -> Res<Written> {
+    pub(crate) async fn now(bench: &Bench, variant: Variant) -> Res<Written> {
         let admin = addr(COLLECTOR_ADMIN);
         Ok(Written {
             variant,
+            rows: rows_now(bench, variant).await?,
             clicks: metric(admin, "collector_clicks_written_total").await?,
             compactions: metric(admin, "collector_compactions_total").await?,
             compaction_s: metric(admin, "collector_compaction_seconds_sum").await?,
@@ -298,6 +301,13 @@ impl Written {
                 .is_ok_and(|w| w - self.clicks >= n)
         })
         .await
+    }
+
+    /// Every one of the `sent` clicks clicktap sent since is a row, and no more: a counter
+    /// that ran ahead of the rows, or a batch written twice, fails the run (`mode`).
+    pub(crate) async fn check_rows(&self, bench: &Bench, mode: &str, sent: u64) -> Res<()> {
+        check_recorded(bench, self.variant, mode, sent, 0, self.rows).await?;
+        Ok(())
     }
 
     /// Waits until the collector has written `n` clicks since, and folded them (`await_fold`).
@@ -406,7 +416,7 @@ async fn once(
         None => None,
     };
     let written = match collector {
-        Some(_) => Some(Written::now(variant).await?),
+        Some(_) => Some(Written::now(bench, variant).await?),
         None => None,
     };
     let memory = PgMemory::start(bench.postmaster);
@@ -428,6 +438,7 @@ async fn once(
     });
     let (load, paired_off_load) = run_loads(bench, mix, headers, paired_off.is_some()).await;
     write_summary(bench, mix, mode, round, &load)?;
+    check_answers(bench, mode, &load.0);
     let used = Used::of(&redirector);
     let paired_off = paired_off.map(|(proc, cpu0)| (Used::of(&proc), proc, cpu0));
     let (redirects, sent, dropped) = stop_redirector(bench, redirector, &MAIN).await?;
@@ -436,6 +447,7 @@ async fn once(
     {
         let (off_redirects, ..) = stop_redirector(bench, proc, &PAIRED_OFF).await?;
         write_summary(bench, mix, off_mode, round, &load)?;
+        check_answers(bench, off_mode, &load.0);
         let row = paired_off_row(mix, off_mode, round, &load, off_redirects, &cpu0, used);
         crate::table::append(&bench.path("redirect.tsv"), &row)?;
     }
@@ -510,23 +522,39 @@ async fn run_loads(
     (main, Some(off))
 }
 
-/// Every redirect served is a row or a counted drop: rows the run added plus its drops must
-/// be its redirects. A mismatch is reported and fails the run at the end. The rows the run
-/// added.
-async fn check_recorded(
-    bench: &mut Bench,
+/// Every request of the load was answered, with a redirect, and there were some: otherwise
+/// the figures measured errors (a run of 404s or refused connections has no redirect to
+/// record, and its clicks add up as 0 = 0). A mismatch is reported and fails the run at the
+/// end.
+fn check_answers(bench: &Bench, mode: &str, load: &Report) {
+    let redirects = load.count(302);
+    if load.errors > 0 || redirects != load.total() || redirects == 0 {
+        bench.mismatch(&format!(
+            "mode {mode}: {redirects} redirects of {} answers {:?}, {} requests unanswered",
+            load.total(),
+            load.statuses,
+            load.errors
+        ));
+    }
+}
+
+/// Every click sent (a redirect served, or one clicktap sent) is a row or a counted drop:
+/// rows the run added plus its drops must be what it sent. A mismatch is reported and fails
+/// the run at the end. The rows the run added.
+pub(crate) async fn check_recorded(
+    bench: &Bench,
     variant: Variant,
     mode: &str,
-    redirects: u64,
+    sent: u64,
     dropped: u64,
     rows0: i64,
 ) -> Res<i64> {
     let recorded = rows_now(bench, variant).await? - rows0;
-    if !adds_up(recorded, dropped, redirects) {
-        log(&format!(
-            "MISMATCH in mode {mode}: {redirects} redirects served, {recorded} clicks recorded, {dropped} dropped"
+    if !adds_up(recorded, dropped, sent) {
+        bench.mismatch(&format!(
+            "mode {mode}: {sent} clicks sent (redirects served, or clicktap's), {recorded} \
+             recorded, {dropped} dropped"
         ));
-        bench.mismatches += 1;
     }
     Ok(recorded)
 }
@@ -553,7 +581,7 @@ async fn breakdown_now(bench: &Bench, dims: &str) -> Res<Vec<i64>> {
 /// each header, and a missing Referer counts as its own value): otherwise the run measured
 /// dimensions that were not all recorded. A mismatch is reported and fails the run at the end.
 async fn check_breakdown(
-    bench: &mut Bench,
+    bench: &Bench,
     mode: &str,
     dims: &str,
     before: &[i64],
@@ -562,11 +590,10 @@ async fn check_breakdown(
     let after = breakdown_now(bench, dims).await?;
     for ((dim, b), a) in breakdown_dimensions(dims).iter().zip(before).zip(&after) {
         if a - b != recorded {
-            log(&format!(
-                "MISMATCH in mode {mode}: {recorded} clicks recorded, {} in the {dim} breakdown",
+            bench.mismatch(&format!(
+                "mode {mode}: {recorded} clicks recorded, {} in the {dim} breakdown",
                 a - b
             ));
-            bench.mismatches += 1;
         }
     }
     Ok(())

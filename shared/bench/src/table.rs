@@ -37,12 +37,14 @@ pub(crate) fn column(rows: &[Vec<String>], key: &[&str], field: usize) -> Vec<St
         .collect()
 }
 
-/// The median of numbers, in full with up to 10 significant digits; values that are not
-/// numbers ("-") as they are.
+/// The median of the values that are numbers, in full with up to 10 significant digits;
+/// those that are not ("-": a round without the figure) left out. Where none is, the first
+/// value as it is (a column of words), and "-" where there is none (no round): not the
+/// first value where some are numbers, nor "" that reads as 0.
 pub(crate) fn median(values: &[String]) -> String {
     let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.parse().ok()).collect();
-    if numbers.len() < values.len() || numbers.is_empty() {
-        return values.first().cloned().unwrap_or_default();
+    if numbers.is_empty() {
+        return values.first().cloned().unwrap_or_else(|| "-".to_owned());
     }
     g10(median_of(&mut numbers))
 }
@@ -160,6 +162,12 @@ mod tests {
         assert_eq!(median(&v(&["1216150", "1216160"])), "1216155");
         assert_eq!(median(&v(&["0.123", "0.125"])), "0.124");
         assert_eq!(median(&v(&["-", "-"])), "-");
+        assert_eq!(
+            median(&v(&["1.31", "-", "1.05"])),
+            "1.18",
+            "a round without it"
+        );
+        assert_eq!(median(&v(&[])), "-", "no round");
     }
 
     #[test]
