@@ -127,11 +127,10 @@ async fn a_redirector_reading_links_from_a_hot_standby_serves_changes_made_on_th
     execute(&primary, "DELETE FROM links WHERE code = 'added'").await;
     let delete = await_served(r.http, "added", None).await;
     // The standby is polled every --reload-interval (1 s) and replicates within milliseconds
-    // here: far less than this, which a load of the whole table at each --link-timeout (5 s)
-    // would pass once.
+    // here: far less than this.
     for (what, took) in [("insert", insert), ("update", update), ("delete", delete)] {
         assert!(
-            took < Duration::from_secs(10),
+            took < Duration::from_secs(5),
             "the {what} took {took:?} to be served"
         );
     }

@@ -893,21 +893,31 @@ async fn another_code(
     if !probe.fruitless.as_ref().is_some_and(|f| f.done) {
         return Ok(None);
     }
-    let mut not: Vec<&str> = batch.iter().copied().collect();
-    not.extend(
-        probe
-            .refused
-            .iter()
-            .chain(&probe.scanned)
-            .map(String::as_str),
-    );
-    let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
-    let code: Option<String> = row.map(|row| row.try_get(0)).transpose()?;
+    let mut code = scan(tx, probe, batch).await?;
+    if code.is_none() && !probe.scanned.is_empty() {
+        // Every code left was tried at an earlier attempt: round again, at once.
+        probe.scanned.clear();
+        code = scan(tx, probe, batch).await?;
+    }
     match &code {
         Some(code) if probe.scanned.len() < SCANNED_AT_MOST => probe.scanned.push(code.clone()),
         _ => probe.scanned.clear(),
     }
     Ok(code)
+}
+
+/// A code of `clicks` ([`A_CODE_TAKEN`]) neither `batch`'s nor refused in this attempt nor
+/// tried at an earlier one (`scanned`).
+async fn scan(
+    tx: &tokio_postgres::Transaction<'_>,
+    probe: &Probe,
+    batch: &HashSet<&str>,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let mut not: Vec<&str> = batch.iter().copied().collect();
+    let ruled_out = probe.refused.iter().chain(&probe.scanned);
+    not.extend(ruled_out.map(String::as_str));
+    let row = tx.query_opt(A_CODE_TAKEN, &[&not]).await?;
+    row.map(|row| row.try_get(0)).transpose()
 }
 
 /// The codes of `clicks` a batch's attempts pass over at most ([`Probe::scanned`]): about a
@@ -1075,12 +1085,14 @@ mod tests {
         let found = another_code(&tx, &mut probe, &batch()).await.unwrap();
         assert_eq!(found.as_deref(), Some("unfolded"), "nothing folded yet");
         // The batch's later looks pass over the codes of clicks tried, and once none is left,
-        // begin again.
-        let mut looks = Vec::new();
-        for _ in 0..2 {
-            looks.push(another_code(&tx, &mut probe, &batch()).await.unwrap());
-        }
-        assert_eq!(looks, [None, Some("unfolded".to_owned())], "clicks' codes");
+        // begin again at once.
+        let again = another_code(&tx, &mut probe, &batch()).await.unwrap();
+        assert_eq!(
+            again.as_deref(),
+            Some("unfolded"),
+            "clicks' codes round again"
+        );
+        assert_eq!(probe.scanned, ["unfolded"]);
         // Round for this batch: the next batch's walk starts afresh.
         probe = Attempts::with_probe(probe).probe;
         tx.batch_execute(

@@ -200,11 +200,11 @@ async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u3
         .await?;
     let per = Cpu::now(None, Some(collector.pid()), bench.postmaster).per_click(&cpu0, clicks);
     let catchup = c0.elapsed().as_secs_f64();
-    // After the CPU is read: the count is PostgreSQL's work, not the run's.
-    let mode = format!("collector ({}, {dist})", variant.name());
-    written.check_rows(bench, &mode, clicks).await?;
     let col_mib = hwm_mib(collector.pid());
     let pg_mib = memory.peak();
+    // After the CPU and memory are read: the count is PostgreSQL's work, not the run's.
+    let mode = format!("collector ({}, {dist})", variant.name());
+    written.check_rows(bench, &mode, clicks).await?;
     collector.stop().await;
     let [_, col_us, pg_us] = per;
     let row = [

@@ -525,7 +525,8 @@ async fn run_loads(
 /// Every request of the load was answered, with a redirect, and there were some: otherwise
 /// the figures measured errors (a run of 404s or refused connections has no redirect to
 /// record, and its clicks add up as 0 = 0). A mismatch is reported and fails the run at the
-/// end.
+/// end. (So is a REDIRECT_RATE so low that a connection's requests are further apart than the
+/// redirector's --idle-timeout: it closes them between requests.)
 fn check_answers(bench: &Bench, mode: &str, load: &Report) {
     let redirects = load.count(302);
     if load.errors > 0 || redirects != load.total() || redirects == 0 {
