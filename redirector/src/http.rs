@@ -260,12 +260,14 @@ pub(crate) async fn serve(
     let open = Connections::new(limits.max_connections, app.metrics.clone());
     let mut retry = shared::backoff::Backoff::new(ACCEPT_RETRY_FIRST, ACCEPT_RETRY_CAP);
     let mut accept_log = shared::throttle::Throttle::default();
+    // A connection's task ends once its descriptor is closed.
+    let tasks_at_most = bounded::open_or_closing(limits.max_connections);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept(), if connections.len() < tasks_at_most => match accepted {
                 Ok((stream, _)) => {
                     retry.reset();
                     // Refused (and counted) when every connection is busy: dropping closes it.

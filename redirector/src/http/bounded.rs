@@ -57,9 +57,18 @@ const RESERVED_DESCRIPTORS: u64 = 64;
 
 /// The most connections `nofile` descriptors allow: what the reserve leaves, less a fifth, so
 /// that connections still closing (an evicted one closes after its successor was accepted)
-/// never run the process out of descriptors.
+/// never run the process out of descriptors ([`open_or_closing`]).
 pub(super) fn fit_to_descriptors(requested: u64, nofile: u64) -> u64 {
     (nofile.saturating_sub(RESERVED_DESCRIPTORS) / 5 * 4).min(requested)
+}
+
+/// The most connections at once, open or still closing: the limit and the headroom that
+/// [`fit_to_descriptors`] leaves for connections evicted but not closed yet (a quarter of
+/// the limit, at least one, so that a server at its limit still takes a new client). Accepting
+/// waits at it: a burst of new clients, each evicting an idle one, could otherwise outrun the
+/// tasks closing the evicted, and run the process out of descriptors.
+pub(super) fn open_or_closing(limit: usize) -> usize {
+    limit.saturating_add((limit / 4).max(1))
 }
 
 /// `requested` (`--max-connections`), fitted under the soft `RLIMIT_NOFILE` with a log line
@@ -402,6 +411,14 @@ mod tests {
         assert_eq!(fit_to_descriptors(100, 1_024), 100);
         assert_eq!(fit_to_descriptors(10_000, 64), 0);
         assert_eq!(fit_to_descriptors(10_000, u64::MAX), 10_000);
+    }
+
+    #[test]
+    fn closing_connections_have_the_fifth_of_the_descriptors_fitting_left() {
+        let fitted = fit_to_descriptors(10_000, 1_024) as usize;
+        assert_eq!(open_or_closing(fitted), 960, "1024 less the reserve");
+        assert_eq!(open_or_closing(1), 2, "room for the one that evicts");
+        assert_eq!(open_or_closing(usize::MAX), usize::MAX);
     }
 
     fn admitted(connections: &Arc<Connections>) -> Held {
