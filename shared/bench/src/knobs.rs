@@ -27,7 +27,8 @@ pub(crate) struct Knobs {
     pub(crate) baseline: Option<String>,
     pub(crate) flat: bool,
     pub(crate) current_rev: Option<String>,
-    /// Redirect modes, `baseline` added when BASELINE is set.
+    /// Redirect modes, `baseline` added when BASELINE is set (`paired-baseline` when they have
+    /// `paired`).
     pub(crate) modes: Vec<String>,
     /// The `--dimensions` of mode `dimensions`; none: the mode runs without the flag.
     pub(crate) dimensions: Option<String>,
@@ -53,7 +54,7 @@ pub(crate) struct Knobs {
     pub(crate) distinct: u64,
 }
 
-const REDIRECT_MODES: [&str; 8] = [
+const REDIRECT_MODES: [&str; 9] = [
     "off",
     "pipeline",
     "direct",
@@ -62,6 +63,7 @@ const REDIRECT_MODES: [&str; 8] = [
     "paired",
     "paired-aa",
     "baseline",
+    "paired-baseline",
 ];
 
 /// What `--dimensions` may list.
@@ -104,11 +106,20 @@ impl Knobs {
             )
             .into());
         }
-        if baseline.is_some() && !modes.iter().any(|m| m == "baseline") {
-            modes.push("baseline".to_owned());
+        // BASELINE's binaries measured the way the current ones are: paired when they are.
+        let base_mode = match modes.iter().any(|m| m == "paired") {
+            true => "paired-baseline",
+            false => "baseline",
+        };
+        if baseline.is_some() && !modes.iter().any(|m| m == base_mode) {
+            modes.push(base_mode.to_owned());
         }
-        if baseline.is_none() && modes.iter().any(|m| m == "baseline") {
-            return Err("MODES has baseline but BASELINE (a git revision) is not set".into());
+        if let Some(mode) = modes.iter().find(|m| m.ends_with("baseline")) {
+            if baseline.is_none() {
+                return Err(
+                    format!("MODES has {mode} but BASELINE (a git revision) is not set").into(),
+                );
+            }
         }
         if redirect_cpu.is_some() && modes.iter().any(|m| m.starts_with("paired")) {
             // Both redirectors would share the one CPU, which is then no longer the

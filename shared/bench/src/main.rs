@@ -82,11 +82,11 @@ REDIRECT_RATE (requests a second of a redirect run, all connections together; un
 as they get answers), REDIRECT_CPU (unset: none; a CPU number: the redirector runs on that
 CPU alone and the load, the collector and PostgreSQL on the others), CLICKS (2000000, rows per ingest run), SUSTAIN (15000000, clicks per compaction run),
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
-database of their own), FLAT (collector: also the current collector into an unpartitioned
+database of their own; as mode `paired-baseline` when MODES has paired), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,
 instead of the working tree), MODES (redirect modes, default \"off pipeline direct\", with
 --quick \"off pipeline direct paired\", also dimensions, neighbour, paired and paired-aa, plus baseline
-with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
+or paired-baseline with BASELINE), NEIGHBOUR_RATE (650, INSERTs a second
 of mode neighbour), REDIRECTOR_FLUSH_INTERVAL (50ms, the redirector's --flush-interval, given to
 every build alike, BASELINE's too), DIMENSIONS (\"referrer,device,country\", the
 --dimensions of mode dimensions; none: without the flag), COLLECTOR_FLAGS (extra collector flags), LINK_COUNTS (\"1000000

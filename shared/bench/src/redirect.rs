@@ -378,11 +378,12 @@ fn dimensions<'a>(bench: &'a Bench, mode: &str) -> Option<&'a str> {
 
 /// One load run against `mode` (off, pipeline, direct, dimensions: the pipeline with
 /// `--dimensions`, neighbour: off beside a busy PostgreSQL, baseline: the pipeline of
-/// BASELINE's binaries, or paired: the pipeline and, at the same time, a second redirector with
-/// clicks off, each under a load of its own), each request with a block of `headers` when
-/// given. The measured window runs from the load's start until the collector has written and
-/// folded the run's clicks, so compaction is included. Appends a row to $OUT/redirect.tsv
-/// (mode paired two: `paired-off` for the redirector with clicks off, then `paired`).
+/// BASELINE's binaries, paired: the pipeline and, at the same time, a second redirector with
+/// clicks off, each under a load of its own, or paired-baseline: paired with BASELINE's
+/// binaries), each request with a block of `headers` when given. The measured window runs from
+/// the load's start until the collector has written and folded the run's clicks, so compaction
+/// is included. Appends a row to $OUT/redirect.tsv (a paired mode two: its [`partner`]'s for
+/// the redirector with clicks off, then its own).
 async fn once(
     bench: &mut Bench,
     mix: &str,
@@ -391,7 +392,7 @@ async fn once(
     headers: Option<Arc<Headers>>,
 ) -> Res<()> {
     let (variant, clicks) = match mode {
-        "baseline" => (Variant::Baseline, "pipeline"),
+        "baseline" | "paired-baseline" => (Variant::Baseline, "pipeline"),
         "dimensions" | "paired" => (Variant::Current, "pipeline"),
         "neighbour" | "paired-aa" => (Variant::Current, "off"),
         _ => (Variant::Current, mode),
@@ -661,6 +662,11 @@ fn print_table(bench: &Bench, modes: &[String]) {
             "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own at half the rate; its \"vs off\" columns are against `paired-off`."
         );
     }
+    if k.modes.iter().any(|m| m == "paired-baseline") {
+        println!(
+            "`paired-baseline`: as `paired`, with BASELINE's binaries in both redirectors and the collector (`paired-baseline-off` its redirector with clicks off)."
+        );
+    }
     if k.modes.iter().any(|m| m == "paired-aa") {
         println!(
             "`paired-aa`: as `paired`, with clicks off in both redirectors (`paired-aa` in the pipeline's place): its \"vs off\" columns, against `paired-aa-off`, are what the method makes of two equal redirectors."
@@ -679,7 +685,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("Every request carries a browser's, a crawler's or a previewer's User-Agent, a Referer or none, and {COUNTRY_HEADER} (testkit's browsers).");
     if let Some(base) = &k.baseline {
         println!(
-            "`baseline`: the pipeline of {base} ({}), on a database of its own.",
+            "BASELINE: {base} ({}), its binaries on a database of their own (`baseline`: its pipeline).",
             crate::services::short(base)
         );
     }
@@ -728,6 +734,7 @@ fn partner(mode: &str) -> Option<&'static str> {
     match mode {
         "paired" => Some("paired-off"),
         "paired-aa" => Some("paired-aa-off"),
+        "paired-baseline" => Some("paired-baseline-off"),
         _ => None,
     }
 }
@@ -864,6 +871,9 @@ mod tests {
             // paired-aa's ratio would not be 1.1.
             paired_off("paired-aa-off", 1600),
             row_of("paired-aa", &(off_us * 2.2).to_string(), "0"),
+            // BASELINE's, against its own partner at three times paired-off's CPU.
+            paired_off("paired-baseline-off", 2400),
+            row_of("paired-baseline", &(off_us * 3.6).to_string(), "0"),
         ];
         // Each as the median of its rounds' ratios prints it.
         assert_eq!(host_cost(&rows, "zipf", "pipeline", 1), "1.1");
@@ -871,6 +881,7 @@ mod tests {
         assert_eq!(host_cost(&rows, "zipf", "paired-off", 1), "1");
         assert_eq!(host_cost(&rows, "zipf", "paired-aa", 1), "1.1");
         assert_eq!(host_cost(&rows, "zipf", "paired-aa-off", 1), "1");
+        assert_eq!(host_cost(&rows, "zipf", "paired-baseline", 1), "1.2");
     }
 
     #[test]
