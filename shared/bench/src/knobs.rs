@@ -106,13 +106,18 @@ impl Knobs {
             )
             .into());
         }
-        // BASELINE's binaries measured the way the current ones are: paired when they are.
-        let base_mode = match modes.iter().any(|m| m == "paired") {
-            true => "paired-baseline",
-            false => "baseline",
-        };
-        if baseline.is_some() && !modes.iter().any(|m| m == base_mode) {
-            modes.push(base_mode.to_owned());
+        // BASELINE's binaries measured the way the current ones are, paired when they are,
+        // unless MODES names a mode of them.
+        if baseline.is_some() && !modes.iter().any(|m| m.ends_with("baseline")) {
+            let paired = modes.iter().any(|m| m == "paired");
+            modes.push(
+                if paired {
+                    "paired-baseline"
+                } else {
+                    "baseline"
+                }
+                .to_owned(),
+            );
         }
         if let Some(mode) = modes.iter().find(|m| m.ends_with("baseline")) {
             if baseline.is_none() {
@@ -121,13 +126,15 @@ impl Knobs {
                 );
             }
         }
-        if redirect_cpu.is_some() && modes.iter().any(|m| m.starts_with("paired")) {
-            // Both redirectors would share the one CPU, which is then no longer the
-            // redirector's alone.
-            return Err(
-                "REDIRECT_CPU cannot be used with modes paired and paired-aa (two redirectors)"
-                    .into(),
-            );
+        if let Some(mode) = modes.iter().find(|m| m.starts_with("paired")) {
+            if redirect_cpu.is_some() {
+                // Both redirectors would share the one CPU, which is then no longer the
+                // redirector's alone.
+                return Err(format!(
+                    "REDIRECT_CPU cannot be used with mode {mode} (two redirectors)"
+                )
+                .into());
+            }
         }
         Ok(Knobs {
             rounds: positive("ROUNDS", rounds)?,

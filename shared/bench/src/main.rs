@@ -41,7 +41,8 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
                             its own (CONNECTIONS connections, half of REDIRECT_RATE), so
                             that both meet the machine in the same state (not with
                             REDIRECT_CPU); mode paired-aa: the same with clicks off in
-                            both, what the method makes of two equal redirectors
+                            both, what the method makes of two equal redirectors; mode
+                            paired-baseline: paired with BASELINE's binaries
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for

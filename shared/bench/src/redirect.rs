@@ -657,7 +657,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
             });
         println!("`dimensions`: the pipeline with {flags}.");
     }
-    if k.modes.iter().any(|m| m == "paired") {
+    if k.modes.iter().any(|m| m.starts_with("paired")) {
         println!(
             "`paired`: the pipeline, and `paired-off` a redirector with clicks off, at the same time, each under a load of its own at half the rate; its \"vs off\" columns are against `paired-off`."
         );
@@ -685,9 +685,12 @@ fn print_table(bench: &Bench, modes: &[String]) {
     println!("Every request carries a browser's, a crawler's or a previewer's User-Agent, a Referer or none, and {COUNTRY_HEADER} (testkit's browsers).");
     if let Some(base) = &k.baseline {
         println!(
-            "BASELINE: {base} ({}), its binaries on a database of their own (`baseline`: its pipeline).",
+            "BASELINE: {base} ({}), its binaries on a database of their own.",
             crate::services::short(base)
         );
+        if k.modes.iter().any(|m| m == "baseline") {
+            println!("`baseline`: BASELINE's pipeline.");
+        }
     }
     println!();
     println!("| codes | mode | req/s | vs off | p50 ms | p99 ms | dropped | compaction s | CPU us per redirect: redirector / collector (until written) / PostgreSQL | host cost vs off | peak MiB: redirector / collector / PostgreSQL |");
@@ -729,7 +732,8 @@ fn print_table(bench: &Bench, modes: &[String]) {
 
 /// The rows of the redirector with clicks off that serves at the same time as a paired mode's
 /// (`paired`: the pipeline; `paired-aa`: clicks off too, so that its ratio shows what the
-/// method itself makes of two equal redirectors).
+/// method itself makes of two equal redirectors; `paired-baseline`: BASELINE's pipeline,
+/// beside BASELINE's redirector).
 fn partner(mode: &str) -> Option<&'static str> {
     match mode {
         "paired" => Some("paired-off"),
