@@ -22,6 +22,7 @@ const GOLDEN: &str = "01b960070902057365656431000178ac02";
 fn clicktap() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_clicktap"));
     cmd.env("RUST_LOG", "info").env_remove("CLICKS_SOCKET");
+    testkit::signals_as_from_a_terminal(&mut cmd);
     cmd
 }
 

@@ -286,6 +286,24 @@ pub fn raise_own_descriptor_limit(needed: u64) {
     );
 }
 
+/// Gives `cmd` SIGINT's and SIGQUIT's default actions, as a command started from a terminal
+/// has them. The tests' own may be "ignored": a shell without job control starts a command
+/// run in the background (`cargo test &`, a CI runner's script) so, and its children inherit
+/// that, which a test of what Ctrl-C does must not.
+pub fn signals_as_from_a_terminal(cmd: &mut Command) {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [Signal::SIGINT, Signal::SIGQUIT] {
+                signal(sig, SigHandler::SigDfl).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Sets `cmd`'s descriptor limit (soft and hard) to `nofile` when it starts, as
 /// `LimitNOFILE=` does for a service.
 pub fn limit_descriptors(cmd: &mut Command, nofile: u64) {
