@@ -14,6 +14,8 @@ extern "C" fn on_signal(_: nix::libc::c_int) {
 
 /// Installs handlers for SIGINT and SIGTERM and returns the flag they set. Without
 /// `SA_RESTART`, a blocked `recv` returns `EINTR` at once instead of waiting out its timeout.
+/// A signal ignored at start stays ignored: a shell without job control starts a command run
+/// in the background so, that a Ctrl-C meant for the script's foreground leaves it running.
 pub fn stop_flag() -> io::Result<&'static AtomicBool> {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
@@ -22,7 +24,11 @@ pub fn stop_flag() -> io::Result<&'static AtomicBool> {
     );
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(signal, &action) }?;
+        let before = unsafe { sigaction(signal, &action) }?;
+        if before.handler() == SigHandler::SigIgn {
+            // SAFETY: as above; `before` ignores the signal.
+            unsafe { sigaction(signal, &before) }?;
+        }
     }
     Ok(&STOP)
 }

@@ -162,6 +162,39 @@ fn sum(values: &[Value], field: &str) -> u64 {
     values.iter().filter_map(|v| v[field].as_u64()).sum()
 }
 
+/// Started with SIGINT ignored, as a shell without job control starts a command in the
+/// background of a script, listen leaves it so (the script's Ctrl-C is not for it), and stops
+/// at SIGTERM.
+#[tokio::test]
+async fn listen_started_with_sigint_ignored_runs_on_past_one() {
+    use nix::sys::signal::{signal, SigHandler};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tap.sock");
+    let mut cmd = clicktap();
+    // SAFETY: signal(2) only, between fork and exec; after clicktap()'s own, so it is the last.
+    unsafe {
+        cmd.pre_exec(|| {
+            signal(Signal::SIGINT, SigHandler::SigIgn)
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let listen = Listen::start_as(cmd, &socket, &["--json"]).await;
+    listen.service.signal(Signal::SIGINT);
+    // Two datagrams, one after the other is shown: a listen that took the SIGINT as a stop
+    // ends after the first at the latest, and the second has no socket to go to.
+    for seq in [0, 1] {
+        send_seq(&socket, 9, seq);
+        listen
+            .json_until(&format!("datagram {seq} shown after a SIGINT"), |lines| {
+                lines.len() > seq as usize
+            })
+            .await;
+    }
+    let status = listen.stop(Signal::SIGTERM).await;
+    assert!(status.success(), "listen exited with {status}");
+}
+
 #[tokio::test]
 async fn send_into_listen_shows_every_click() {
     let dir = tempfile::tempdir().unwrap();
