@@ -23,14 +23,32 @@ pub fn stop_flag() -> io::Result<&'static AtomicBool> {
         SigSet::empty(),
     );
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        let before = unsafe { sigaction(signal, &action) }?;
-        if before.handler() == SigHandler::SigIgn {
-            // SAFETY: as above; `before` ignores the signal.
-            unsafe { sigaction(signal, &before) }?;
+        // Looked at first: a handler standing in for a moment would take a signal sent then.
+        if !ignored(signal)? {
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            unsafe { sigaction(signal, &action) }?;
         }
     }
     Ok(&STOP)
+}
+
+/// Whether `signal` is ignored (`SIG_IGN`), as this process inherited it.
+fn ignored(signal: Signal) -> io::Result<bool> {
+    use nix::libc;
+    let mut current = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+    // SAFETY: with no new action, sigaction(2) only writes the current one into `current`.
+    let rc = unsafe {
+        libc::sigaction(
+            signal as libc::c_int,
+            std::ptr::null(),
+            current.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: written by the successful call above.
+    Ok(unsafe { current.assume_init() }.sa_sigaction == libc::SIG_IGN)
 }
 
 /// Whether a stop was asked for.

@@ -182,7 +182,7 @@ async fn listen_started_with_sigint_ignored_runs_on_past_one() {
     let listen = Listen::start_as(cmd, &socket, &["--json"]).await;
     listen.service.signal(Signal::SIGINT);
     // Two datagrams, one after the other is shown: a listen that took the SIGINT as a stop
-    // ends after the first at the latest, and the second has no socket to go to.
+    // shows the first at most, and the second is refused or never shown.
     for seq in [0, 1] {
         send_seq(&socket, 9, seq);
         listen
