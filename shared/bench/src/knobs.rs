@@ -66,6 +66,29 @@ const REDIRECT_MODES: [&str; 9] = [
     "paired-baseline",
 ];
 
+/// Adds BASELINE's mode to `modes` when there is a BASELINE: its binaries measured the way
+/// the current ones are, paired when they are, unless `modes` names a mode of them. An error
+/// for such a mode without a BASELINE.
+fn with_baseline_mode(modes: &mut Vec<String>, baseline: bool) -> Res<()> {
+    let named = modes.iter().find(|m| m.ends_with("baseline"));
+    match (named, baseline) {
+        (Some(mode), false) => {
+            Err(format!("MODES has {mode} but BASELINE (a git revision) is not set").into())
+        }
+        (None, true) => {
+            let paired = modes.iter().any(|m| m == "paired");
+            let mode = if paired {
+                "paired-baseline"
+            } else {
+                "baseline"
+            };
+            modes.push(mode.to_owned());
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// What `--dimensions` may list.
 const DIMENSIONS: [&str; 3] = ["referrer", "device", "country"];
 
@@ -106,26 +129,7 @@ impl Knobs {
             )
             .into());
         }
-        // BASELINE's binaries measured the way the current ones are, paired when they are,
-        // unless MODES names a mode of them.
-        if baseline.is_some() && !modes.iter().any(|m| m.ends_with("baseline")) {
-            let paired = modes.iter().any(|m| m == "paired");
-            modes.push(
-                if paired {
-                    "paired-baseline"
-                } else {
-                    "baseline"
-                }
-                .to_owned(),
-            );
-        }
-        if let Some(mode) = modes.iter().find(|m| m.ends_with("baseline")) {
-            if baseline.is_none() {
-                return Err(
-                    format!("MODES has {mode} but BASELINE (a git revision) is not set").into(),
-                );
-            }
-        }
+        with_baseline_mode(&mut modes, baseline.is_some())?;
         if let Some(mode) = modes.iter().find(|m| m.starts_with("paired")) {
             if redirect_cpu.is_some() {
                 // Both redirectors would share the one CPU, which is then no longer the
@@ -224,5 +228,34 @@ fn positive<T: FromStr + PartialOrd + Default + Copy>(name: &str, default: T) ->
     match value.trim().parse::<T>() {
         Ok(n) if n > T::default() => Ok(n),
         _ => Err(format!("{name} must be a whole number above 0, not {value:?}").into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modes(list: &str, baseline: bool) -> Result<String, String> {
+        let mut modes = list.split_whitespace().map(str::to_owned).collect();
+        with_baseline_mode(&mut modes, baseline).map_err(|e| e.to_string())?;
+        Ok(modes.join(" "))
+    }
+
+    #[test]
+    fn a_baseline_runs_paired_beside_paired_once_and_never_without_baseline() {
+        assert_eq!(
+            modes("off pipeline", true).unwrap(),
+            "off pipeline baseline"
+        );
+        assert_eq!(modes("paired", true).unwrap(), "paired paired-baseline");
+        // Named: nothing added.
+        assert_eq!(modes("paired-baseline", true).unwrap(), "paired-baseline");
+        assert_eq!(modes("baseline paired", true).unwrap(), "baseline paired");
+        assert_eq!(modes("off pipeline", false).unwrap(), "off pipeline");
+        let refused = modes("paired paired-baseline", false).unwrap_err();
+        assert!(
+            refused.contains("MODES has paired-baseline but BASELINE"),
+            "{refused}"
+        );
     }
 }
