@@ -9,6 +9,9 @@ use protocol::wire::{Click, Datagram, Encoder, DEFAULT_DATAGRAM, VERSION};
 use testkit::collector::*;
 use testkit::XorShift;
 
+/// Clicks set aside because the table refused them.
+const SET_ASIDE_REFUSED: &str = "collector_clicks_set_aside_total{reason=\"refused\"}";
+
 /// A datagram of `sender` at `seq` with `clicks` clicks of `code`, stamped now.
 fn datagram(sender: u64, seq: u64, code: &str, clicks: usize) -> Vec<u8> {
     let click = Click::new(code, 0);
@@ -370,8 +373,7 @@ async fn a_row_refused_for_good_is_set_aside_while_its_neighbours_land() {
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 4).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
     let aside = "SELECT code || ' ' || reason || ' ' || (error LIKE '%no_poison%')::text
                  FROM clicks_set_aside";
     let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
@@ -429,8 +431,7 @@ async fn a_row_a_deferred_constraint_refuses_is_set_aside_too() {
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 3).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
     let aside = "SELECT code || ' ' || (error LIKE '%known_code%')::text FROM clicks_set_aside";
     let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
     assert_eq!(aside, "gone true");
@@ -467,8 +468,7 @@ async fn a_check_violation_a_trigger_raises_is_a_refused_row_not_a_missing_parti
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 2).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
 }
 
 /// Refused clicks scattered through a batch: the sift takes far more ranges than
@@ -485,8 +485,7 @@ async fn scattered_refused_clicks_are_sifted_out_in_few_subtransactions() {
         enc.push(code, now + i).unwrap();
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 80.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 80.0).await;
     await_rows(&p.client, None, 320).await;
     let fine = "SELECT count(*) FROM clicks WHERE code = 'fine'";
     assert_eq!(count(&p.client, fine).await, 320);
@@ -519,8 +518,7 @@ async fn a_batch_of_many_refused_clicks_lands_though_sifting_it_outlives_an_atte
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
     await_rows(&p.client, None, 151).await;
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    c.await_metric(refused, 450.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 450.0).await;
     // An attempt was cut off (else the batch is too small to show anything here).
     c.service
         .wait_for_log("clicks: took over 1s; retrying", LIMIT)
@@ -550,8 +548,7 @@ async fn a_sift_whose_probe_is_refused_too_tries_another_code() {
         enc.push("poison", protocol::now_us()).unwrap();
     }
     send_all(&p.path, vec![enc.datagram().to_vec()]).await;
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    c.await_metric(refused, 600.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 600.0).await;
     c.service
         .wait_for_log("clicks: took over 1s; retrying", LIMIT)
         .await;
@@ -578,7 +575,6 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     .await;
     // Held once at least: the first attempt's probes were all refused.
     poison_held_then_set_aside(&p, &c).await;
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     assert_eq!(c.health().await, 200);
     // The probe taken is the next batch's, which need not look for one again.
     let held = |c: &Collector| {
@@ -589,7 +585,7 @@ async fn attempts_at_a_batch_every_click_of_which_is_refused_probe_new_codes() {
     };
     let held_before = held(&c);
     send_all(&p.path, vec![datagram(25, 0, "poison", 20)]).await;
-    c.await_metric(refused, 40.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 40.0).await;
     assert_eq!(
         held(&c),
         held_before,
@@ -616,12 +612,12 @@ async fn attempts_at_a_batch_with_nothing_folded_probe_new_codes_of_clicks() {
 /// A click each of `gone` codes `gone1`..., then one of `kept`, written as sender 23's batch:
 /// the probe's code is the first (of the last batch written whole).
 async fn write_gone_then_kept(p: &Place, gone: u64) {
-    let mut enc = Encoder::new(23, DEFAULT_DATAGRAM).unwrap();
     let codes = (1..=gone).map(|i| format!("gone{i}"));
-    for code in codes.chain(["kept".to_owned()]) {
-        enc.push(&code, protocol::now_us()).unwrap();
-    }
-    send_all(&p.path, vec![enc.datagram().to_vec()]).await;
+    let clicks: Vec<_> = codes
+        .chain(["kept".to_owned()])
+        .map(|code| (code, protocol::now_us()))
+        .collect();
+    send_all(&p.path, datagrams(23, &clicks)).await;
     await_rows(&p.client, None, gone + 1).await;
 }
 
@@ -635,8 +631,7 @@ async fn poison_held_then_set_aside(p: &Place, c: &Collector) {
     c.service
         .wait_for_log("every click of a batch of 20 refused", LIMIT)
         .await;
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    c.await_metric(refused, 20.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 20.0).await;
 }
 
 /// A table that refuses every row, and a batch too large for an attempt to find that out
@@ -677,8 +672,7 @@ async fn rows_a_table_refusing_everything_refused_are_not_remembered_as_bad() {
         .unwrap();
     await_rows(&p.client, None, 1_001).await;
     c.ready().await;
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
-    assert_eq!(c.metric(refused).await, 0.0);
+    assert_eq!(c.metric(SET_ASIDE_REFUSED).await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -721,11 +715,7 @@ async fn a_table_that_refuses_every_row_holds_the_batch_instead_of_setting_it_as
         .unwrap();
     await_rows(&p.client, None, 21).await;
     c.ready().await;
-    assert_eq!(
-        c.metric("collector_clicks_set_aside_total{reason=\"refused\"}")
-            .await,
-        0.0
-    );
+    assert_eq!(c.metric(SET_ASIDE_REFUSED).await, 0.0);
 }
 
 /// On a quiet host a batch may hold one click: PostgreSQL refusing it is refusing every click
@@ -738,8 +728,7 @@ async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others()
     send_all(&p.path, vec![datagram(12, 0, "fine", 1)]).await;
     await_rows(&p.client, None, 1).await;
     send_all(&p.path, vec![datagram(12, 1, "poison", 1)]).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
     send_all(&p.path, vec![datagram(12, 2, "after", 1)]).await;
     await_rows(&p.client, None, 2).await;
     // A collector that has written nothing yet tries a code `clicks` holds: the first a scan
@@ -749,19 +738,18 @@ async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others()
     let c = start_collector(&p.db, &p.path, &[]).await;
     let fine = "ALTER TABLE clicks ADD CONSTRAINT no_fine CHECK (code <> 'fine') NOT VALID";
     p.client.batch_execute(fine).await.unwrap();
-    let refused = "collector_clicks_set_aside_total{reason=\"refused\"}";
     send_all(&p.path, vec![datagram(13, 0, "poison", 1)]).await;
-    c.await_metric(refused, 1.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
     // Nor one of the batch's codes.
     send_all(&p.path, vec![datagram(13, 1, "fine", 1)]).await;
-    c.await_metric(refused, 2.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 2.0).await;
     send_all(&p.path, vec![datagram(13, 2, "later", 1)]).await;
     await_rows(&p.client, None, 3).await;
     // The probe's own code refused since: a batch of it alone tries another code.
     let later = "ALTER TABLE clicks ADD CONSTRAINT no_later CHECK (code <> 'later') NOT VALID";
     p.client.batch_execute(later).await.unwrap();
     send_all(&p.path, vec![datagram(13, 3, "later", 1)]).await;
-    c.await_metric(refused, 3.0).await;
+    c.await_metric(SET_ASIDE_REFUSED, 3.0).await;
     let held = c
         .service
         .log()
@@ -789,8 +777,7 @@ async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {
         .await
         .unwrap();
     send_all(&p.path, vec![late]).await;
-    c.await_metric("collector_clicks_set_aside_total{reason=\"refused\"}", 1.0)
-        .await;
+    c.await_metric(SET_ASIDE_REFUSED, 1.0).await;
     let aside = "SELECT code || ' ' || (error LIKE '%no partition%')::text FROM clicks_set_aside";
     let aside: String = p.client.query_one(aside, &[]).await.unwrap().get(0);
     assert_eq!(aside, "late true");
@@ -819,11 +806,7 @@ async fn many_late_clicks_whose_day_was_dropped_are_set_aside_in_one_attempt() {
         .unwrap();
     let clicks: Vec<_> = (0..N).map(|i| ("late".to_owned(), late - i)).collect();
     send_all(&p.path, datagrams(31, &clicks)).await;
-    c.await_metric(
-        "collector_clicks_set_aside_total{reason=\"refused\"}",
-        N as f64,
-    )
-    .await;
+    c.await_metric(SET_ASIDE_REFUSED, N as f64).await;
     assert_eq!(c.metric("collector_clicks_written_total").await, 0.0);
 }
 

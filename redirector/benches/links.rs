@@ -116,12 +116,7 @@ fn hb_lookup(t: &HbTable, code: &str) -> Option<HeaderValue> {
 }
 
 fn rss_kib() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    testkit::rss_kib(nix::unistd::getpid()) as usize
 }
 
 /// `old:N` or `new:N`: prints the structure's resident bytes per link.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::{execute, number, scalar, settle, with_room_for_wal};
 use crate::knobs::CODES;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
-use crate::redirect::{start_collector, Written};
+use crate::redirect::{check_recorded, rows_now, start_collector, Written};
 use crate::services::{metrics, Proc};
 use crate::table::{append, column, g10, median, num, order_balanced, ratio, rotated, rows};
 use crate::{addr, log, Bench, Res, Variant, COLLECTOR_ADMIN};
@@ -178,7 +178,8 @@ pub(crate) fn send_command(
 async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u32) -> Res<()> {
     let clicks = bench.knobs.clicks;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now(bench, variant).await?;
+    let written = Written::now(variant).await?;
+    let rows0 = rows_now(bench, variant).await?;
     let memory = PgMemory::start(bench.postmaster);
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let t0 = Instant::now();
@@ -204,7 +205,7 @@ async fn ingest_collector(bench: &Bench, dist: &str, variant: Variant, round: u3
     let pg_mib = memory.peak();
     // After the CPU and memory are read: the count is PostgreSQL's work, not the run's.
     let mode = format!("collector ({}, {dist})", variant.name());
-    written.check_rows(bench, &mode, clicks).await?;
+    check_recorded(bench, variant, &mode, clicks, 0, rows0).await?;
     collector.stop().await;
     let [_, col_us, pg_us] = per;
     let row = [
@@ -405,7 +406,8 @@ async fn totals_once(
     reset_tables(bench, variant).await?;
     settle(superuser, &bench.path("postgres.log")).await?;
     let collector = start_collector(bench, variant, &[]).await?;
-    let written = Written::now(bench, variant).await?;
+    let written = Written::now(variant).await?;
+    let rows0 = rows_now(bench, variant).await?;
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     let lag0 = lag_buckets().await?;
     let mut cmd = send_command(bench, variant, "uniform", n, Some(bench.knobs.rate));
@@ -428,9 +430,8 @@ async fn totals_once(
     execute(superuser, "CHECKPOINT").await?;
     let cpu_done = Cpu::now(None, Some(collector.pid()), bench.postmaster);
     // After the CPU is read: the count is PostgreSQL's work, not the run's.
-    written
-        .check_rows(bench, &format!("totals ({})", variant.name()), n)
-        .await?;
+    let mode = format!("totals ({})", variant.name());
+    check_recorded(bench, variant, &mode, n, 0, rows0).await?;
     let [_, col_us, pg_us] = cpu_done.per_click(&cpu0, n);
     // The same in two parts: until the clicks are written (the COPYs, and the folds that came
     // due meanwhile), and after (a 20-s run's fold comes after, at --compact-interval).

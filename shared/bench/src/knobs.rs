@@ -130,15 +130,13 @@ impl Knobs {
             .into());
         }
         with_baseline_mode(&mut modes, baseline.is_some())?;
-        if let Some(mode) = modes.iter().find(|m| m.starts_with("paired")) {
-            if redirect_cpu.is_some() {
-                // Both redirectors would share the one CPU, which is then no longer the
-                // redirector's alone.
-                return Err(format!(
-                    "REDIRECT_CPU cannot be used with mode {mode} (two redirectors)"
-                )
-                .into());
-            }
+        let paired = modes.iter().find(|m| m.starts_with("paired"));
+        if let (Some(_), Some(mode)) = (redirect_cpu, paired) {
+            // Both redirectors would share the one CPU, which is then no longer the
+            // redirector's alone.
+            return Err(
+                format!("REDIRECT_CPU cannot be used with mode {mode} (two redirectors)").into(),
+            );
         }
         Ok(Knobs {
             rounds: positive("ROUNDS", rounds)?,

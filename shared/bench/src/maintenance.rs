@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{execute, number, scalar};
 use crate::ingest::{copy_csv, reset_tables, DISTS};
-use crate::redirect::{start_collector, Written};
+use crate::redirect::{check_recorded, rows_now, start_collector, Written};
 use crate::services::{until, Proc};
 use crate::{log, Bench, Res, Variant};
 
@@ -52,7 +52,8 @@ const WAITING_COUNTS: &str = "SELECT coalesce(sum(entries), 0)::float8 FROM clic
 async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
     let sustain = bench.knobs.sustain;
     let collector = start_collector(bench, Variant::Current, &[]).await?;
-    let written = Written::now(bench, Variant::Current).await?;
+    let written = Written::now(Variant::Current).await?;
+    let rows0 = rows_now(bench, Variant::Current).await?;
     let skip = log_lines(bench);
     let t0 = Instant::now();
     let mut sender = Proc::spawn(
@@ -82,7 +83,7 @@ async fn sustain_once(bench: &Bench, dist: &str) -> Res<[String; 4]> {
         .await?;
     collector.stop().await;
     // After the folds: the count would have slowed the last.
-    written.check_rows(bench, "compaction", sustain).await?;
+    check_recorded(bench, Variant::Current, "compaction", sustain, 0, rows0).await?;
     let folds: Vec<(f64, f64)> = log_since(bench, skip)
         .iter()
         .filter_map(|l| {

@@ -49,7 +49,7 @@ async fn once(bench: &mut Bench, variant: Variant, round: u32) -> Res<()> {
     let n = bench.knobs.distinct;
     let collector = start_collector(bench, variant, &[]).await?;
     let bound = bound(bench, variant);
-    let written = Written::now(bench, variant).await?;
+    let written = Written::now(variant).await?;
     let admin = addr(COLLECTOR_ADMIN);
     let dropped0 = metric(admin, "collector_unfolded_dropped_total").await.ok();
     let cpu0 = Cpu::now(None, Some(collector.pid()), bench.postmaster);

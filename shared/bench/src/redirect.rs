@@ -272,19 +272,16 @@ pub(crate) async fn start_collector(bench: &Bench, variant: Variant, extra: &[&s
 pub(crate) struct Written {
     /// Whose database the collector writes to: its breakdown lists are part of the fold.
     variant: Variant,
-    /// Rows in its `clicks`.
-    rows: i64,
     pub(crate) clicks: f64,
     pub(crate) compactions: f64,
     pub(crate) compaction_s: f64,
 }
 
 impl Written {
-    pub(crate) async fn now(bench: &Bench, variant: Variant) -> Res<Written> {
+    pub(crate) async fn now(variant: Variant) -> Res<Written> {
         let admin = addr(COLLECTOR_ADMIN);
         Ok(Written {
             variant,
-            rows: rows_now(bench, variant).await?,
             clicks: metric(admin, "collector_clicks_written_total").await?,
             compactions: metric(admin, "collector_compactions_total").await?,
             compaction_s: metric(admin, "collector_compaction_seconds_sum").await?,
@@ -301,13 +298,6 @@ impl Written {
                 .is_ok_and(|w| w - self.clicks >= n)
         })
         .await
-    }
-
-    /// Every one of the `sent` clicks clicktap sent since is a row, and no more: a counter
-    /// that ran ahead of the rows, or a batch written twice, fails the run (`mode`).
-    pub(crate) async fn check_rows(&self, bench: &Bench, mode: &str, sent: u64) -> Res<()> {
-        check_recorded(bench, self.variant, mode, sent, 0, self.rows).await?;
-        Ok(())
     }
 
     /// Waits until the collector has written `n` clicks since, and folded them (`await_fold`).
@@ -417,7 +407,7 @@ async fn once(
         None => None,
     };
     let written = match collector {
-        Some(_) => Some(Written::now(bench, variant).await?),
+        Some(_) => Some(Written::now(variant).await?),
         None => None,
     };
     let memory = PgMemory::start(bench.postmaster);

@@ -340,11 +340,11 @@ fn mentioning(dir: &Path) -> Vec<(i32, String)> {
         .collect()
 }
 
-/// Every process of a run: the script, what it printed it started, PostgreSQL's postmaster
-/// (from its pid file) and the postmaster's children.
-fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
+/// Every process of a run: `started` (the script, what it printed it started), each running,
+/// PostgreSQL's postmaster (from its pid file) and the postmaster's children.
+fn processes_of(started: &[i32], dev_dir: &Path) -> Vec<i32> {
     let postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg"));
-    let mut pids = ready.pids.clone();
+    let mut pids = started.to_vec();
     pids.push(postmaster);
     for &pid in &pids {
         assert!(
@@ -355,6 +355,12 @@ fn processes_of(ready: &Ready, dev_dir: &Path) -> Vec<i32> {
     // Not checked: a backend may come and go at any moment.
     pids.extend(children_of(postmaster));
     pids
+}
+
+/// The pid in a run's `<name>.pid`, if it has one.
+fn pid_file(dev_dir: &Path, name: &str) -> Option<i32> {
+    let text = fs::read_to_string(dev_dir.join(format!("{name}.pid"))).ok()?;
+    text.trim().parse().ok()
 }
 
 /// A run's data dir, in a temp dir of its own. Dropped after a failed assertion, it first kills
@@ -384,8 +390,7 @@ impl Drop for DevDir {
     fn drop(&mut self) {
         // The script itself names the dir in its environment only; its pid file says it (if
         // that pid is still a bash, as the script's own check has it).
-        let script = fs::read_to_string(self.path().join("dev.pid"));
-        if let Some(pid) = script.ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+        if let Some(pid) = pid_file(&self.path(), "dev") {
             let exe = fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
             if exe.to_string_lossy().ends_with("/bash") {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
@@ -412,6 +417,11 @@ async fn stop(mut run: Service, pids: &[i32], dev_dir: &Path, final_lines: &[&st
             "scripts/dev did not print {expected:?} at the end"
         );
     }
+    assert_none_left(pids, dev_dir);
+}
+
+/// None of `pids` is running, nor any process naming `dev_dir`.
+fn assert_none_left(pids: &[i32], dev_dir: &Path) {
     let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "processes left running: {left:?}");
     let named = mentioning(dev_dir);
@@ -461,7 +471,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         assert_eq!(status, 200, "GET http://{addr}/metrics");
         assert!(!body.is_empty());
     }
-    let pids = processes_of(&ready, &dev_dir);
+    let pids = processes_of(&ready.pids, &dev_dir);
     stop(
         run,
         &pids,
@@ -492,7 +502,7 @@ async fn dev_script_redirects_counts_stops_cleanly_and_reuses_its_data() {
         .get(0);
     assert_eq!(links, 250_000);
     drop(db);
-    let pids = processes_of(&ready, &dev_dir);
+    let pids = processes_of(&ready.pids, &dev_dir);
     stop(
         again,
         &pids,
@@ -550,7 +560,7 @@ async fn dev_script_with_a_standby_commits_on_both_and_stops_both() {
     );
     drop((primary, standby));
 
-    let mut pids = processes_of(&ready, &dev_dir);
+    let mut pids = processes_of(&ready.pids, &dev_dir);
     let standby_postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg-standby"));
     pids.push(standby_postmaster);
     pids.extend(children_of(standby_postmaster));
@@ -656,7 +666,7 @@ async fn dev_script_after_sigkill_stops_what_the_killed_run_left() {
     );
     let (status, _) = get(ready.redirect, "/seed1").await;
     assert_eq!(status, 302);
-    let pids = processes_of(&ready, &dev_dir);
+    let pids = processes_of(&ready.pids, &dev_dir);
     stop(
         again,
         &pids,
@@ -688,23 +698,17 @@ async fn dev_script_whose_output_is_closed_runs_on_and_stops_cleanly() {
         Some(addr_after(line, "http listening on "))
     })
     .await;
-    let (status, _) = eventually("a redirect served", READY, || async {
-        let got = get(redirect, "/seed1").await;
-        (got.0 == 302).then_some(got)
+    eventually("a redirect served", READY, || async {
+        (get(redirect, "/seed1").await.0 == 302).then_some(())
     })
     .await;
-    assert_eq!(status, 302);
-    let pid_of = |name: &str| -> i32 {
-        let file = dev_dir.join(format!("{name}.pid"));
-        let text = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
-        text.trim().parse().expect("a pid")
-    };
+    let pid_of = |name| pid_file(&dev_dir, name).unwrap_or_else(|| panic!("no {name}.pid"));
     let script = pid_of("dev");
-    let mut pids = vec![script, pid_of("collector"), pid_of("redirector")];
-    let postmaster = testkit::pgtest::postmaster_pid(&dev_dir.join("pg"));
-    pids.push(postmaster);
-    pids.extend(children_of(postmaster));
     assert!(alive(script), "scripts/dev exited with its output closed");
+    let pids = processes_of(
+        &[script, pid_of("collector"), pid_of("redirector")],
+        &dev_dir,
+    );
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(script), Signal::SIGTERM).unwrap();
     // 0 once it would have said it is ready, 130 before (a stop during the start): nothing
     // read tells which, the line saying so unread. Not 141 (SIGPIPE), nor 1.
@@ -713,10 +717,7 @@ async fn dev_script_whose_output_is_closed_runs_on_and_stops_cleanly() {
         matches!(status, Some(0 | 130)),
         "scripts/dev exited with {status:?}"
     );
-    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-    assert!(left.is_empty(), "processes left running: {left:?}");
-    let named = mentioning(&dev_dir);
-    assert!(named.is_empty(), "processes naming the dev dir: {named:?}");
+    assert_none_left(&pids, &dev_dir);
 }
 
 /// Run by a normal user (here `daemon`, by root through setpriv), the script gives PostgreSQL
@@ -767,7 +768,7 @@ async fn dev_script_run_by_a_normal_user_keeps_its_cluster_to_that_user() {
     assert_cluster_kept_to(Some(DEVELOPER), &dev_dir);
     let (status, _) = get(ready.redirect, "/seed7").await;
     assert_eq!(status, 302, "the pipeline of a normal user's run");
-    let pids = processes_of(&ready, &dev_dir);
+    let pids = processes_of(&ready.pids, &dev_dir);
     stop(
         run,
         &pids,
