@@ -255,19 +255,24 @@ fn check_allowed_uids(config: &Config) -> Result<(), Fatal> {
 
 /// What the maintenance task does, from the flags.
 fn maintenance_policy(config: &Config) -> maintenance::Policy {
-    const DAY: u64 = 24 * 3600;
     maintenance::Policy {
         fold: compact::Policy {
             interval: config.compact_interval,
             backlog: i64::from(config.compact_backlog),
             slice: compact::SLICE_ENTRIES,
         },
-        // Whole days, rounded up; at most 365 (the flags' own bound).
-        window_back_days: config.max_click_age.as_secs().div_ceil(DAY) as i32,
-        window_ahead_days: config.max_click_skew.as_secs().div_ceil(DAY) as i32,
+        window_back_days: whole_days(config.max_click_age),
+        window_ahead_days: whole_days(config.max_click_skew),
         retention_days: config.retention.map(i32::from),
         timeout: config.write_timeout,
     }
+}
+
+/// A window's flag in whole days, rounded up from its last nanosecond: `1d 500ms` reaches into
+/// a second day, whose partition must be kept. At most 365 (the flags' own bound).
+fn whole_days(d: std::time::Duration) -> i32 {
+    const DAY_NS: u128 = 24 * 3600 * 1_000_000_000;
+    i32::try_from(d.as_nanos().div_ceil(DAY_NS)).unwrap_or(i32::MAX)
 }
 
 /// A flag's duration in microseconds (flags are at most 365 days).
@@ -407,4 +412,19 @@ fn open_mirror(config: &Config, passed: &[OwnedFd]) -> Result<Option<Mirror>, Fa
         return Err(Fatal::Mirror(std::io::Error::other(own)));
     }
     Mirror::new(mirror.clone()).map(Some).map_err(Fatal::Mirror)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_window_in_whole_days_counts_any_part_of_a_day() {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        assert_eq!(whole_days(DAY), 1);
+        assert_eq!(whole_days(DAY + Duration::from_millis(500)), 2);
+        assert_eq!(whole_days(Duration::from_millis(1)), 1);
+        assert_eq!(whole_days(DAY * 365), 365);
+    }
 }

@@ -38,8 +38,8 @@ pub struct Args {
     /// a recorded or generated traffic mix (scripts/bench sends Zipf-distributed codes so).
     #[arg(long, value_name = "PATH")]
     code_file: Option<PathBuf>,
-    /// Clicks to send in all.
-    #[arg(long, default_value_t = 1)]
+    /// Clicks to send in all (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Clicks per second (fractions allowed); without it, as fast as the receiver takes them.
     /// Each click is stamped with its scheduled time; a datagram leaves when its last click is

@@ -676,6 +676,8 @@ async fn send_writes_either_version_with_the_dimensions_given() {
             &["--country", "XX"],
             "\"XX\" is not an assigned ISO 3166-1 alpha-2 country code",
         ),
+        (&["--count", "0"], "invalid value '0' for '--count <COUNT>'"),
+        (&["--batch", "0"], "invalid value '0' for '--batch <BATCH>'"),
     ] {
         let mut args = vec!["send", "--socket", socket, "--code", "a"];
         args.extend(flags);
