@@ -22,18 +22,33 @@ use testkit::{eventually, Service};
 /// 1,000 redirects from one connection (so no two clicks share a microsecond), all of them
 /// acknowledged by the collector (whose admin listener is `collector`), each written once.
 async fn thousand_acknowledged(f: &Fixture, r: &Redirector, collector: SocketAddr, before: u64) {
+    acknowledged(f, r, collector, before, 1_000).await;
+}
+
+/// `n` redirects, as [`thousand_acknowledged`].
+async fn acknowledged(f: &Fixture, r: &Redirector, collector: SocketAddr, before: u64, n: u64) {
     let load = Load {
         connections: 1,
         ..Load::get(r.http, "/resync")
     };
-    assert_eq!(load.run(1_000).await.count(302), 1_000);
+    assert_eq!(load.run(n).await.count(302), n);
     let admins = [r.admin, collector];
-    await_rows_settled(&f.client, Some("resync"), before + 1_000, &admins).await;
+    await_rows_settled(&f.client, Some("resync"), before + n, &admins).await;
     eventually("every click acknowledged", LIMIT, || async {
         let acked = r.metric("redirector_clicks_acked_total").await;
-        (acked == (before + 1_000) as f64).then_some(())
+        (acked == (before + n) as f64).then_some(())
     })
     .await;
+}
+
+/// A fixture with the link `resync`, its collector (and its admin listener), and a redirector
+/// ready in front of it.
+async fn running() -> (Fixture, Service, SocketAddr, Redirector) {
+    let f = fixture(&[("resync", "https://example.com/")]).await;
+    let (collector, admin) = start_collector(&f).await;
+    let r = redirector(&f.db.url, &f.socket, &[]).await;
+    r.ready().await;
+    (f, collector, admin, r)
 }
 
 /// The collector, once ready (its socket bound).
@@ -80,10 +95,7 @@ async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forg
 
 #[tokio::test]
 async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap() {
-    let f = fixture(&[("resync", "https://example.com/")]).await;
-    let (collector, admin) = start_collector(&f).await;
-    let r = redirector(&f.db.url, &f.socket, &[]).await;
-    r.ready().await;
+    let (f, collector, admin, r) = running().await;
     thousand_acknowledged(&f, &r, admin, 0).await;
 
     let gap = forget_and_resume(&f, &r, collector, "DELETE FROM click_senders").await;
@@ -95,10 +107,7 @@ async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap(
 
 #[tokio::test]
 async fn a_collector_given_back_an_older_click_senders_counts_only_what_it_lacks() {
-    let f = fixture(&[("resync", "https://example.com/")]).await;
-    let (collector, admin) = start_collector(&f).await;
-    let r = redirector(&f.db.url, &f.socket, &[]).await;
-    r.ready().await;
+    let (f, collector, admin, r) = running().await;
     thousand_acknowledged(&f, &r, admin, 0).await;
     f.client
         .batch_execute("CREATE TABLE senders_copy AS SELECT * FROM click_senders")
@@ -110,6 +119,24 @@ async fn a_collector_given_back_an_older_click_senders_counts_only_what_it_lacks
                    INSERT INTO click_senders SELECT * FROM senders_copy";
     let gap = forget_and_resume(&f, &r, collector, restore).await;
     assert_eq!(gap, 1_000.0, "the clicks committed after the copy");
+}
+
+/// A `click_senders` row from before migration 12 counts its sender's clicks from 0 there:
+/// the resync of it, after the record lost its last datagram, claims more clicks than one
+/// datagram can hold. Counted as what it can hold, and the sender goes on; refused, the
+/// sender was asked again and refused again, and held for good.
+#[tokio::test]
+async fn a_record_whose_click_count_began_at_0_takes_its_senders_resync() {
+    let (f, collector, admin, r) = running().await;
+    let one_datagram = (protocol::wire::MAX_DATAGRAM / protocol::wire::MIN_CLICK_LEN) as u64;
+    acknowledged(&f, &r, admin, 0, one_datagram + 1_000).await;
+
+    let legacy = "UPDATE click_senders SET last_seq = last_seq - 1, clicks = 0";
+    let gap = forget_and_resume(&f, &r, collector, legacy).await;
+    assert_eq!(
+        gap, one_datagram as f64,
+        "what the one skipped datagram can hold"
+    );
 }
 
 /// Binds `path` in a network namespace of its own whose `net.unix.max_dgram_qlen` is 512
@@ -200,10 +227,7 @@ fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
 /// redirector's clicks after the restart are written and acknowledged.
 #[tokio::test]
 async fn after_a_collector_restart_another_process_cannot_take_a_redirectors_sender_id() {
-    let f = fixture(&[("resync", "https://example.com/")]).await;
-    let (collector, admin) = start_collector(&f).await;
-    let r = redirector(&f.db.url, &f.socket, &[]).await;
-    r.ready().await;
+    let (f, collector, admin, r) = running().await;
     thousand_acknowledged(&f, &r, admin, 0).await;
     let sender: i64 = scalar(&f.client, "SELECT sender FROM click_senders").await;
     let last: i64 = scalar(&f.client, "SELECT last_seq FROM click_senders").await;

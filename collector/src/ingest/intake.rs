@@ -60,8 +60,8 @@ impl std::fmt::Display for Why {
                 f.write_str("its seq is further ahead than any sender could have got")
             }
             Why::Refused(Refusal::BadResync) => f.write_str(
-                "a resync from a sender without an address, or claiming more clicks than its \
-                 skipped datagrams can hold",
+                "a resync from a sender without an address, or claiming more clicks than any \
+                 sender serves",
             ),
         }
     }
@@ -85,13 +85,15 @@ pub enum Outcome {
     /// Past the seq its sender's next datagram must have: not accepted, resent later.
     Ahead,
     /// A resync: this collector's record of `sender` was behind, `skipped` datagrams of
-    /// `unaccounted` clicks were passed over, and it goes on from `first`; `evicted` senders
+    /// `unaccounted` clicks were passed over (the sender's count said `claimed`: more only
+    /// where the record's count was short), and it goes on from `first`; `evicted` senders
     /// forgotten for it (its process's quota).
     Resynced {
         sender: u64,
         first: u64,
         skipped: u64,
         unaccounted: u64,
+        claimed: u64,
         evicted: usize,
     },
     /// A resync that changed nothing (repeated, or the record was not behind).
@@ -360,6 +362,7 @@ impl Intake {
                 first,
                 skipped,
                 unaccounted,
+                claimed,
             } => {
                 let noted = noted(first - 1, resync.clicks_before, meta);
                 batch.note_sender(resync.sender, noted);
@@ -377,6 +380,7 @@ impl Intake {
                     first,
                     skipped,
                     unaccounted,
+                    claimed,
                     evicted: count,
                 }
             }

@@ -78,7 +78,7 @@ pub const PER_PROCESS: usize = 4;
 /// cannot fill `MAX_SENDERS` and push out the idle senders of every process.
 pub const HIDDEN_PROCESSES: usize = 1024;
 /// The most clicks a datagram can hold (the largest datagram of the shortest clicks): a resync
-/// claiming more per skipped datagram is not believed.
+/// claiming more per skipped datagram is counted as that many (`Senders::resync`).
 const MAX_CLICKS_PER_DATAGRAM: u64 =
     (crate::wire::MAX_DATAGRAM / crate::wire::MIN_CLICK_LEN) as u64;
 /// The most clicks one resync may say its sender's records lost: a redirector at a million
@@ -131,11 +131,15 @@ pub enum Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resynced {
     /// The record was behind: `skipped` datagrams of `unaccounted` clicks were passed over, and
-    /// the sender goes on from `first`.
+    /// the sender goes on from `first`. `claimed`, the clicks the sender's count says it
+    /// skipped, is more than `unaccounted` only where the record's count of the sender's clicks
+    /// was short (a row from before migration 12, whose count begins at 0 there): what the
+    /// skipped datagrams can hold is counted instead.
     Skipped {
         first: u64,
         skipped: u64,
         unaccounted: u64,
+        claimed: u64,
     },
     /// The record is not behind (a repeated resync, or one that crossed a resend): nothing.
     Stale,
@@ -430,11 +434,12 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// Takes a resync of `sender`, sent from `from` by the process of `creds`, in answer to a
     /// resend request made to that process at that address: if the record of it is behind
     /// `first`, the seqs before `first` count as accepted, with `clicks_before` clicks up to
-    /// them, and the difference as unaccounted. Refused as not a sender's if `clicks_before`
-    /// is more than the seqs skipped could hold (a product past `u64` included: it once let
-    /// any number through, which overflowed the clicks counted). Where the window starts is
-    /// not checked against the seqs received: after a failover, acknowledgements of commits
-    /// the failover lost move it past them.
+    /// them, and the difference as unaccounted: at most what the seqs skipped could hold.
+    /// Refused as not a sender's if that difference is past what any sender serves
+    /// ([`MAX_UNACCOUNTED`]), not when it is past what the seqs could hold: the record's count
+    /// may be short, and refused, the sender would be asked again and refused again, held for
+    /// good. Where the window starts is not checked against the seqs received: after a
+    /// failover, acknowledgements of commits the failover lost move it past them.
     pub fn resync(
         &mut self,
         resync: &Resync,
@@ -466,11 +471,11 @@ impl<A: Copy + PartialEq> Senders<A> {
         }
         let (accepted, clicks) = s.map_or((None, 0), |s| (s.accepted, s.clicks));
         let skipped = accepted.map_or(first, |a| last - a);
-        let unaccounted = resync.clicks_before.saturating_sub(clicks);
-        let most = skipped.checked_mul(MAX_CLICKS_PER_DATAGRAM);
-        if most.map_or(true, |most| unaccounted > most) || unaccounted > MAX_UNACCOUNTED {
+        let claimed = resync.clicks_before.saturating_sub(clicks);
+        if claimed > MAX_UNACCOUNTED {
             return Resynced::Refused(Refusal::BadResync);
         }
+        let unaccounted = claimed.min(skipped.saturating_mul(MAX_CLICKS_PER_DATAGRAM));
         self.asked.remove(&sender);
         let s = self.map.entry(sender).or_insert_with(|| Sender::new(now));
         (s.accepted, s.clicks, s.seen, s.reply) = (Some(last), resync.clicks_before, now, from);
@@ -484,6 +489,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             first,
             skipped,
             unaccounted,
+            claimed,
         }
     }
 
@@ -887,6 +893,7 @@ mod tests {
             first: 500,
             skipped: 500,
             unaccounted: 4_990,
+            claimed: 4_990,
         };
         assert_eq!(s.resync(&resync, addr(), c, now), skipped);
         assert_eq!(s.resync(&resync, addr(), c, now), Resynced::Stale, "once");
@@ -951,7 +958,7 @@ mod tests {
     }
 
     #[test]
-    fn a_resync_claiming_more_clicks_than_its_seqs_could_hold_is_refused() {
+    fn a_resync_claiming_more_clicks_than_any_sender_serves_is_refused() {
         let mut s = Senders::<Addr>::default();
         let now = Instant::now();
         let c = creds(10);
@@ -960,7 +967,7 @@ mod tests {
         assert_eq!(
             s.resync(&Resync::new(9, far + 1, u64::MAX), addr(), c, now),
             Resynced::Refused(Refusal::BadResync),
-            "more clicks than any datagrams so many could hold: the product is past u64"
+            "more clicks than the record keeps"
         );
         let fresh = 1 << 49;
         assert_eq!(s.judge(8, (fresh, 1), addr(), c, now).0, Verdict::Ahead);
@@ -975,7 +982,8 @@ mod tests {
             Resynced::Skipped {
                 first: 2,
                 skipped: 2,
-                unaccounted: 10
+                unaccounted: 10,
+                claimed: 10,
             }
         );
         assert_eq!(
@@ -986,6 +994,37 @@ mod tests {
             s.clicks_through(7),
             MAX_SEQ,
             "held at the most the record keeps, not wrapped"
+        );
+    }
+
+    /// A row from before migration 12 counts a sender's clicks from 0 there: a resync of it
+    /// claims every click before as skipped, more than its skipped datagrams can hold. Counted
+    /// as what they can hold, and the sender goes on; refused, it was asked again and refused
+    /// again, for good.
+    #[test]
+    fn a_resync_of_a_record_whose_count_is_short_counts_what_the_skipped_seqs_hold() {
+        let mut s = Senders::<Addr>::committed([(7, 99, 0)]);
+        let now = Instant::now();
+        let c = creds(10);
+        assert_eq!(s.judge(7, (101, 10), addr(), c, now).0, Verdict::Ahead);
+        assert_eq!(
+            s.resync(&Resync::new(7, 101, 10_000_000), addr(), c, now),
+            Resynced::Skipped {
+                first: 101,
+                skipped: 1,
+                unaccounted: MAX_CLICKS_PER_DATAGRAM,
+                claimed: 10_000_000,
+            }
+        );
+        assert_eq!(
+            s.judge(7, (101, 10), addr(), c, now).0,
+            Verdict::Accept { lost: 0 },
+            "the sender goes on"
+        );
+        assert_eq!(
+            s.clicks_through(7),
+            10_000_010,
+            "the sender's count from now on"
         );
     }
 
@@ -1027,7 +1066,8 @@ mod tests {
             Resynced::Skipped {
                 first: far,
                 skipped: far - 100,
-                unaccounted: MAX_UNACCOUNTED
+                unaccounted: MAX_UNACCOUNTED,
+                claimed: MAX_UNACCOUNTED,
             },
             "as many as a resync may count"
         );
@@ -1045,7 +1085,8 @@ mod tests {
             Resynced::Skipped {
                 first: MAX_SEQ + 1,
                 skipped: 10,
-                unaccounted: 0
+                unaccounted: 0,
+                claimed: 0,
             },
             "up to the last seq the record keeps"
         );
@@ -1093,7 +1134,8 @@ mod tests {
             Resynced::Skipped {
                 first: 300,
                 skipped: 200,
-                unaccounted: 2_000
+                unaccounted: 2_000,
+                claimed: 2_000,
             }
         );
         assert_eq!(

@@ -229,7 +229,9 @@ impl World {
                     first,
                     skipped,
                     unaccounted,
+                    claimed,
                 } => {
+                    prop_assert_eq!(claimed, unaccounted, "the record's count is the sender's");
                     let sender = resync.sender;
                     let range = first - skipped..first;
                     let clicks: u64 = range

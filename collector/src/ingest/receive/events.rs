@@ -130,6 +130,7 @@ impl Events {
                 first,
                 skipped,
                 unaccounted,
+                claimed,
                 evicted,
             } => {
                 m.resyncs.inc(Resync::Skipped);
@@ -149,6 +150,16 @@ impl Events {
                          before the record was lost, or lost with it); {held} more resyncs not \
                          logged"
                     );
+                    if claimed > unaccounted {
+                        tracing::warn!(
+                            sender = %format_args!("{sender:016x}"),
+                            claimed,
+                            "sender {sender:016x} counts {claimed} clicks skipped, more than its \
+                             {skipped} skipped datagrams can hold: the record's count of its \
+                             clicks was short (a click_senders row from before migration 12 \
+                             counts from 0); {unaccounted} counted"
+                        );
+                    }
                 }
             }
             Outcome::Accepted { taken, clicks } => {
