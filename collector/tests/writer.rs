@@ -197,7 +197,7 @@ async fn clicks_a_failover_lost_that_were_passed_over_are_not_counted_again() {
         let last = protocol::wire::decode(grams.last().unwrap()).unwrap().seq;
         let rejected = PassedOver {
             rejected: passed,
-            unaccounted: 0,
+            ..PassedOver::default()
         };
         batch.pass_over(sender, rejected);
         let through = (new + old) as u64 + passed;

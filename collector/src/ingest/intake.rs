@@ -269,7 +269,7 @@ impl Intake {
         };
         let rejected = PassedOver {
             rejected: clicks,
-            unaccounted: 0,
+            ..PassedOver::default()
         };
         batch.pass_over(sender, rejected);
         let outcome = Outcome::PassedOver {
@@ -369,6 +369,7 @@ impl Intake {
                 let passed = PassedOver {
                     rejected: 0,
                     unaccounted,
+                    uncounted: claimed - unaccounted,
                 };
                 batch.pass_over(resync.sender, passed);
                 // Forgotten as it was bound to its process: their rows go with this batch.
@@ -447,20 +448,9 @@ mod tests {
             assert!(matches!(outcome, Outcome::Accepted { .. }), "{outcome:?}");
         }
         assert!(batch.forgotten_column().is_empty());
-        // Another id of the process, from an address, one ahead of its turn, then its resync.
-        let from = Some(UnixAddr::new(&dir.path().join("r")).unwrap());
-        let mut enc = Encoder::new(99, DEFAULT_DATAGRAM).unwrap();
-        enc.resume_as(99, 1);
-        enc.push("abc", 1_000_000).unwrap();
-        let ahead = enc.datagram().to_vec();
-        let m = |len| Received {
-            from,
-            ..meta(7, 1000, len)
-        };
-        let (outcome, _) = intake.take(&ahead, &m(ahead.len()), &mut batch, now, 0);
-        assert!(matches!(outcome, Outcome::Ahead), "{outcome:?}");
-        let resync = protocol::wire::Resync::new(99, 1, 0).encode();
-        let (outcome, _) = intake.take(&resync, &m(resync.len()), &mut batch, now, 0);
+        // Another id of the process, from an address.
+        let resync = protocol::wire::Resync::new(99, 1, 0);
+        let outcome = ahead_then_resync(&mut intake, &mut batch, dir.path(), resync);
         assert!(
             matches!(outcome, Outcome::Resynced { evicted: 1, .. }),
             "{outcome:?}"
@@ -470,6 +460,55 @@ mod tests {
             [1],
             "the oldest id, with the batch"
         );
+    }
+
+    /// A datagram of `resync`'s sender (process 7 of uid 1000) from an address in `dir`, at
+    /// the seq where the resync says its window starts, ahead of what the collector has of it
+    /// (asked for), then the resync.
+    fn ahead_then_resync(
+        intake: &mut Intake,
+        batch: &mut Batch,
+        dir: &std::path::Path,
+        resync: protocol::wire::Resync,
+    ) -> Outcome {
+        let from = Some(UnixAddr::new(&dir.join("r")).unwrap());
+        let m = |len| Received {
+            from,
+            ..meta(7, 1000, len)
+        };
+        let mut enc = Encoder::new(resync.sender, DEFAULT_DATAGRAM).unwrap();
+        enc.resume_as(resync.sender, resync.first);
+        enc.push("abc", 1_000_000).unwrap();
+        let ahead = enc.datagram().to_vec();
+        let now = Instant::now();
+        let (outcome, _) = intake.take(&ahead, &m(ahead.len()), batch, now, 0);
+        assert!(matches!(outcome, Outcome::Ahead), "{outcome:?}");
+        let resync = resync.encode();
+        intake.take(&resync, &m(resync.len()), batch, now, 0).0
+    }
+
+    /// A resync claiming more clicks than its skipped datagrams hold (a record whose count was
+    /// short): the unaccounted counted are what they hold, and the rest passed over too, in
+    /// no metric, so that a failover losing the batch does not count them as lost either.
+    #[test]
+    fn a_resync_past_what_its_datagrams_hold_passes_the_rest_over_uncounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
+        let mut batch = Batch::default();
+        let resync = protocol::wire::Resync::new(99, 2, 100_000);
+        let outcome = ahead_then_resync(&mut intake, &mut batch, dir.path(), resync);
+        let most = 2 * (protocol::wire::MAX_DATAGRAM / protocol::wire::MIN_CLICK_LEN) as u64;
+        assert!(
+            matches!(outcome, Outcome::Resynced { skipped: 2, unaccounted, claimed: 100_000, .. } if unaccounted == most),
+            "{outcome:?}"
+        );
+        let passed = PassedOver {
+            unaccounted: most,
+            uncounted: 100_000 - most,
+            ..PassedOver::default()
+        };
+        assert_eq!(batch.passed_over(), passed);
+        assert_eq!(batch.passed_over_by().collect::<Vec<_>>(), [(99, 100_000)]);
     }
 
     /// A datagram of a sender that awaits acknowledgements, rejected for a click (a byte of a
@@ -607,7 +646,7 @@ mod tests {
         assert_eq!(batch.received(), 6, "the clicks of seqs 0, 2 and 3");
         let passed_over = PassedOver {
             rejected: 10,
-            unaccounted: 0,
+            ..PassedOver::default()
         };
         assert_eq!(batch.passed_over(), passed_over, "seqs 1, 4, 5, 6 and 7");
         let senders = intake.senders();

@@ -56,7 +56,8 @@ pub(crate) struct Receiver {
 enum Event {
     Stop,
     Due,
-    Committed(Option<Batch>),
+    /// Boxed: a batch is the largest thing the loop is woken with, by far.
+    Committed(Option<Box<Batch>>),
     Received(io::Result<Option<Datagram>>),
 }
 
@@ -105,7 +106,7 @@ impl Receiver {
             match self.next_event(stop.as_mut()).await {
                 Event::Stop => break,
                 Event::Due => self.hand_over()?,
-                Event::Committed(batch) => self.committed(batch.ok_or(WriterGone)?),
+                Event::Committed(batch) => self.committed(*batch.ok_or(WriterGone)?),
                 Event::Received(Ok(Some(datagram))) => self.take(datagram)?,
                 Event::Received(Ok(None)) => {}
                 Event::Received(Err(e)) => {
@@ -137,7 +138,9 @@ impl Receiver {
         tokio::select! {
             biased;
             () = stop => Event::Stop,
-            batch = self.handoff.empty.recv(), if self.spare.is_none() => Event::Committed(batch),
+            batch = self.handoff.empty.recv(), if self.spare.is_none() => {
+                Event::Committed(batch.map(Box::new))
+            }
             () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Event::Due,
             r = self.inbox.recv(&mut self.buf), if reading => Event::Received(r),
         }

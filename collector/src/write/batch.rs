@@ -136,6 +136,10 @@ pub struct PassedOver {
     pub rejected: u64,
     /// `clicks_unaccounted`: skipped by a resync.
     pub unaccounted: u64,
+    /// In no metric: what a resync's sender counted past what its skipped datagrams hold,
+    /// which a record whose count was short lacked (rows written long before). Passed over
+    /// all the same, so that a failover that loses the batch does not count them as lost.
+    pub uncounted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -293,10 +297,12 @@ impl Batch {
         let passed = &mut self.passed_over;
         passed.rejected = passed.rejected.saturating_add(clicks.rejected);
         passed.unaccounted = passed.unaccounted.saturating_add(clicks.unaccounted);
+        passed.uncounted = passed.uncounted.saturating_add(clicks.uncounted);
         let by = self.passed_over_by.entry(sender).or_default();
         *by = by
             .saturating_add(clicks.rejected)
-            .saturating_add(clicks.unaccounted);
+            .saturating_add(clicks.unaccounted)
+            .saturating_add(clicks.uncounted);
     }
 
     pub(crate) fn passed_over(&self) -> PassedOver {
@@ -869,6 +875,7 @@ mod tests {
         let most = PassedOver {
             rejected: u64::MAX - 1,
             unaccounted: u64::MAX - 1,
+            uncounted: u64::MAX - 1,
         };
         b.pass_over(3, most);
         b.pass_over(3, most);
@@ -876,6 +883,7 @@ mod tests {
         let all = PassedOver {
             rejected: u64::MAX,
             unaccounted: u64::MAX,
+            uncounted: u64::MAX,
         };
         assert_eq!(b.passed_over(), all);
         assert!(b.passed_over_by().all(|(_, clicks)| clicks == u64::MAX));

@@ -660,6 +660,7 @@ mod tests {
                 let clicks = PassedOver {
                     rejected,
                     unaccounted,
+                    ..PassedOver::default()
                 };
                 batch.pass_over(sender, clicks);
             }

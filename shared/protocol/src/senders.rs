@@ -157,7 +157,8 @@ pub enum Refusal {
     /// The seq is more than `MAX_JUMP` past the next one expected, or past `MAX_SEQ`.
     SeqJump,
     /// A resync from a sender without an address (never asked to resend), or claiming more
-    /// clicks than the datagrams it skips can hold or than `MAX_SEQ`.
+    /// clicks than `MAX_SEQ`, or more unaccounted than any sender serves (`MAX_UNACCOUNTED`).
+    /// More than the datagrams it skips can hold is counted as that many, not refused.
     BadResync,
 }
 

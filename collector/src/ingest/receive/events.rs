@@ -157,7 +157,7 @@ impl Events {
                             "sender {sender:016x} counts {claimed} clicks skipped, more than its \
                              {skipped} skipped datagrams can hold: the record's count of its \
                              clicks was short (a click_senders row from before migration 12 \
-                             counts from 0); {unaccounted} counted"
+                             counts from 0), or the sender counts wrong; {unaccounted} counted"
                         );
                     }
                 }
