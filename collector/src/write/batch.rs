@@ -137,8 +137,9 @@ pub struct PassedOver {
     /// `clicks_unaccounted`: skipped by a resync.
     pub unaccounted: u64,
     /// In no metric: what a resync's sender counted past what its skipped datagrams hold,
-    /// which a record whose count was short lacked (rows written long before). Passed over
-    /// all the same, so that a failover that loses the batch does not count them as lost.
+    /// which a record whose count was short lacked (rows written long before), or which the
+    /// sender counts wrong. Passed over all the same, so that a failover that loses the batch
+    /// does not count them as lost.
     pub uncounted: u64,
 }
 
@@ -173,8 +174,8 @@ pub struct Batch {
     /// they are passed: a collector killed before that has them passed over again, by its
     /// next process, from the same records.
     passed_over: PassedOver,
-    /// The same per sender, both kinds together: those of a batch that a failover lost are
-    /// not counted again (`replication::Committed`).
+    /// The same per sender, all three kinds together: those of a batch that a failover lost
+    /// are not counted again (`replication::Committed`).
     passed_over_by: HashMap<u64, u64>,
     /// Each click's time (Unix microseconds), for the commit lag.
     clicked_at: Vec<i64>,

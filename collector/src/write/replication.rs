@@ -362,9 +362,10 @@ pub struct Committed {
     senders: HashMap<u64, Commit>,
     /// The latest of its batches whose sender records passed clicks over (a datagram rejected
     /// whole, or skipped by a resync: counted as the batch committed, in `clicks_rejected` or
-    /// `clicks_unaccounted`, and in no row): each one's number and those clicks per sender,
-    /// oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a batch lost
-    /// clicks already counted: they are not counted again as unaccounted.
+    /// `clicks_unaccounted`, and in no row; or what a resync claimed past what its datagrams
+    /// hold, in rows long before: `PassedOver::uncounted`): each one's number and those clicks
+    /// per sender, oldest first, at most [`PASSED_OVER_KEPT`]. A failover that lost such a
+    /// batch lost no clicks by them: they are not counted as unaccounted.
     passed_over: VecDeque<(i64, Vec<(u64, u64)>)>,
     /// Senders whose loss a check counted: the ranges of their clicks (after the first,
     /// through the last, in the sender's running count, which never goes back) counted,
@@ -507,7 +508,7 @@ impl Committed {
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
                  behind by {datagrams} datagrams, {clicks} clicks (and {passed_over} passed \
-                 over, counted so as they committed). It failed over to a standby that had not \
+                 over, counted as they committed or in rows before). It failed over to a standby that had not \
                  received them (asynchronous replication); the senders no longer hold them. \
                  Counted in collector_clicks_unaccounted_total; their records are put back, \
                  and writing goes on",
@@ -556,7 +557,7 @@ impl Committed {
     /// pruned (a day later than that, by `updated_at`): its missing row is no sign of a failover.
     /// A row behind is, at any age: the prune deletes rows, and a row never goes back. Of a
     /// sender's clicks missing, those its lost batches passed over (`passed_over`, per sender)
-    /// were counted as they committed: apart.
+    /// were counted as they committed, or are in rows from before: apart.
     fn behind(
         &self,
         there: &HashMap<u64, (u64, u64)>,
