@@ -19,13 +19,8 @@ use testkit::redirector::{redirector, rows, scalar, Redirector, LIMIT};
 use testkit::services::Collector;
 use testkit::{eventually, Service};
 
-/// 1,000 redirects from one connection (so no two clicks share a microsecond), all of them
+/// `n` redirects from one connection (so no two clicks share a microsecond), all of them
 /// acknowledged by the collector (whose admin listener is `collector`), each written once.
-async fn thousand_acknowledged(f: &Fixture, r: &Redirector, collector: SocketAddr, before: u64) {
-    acknowledged(f, r, collector, before, 1_000).await;
-}
-
-/// `n` redirects, as [`thousand_acknowledged`].
 async fn acknowledged(f: &Fixture, r: &Redirector, collector: SocketAddr, before: u64, n: u64) {
     let load = Load {
         connections: 1,
@@ -69,7 +64,7 @@ async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forg
     stop(collector).await;
     f.client.batch_execute(forget).await.unwrap();
     let (collector, admin) = start_collector(f).await;
-    thousand_acknowledged(f, r, admin, before).await;
+    acknowledged(f, r, admin, before, 1_000).await;
 
     let written = rows(&f.client, None).await;
     let distinct: i64 = scalar(
@@ -96,7 +91,7 @@ async fn forget_and_resume(f: &Fixture, r: &Redirector, collector: Service, forg
 #[tokio::test]
 async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap() {
     let (f, collector, admin, r) = running().await;
-    thousand_acknowledged(&f, &r, admin, 0).await;
+    acknowledged(&f, &r, admin, 0, 1_000).await;
 
     let gap = forget_and_resume(&f, &r, collector, "DELETE FROM click_senders").await;
     assert_eq!(
@@ -108,12 +103,12 @@ async fn a_collector_whose_click_senders_was_emptied_resumes_and_counts_the_gap(
 #[tokio::test]
 async fn a_collector_given_back_an_older_click_senders_counts_only_what_it_lacks() {
     let (f, collector, admin, r) = running().await;
-    thousand_acknowledged(&f, &r, admin, 0).await;
+    acknowledged(&f, &r, admin, 0, 1_000).await;
     f.client
         .batch_execute("CREATE TABLE senders_copy AS SELECT * FROM click_senders")
         .await
         .unwrap();
-    thousand_acknowledged(&f, &r, admin, 1_000).await;
+    acknowledged(&f, &r, admin, 1_000, 1_000).await;
 
     let restore = "DELETE FROM click_senders; \
                    INSERT INTO click_senders SELECT * FROM senders_copy";
@@ -186,7 +181,7 @@ async fn a_peer_that_never_reads_holds_up_no_other_senders_acknowledgements() {
     let r = redirector(&f.db.url, &f.socket, &[]).await;
     r.ready().await;
     for round in 0..3 {
-        thousand_acknowledged(&f, &r, admin, round * 1_000).await;
+        acknowledged(&f, &r, admin, round * 1_000, 1_000).await;
     }
     assert_eq!(rows(&f.client, Some("resync")).await, 3_000);
     assert_eq!(r.dropped().await, 0.0);
@@ -228,7 +223,7 @@ fn send_click(collector: &Path, sender: u64, code: &str, at_us: i64) {
 #[tokio::test]
 async fn after_a_collector_restart_another_process_cannot_take_a_redirectors_sender_id() {
     let (f, collector, admin, r) = running().await;
-    thousand_acknowledged(&f, &r, admin, 0).await;
+    acknowledged(&f, &r, admin, 0, 1_000).await;
     let sender: i64 = scalar(&f.client, "SELECT sender FROM click_senders").await;
     let last: i64 = scalar(&f.client, "SELECT last_seq FROM click_senders").await;
     let recorded = "SELECT reply_uid FROM click_senders WHERE reply_to IS NOT NULL";
@@ -253,7 +248,7 @@ async fn after_a_collector_restart_another_process_cannot_take_a_redirectors_sen
         (metric(admin, mismatch).await == 2.0).then_some(())
     })
     .await;
-    thousand_acknowledged(&f, &r, admin, 1_000).await;
+    acknowledged(&f, &r, admin, 1_000, 1_000).await;
     assert_eq!(rows(&f.client, Some("forged")).await, 0);
     assert_eq!(r.dropped().await, 0.0);
     stop(collector).await;

@@ -508,8 +508,9 @@ impl Committed {
             tracing::warn!(
                 "the database lacks commits this collector made and acknowledged: {} senders \
                  behind by {datagrams} datagrams, {clicks} clicks (and {passed_over} passed \
-                 over, counted as they committed or in rows before). It failed over to a standby that had not \
-                 received them (asynchronous replication); the senders no longer hold them. \
+                 over, counted as they committed or in rows before). It failed over to a \
+                 standby that had not received them (asynchronous replication); the senders \
+                 no longer hold them. \
                  Counted in collector_clicks_unaccounted_total; their records are put back, \
                  and writing goes on",
                 behind.len()
