@@ -119,6 +119,12 @@ fn published(pos: u64) -> u64 {
 #[derive(Default)]
 pub(crate) struct Position(AtomicU64);
 
+impl Position {
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// What keeps the memory of a ring's cells and positions alive (the state region's mapping).
 pub(crate) type Memory = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 

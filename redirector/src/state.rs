@@ -104,7 +104,8 @@ struct Header {
     /// The boot of the process that last held the region (`boot_id`); zero when written by a
     /// build from before it was kept, which the padding before `head` was then.
     boot: [AtomicU64; 2],
-    /// Set by a clean stop once the region is written back to its file; cleared at adoption.
+    /// Set by a clean stop once the region is written back to its file ([`clean_mark`]);
+    /// cleared at adoption.
     clean: AtomicU64,
     /// What the last stop counted as dropped and yet left in the region (systemd's store,
     /// which may or may not keep it): the process that adopts it reports those clicks as
@@ -341,9 +342,42 @@ impl Closing {
             .dropped_at_stop
             .store(dropped, Ordering::Release);
         self.region.sync()?;
-        self.header.clean.store(1, Ordering::Release);
+        let h = self.header;
+        let [first, end] = h.marks.get();
+        let [head, tail] = [h.head.get(), h.tail.get()];
+        let mark = clean_mark([h.sender.load(Ordering::Acquire), first, end, head, tail]);
+        h.clean.store(mark, Ordering::Release);
         self.region.sync()
     }
+}
+
+/// The header's words a clean mark vouches for, in [`clean_mark`]'s order: the sender id, the
+/// window's marks and the ring's positions.
+const VOUCHED: [usize; 5] = [
+    std::mem::offset_of!(Header, sender),
+    std::mem::offset_of!(Header, marks),
+    std::mem::offset_of!(Header, marks) + 8,
+    std::mem::offset_of!(Header, head),
+    std::mem::offset_of!(Header, tail),
+];
+
+/// What a clean stop marks: the words it vouches for ([`VOUCHED`]) mixed into one, its top
+/// bit set. A build from before the clean mark (layout 2 too) never clears it, but moves one of
+/// those words as soon as it serves (a push moves `tail`, a datagram `end`): a region such a
+/// build served from after a clean stop, then left unmarked across a reboot, no longer matches,
+/// and is stale. The mark of the builds before this one, 1, vouched for no words: it is taken
+/// as it is, so that their clean stops are trusted across the reboot of an upgrade.
+fn clean_mark(vouched: [u64; 5]) -> u64 {
+    let mixed = vouched.iter().fold(0u64, |mark, &word| {
+        (mark.rotate_left(27) ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    mixed | 1 << 63
+}
+
+/// Whether a region's `clean` word vouches for the words it holds ([`clean_mark`]).
+fn is_marked_clean(clean: u64, vouched: [u64; 5]) -> bool {
+    const BEFORE_THE_WORDS: u64 = 1;
+    clean == BEFORE_THE_WORDS || (clean != 0 && clean == clean_mark(vouched))
 }
 
 /// The sender id in the region, and its journalled renewal.
@@ -801,7 +835,10 @@ fn read_header(
     // region of a build from before the boot was kept, or held where it could not be read
     // (zero), is trusted, and so is any where this boot's cannot be read.
     let was = [0, 8].map(|at| u64_at(std::mem::offset_of!(Header, boot) + at));
-    let clean = u64_at(std::mem::offset_of!(Header, clean)) != 0;
+    let clean = is_marked_clean(
+        u64_at(std::mem::offset_of!(Header, clean)),
+        VOUCHED.map(u64_at),
+    );
     let stale = is_stale(was, boot_id(), clean);
     if stale {
         return Ok(Some(Found {
@@ -1137,6 +1174,37 @@ mod tests {
             !is_stale([0, 0], Some(b), false),
             "held where the boot was unknown"
         );
+    }
+
+    /// A clean mark vouches for the region as its stop left it: a build from before the mark
+    /// that served from the region since (a rollback: it never clears the mark, but its push
+    /// moved the tail) leaves it untrusted after a reboot. The mark of the builds before this
+    /// one, 1, is trusted as it is.
+    #[test]
+    fn a_clean_mark_vouches_only_for_the_region_its_stop_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        left_with_three_clicks(&path, true);
+        poke(
+            &path,
+            std::mem::offset_of!(Header, tail),
+            &4u64.to_ne_bytes(),
+        );
+        as_if_rebooted(&path);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.stale, region.recovered), (4, 0));
+
+        let path = dir.path().join("before the words");
+        let sender = left_with_three_clicks(&path, true);
+        poke(
+            &path,
+            std::mem::offset_of!(Header, clean),
+            &1u64.to_ne_bytes(),
+        );
+        as_if_rebooted(&path);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!((region.stale, region.recovered), (0, 3));
+        assert_eq!(region.sender.id(), sender);
     }
 
     /// A process that adopted a region stopped cleanly and was then killed leaves it

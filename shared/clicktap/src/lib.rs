@@ -100,17 +100,20 @@ pub enum PeerProblem {
 }
 
 impl PeerProblem {
-    /// Names a failed connect or send by what the user should check.
-    fn of(err: io::Error, len: usize) -> PeerProblem {
+    /// Names a failed connect or send by what the user should check. Once `connected`, a
+    /// refusal (ECONNREFUSED, then ENOTCONN) is the listener's death: its file may be gone.
+    fn of(err: io::Error, len: usize, connected: bool) -> PeerProblem {
         if err.raw_os_error() == Some(nix::libc::EPROTOTYPE) {
             return PeerProblem::WrongType;
         }
         match SendErrorKind::of(&err) {
             SendErrorKind::NotFound => PeerProblem::NobodyListening("no socket at this path"),
-            SendErrorKind::Refused => {
+            SendErrorKind::Refused if !connected => {
                 PeerProblem::NobodyListening("the socket file is there but nobody is bound to it")
             }
-            SendErrorKind::NotConnected => PeerProblem::NobodyListening("the listener went away"),
+            SendErrorKind::Refused | SendErrorKind::NotConnected => {
+                PeerProblem::NobodyListening("the listener went away")
+            }
             SendErrorKind::PermissionDenied => PeerProblem::PermissionDenied,
             SendErrorKind::TooLarge => PeerProblem::TooLarge(len),
             SendErrorKind::QueueFull | SendErrorKind::Other => PeerProblem::Other(err),

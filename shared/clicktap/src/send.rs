@@ -382,7 +382,7 @@ impl<'a> Link<'a> {
         let socket = UnixDatagram::unbound().map_err(TapError::io("creating a socket"))?;
         socket
             .connect(path)
-            .map_err(|e| peer(PeerProblem::of(e, 0)))?;
+            .map_err(|e| peer(PeerProblem::of(e, 0, false)))?;
         socket
             .set_nonblocking(true)
             .map_err(TapError::io("making the socket non-blocking"))?;
@@ -408,7 +408,7 @@ impl<'a> Link<'a> {
             if kind != SendErrorKind::QueueFull {
                 return Err(TapError::Peer {
                     path: self.path.to_owned(),
-                    problem: PeerProblem::of(err, bytes.len()),
+                    problem: PeerProblem::of(err, bytes.len(), true),
                 });
             }
             if signals::stopping(self.stop) {

@@ -767,6 +767,32 @@ fn decode_shows_a_resync() {
     );
 }
 
+/// A listener that goes away while a send runs (its socket file removed, as `listen` does at
+/// its stop) is named so: the first send after it is refused (ECONNREFUSED) as if by a file
+/// nobody is bound to, which is not what happened.
+#[test]
+fn send_says_so_when_its_listener_goes_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tap.sock");
+    let listener = bind_datagram(&path, 0o600).unwrap();
+    listener.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut cmd = clicktap();
+    cmd.args(["send", "--socket", path.to_str().unwrap(), "--code", "a"])
+        .args(["--count", "1000", "--rate", "100", "--batch", "1"]);
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting clicktap");
+    listener
+        .recv(&mut [0; DEFAULT_DATAGRAM])
+        .expect("a first datagram within the limit");
+    drop(listener);
+    std::fs::remove_file(&path).unwrap();
+    let out = child.wait_with_output().expect("waiting for clicktap");
+    assert_fails_with(&out, "nobody is listening: the listener went away");
+}
+
 #[test]
 fn send_says_clearly_when_nobody_listens() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,6 +53,13 @@ pub struct Marks {
     end: AtomicU64,
 }
 
+impl Marks {
+    /// `first` and `end` as they are.
+    pub fn get(&self) -> [u64; 2] {
+        [&self.first, &self.end].map(|mark| mark.load(Ordering::Acquire))
+    }
+}
+
 /// Where the window keeps its datagrams: the heap ([`Heap`]), or memory that outlives the
 /// process (the redirector's state region). `bytes` is `meta.len() - 1` slots of `slot_size`:
 /// there is one record more than slots, so that the record of the last datagram pushed (its
