@@ -496,6 +496,7 @@ fn open_state(
         );
     }
     metrics.clicks_reclaimed.inc_by(region.reclaimed);
+    region.closing.reclaimed_reported();
     metrics.clicks_dropped.add(Dropped::Torn, region.torn);
     metrics
         .clicks_dropped

@@ -109,7 +109,7 @@ struct Header {
     clean: AtomicU64,
     /// What the last stop counted as dropped and yet left in the region (systemd's store,
     /// which may or may not keep it): the process that adopts it reports those clicks as
-    /// reclaimed. Cleared at adoption.
+    /// reclaimed. Cleared once reported (`Closing::reclaimed_reported`).
     dropped_at_stop: AtomicU64,
     /// The ring's tail when a process adopted the window under this id and the collector had
     /// not confirmed it yet (see the drain's `unconfirmed`), plus one; zero once confirmed or
@@ -326,11 +326,17 @@ impl Closing {
     /// unit's `ProcSubset=pid` hides `/proc/sys`) is recorded as unknown, which is trusted.
     fn hold(&self) -> io::Result<()> {
         self.header.clean.store(0, Ordering::Release);
-        self.header.dropped_at_stop.store(0, Ordering::Release);
         let boot = boot_id().unwrap_or_default();
         self.header.boot[0].store(boot[0], Ordering::Release);
         self.header.boot[1].store(boot[1], Ordering::Release);
         self.region.sync_header()
+    }
+
+    /// Once the start has reported what the last stop counted as dropped (`Region::reclaimed`),
+    /// before anything is sent: a process killed before then leaves the count to the next
+    /// start, as the stop leaves its own to the log before it marks the region.
+    pub fn reclaimed_reported(&self) {
+        self.header.dropped_at_stop.store(0, Ordering::Release);
     }
 
     /// Once nothing writes to the region any more: records that the stop counted `dropped` of
@@ -1221,8 +1227,8 @@ mod tests {
     }
 
     /// What a stop counted as dropped and left in the region (systemd's store may keep it) is
-    /// reported as reclaimed by the process that adopts it, once, and never as more than the
-    /// region holds.
+    /// reported as reclaimed by the process that adopts it, once (by the next, if that one is
+    /// killed before it reported them), and never as more than the region holds.
     #[test]
     fn what_a_stop_counted_as_dropped_is_reclaimed_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -1235,6 +1241,13 @@ mod tests {
         drop(region);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.recovered, region.reclaimed), (3, 3));
+        drop(region);
+        let region = Region::file(&path, GEOMETRY).unwrap();
+        assert_eq!(
+            region.reclaimed, 3,
+            "a start killed before it reported them leaves them to the next"
+        );
+        region.closing.reclaimed_reported();
         drop(region);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!(

@@ -698,13 +698,29 @@ async fn what_a_stop_under_the_fd_store_counted_as_dropped_is_reclaimed_by_the_n
     );
 
     let next = start_with_store(&f, &held, &store, Some(&memfd), &[]);
-    let r = all_written_by_the_next(&f, N, next).await;
+    let mut r = all_written_by_the_next(&f, N, next).await;
     assert_eq!(
         r.metric("redirector_clicks_reclaimed_total").await,
         N as f64,
         "what the stop counted as dropped, sent after all"
     );
     assert_eq!(drops(&r).await, Vec::<String>::new(), "nothing dropped");
+
+    // Reported once: this start cleared the stop's record once it had counted it, so a kill
+    // of it, holding clicks of its own, leaves the next start none to report as reclaimed.
+    assert_eq!(redirected(&r, N).await, N);
+    r.kill().await;
+    let r = start_with_store(&f, &held, &store, Some(&memfd), &[]).await;
+    r.ready().await;
+    assert_eq!(
+        r.metric("redirector_clicks_recovered_total").await,
+        N as f64
+    );
+    assert_eq!(
+        r.metric("redirector_clicks_reclaimed_total").await,
+        0.0,
+        "the last stop's drops, reported by the start before"
+    );
 }
 
 /// A start that fails on its configuration (here a `--socket` path too long for a Unix
