@@ -621,8 +621,9 @@ fn add_range(ranges: &mut Vec<(u64, u64)>, (from, to): (u64, u64)) {
 #[derive(Debug, Clone, Copy)]
 struct Commit {
     noted: Noted,
-    /// `None`: longer ago than this host's monotonic clock reaches back (a record loaded at
-    /// start, older than the boot).
+    /// `None`: longer ago than an `Instant` reaches back (a record loaded at start). On Linux
+    /// an `Instant` goes back past the boot, so a record older than the boot has one too, and
+    /// `None` takes an age past any clock's.
     at: Option<Instant>,
 }
 
