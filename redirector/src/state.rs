@@ -380,10 +380,11 @@ fn clean_mark(vouched: [u64; 5]) -> u64 {
     mixed | 1 << 63
 }
 
-/// Whether a region's `clean` word vouches for the words it holds ([`clean_mark`]).
+/// Whether a region's `clean` word vouches for the words it holds ([`clean_mark`], never 0:
+/// an unmarked region is not clean).
 fn is_marked_clean(clean: u64, vouched: [u64; 5]) -> bool {
     const BEFORE_THE_WORDS: u64 = 1;
-    clean == BEFORE_THE_WORDS || (clean != 0 && clean == clean_mark(vouched))
+    clean == BEFORE_THE_WORDS || clean == clean_mark(vouched)
 }
 
 /// The sender id in the region, and its journalled renewal.
@@ -938,6 +939,12 @@ pub(crate) fn poke(path: &Path, at: usize, bytes: &[u8]) {
     nix::sys::uio::pwrite(&file, bytes, at as i64).unwrap();
 }
 
+/// [`poke`]s one `u64` (a header's word, say: `offset_of!(Header, tail)`).
+#[cfg(test)]
+pub(crate) fn poke_word(path: &Path, at: usize, word: u64) {
+    poke(path, at, &word.to_ne_bytes());
+}
+
 /// What a push killed after it claimed the ring's next cell (moved the tail) and before it
 /// published it leaves, done to the region in the file at `path`.
 #[cfg(test)]
@@ -1132,11 +1139,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         left_with_three_clicks(&path, false);
-        poke(
-            &path,
-            std::mem::offset_of!(Header, renewing),
-            &1u64.to_ne_bytes(),
-        );
+        poke_word(&path, std::mem::offset_of!(Header, renewing), 1);
         as_if_rebooted(&path);
         let now = Geometry {
             ring: 16,
@@ -1191,22 +1194,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         left_with_three_clicks(&path, true);
-        poke(
-            &path,
-            std::mem::offset_of!(Header, tail),
-            &4u64.to_ne_bytes(),
-        );
+        poke_word(&path, std::mem::offset_of!(Header, tail), 4);
         as_if_rebooted(&path);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.stale, region.recovered), (4, 0));
 
         let path = dir.path().join("before the words");
         let sender = left_with_three_clicks(&path, true);
-        poke(
-            &path,
-            std::mem::offset_of!(Header, clean),
-            &1u64.to_ne_bytes(),
-        );
+        poke_word(&path, std::mem::offset_of!(Header, clean), 1);
         as_if_rebooted(&path);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.stale, region.recovered), (0, 3));
@@ -1336,7 +1331,7 @@ mod tests {
             Region::file(&path, GEOMETRY).is_ok(),
             "as a redirector left it"
         );
-        poke(&path, marks, &0u64.to_ne_bytes());
+        poke_word(&path, marks, 0);
         let err = Region::file(&path, GEOMETRY)
             .err()
             .expect("bounds past its slots");
@@ -1372,7 +1367,7 @@ mod tests {
             std::mem::offset_of!(Header, head),
             std::mem::offset_of!(Header, tail),
         ] {
-            poke(&path, position, &(MAX_POSITION + 1).to_ne_bytes());
+            poke_word(&path, position, MAX_POSITION + 1);
         }
         let err = Region::file(&path, GEOMETRY)
             .err()
@@ -1411,7 +1406,7 @@ mod tests {
         }
         // Killed between moving `head` past all of them and freeing their cells.
         let head = std::mem::offset_of!(Header, head);
-        poke(&path, head, &GEOMETRY.ring.to_ne_bytes());
+        poke_word(&path, head, GEOMETRY.ring);
         let region = Region::file(&path, GEOMETRY).unwrap();
         assert_eq!((region.recovered, region.torn), (0, 0));
         for _ in 0..GEOMETRY.ring {
@@ -1537,11 +1532,7 @@ mod tests {
         let region = Region::file(&path, GEOMETRY).unwrap();
         region.ring.push("a", 1, &Dimensions::default()).unwrap();
         drop(region);
-        poke(
-            &path,
-            std::mem::offset_of!(Header, window),
-            &0u64.to_ne_bytes(),
-        );
+        poke_word(&path, std::mem::offset_of!(Header, window), 0);
         let err = Region::file(&path, GEOMETRY).err().unwrap();
         assert!(err.to_string().contains("sizes are out of range"), "{err}");
         // Zeros, but not as long as a layout: a file system's image, say. Refused, untouched.
