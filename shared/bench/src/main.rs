@@ -8,6 +8,7 @@ mod hosts;
 mod ingest;
 mod knobs;
 mod links;
+mod machine;
 mod maintenance;
 mod memory;
 mod neighbour;
@@ -42,7 +43,9 @@ Load tests that produce BENCHMARKS.md. Loopback only, bounded in count and time.
                             that both meet the machine in the same state (not with
                             REDIRECT_CPU); mode paired-aa: the same with clicks off in
                             both, what the method makes of two equal redirectors; mode
-                            paired-baseline: paired with BASELINE's binaries
+                            paired-baseline: paired with BASELINE's binaries; before each
+                            round, a probe of the machine (a cache line between two CPUs,
+                            a random read of memory, dependent arithmetic: machine.tsv)
   scripts/bench collector   collector ingest vs `psql \\copy` of the same rows, Zipf and uniform codes
   scripts/bench compaction  how far compaction keeps up under sustained full-speed ingest
   scripts/bench totals      CPU per click by process at a steady RATE of uniform clicks for

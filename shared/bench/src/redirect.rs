@@ -11,6 +11,7 @@ use testkit::redirector::browsers::{Headers, COUNTRY_HEADER};
 use testkit::redirector::load::{Client, Load, Report};
 
 use crate::knobs::CODES;
+use crate::machine::Probe;
 use crate::procfs::{hwm_mib, Cpu, PgMemory};
 use crate::services::{await_healthy, has_flag, metric, until, until_every, Proc};
 use crate::table::{column, median, num, ratio, rotated, rows};
@@ -599,6 +600,7 @@ fn adds_up(recorded: i64, dropped: u64, redirects: u64) -> bool {
 pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
     let tsv = bench.path("redirect.tsv");
     std::fs::write(&tsv, "")?;
+    std::fs::write(bench.path("machine.tsv"), "")?;
     let modes = bench.knobs.modes.clone();
     let with_dimensions = modes.iter().any(|m| m == "dimensions");
     let bin = bench.bin(Variant::Current, "redirector");
@@ -615,6 +617,9 @@ pub(crate) async fn bench(bench: &mut Bench) -> Res<()> {
     // modes then differ only in the redirector's flags.
     let headers = Some(Headers::browsers());
     for round in 1..=bench.knobs.rounds {
+        let probe = Probe::take();
+        let fields = [vec![round.to_string()], probe.fields().to_vec()].concat();
+        crate::table::append(&bench.path("machine.tsv"), &fields)?;
         for mix in MIXES {
             for mode in rotated(round as usize, &modes) {
                 log(&format!("redirect round {round}, {mix} codes: {mode}"));
@@ -718,6 +723,7 @@ fn print_table(bench: &Bench, modes: &[String]) {
     );
     println!("CPU counts from the load's start until the collector has written and folded the run's clicks (with no collector, until the load ends);");
     println!("the collector's in brackets until they were written: the rest is the run's fold, a whole one however short the run.");
+    print_machine(bench);
 }
 
 /// The rows of the redirector with clicks off that serves at the same time as a paired mode's
@@ -748,6 +754,32 @@ fn off_of(mode: &str) -> &str {
 /// redirector's and the collector's CPU per redirect (PostgreSQL's left out: it usually runs on
 /// another machine) over the redirector's with clicks off, in the same round; the median of
 /// the rounds.
+/// The probes of the machine before each round (`machine`), medians and ranges.
+fn print_machine(bench: &Bench) {
+    let rows = rows(&bench.path("machine.tsv"));
+    let of = |field| {
+        let mut values: Vec<f64> = column(&rows, &[], field)
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        values.sort_by(f64::total_cmp);
+        match (values.first(), values.last()) {
+            (Some(low), Some(high)) => {
+                let all: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+                format!("{} ns ({low}-{high})", median(&all))
+            }
+            _ => "not measured (one CPU)".to_owned(),
+        }
+    };
+    println!(
+        "The machine before each round ({}: round, then these): a cache line from one CPU to the other and back {}, a random read of 256 MiB {}, a step of dependent arithmetic {}; medians (ranges).",
+        bench.path("machine.tsv").display(),
+        of(2),
+        of(3),
+        of(4)
+    );
+}
+
 fn host_cost(rows: &[Vec<String>], mix: &str, mode: &str, rounds: u32) -> String {
     let cpu =
         |mode: &str, round: &str, field| num(&median(&column(rows, &[mix, mode, round], field)));

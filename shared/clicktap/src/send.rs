@@ -34,8 +34,9 @@ pub struct Args {
         required_unless_present_any = ["raw", "code_file"]
     )]
     codes: Vec<String>,
-    /// Click codes read from a file, one per line, cycled through in order after any --code:
-    /// a recorded or generated traffic mix (scripts/bench sends Zipf-distributed codes so).
+    /// Click codes read from a file, one per line (at most 16,777,216), cycled through in order
+    /// after any --code: a recorded or generated traffic mix (scripts/bench sends
+    /// Zipf-distributed codes so).
     #[arg(long, value_name = "PATH")]
     code_file: Option<PathBuf>,
     /// Clicks to send in all (at least 1).
@@ -160,10 +161,15 @@ fn parse_code(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Appends the codes of `path`, one a line, each checked as it is read: a line is read only
-/// as far as a code can be long, so that a file with no newline (`/dev/zero`) is refused
-/// rather than read into memory whole.
-fn read_code_file(path: &Path, codes: &mut Vec<String>) -> Result<(), TapError> {
+/// Codes a --code-file may hold: more than ten million links' worth, the most this project's
+/// benches send, and about 1.6 GiB of memory at 64 bytes a code.
+const MAX_FILE_CODES: usize = 16 << 20;
+
+/// Appends the codes of `path`, one a line, each checked as it is read, up to `max` of them: a
+/// line is read only as far as a code can be long, so that a file with no newline
+/// (`/dev/zero`) is refused rather than read into memory whole, and so is one that never ends
+/// (`yes a`) once past `max` lines.
+fn read_code_file(path: &Path, codes: &mut Vec<String>, max: usize) -> Result<(), TapError> {
     use std::io::{BufRead, Read};
     // A code, then `\r\n` at most; one byte more tells a longer line.
     const LONGEST: u64 = wire::MAX_CODE_LEN as u64 + 3;
@@ -181,7 +187,9 @@ fn read_code_file(path: &Path, codes: &mut Vec<String>) -> Result<(), TapError> 
         }
         let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
-        let why = if bytes.len() as u64 == LONGEST && !bytes.ends_with(b"\n") {
+        let why = if line > max {
+            Some(format!("more than {max} codes"))
+        } else if bytes.len() as u64 == LONGEST && !bytes.ends_with(b"\n") {
             Some(format!(
                 "longer than any code ({} bytes at most)",
                 wire::MAX_CODE_LEN
@@ -236,7 +244,7 @@ pub fn run(args: &Args) -> Result<(), TapError> {
 fn all_codes(args: &Args) -> Result<Vec<String>, TapError> {
     let mut codes = args.codes.clone();
     if let Some(path) = &args.code_file {
-        read_code_file(path, &mut codes)?;
+        read_code_file(path, &mut codes, MAX_FILE_CODES)?;
     }
     if codes.is_empty() {
         return Err(TapError::CodeFile {
@@ -500,6 +508,21 @@ mod tests {
             "150 ms after the first: next datagram"
         );
         assert_eq!(pace.stamp_us(3) - pace.stamp_us(0), 150_000);
+    }
+
+    #[test]
+    fn a_code_file_past_its_most_codes_is_refused_at_the_first_line_too_many() {
+        let dir = std::env::temp_dir().join(format!("clicktap-codes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("codes.txt");
+        std::fs::write(&path, "a\nb\nc\n").unwrap();
+        let mut codes = Vec::new();
+        read_code_file(&path, &mut codes, 3).unwrap();
+        assert_eq!(codes, ["a", "b", "c"]);
+        std::fs::write(&path, "a\nb\nc\nd\n").unwrap();
+        let err = read_code_file(&path, &mut Vec::new(), 3).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err.to_string(), "--code-file line 4: more than 3 codes");
     }
 
     #[test]

@@ -45,11 +45,17 @@ pub fn judge(bytes: &[u8], len: usize) -> Reading<'_> {
 
 /// The distinct codes of a batch with their click counts, in order of first appearance.
 pub fn code_counts<'a>(batch: &Datagram<'a>) -> Vec<(&'a str, usize)> {
+    tally(batch.clicks.iter().map(|click| click.code))
+}
+
+/// The distinct values with how often each came, in order of first appearance; in time linear
+/// in the values, however many distinct ones a peer sends.
+fn tally<'a>(values: impl Iterator<Item = &'a str>) -> Vec<(&'a str, usize)> {
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut counts: Vec<(&str, usize)> = Vec::new();
-    for click in &batch.clicks {
-        let i = *index.entry(click.code).or_insert_with(|| {
-            counts.push((click.code, 0));
+    for value in values {
+        let i = *index.entry(value).or_insert_with(|| {
+            counts.push((value, 0));
             counts.len() - 1
         });
         counts[i].1 += 1;
@@ -61,27 +67,23 @@ pub fn code_counts<'a>(batch: &Datagram<'a>) -> Vec<(&'a str, usize)> {
 /// appearance: what the collector counts of them (`click_breakdown`). A version-1 datagram's
 /// clicks carry none (the collector counts them under agent `unknown`).
 pub fn dimension_counts<'a>(batch: &Datagram<'a>) -> Vec<(Dimension, Vec<(&'a str, usize)>)> {
-    let mut counts: Vec<(Dimension, Vec<(&str, usize)>)> = Vec::new();
     if batch.version == 1 {
-        return counts;
+        return Vec::new();
     }
+    // The values of each dimension, the dimensions in order of first appearance (a few).
+    let mut values: Vec<(Dimension, Vec<&str>)> = Vec::new();
     for click in &batch.clicks {
         for (dimension, value) in click.dimensions.values() {
-            let i = match counts.iter().position(|(d, _)| *d == dimension) {
-                Some(i) => i,
-                None => {
-                    counts.push((dimension, Vec::new()));
-                    counts.len() - 1
-                }
-            };
-            let values = &mut counts[i].1;
-            match values.iter_mut().find(|(v, _)| *v == value) {
-                Some((_, n)) => *n += 1,
-                None => values.push((value, 1)),
+            match values.iter_mut().find(|(d, _)| *d == dimension) {
+                Some((_, of_it)) => of_it.push(value),
+                None => values.push((dimension, vec![value])),
             }
         }
     }
-    counts
+    values
+        .into_iter()
+        .map(|(dimension, of_it)| (dimension, tally(of_it.into_iter())))
+        .collect()
 }
 
 /// A click's dimensions as `name=value` words (`agent=bot referrer=t.co`); empty for a click
@@ -375,6 +377,31 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("oldest_age=0us"), "{line}");
+    }
+
+    #[test]
+    fn each_dimensions_values_are_counted_in_order_of_first_appearance() {
+        let mut enc = wire::Encoder::new(1, wire::DEFAULT_DATAGRAM).unwrap();
+        let hosts: Vec<String> = (0..300).map(|i| format!("r{i}.example")).collect();
+        for host in hosts.iter().chain([&hosts[7], &hosts[7], &hosts[0]]) {
+            let d = Dimensions {
+                referrer: Some(host),
+                ..Dimensions::default()
+            };
+            enc.push_with("a", 1_000_000, &d).unwrap();
+        }
+        let bytes = enc.datagram().to_vec();
+        let batch = wire::decode(&bytes).unwrap();
+        let counts = dimension_counts(&batch);
+        let (_, referrers) = counts
+            .iter()
+            .find(|(d, _)| *d == Dimension::Referrer)
+            .expect("a referrer count");
+        assert_eq!(referrers.len(), 300);
+        assert_eq!(referrers[0], ("r0.example", 2));
+        assert_eq!(referrers[7], ("r7.example", 3));
+        assert_eq!(referrers[299], ("r299.example", 1));
+        assert_eq!(counts[0].0, Dimension::Agent, "{:?}", counts[0].1);
     }
 
     #[test]
