@@ -1,6 +1,6 @@
 //! The machine's state, probed before each round of `redirect`: what a click adds to a redirect
-//! has moved between runs of the same code by more than the host's-cost goal's margin, while a
-//! redirect with clicks off cost the same (BENCHMARKS.md). A click's work is what crosses
+//! has moved between runs of the same code by more than the host's-cost goal's margin, at times
+//! while a redirect with clicks off cost the same (BENCHMARKS.md). A click's work is what crosses
 //! cores (the ring's cells, the datagram, the collector's wake-up) and walks memory (the ring,
 //! the collector's sums): so each round records how long a cache line takes to go from one CPU
 //! to the other and back, how long a random read of memory takes, and, as the control, a chain
@@ -8,7 +8,7 @@
 //! under them, and runs say in which state they measured.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
@@ -27,7 +27,7 @@ const STEPS: u64 = 100_000_000;
 #[derive(Clone, Copy)]
 pub(crate) struct Probe {
     /// A cache line there and back between the first two CPUs this process may use; `None` with
-    /// only one.
+    /// fewer than two, or when a thread could not be pinned or started.
     pub(crate) handoff_ns: Option<f64>,
     pub(crate) memory_ns: f64,
     pub(crate) step_ns: f64,
@@ -43,7 +43,7 @@ impl Probe {
         }
     }
 
-    /// For `machine.tsv`: the handoff (empty with one CPU), the read, the step.
+    /// For `machine.tsv`: the handoff (empty when not measured), the read, the step.
     pub(crate) fn fields(&self) -> [String; 3] {
         [
             self.handoff_ns
@@ -74,8 +74,23 @@ struct Line(AtomicU64);
 fn handoff_ns() -> Option<f64> {
     let (a, b) = two_cpus()?;
     let line = Line(AtomicU64::new(0));
+    // Both threads there and pinned, or neither hands off: one that went on alone would wait
+    // for the other for ever.
+    let (ready, failed) = (AtomicU64::new(0), AtomicBool::new(false));
+    let give_up = || {
+        failed.store(true, Ordering::Release);
+        ready.fetch_add(1, Ordering::AcqRel);
+    };
     let pass = |cpu: usize, parity: u64| {
-        if !pin(cpu) {
+        if pin(cpu) {
+            ready.fetch_add(1, Ordering::AcqRel);
+        } else {
+            give_up();
+        }
+        while ready.load(Ordering::Acquire) < 2 {
+            std::hint::spin_loop();
+        }
+        if failed.load(Ordering::Acquire) {
             return None;
         }
         let started = Instant::now();
@@ -88,17 +103,25 @@ fn handoff_ns() -> Option<f64> {
         }
         Some(started.elapsed())
     };
-    let (first, second) = std::thread::scope(|s| {
-        let first = s.spawn(|| pass(a, 0));
-        let second = s.spawn(|| pass(b, 1));
-        (first.join().ok().flatten(), second.join().ok().flatten())
-    });
-    second?;
-    Some(first?.as_nanos() as f64 / HANDOFFS as f64)
+    let pass = &pass;
+    std::thread::scope(|s| {
+        let spawn =
+            |cpu, parity| std::thread::Builder::new().spawn_scoped(s, move || pass(cpu, parity));
+        let first = spawn(a, 0).ok()?;
+        let Ok(second) = spawn(b, 1) else {
+            // The first is waiting for it: let it go.
+            give_up();
+            let _ = first.join();
+            return None;
+        };
+        let (first, second) = (first.join().ok().flatten(), second.join().ok().flatten());
+        second?;
+        Some(first?.as_nanos() as f64 / HANDOFFS as f64)
+    })
 }
 
-/// A random cycle through the memory's cache lines (Sattolo's shuffle), read one line at a
-/// time: each read's address is the one before's value, so none can start early.
+/// The memory's cache lines in a random order, each holding where the next one is, read one
+/// line at a time: each read's address is the one before's value, so none can start early.
 fn memory_ns() -> f64 {
     const WORDS_A_LINE: usize = 8;
     let lines = MEMORY_BYTES / 64;
@@ -106,11 +129,11 @@ fn memory_ns() -> f64 {
     let mut order: Vec<usize> = (0..lines).collect();
     let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
     for i in (1..lines).rev() {
-        // xorshift64: enough to scatter the lines.
+        // A shuffle by xorshift64: enough to scatter the lines.
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        order.swap(i, (seed % i as u64) as usize);
+        order.swap(i, (seed % (i as u64 + 1)) as usize);
     }
     for (i, &line) in order.iter().enumerate() {
         next[line * WORDS_A_LINE] = order[(i + 1) % lines] * WORDS_A_LINE;

@@ -750,14 +750,10 @@ fn off_of(mode: &str) -> &str {
     }
 }
 
-/// The host's cost of a redirect in `mode` against its clicks off ([`off_of`]): the
-/// redirector's and the collector's CPU per redirect (PostgreSQL's left out: it usually runs on
-/// another machine) over the redirector's with clicks off, in the same round; the median of
-/// the rounds.
 /// The probes of the machine before each round (`machine`), medians and ranges.
 fn print_machine(bench: &Bench) {
     let rows = rows(&bench.path("machine.tsv"));
-    let of = |field| {
+    let of = |field, missing| {
         let mut values: Vec<f64> = column(&rows, &[], field)
             .iter()
             .filter_map(|v| v.parse().ok())
@@ -768,18 +764,22 @@ fn print_machine(bench: &Bench) {
                 let all: Vec<String> = values.iter().map(|v| v.to_string()).collect();
                 format!("{} ns ({low}-{high})", median(&all))
             }
-            _ => "not measured (one CPU)".to_owned(),
+            _ => missing,
         }
     };
     println!(
         "The machine before each round ({}: round, then these): a cache line from one CPU to the other and back {}, a random read of 256 MiB {}, a step of dependent arithmetic {}; medians (ranges).",
         bench.path("machine.tsv").display(),
-        of(2),
-        of(3),
-        of(4)
+        of(2, "not measured (fewer than two CPUs, or one that could not be pinned)".to_owned()),
+        of(3, "-".to_owned()),
+        of(4, "-".to_owned())
     );
 }
 
+/// The host's cost of a redirect in `mode` against its clicks off ([`off_of`]): the
+/// redirector's and the collector's CPU per redirect (PostgreSQL's left out: it usually runs on
+/// another machine) over the redirector's with clicks off, in the same round; the median of
+/// the rounds.
 fn host_cost(rows: &[Vec<String>], mix: &str, mode: &str, rounds: u32) -> String {
     let cpu =
         |mode: &str, round: &str, field| num(&median(&column(rows, &[mix, mode, round], field)));

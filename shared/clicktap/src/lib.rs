@@ -11,6 +11,8 @@ mod send;
 mod show;
 mod signals;
 
+pub use send::MAX_FILE_CODES;
+
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
