@@ -89,6 +89,19 @@ pub(crate) fn make_inputs(bench: &Bench) -> Res<()> {
     Ok(())
 }
 
+/// CLICKS, where clicktap is to send that many codes from a file: at most what it reads.
+pub(crate) fn check_sendable(clicks: u64) -> Res<()> {
+    let most = clicktap::MAX_FILE_CODES as u64;
+    if clicks > most {
+        return Err(format!(
+            "CLICKS must be at most {most} (a line of a code file each, and `clicktap send \
+             --code-file` reads at most that many), not {clicks}"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn writer(bench: &Bench, name: &str) -> Res<BufWriter<std::fs::File>> {
     let path = bench.path(name);
     let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -144,7 +144,7 @@ impl Knobs {
             connections: positive("CONNECTIONS", 50)?,
             redirect_rate: optional_positive("REDIRECT_RATE")?,
             redirect_cpu,
-            clicks: clicks_knob(clicks)?,
+            clicks: positive("CLICKS", clicks)?,
             sustain: positive("SUSTAIN", 15_000_000)?,
             collector_flags: collector_flags
                 .split_whitespace()
@@ -219,21 +219,6 @@ fn optional_positive<T: FromStr + PartialOrd + Default + Copy>(name: &str) -> Re
 }
 
 /// A whole number above zero, or `default` when unset.
-/// CLICKS: each is a line of the code file clicktap sends, which holds at most its
-/// `MAX_FILE_CODES`.
-fn clicks_knob(default: u64) -> Res<u64> {
-    let clicks = positive("CLICKS", default)?;
-    let most = clicktap::MAX_FILE_CODES as u64;
-    if clicks > most {
-        return Err(format!(
-            "CLICKS must be at most {most} (the codes `clicktap send --code-file` reads), not \
-             {clicks}"
-        )
-        .into());
-    }
-    Ok(clicks)
-}
-
 fn positive<T: FromStr + PartialOrd + Default + Copy>(name: &str, default: T) -> Res<T> {
     let Some(value) = text(name) else {
         return Ok(default);

@@ -770,7 +770,7 @@ fn print_machine(bench: &Bench) {
     println!(
         "The machine before each round ({}: round, then these): a cache line from one CPU to the other and back {}, a random read of 256 MiB {}, a step of dependent arithmetic {}; medians (ranges).",
         bench.path("machine.tsv").display(),
-        of(2, "not measured (fewer than two CPUs, or one that could not be pinned)".to_owned()),
+        of(2, "not measured (fewer than two CPUs, or a thread not started or not pinned)".to_owned()),
         of(3, "-".to_owned()),
         of(4, "-".to_owned())
     );

@@ -162,7 +162,8 @@ fn parse_code(text: &str) -> Result<String, String> {
 }
 
 /// Codes a --code-file may hold (its lines): held in memory, about 100 bytes each at 64 bytes
-/// a code. `scripts/bench` writes one line a click of an ingest run (CLICKS), and refuses more.
+/// a code. `scripts/bench` writes one line a click of an ingest run (CLICKS), and refuses more
+/// where clicktap sends them.
 pub const MAX_FILE_CODES: usize = 16 << 20;
 
 /// Appends the codes of `path`, one a line, each checked as it is read, up to `max` of them: a
