@@ -308,10 +308,18 @@ fn stop_cluster(knobs: &Knobs) {
 
 /// Every mode but charts; the number of runs whose clicks did not add up.
 async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
+    let all = what == "all";
+    let inputs = [
+        "collector",
+        "compaction",
+        "totals",
+        "hosts",
+        "partitions",
+        "quick",
+    ];
     // Every mode with inputs but partitions (which copies the rows) has clicktap send the
     // codes: refused now, not after the runs before.
-    let sends_codes = ["all", "collector", "compaction", "totals", "hosts", "quick"];
-    if sends_codes.contains(&what) {
+    if (all || inputs.contains(&what)) && what != "partitions" {
         ingest::check_sendable(knobs.clicks)?;
     }
     // Before `setup`, which may take a CPU away from this process (REDIRECT_CPU).
@@ -323,18 +331,9 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
     let mut bench = setup(knobs).await?;
     println!("# scripts/bench {what}, {}, {cores} cores{pinned}", today());
     println!();
-    let all = what == "all";
     if all || what == "redirect" || what == "quick" {
         redirect::bench(&mut bench).await?;
     }
-    let inputs = [
-        "collector",
-        "compaction",
-        "totals",
-        "hosts",
-        "partitions",
-        "quick",
-    ];
     if all || inputs.contains(&what) {
         ingest::make_inputs(&bench)?;
     }

@@ -754,16 +754,11 @@ fn off_of(mode: &str) -> &str {
 fn print_machine(bench: &Bench) {
     let rows = rows(&bench.path("machine.tsv"));
     let of = |field, missing| {
-        let mut values: Vec<f64> = column(&rows, &[], field)
-            .iter()
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        values.sort_by(f64::total_cmp);
-        match (values.first(), values.last()) {
-            (Some(low), Some(high)) => {
-                let all: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-                format!("{} ns ({low}-{high})", median(&all))
-            }
+        let values = column(&rows, &[], field);
+        let numbers = values.iter().filter_map(|v| v.parse::<f64>().ok());
+        let low = numbers.clone().min_by(f64::total_cmp);
+        match (low, numbers.max_by(f64::total_cmp)) {
+            (Some(low), Some(high)) => format!("{} ns ({low}-{high})", median(&values)),
             _ => missing,
         }
     };
