@@ -33,7 +33,9 @@ pub(crate) struct Plan {
 impl Plan {
     /// For `today`: the days clicks may be accepted for (`back` days before today to `ahead`
     /// after: the window, rounded up to whole days) and `SPARE_DAYS` more; and retention,
-    /// never inside the window.
+    /// never inside the window nor the day before it: that day's clicks were accepted until
+    /// midnight, and those still on their way then (a batch held while the database was away)
+    /// would find their partition gone and be set aside as refused.
     pub(crate) fn for_today(
         today: i32,
         back: i32,
@@ -44,7 +46,7 @@ impl Plan {
         Plan {
             first,
             last: today + ahead + SPARE_DAYS,
-            drop_before: retention_days.map(|keep| (today - keep).min(first)),
+            drop_before: retention_days.map(|keep| (today - keep).min(first - 1)),
         }
     }
 }
@@ -660,8 +662,10 @@ mod tests {
             (99, 103, Some(70))
         );
         assert_eq!(Plan::for_today(100, 1, 1, None).drop_before, None);
-        // A retention shorter than the window keeps the window.
-        assert_eq!(Plan::for_today(100, 3, 1, Some(1)).drop_before, Some(97));
+        // A retention shorter than the window keeps the window and the day before it.
+        assert_eq!(Plan::for_today(100, 3, 1, Some(1)).drop_before, Some(96));
+        assert_eq!(Plan::for_today(100, 3, 1, Some(3)).drop_before, Some(96));
+        assert_eq!(Plan::for_today(100, 3, 1, Some(5)).drop_before, Some(95));
         // A window far ahead gets its partitions too.
         assert_eq!(Plan::for_today(100, 1, 30, None).last, 132);
     }

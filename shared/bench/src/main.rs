@@ -85,7 +85,8 @@ is the tests' generator (testkit): 2 threads, CONNECTIONS keep-alive connections
 Knobs (environment): ROUNDS (3), DURATION (10, seconds per load run), CONNECTIONS (50),
 REDIRECT_RATE (requests a second of a redirect run, all connections together; unset: as fast
 as they get answers), REDIRECT_CPU (unset: none; a CPU number: the redirector runs on that
-CPU alone and the load, the collector and PostgreSQL on the others), CLICKS (2000000, rows per ingest run; at most 16777216 but for partitions alone), SUSTAIN (15000000, clicks per compaction run),
+CPU alone and the load, the collector and PostgreSQL on the others), CLICKS (2000000, rows per ingest run; at most what clicktap send --code-file holds,
+but for partitions alone), SUSTAIN (15000000, clicks per compaction run),
 BASELINE (a git revision: its binaries run as mode `baseline` beside the current ones, on a
 database of their own; as mode `paired-baseline` when MODES has paired), FLAT (collector: also the current collector into an unpartitioned
 `clicks`, as variant `flat`), CURRENT_REV (a git revision to build the current binaries from,

@@ -978,6 +978,25 @@ async fn permission_denied_is_named() {
     assert_fails_with(&out, "Permission denied");
 }
 
+/// `send --help` states the most codes `--code-file` holds, written out in its doc comment
+/// (clap cannot put a constant in one): the same number as the limit the file is read with.
+#[test]
+fn send_help_states_the_code_files_limit() {
+    let digits = clicktap::MAX_FILE_CODES.to_string();
+    let groups: Vec<&str> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|group| std::str::from_utf8(group).unwrap())
+        .collect();
+    let written = groups.join(",");
+    let help = stdout(&run_args(&["send", "--help"]));
+    assert!(
+        help.contains(&format!("at most {written})")),
+        "send --help does not say {written}:\n{help}"
+    );
+}
+
 #[test]
 fn help_explains_every_subcommand_and_flag() {
     let top = stdout(&run_args(&["--help"]));
