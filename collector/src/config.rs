@@ -214,8 +214,9 @@ pub struct Config {
     pub(crate) max_click_skew: Duration,
 
     /// Drop the partitions of clicks older than this many days (whole days, UTC), detached
-    /// without a lock that would stop writers. click_counts and click_totals keep every day's
-    /// total. Default: keep everything.
+    /// without a lock that would stop writers; never a day of the --max-click-age window nor
+    /// the day before it. click_counts and click_totals keep every day's total. Default: keep
+    /// everything.
     #[arg(
         long,
         env = "COLLECTOR_RETENTION",

@@ -762,8 +762,9 @@ async fn a_batch_of_one_refused_click_is_set_aside_when_the_table_takes_others()
     assert_eq!(c.health().await, 200);
 }
 
-/// A late click of yesterday whose partition is gone (retention dropped it while the click
-/// waited for its write) is refused as a row, set aside, and does not hold the stream: the
+/// A late click of yesterday whose partition is gone (dropped by hand here; retention drops
+/// it only once its day is a day past the window, a click that waited that long for its
+/// write) is refused as a row, set aside, and does not hold the stream: the
 /// batch holds nothing else, and a batch refused whole is otherwise held as a broken table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_click_whose_day_was_dropped_is_set_aside_not_held() {

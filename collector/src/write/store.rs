@@ -419,8 +419,9 @@ impl Conn {
                 rows_in.extend(day_rows);
             }
             // Not when each was refused for want of a partition (of a day before today: those
-            // of later days were retried above): late clicks of a day that retention dropped
-            // while they waited, which held would hold the stream for good.
+            // of later days were retried above): late clicks of a day dropped while they
+            // waited (by retention, a day past the window; or by hand), which held would hold
+            // the stream for good.
             let late = unroutable == refused.len();
             if !late
                 && !rows_in.is_empty()

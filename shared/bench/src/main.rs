@@ -329,8 +329,20 @@ async fn run_ported(what: &str, knobs: Knobs) -> Res<u32> {
         Some(cpu) => format!(" (the redirector alone on CPU {cpu}, REDIRECT_CPU)"),
         None => String::new(),
     };
+    let overrides = services::profile_overrides();
+    let built = if overrides.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", built with {}: not the release profile as shipped",
+            overrides.join(" ")
+        )
+    };
     let mut bench = setup(knobs).await?;
-    println!("# scripts/bench {what}, {}, {cores} cores{pinned}", today());
+    println!(
+        "# scripts/bench {what}, {}, {cores} cores{pinned}{built}",
+        today()
+    );
     println!();
     if all || what == "redirect" || what == "quick" {
         redirect::bench(&mut bench).await?;

@@ -164,8 +164,17 @@ pub(crate) fn has_flag(binary: &Path, flag: &str) -> bool {
 pub(crate) fn build_rev(rev: &str, out: &Path) -> Res<PathBuf> {
     let commit = git(&["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
         .map_err(|_| format!("{rev} is not a revision"))?;
-    // "services-apart": not the directories of builds of the services with clicktap.
-    let dir = out.join(format!("rev-{commit}-services-apart"));
+    // "services-apart": not the directories of builds of the services with clicktap. A build
+    // under other settings of the release profile (`.ci/run`'s) is cached apart too.
+    let overrides = profile_overrides();
+    let settings = if overrides.is_empty() {
+        String::new()
+    } else {
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&overrides, &mut hash);
+        format!("-{:016x}", std::hash::Hasher::finish(&hash))
+    };
+    let dir = out.join(format!("rev-{commit}-services-apart{settings}"));
     let bin = dir.join("bin");
     if ["redirector", "collector", "clicktap"]
         .iter()
@@ -197,6 +206,22 @@ pub(crate) fn build_rev(rev: &str, out: &Path) -> Res<PathBuf> {
         std::fs::copy(dir.join("target/release").join(b), bin.join(b))?;
     }
     Ok(bin)
+}
+
+/// The settings of the release profile changed through the environment
+/// (`CARGO_PROFILE_RELEASE_*`, as `.ci/run` sets them), as `NAME=value`, sorted: the binaries
+/// they build are not the ones a figure of BENCHMARKS.md was measured with.
+pub(crate) fn profile_overrides() -> Vec<String> {
+    let mut set: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, value)| {
+            let name = name.into_string().ok()?;
+            let value = value.to_string_lossy();
+            name.starts_with("CARGO_PROFILE_RELEASE_")
+                .then(|| format!("{name}={value}"))
+        })
+        .collect();
+    set.sort();
+    set
 }
 
 fn git(args: &[&str]) -> Res<String> {

@@ -17,7 +17,7 @@ use nix::unistd::User;
 use testkit::pgtest::children_of;
 use testkit::{eventually, Service};
 
-/// The first run builds the release binaries (fat LTO) on two cores.
+/// The first run builds the release binaries (fat LTO, but in `.ci/run`) on two cores.
 const FIRST_READY: Duration = Duration::from_secs(15 * 60);
 const READY: Duration = Duration::from_secs(180);
 const STOP: Duration = Duration::from_secs(90);
