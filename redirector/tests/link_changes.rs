@@ -1,7 +1,7 @@
 //! The link table follows `links` through the change log: bursts of changes on a large table
 //! under load, a steady stream (read by polling, then listened for again), commits out of id
-//! order, a change too large for one read, TRUNCATE, a pruned log, a session that stops
-//! answering, and `links` kept by logical replication.
+//! order, a change too large for one read, TRUNCATE, a load cut off between its passes, a
+//! pruned log, a session that stops answering, and `links` kept by logical replication.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,6 +37,21 @@ async fn big_table(db: &impl tokio_postgres::GenericClient, n: u32) {
             "INSERT INTO links (code, url)
              SELECT 'big' || n, 'https://example.com/articles/2026/' || lpad(n::text, 11, '0')
              FROM generate_series(0, {n} - 1) AS n"
+        ),
+    )
+    .await;
+}
+
+/// `links` replaced whole, in one transaction (TRUNCATE, then one statement), by `n` links
+/// `other0` ...
+async fn replace_by_others(db: &impl tokio_postgres::GenericClient, n: u32) {
+    execute(
+        db,
+        &format!(
+            "BEGIN; TRUNCATE links;
+             INSERT INTO links (code, url)
+             SELECT 'other' || n, 'https://example.com/articles/2026/' || lpad(n::text, 11, '0')
+             FROM generate_series(0, {n} - 1) AS n; COMMIT;"
         ),
     )
     .await;
@@ -457,16 +472,7 @@ async fn links_replaced_whole_are_never_held_twice() {
     big_table(&f.client, N).await;
     await_loads(&r, 2.0).await;
     let (table, peak) = (testkit::rss_kib(pid) - empty, testkit::peak_rss_kib(pid));
-    execute(
-        &f.client,
-        &format!(
-            "BEGIN; TRUNCATE links;
-             INSERT INTO links (code, url)
-             SELECT 'other' || n, 'https://example.com/articles/2026/' || lpad(n::text, 11, '0')
-             FROM generate_series(0, {N} - 1) AS n; COMMIT;"
-        ),
-    )
-    .await;
+    replace_by_others(&f.client, N).await;
     await_loads(&r, 3.0).await;
     assert_eq!(r.metric("redirector_links").await, f64::from(N));
     assert_eq!(served(r.http, "big0").await, None);
@@ -476,6 +482,43 @@ async fn links_replaced_whole_are_never_held_twice() {
         "the peak RSS grew by {grew} KiB over the replacement, a table of {N} links being \
          {table} KiB"
     );
+}
+
+/// A comparing load cut off between its passes (its session killed while it reads the links,
+/// the codes gone already removed): meanwhile no removed code is served, and the load is made
+/// again whole on a new session, so that every link is served in the end. A load that recorded
+/// its place in the log before it ended would resume from there on the new session, and leave
+/// the links it had not reached unserved until the next periodic reload.
+#[tokio::test]
+async fn a_load_cut_off_between_its_passes_is_made_again_whole() {
+    const N: u32 = 200_000;
+    let f = fixture(&[]).await;
+    let r = redirector(&f.db.url, &f.socket, &["--reload-interval", "1h"]).await;
+    r.ready().await;
+    big_table(&f.client, N).await;
+    await_loads(&r, 2.0).await;
+    replace_by_others(&f.client, N).await;
+    let reading = "SELECT pid FROM pg_stat_activity
+                    WHERE datname = $1 AND application_name = 'redirector-links'
+                      AND state = 'active' AND query LIKE 'SELECT code, url,%'";
+    let pid: i32 = eventually("the load reading the links", LIMIT, || async {
+        let row = f.client.query_opt(reading, &[&f.db.name]).await.unwrap();
+        row.map(|row| row.get(0))
+    })
+    .await;
+    execute(&f.client, &format!("SELECT pg_terminate_backend({pid})")).await;
+    assert_eq!(served(r.http, "big7").await, None, "removed before the cut");
+
+    // At least one more: a cut landing as the load ended (counted, its commit refused) makes two.
+    eventually("the load made again", LIMIT, || async {
+        (r.metric("redirector_link_loads_total").await >= 3.0).then_some(())
+    })
+    .await;
+    assert!(r.metric("redirector_link_load_errors_total").await >= 1.0);
+    assert_eq!(r.metric("redirector_links").await, f64::from(N));
+    let codes: Vec<String> = (0..N).step_by(997).map(|n| format!("other{n}")).collect();
+    agrees_with_links(&r, &f.client, &codes).await;
+    assert_eq!(served(r.http, "big0").await, None);
 }
 
 /// Runs PostgreSQL's client `program` (beside the server's binaries) with `args`.
