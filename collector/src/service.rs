@@ -8,6 +8,7 @@ use tracing::Instrument;
 
 use shared::metrics::{sub_registry, Registry};
 use shared::throttle::Throttle;
+use shared::vital::Vitals;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -50,6 +51,10 @@ pub enum Fatal {
     WriterGone(#[from] crate::ingest::receive::WriterGone),
     #[error("{0}")]
     AllowUid(crate::ingest::userns::Unmapped),
+    /// A part the process needs ended before the stop (`shared::vital`): it stopped as a
+    /// signal would have it, and exits with this, for systemd to start it again.
+    #[error("{0} ended before the stop")]
+    Ended(&'static str),
 }
 
 /// `collector migrate`: applies what is missing and returns.
@@ -95,7 +100,10 @@ struct Start {
     conn: Conn,
 }
 
-/// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns.
+/// Runs the collector until SIGTERM or SIGINT, then drains, commits and returns. A part it
+/// needs (the admin listener, the fold, the partitions round, the replication watch) that
+/// ends before then stops it the same way, and is its error (`Fatal::Ended`); the writer's
+/// end is the receiver's (`WriterGone`).
 pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     check_allowed_uids(&config)?;
     let db = Db::parse(database_url)
@@ -110,12 +118,14 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mut passed =
         shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
     let admin = AdminView::new(registry, shared.clone());
-    listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
+    let vitals = Vitals::default();
+    let admin = listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
         .await
         .map_err(|source| Fatal::Admin {
             addr: config.admin_listen,
             source,
         })?;
+    vitals.watch("the admin listener", admin);
     // Held, not read, until the database is reached (see Inbox::open below).
     let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     crate::ingest::socket::check_passed(&passed)?;
@@ -133,12 +143,13 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // commit takes long, for as long as the process runs: a commit that waits for a standby
     // is named as such.
     let watch = Watch::new(metrics.write.clone());
-    tokio::spawn(
+    let watching = tokio::spawn(
         watch
             .clone()
             .run(db.clone(), config.write_timeout)
             .instrument(tracing::info_span!("replication")),
     );
+    vitals.watch("the replication watch", watching);
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, (&metrics, &watch), &shared) => start,
         name = &mut stop => {
@@ -203,8 +214,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         maintenance::run(db, upkeep, unfolded, metrics.upkeep, shared)
             .instrument(tracing::info_span!("fold")),
     );
+    let upkeep_tasks = [partitions.abort_handle(), maintenance.abort_handle()];
+    vitals.watch("the partitions round", partitions);
+    vitals.watch("the fold", maintenance);
+    let parts = vitals.clone();
     let stopping = async move {
-        let name = stop.await;
+        let name = parts.until(stop).await.unwrap_or_else(|part| part);
         tracing::info!(
             signal = name,
             "{name}: draining the socket, writing what is pending"
@@ -225,11 +240,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "the database writer failed: {e}");
     }
-    maintenance.abort();
-    partitions.abort();
+    // Before the upkeep is aborted, which ends its parts.
+    let ended = vitals.ended();
+    upkeep_tasks
+        .iter()
+        .for_each(tokio::task::AbortHandle::abort);
     let written = metrics.write.clicks_written.get();
     tracing::info!(written, "collector: {written} clicks written");
-    received.map_err(Fatal::from)
+    received.map_err(Fatal::from)?;
+    ended.map_or(Ok(()), |part| Err(Fatal::Ended(part)))
 }
 
 /// `--allow-uid` against the user namespace the collector runs in: a uid it does not map
@@ -281,12 +300,12 @@ fn micros(d: std::time::Duration) -> i64 {
 }
 
 /// Takes the admin listener systemd passed, or binds one at `addr`; logs its address (tests
-/// and scripts read it there) and serves.
+/// and scripts read it there) and serves, in the task returned.
 async fn listen_admin(
     passed: Option<std::os::fd::OwnedFd>,
     addr: SocketAddr,
     admin: Arc<AdminView>,
-) -> std::io::Result<()> {
+) -> std::io::Result<JoinHandle<()>> {
     let (listener, from) = match passed {
         Some(fd) => {
             let std = shared::systemd::Passed::tcp_listener(fd, "admin")?;
@@ -296,8 +315,7 @@ async fn listen_admin(
     };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "admin listening on {addr}{from}");
-    shared::admin::spawn(listener, admin);
-    Ok(())
+    Ok(shared::admin::spawn(listener, admin))
 }
 
 /// Starts the writer task; returns the receiver's ends of its channels and the task, which

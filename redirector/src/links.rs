@@ -151,12 +151,14 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-/// Starts the loader on a thread of its own, for as long as the process runs.
+/// Starts the loader on a thread of its own, for as long as the process runs; the thread
+/// holds `vital` until it ends.
 pub fn spawn(
     config: shared::db::Config,
     links: Arc<LinkTable>,
     metrics: Arc<Metrics>,
     options: Options,
+    vital: shared::vital::Vital,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -165,6 +167,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("link-loader".into())
         .spawn(move || {
+            let _vital = vital;
             let mut loader = Loader::new(links, metrics, options);
             let _span = tracing::info_span!("links").entered();
             runtime.block_on(loader.run(&config));

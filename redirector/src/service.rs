@@ -24,6 +24,7 @@ use crate::metrics::{Common, Dropped};
 use crate::ring::Ring;
 use crate::state::{self, Closing, Geometry, Kept, Region};
 use shared::metrics::{sub_registry, Registry};
+use shared::vital::Vitals;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -52,6 +53,10 @@ pub enum Error {
     DrainDied(String),
     #[error("the http server task failed: {0}")]
     Server(tokio::task::JoinError),
+    /// A part the process needs ended before the stop (`shared::vital`): it stopped as a
+    /// signal would have it, and exits with this, for systemd to start it again.
+    #[error("{0} ended before the stop")]
+    Ended(&'static str),
     #[error("--max-connections: {0}")]
     MaxConnections(String),
     #[error("--dimensions: {0}")]
@@ -89,6 +94,8 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 
 /// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
+/// A part it needs (the http server, the admin listener, the link loader) that ends before
+/// then shuts it down the same way, and is its error (`Error::Ended`).
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     cfg.check_dimensions().map_err(Error::Dimensions)?;
@@ -147,7 +154,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         );
     }
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    shared::admin::spawn(
+    let vitals = Vitals::default();
+    let admin = shared::admin::spawn(
         admin_listener,
         Arc::new(AdminView {
             registry,
@@ -157,12 +165,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
             stopping: stopping.clone(),
         }),
     );
+    vitals.watch("the admin listener", admin);
     let options = links::Options {
         poll: cfg.reload_interval,
         timeout: cfg.link_timeout,
     };
     let loader = metrics.links.clone();
-    links::spawn(links_db, table.clone(), loader, options).map_err(Error::Loader)?;
+    let loading = vitals.part("the link loader");
+    links::spawn(links_db, table.clone(), loader, options, loading).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());
@@ -207,18 +217,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         write_timeout: cfg.write_timeout,
     };
     let (stop_http, http_stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(http::serve(http_listener, app, limits, async {
+    let serve = http::serve(http_listener, app, limits, async {
         let _ = http_stopped.await;
-    }));
+    });
+    let serving = vitals.part("the http server");
+    let server = tokio::spawn(async move {
+        let _serving = serving;
+        serve.await
+    });
     let ready = tokio::spawn(async move {
         table.wait_loaded().await;
         shared::systemd::notify_or_log("READY=1");
     });
 
-    tokio::select! {
-        _ = shutdown => {}
-        why = died(&mut drain) => return Err(Error::DrainDied(why)),
-    }
+    let ended = until_stop(shutdown, &vitals, &mut drain).await?;
     shared::systemd::notify_or_log("STOPPING=1");
     stopping.store(true, std::sync::atomic::Ordering::Relaxed);
     ready.abort();
@@ -231,7 +243,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         kept,
         closing,
     };
-    shut_down(stopping, cfg.drain_timeout, &metrics).await
+    let summary = shut_down(stopping, cfg.drain_timeout, &metrics).await?;
+    match ended {
+        Some(part) => Err(Error::Ended(part)),
+        None => Ok(summary),
+    }
 }
 
 /// Each component's metrics, registered into a sub-registry of its own (names unchanged),
@@ -569,6 +585,20 @@ async fn listener(
 }
 
 /// Resolves only if the drain task ends before it was told to stop; never without one.
+/// Waits for `shutdown`, or for a vital part to end (which it names), whichever comes first;
+/// a drain that dies first is the error: serving on would hand clicks to a ring nobody
+/// empties, and nothing is left to drain it at the stop.
+async fn until_stop(
+    shutdown: impl Future<Output = ()>,
+    vitals: &Vitals,
+    drain: &mut Option<JoinHandle<Left>>,
+) -> Result<Option<&'static str>, Error> {
+    tokio::select! {
+        stopped = vitals.until(shutdown) => Ok(stopped.err()),
+        why = died(drain) => Err(Error::DrainDied(why)),
+    }
+}
+
 async fn died(drain: &mut Option<JoinHandle<Left>>) -> String {
     match drain {
         Some(handle) => match handle.await {
@@ -631,6 +661,27 @@ mod tests {
             Some(through_real.clone()),
             "the file itself a link into the runtime directory"
         );
+    }
+
+    /// A part that ends stops the process as the signal would (`shared::vital`'s tests); a
+    /// drain that dies is the error.
+    #[tokio::test]
+    async fn a_vital_part_or_the_drain_that_ends_ends_the_wait_for_the_stop() {
+        let vitals = Vitals::default();
+        let _loading = vitals.part("the link loader");
+        drop(vitals.part("the http server"));
+        let signal = tokio::time::sleep(testkit::LIMIT);
+        let ended = until_stop(signal, &vitals, &mut None).await;
+        assert!(matches!(ended, Ok(Some("the http server"))), "{ended:?}");
+
+        let vitals = Vitals::default();
+        let _serving = vitals.part("the http server");
+        let ended = until_stop(async {}, &vitals, &mut None).await;
+        assert!(matches!(ended, Ok(None)), "{ended:?}");
+        let drain = tokio::spawn(async { panic!("a defect in the drain") });
+        let signal = tokio::time::sleep(testkit::LIMIT);
+        let ended = until_stop(signal, &vitals, &mut Some(drain)).await;
+        assert!(matches!(ended, Err(Error::DrainDied(_))), "{ended:?}");
     }
 
     #[tokio::test]

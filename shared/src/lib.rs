@@ -1,6 +1,7 @@
 //! What the redirector, the collector and `clicktap` have in common around the protocol
 //! (crate `protocol`): the socket and systemd plumbing, database connections, flags, metrics,
-//! the admin listener, the hash index of their maps keyed by code, and cache hints.
+//! the admin listener, the hash index of their maps keyed by code, cache hints, and the
+//! watch on the parts each process needs for its whole life.
 
 pub mod admin;
 pub mod backoff;
@@ -13,6 +14,7 @@ pub mod runtime;
 pub mod socket;
 pub mod systemd;
 pub mod throttle;
+pub mod vital;
 
 /// Completes with the signal's name on the first SIGTERM or SIGINT. The handlers are installed
 /// before it returns, so a signal that arrives before the future is awaited is not lost.
