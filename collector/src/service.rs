@@ -125,7 +125,7 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
             addr: config.admin_listen,
             source,
         })?;
-    vitals.watch("the admin listener", admin);
+    vitals.hold_while("the admin listener", admin);
     // Held, not read, until the database is reached (see Inbox::open below).
     let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
     crate::ingest::socket::check_passed(&passed)?;
@@ -149,11 +149,12 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
             .run(db.clone(), config.write_timeout)
             .instrument(tracing::info_span!("replication")),
     );
-    vitals.watch("the replication watch", watching);
+    vitals.hold_while("the replication watch", watching);
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, (&metrics, &watch), &shared) => start,
-        name = &mut stop => {
+        stopped = vitals.until(&mut stop) => {
             shared::systemd::notify_or_log("STOPPING=1");
+            let name = stopped.map_err(Fatal::Ended)?;
             tracing::info!(signal = name, "{name} before the database was reached; nothing received");
             return Ok(());
         }
@@ -215,15 +216,16 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
             .instrument(tracing::info_span!("fold")),
     );
     let upkeep_tasks = [partitions.abort_handle(), maintenance.abort_handle()];
-    vitals.watch("the partitions round", partitions);
-    vitals.watch("the fold", maintenance);
+    vitals.hold_while("the partitions round", partitions);
+    vitals.hold_while("the fold", maintenance);
     let parts = vitals.clone();
     let stopping = async move {
-        let name = parts.until(stop).await.unwrap_or_else(|part| part);
-        tracing::info!(
-            signal = name,
-            "{name}: draining the socket, writing what is pending"
-        );
+        if let Ok(signal) = parts.until(stop).await {
+            tracing::info!(
+                signal,
+                "{signal}: draining the socket, writing what is pending"
+            );
+        }
         shared::systemd::notify_or_log("STOPPING=1");
     };
     // A task, not the main thread's: the worker that sees the socket's readiness runs it,
@@ -240,15 +242,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "the database writer failed: {e}");
     }
-    // Before the upkeep is aborted, which ends its parts.
-    let ended = vitals.ended();
     upkeep_tasks
         .iter()
         .for_each(tokio::task::AbortHandle::abort);
     let written = metrics.write.clicks_written.get();
     tracing::info!(written, "collector: {written} clicks written");
     received.map_err(Fatal::from)?;
-    ended.map_or(Ok(()), |part| Err(Fatal::Ended(part)))
+    vitals
+        .ended()
+        .map_or(Ok(()), |part| Err(Fatal::Ended(part)))
 }
 
 /// `--allow-uid` against the user namespace the collector runs in: a uid it does not map

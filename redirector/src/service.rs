@@ -95,7 +95,8 @@ pub fn signalled() -> std::io::Result<impl Future<Output = ()>> {
 /// Runs the redirector until `shutdown` resolves, then shuts down: stop accepting, let requests
 /// in flight finish, drain the ring for up to `--drain-timeout`, count the rest as dropped.
 /// A part it needs (the http server, the admin listener, the link loader) that ends before
-/// then shuts it down the same way, and is its error (`Error::Ended`).
+/// then shuts it down the same way, and is its error (`Error::Ended`; `Error::Server` for an
+/// http server task that panicked).
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summary, Error> {
     let db: shared::db::Config = cfg.database_url.parse().map_err(Error::DatabaseUrl)?;
     cfg.check_dimensions().map_err(Error::Dimensions)?;
@@ -165,7 +166,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
             stopping: stopping.clone(),
         }),
     );
-    vitals.watch("the admin listener", admin);
+    vitals.hold_while("the admin listener", admin);
     let options = links::Options {
         poll: cfg.reload_interval,
         timeout: cfg.link_timeout,
@@ -584,7 +585,6 @@ async fn listener(
     Ok(listener)
 }
 
-/// Resolves only if the drain task ends before it was told to stop; never without one.
 /// Waits for `shutdown`, or for a vital part to end (which it names), whichever comes first;
 /// a drain that dies first is the error: serving on would hand clicks to a ring nobody
 /// empties, and nothing is left to drain it at the stop.
@@ -599,6 +599,7 @@ async fn until_stop(
     }
 }
 
+/// Resolves only if the drain task ends before it was told to stop; never without one.
 async fn died(drain: &mut Option<JoinHandle<Left>>) -> String {
     match drain {
         Some(handle) => match handle.await {

@@ -2,9 +2,10 @@
 //! upkeep. tokio keeps a task's panic to the task, and a thread's panic ends only the thread:
 //! without a word to the rest, the process would go on without the part (a redirector that
 //! no longer accepts, a collector that no longer folds), healthy to systemd. So each part holds
-//! a [`Vital`] for as long as it runs, and the process waits on [`Vitals::first_ended`] beside
-//! its stop signal: the first part to end, before the stop, stops the process as a signal
-//! would, and it then exits with an error, for systemd to start it again.
+//! a [`Vital`] for as long as it runs, and the process waits for its stop signal through
+//! [`Vitals::until`]: the first part to end before the stop stops the process as the signal
+//! would, and it then exits with an error, for systemd to start it again. A part that ends
+//! after the stop (aborted, or failing while the process winds down) is no such error.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,38 +13,48 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The process's vital parts: which one ended first, if any has.
+/// The process's vital parts: whether one ended before the stop, and which first.
 #[derive(Clone)]
 pub struct Vitals {
-    ended: Arc<watch::Sender<Option<&'static str>>>,
+    state: Arc<watch::Sender<State>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum State {
+    Running,
+    /// This part ended first, before the stop.
+    Ended(&'static str),
+    /// The stop came first.
+    Stopping,
 }
 
 /// Held by a vital part for as long as it runs, in its task's future or its thread's closure:
 /// dropped, by a return or by a panic's unwinding, the part has ended.
 pub struct Vital {
     part: &'static str,
-    ended: Arc<watch::Sender<Option<&'static str>>>,
+    state: Arc<watch::Sender<State>>,
 }
 
 impl Default for Vitals {
     fn default() -> Vitals {
         Vitals {
-            ended: Arc::new(watch::Sender::new(None)),
+            state: Arc::new(watch::Sender::new(State::Running)),
         }
     }
 }
 
 impl Vitals {
     /// The token for the part named `part` (as a log line says it: "the http server").
+    #[must_use = "the part has ended once its token is dropped"]
     pub fn part(&self, part: &'static str) -> Vital {
         Vital {
             part,
-            ended: self.ended.clone(),
+            state: self.state.clone(),
         }
     }
 
-    /// Holds `part`'s token until `task` ends: for a task spawned where no token can be given.
-    pub fn watch<T: Send + 'static>(&self, part: &'static str, task: JoinHandle<T>) {
+    /// Holds `part`'s token while `task` runs: for a task spawned where no token can be given.
+    pub fn hold_while<T: Send + 'static>(&self, part: &'static str, task: JoinHandle<T>) {
         let vital = self.part(part);
         tokio::spawn(async move {
             let _ = task.await;
@@ -51,19 +62,14 @@ impl Vitals {
         });
     }
 
-    /// The first part that ended; pending while every part runs.
-    pub async fn first_ended(&self) -> &'static str {
-        let mut ended = self.ended.subscribe();
-        // The sender is this value's own: it cannot close while this waits.
-        let first = ended.wait_for(Option::is_some).await;
-        first.ok().and_then(|part| *part).unwrap_or("a vital part")
-    }
-
     /// Waits for `stop` (the stop signal), or for a part to end, whichever comes first: the
     /// signal's output, or the part, which it logs as the error it is.
     pub async fn until<T>(&self, stop: impl Future<Output = T>) -> Result<T, &'static str> {
         tokio::select! {
-            stopped = stop => Ok(stopped),
+            stopped = stop => {
+                self.mark(State::Stopping);
+                Ok(stopped)
+            }
             part = self.first_ended() => {
                 crate::fatal!("{part} ended before the stop; stopping as a signal would, then exiting");
                 Err(part)
@@ -71,22 +77,46 @@ impl Vitals {
         }
     }
 
-    /// The first part that ended, if any has by now.
+    /// The part that ended before the stop, if one did.
     pub fn ended(&self) -> Option<&'static str> {
-        *self.ended.borrow()
+        match *self.state.borrow() {
+            State::Ended(part) => Some(part),
+            State::Running | State::Stopping => None,
+        }
     }
+
+    /// The first part that ended before the stop; pending while every part runs, and after
+    /// the stop.
+    async fn first_ended(&self) -> &'static str {
+        let mut state = self.state.subscribe();
+        // The sender is this value's own: it cannot close while this waits.
+        if let Ok(ended) = state.wait_for(|s| matches!(s, State::Ended(_))).await {
+            if let State::Ended(part) = *ended {
+                return part;
+            }
+        }
+        std::future::pending().await
+    }
+
+    /// Moves from `Running` to `to`, the first move only.
+    fn mark(&self, to: State) {
+        mark(&self.state, to);
+    }
+}
+
+fn mark(state: &watch::Sender<State>, to: State) {
+    state.send_if_modified(|now| {
+        let first = *now == State::Running;
+        if first {
+            *now = to;
+        }
+        first
+    });
 }
 
 impl Drop for Vital {
     fn drop(&mut self) {
-        let part = self.part;
-        self.ended.send_if_modified(|first| {
-            let is_first = first.is_none();
-            if is_first {
-                *first = Some(part);
-            }
-            is_first
-        });
+        mark(&self.state, State::Ended(self.part));
     }
 }
 
@@ -95,25 +125,27 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn the_stop_signal_ends_the_wait_while_every_part_runs() {
-        let vitals = Vitals::default();
-        let _server = vitals.part("the http server");
-        assert_eq!(vitals.until(async { "SIGTERM" }).await, Ok("SIGTERM"));
-        assert_eq!(vitals.ended(), None);
-    }
-
     /// An hour of the paused clock: that is, for good.
     const FOR_GOOD: Duration = Duration::from_secs(3600);
 
-    async fn still_pending(vitals: &Vitals) -> bool {
+    /// The part seen ended first, if one is within an hour.
+    async fn ended_within(vitals: &Vitals) -> Option<&'static str> {
         let wait = tokio::time::timeout(FOR_GOOD, vitals.first_ended());
-        wait.await.is_err()
+        wait.await.ok()
     }
 
-    async fn first_ended(vitals: &Vitals) -> &'static str {
-        let wait = tokio::time::timeout(FOR_GOOD, vitals.first_ended());
-        wait.await.expect("no part seen ended")
+    #[tokio::test(start_paused = true)]
+    async fn the_stop_signal_ends_the_wait_and_a_part_that_ends_after_it_is_no_error() {
+        let vitals = Vitals::default();
+        let server = vitals.part("the http server");
+        assert_eq!(vitals.until(async { "SIGTERM" }).await, Ok("SIGTERM"));
+        drop(server);
+        assert_eq!(vitals.ended(), None, "a part that ends after the stop");
+        assert_eq!(
+            ended_within(&vitals).await,
+            None,
+            "a part that ends after the stop"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -121,10 +153,8 @@ mod tests {
         let vitals = Vitals::default();
         let server = vitals.part("the http server");
         let _loader = vitals.part("the link loader");
-        assert!(
-            still_pending(&vitals).await,
-            "ended with every part running"
-        );
+        let running = ended_within(&vitals).await;
+        assert_eq!(running, None, "ended with every part running");
         let task = tokio::spawn(async move {
             let _server = server;
             panic!("a defect");
@@ -138,7 +168,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_thread_that_panics_and_a_watched_task_that_returns_are_ended() {
+    async fn a_thread_that_panics_and_a_held_task_that_returns_are_ended() {
         let vitals = Vitals::default();
         let loader = vitals.part("the link loader");
         let thread = std::thread::spawn(move || {
@@ -146,13 +176,17 @@ mod tests {
             panic!("a defect");
         });
         assert!(thread.join().is_err());
-        assert_eq!(first_ended(&vitals).await, "the link loader");
+        assert_eq!(ended_within(&vitals).await, Some("the link loader"));
 
         let vitals = Vitals::default();
         let (go, gone) = tokio::sync::oneshot::channel::<()>();
-        vitals.watch("the admin listener", tokio::spawn(gone));
-        assert!(still_pending(&vitals).await, "ended while the task runs");
+        vitals.hold_while("the admin listener", tokio::spawn(gone));
+        assert_eq!(
+            ended_within(&vitals).await,
+            None,
+            "ended while the task runs"
+        );
         drop(go);
-        assert_eq!(first_ended(&vitals).await, "the admin listener");
+        assert_eq!(ended_within(&vitals).await, Some("the admin listener"));
     }
 }
