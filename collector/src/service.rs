@@ -218,15 +218,17 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let upkeep_tasks = [partitions.abort_handle(), maintenance.abort_handle()];
     vitals.hold_while("the partitions round", partitions);
     vitals.hold_while("the fold", maintenance);
-    let parts = vitals.clone();
-    let stopping = async move {
-        if let Ok(signal) = parts.until(stop).await {
-            tracing::info!(
-                signal,
-                "{signal}: draining the socket, writing what is pending"
-            );
+    let stopping = {
+        let vitals = vitals.clone();
+        async move {
+            if let Ok(signal) = vitals.until(stop).await {
+                tracing::info!(
+                    signal,
+                    "{signal}: draining the socket, writing what is pending"
+                );
+            }
+            shared::systemd::notify_or_log("STOPPING=1");
         }
-        shared::systemd::notify_or_log("STOPPING=1");
     };
     // A task, not the main thread's: the worker that sees the socket's readiness runs it,
     // rather than waking the main thread whenever a datagram comes while it waits.

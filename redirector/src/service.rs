@@ -679,6 +679,9 @@ mod tests {
         let _serving = vitals.part("the http server");
         let ended = until_stop(async {}, &vitals, &mut None).await;
         assert!(matches!(ended, Ok(None)), "{ended:?}");
+
+        let vitals = Vitals::default();
+        let _serving = vitals.part("the http server");
         let drain = tokio::spawn(async { panic!("a defect in the drain") });
         let signal = tokio::time::sleep(testkit::LIMIT);
         let ended = until_stop(signal, &vitals, &mut Some(drain)).await;

@@ -63,18 +63,21 @@ impl Vitals {
     }
 
     /// Waits for `stop` (the stop signal), or for a part to end, whichever comes first: the
-    /// signal's output, or the part, which it logs as the error it is.
+    /// signal's output, or the part, which it logs as the error it is. `Ok` means no part
+    /// ended before the stop ([`Vitals::ended`] says `None`).
     pub async fn until<T>(&self, stop: impl Future<Output = T>) -> Result<T, &'static str> {
-        tokio::select! {
-            stopped = stop => {
-                self.mark(State::Stopping);
-                Ok(stopped)
-            }
-            part = self.first_ended() => {
-                crate::fatal!("{part} ended before the stop; stopping as a signal would, then exiting");
-                Err(part)
-            }
-        }
+        let part = tokio::select! {
+            // The signal first, always: a tie is settled by the state its arm reads.
+            biased;
+            stopped = stop => match mark(&self.state, State::Stopping) {
+                // A part ended as the signal came: the part's end is what stopped it.
+                State::Ended(part) => part,
+                State::Running | State::Stopping => return Ok(stopped),
+            },
+            part = self.first_ended() => part,
+        };
+        crate::fatal!("{part} ended before the stop; stopping as a signal would, then exiting");
+        Err(part)
     }
 
     /// The part that ended before the stop, if one did.
@@ -97,26 +100,25 @@ impl Vitals {
         }
         std::future::pending().await
     }
-
-    /// Moves from `Running` to `to`, the first move only.
-    fn mark(&self, to: State) {
-        mark(&self.state, to);
-    }
 }
 
-fn mark(state: &watch::Sender<State>, to: State) {
+/// Moves from `Running` to `to`, the first move only; the state that holds after.
+fn mark(state: &watch::Sender<State>, to: State) -> State {
+    let mut after = to;
     state.send_if_modified(|now| {
         let first = *now == State::Running;
         if first {
             *now = to;
         }
+        after = *now;
         first
     });
+    after
 }
 
 impl Drop for Vital {
     fn drop(&mut self) {
-        mark(&self.state, State::Ended(self.part));
+        let _ = mark(&self.state, State::Ended(self.part));
     }
 }
 
@@ -146,6 +148,16 @@ mod tests {
             None,
             "a part that ends after the stop"
         );
+    }
+
+    /// A part that ended when the signal is there too is what stopped the process, whichever
+    /// the wait sees first.
+    #[tokio::test(start_paused = true)]
+    async fn a_part_that_ended_as_the_signal_came_is_the_error() {
+        let vitals = Vitals::default();
+        drop(vitals.part("the fold"));
+        let stopped = vitals.until(async { "SIGTERM" }).await;
+        assert_eq!(stopped, Err("the fold"));
     }
 
     #[tokio::test(start_paused = true)]
