@@ -12,10 +12,12 @@ pub(crate) use bounded::connection_limit;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, LOCATION, RETRY_AFTER};
@@ -248,7 +250,9 @@ const ACCEPT_RETRY_CAP: Duration = Duration::from_millis(500);
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (for up to `limits.grace`) and closes every connection. When it returns, no handler
-/// is running or will run again, so click counts taken after it are final.
+/// is running or will run again, so click counts taken after it are final; when it unwinds
+/// too (a defect in the accept loop): a connection's task dropped with the set would only be
+/// told to end, and one mid-poll could push a click after the drain's last send.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -257,6 +261,40 @@ pub(crate) async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    let accepting = accept(
+        listener,
+        app,
+        limits,
+        (&graceful, &mut connections),
+        shutdown,
+    );
+    if let Err(panic) = AssertUnwindSafe(accepting).catch_unwind().await {
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+        std::panic::resume_unwind(panic);
+    }
+    if tokio::time::timeout(limits.grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{} connections still open after {:?}; closing them",
+            connections.len(),
+            limits.grace
+        );
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+/// Accepts connections into `connections`, each watched by `graceful`, until `shutdown`.
+async fn accept(
+    listener: TcpListener,
+    app: Arc<App>,
+    limits: Limits,
+    (graceful, connections): (&GracefulShutdown, &mut JoinSet<()>),
+    shutdown: impl Future<Output = ()>,
+) {
     let open = Connections::new(limits.max_connections, app.metrics.clone());
     let mut retry = shared::backoff::Backoff::new(ACCEPT_RETRY_FIRST, ACCEPT_RETRY_CAP);
     let mut accept_log = shared::throttle::Throttle::default();
@@ -298,19 +336,6 @@ pub(crate) async fn serve(
             },
         }
     }
-    drop(listener);
-    if tokio::time::timeout(limits.grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "{} connections still open after {:?}; closing them",
-            connections.len(),
-            limits.grace
-        );
-    }
-    connections.abort_all();
-    while connections.join_next().await.is_some() {}
 }
 
 fn out_of_descriptors(e: &std::io::Error) -> bool {
@@ -371,6 +396,55 @@ mod tests {
         assert_eq!(app.common.clicks_dropped.get(Dropped::Invalid), 1);
         assert_eq!(app.common.clicks_dropped.get(Dropped::RingFull), 0);
         assert!(ring.is_empty());
+    }
+
+    /// Once the server has ended, however it ended, no connection's task is left to run a
+    /// handler: here the accept loop panics with a keep-alive connection open, and by the
+    /// time the panic reaches the caller, nothing but the caller holds the handlers' `App`.
+    #[tokio::test]
+    async fn a_panic_in_the_accept_loop_ends_every_connection_before_it_goes_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let app = Arc::new(pipeline(4).0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(60),
+            max_connections: 4,
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
+        };
+        let (fail, failing) = tokio::sync::oneshot::channel::<()>();
+        let defect = async {
+            let _ = failing.await;
+            panic!("a defect in the accept loop");
+        };
+        let serving = AssertUnwindSafe(serve(listener, app.clone(), limits, defect)).catch_unwind();
+        let client = async {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream
+                .write_all(b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n")
+                .await
+                .unwrap();
+            let mut head = [0u8; 9];
+            stream.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head, b"HTTP/1.1 ", "the connection's handler answered");
+            fail.send(()).unwrap();
+            stream
+        };
+        let served = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(serving, client)
+        });
+        let (served, _open) = served.await.expect("the server ends within 30 s");
+        assert!(
+            served.is_err(),
+            "the accept loop's panic goes on to the caller"
+        );
+        assert_eq!(
+            Arc::strong_count(&app),
+            1,
+            "a connection's task, and its handler, outlived the server"
+        );
     }
 
     #[tokio::test]
