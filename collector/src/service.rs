@@ -1,7 +1,9 @@
 //! The collector process: start-up order, the tasks, signals and the lossless stop.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tracing::Instrument;
@@ -10,7 +12,7 @@ use shared::metrics::{sub_registry, Registry};
 use shared::throttle::Throttle;
 use shared::vital::Vitals;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 use crate::config::Config;
 use crate::db::{self, describe, Db};
@@ -112,44 +114,15 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     let mut registry = Registry::with_prefix("collector");
     let shared = Arc::new(Shared::register(&mut registry));
     let metrics = Metrics::register(&mut registry);
-    // Under systemd: the datagram socket (collector.socket) and the admin listener
-    // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
-    // own.
-    let mut passed =
-        shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
-    let admin = AdminView::new(registry, shared.clone());
     let vitals = Vitals::default();
-    let admin = listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
-        .await
-        .map_err(|source| Fatal::Admin {
-            addr: config.admin_listen,
-            source,
-        })?;
-    vitals.hold_while("the admin listener", admin);
-    // Held, not read, until the database is reached (see Inbox::open below).
-    let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
-    crate::ingest::socket::check_passed(&passed)?;
-    let mirror = open_mirror(&config, &passed)?;
-    let mut stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
-    // Ready for systemd once the sockets are in hand, before the database: redirector.service
-    // is ordered after this unit (for the stop: it drains into a running collector), and a
-    // start job of this one still under way held every start of the redirector behind it
-    // (another host's collector holding this instance's lock, a migration, a commit waiting
-    // for a standby), though the redirector needs nothing of the collector to serve. The
-    // socket queues meanwhile; /healthz says when it writes.
-    shared::systemd::notify_or_log("READY=1");
+    let admin = AdminView::new(registry, shared.clone());
+    let Opened {
+        passed,
+        mirror,
+        mut stop,
+    } = open(&config, admin, &vitals).await?;
     let upkeep = maintenance_policy(&config);
-    // Looks at the sessions of start-up and then of the writer from one of its own while a
-    // commit takes long, for as long as the process runs: a commit that waits for a standby
-    // is named as such.
-    let watch = Watch::new(metrics.write.clone());
-    let watching = tokio::spawn(
-        watch
-            .clone()
-            .run(db.clone(), config.write_timeout)
-            .instrument(tracing::info_span!("replication")),
-    );
-    vitals.hold_while("the replication watch", watching);
+    let watch = start_watch(&db, &config, &metrics, &vitals);
     let start = tokio::select! {
         start = prepare(&db, &config.instance, &upkeep, (&metrics, &watch), &shared) => start,
         stopped = vitals.until(&mut stop) => {
@@ -162,6 +135,103 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
     // Opened only now: until the database is reached, senders find no socket and keep their
     // clicks, rather than queue datagrams that a stop in the meantime would discard.
     let inbox = Inbox::open(&config.socket, config.socket_mode, passed)?;
+    announce(&config, &start, &metrics, &shared);
+    let unfolded = new_unfolded(&config, &metrics);
+    let (handoff, writer) = start_writer(
+        &db,
+        (start.conn, start.committed, watch),
+        &config,
+        &unfolded,
+        &metrics,
+        &shared,
+    );
+    let settings = receive_settings(&config);
+    let receiver = Receiver::new(
+        inbox,
+        start.senders,
+        mirror,
+        metrics.ingest.clone(),
+        shared.clone(),
+        settings,
+        handoff,
+    );
+    let upkeep_tasks = start_upkeep(db, upkeep, unfolded, (&metrics, &shared), &vitals);
+    // A task, not the main thread's: the worker that sees the socket's readiness runs it,
+    // rather than waking the main thread whenever a datagram comes while it waits.
+    let receive = receiver
+        .run(stopping(vitals.clone(), stop))
+        .instrument(tracing::info_span!("receive"));
+    let received = match tokio::spawn(receive).await {
+        Ok(received) => received,
+        // As if it had run here: nothing cancels it while this waits.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    wind_down(writer, upkeep_tasks, &metrics).await;
+    received.map_err(Fatal::from)?;
+    vitals
+        .ended()
+        .map_or(Ok(()), |part| Err(Fatal::Ended(part)))
+}
+
+/// What start-up holds before the database is reached.
+struct Opened {
+    /// The sockets systemd passed but the admin listener's: held, not read, until the
+    /// database is reached (see `Inbox::open`).
+    passed: Vec<OwnedFd>,
+    mirror: Option<Mirror>,
+    stop: Pin<Box<dyn Future<Output = &'static str> + Send>>,
+}
+
+/// Serves the admin listener (as a vital part), takes the sockets systemd passed, opens the
+/// `--mirror` and installs the signal handlers; then tells systemd the service is ready.
+async fn open(config: &Config, admin: AdminView, vitals: &Vitals) -> Result<Opened, Fatal> {
+    // Under systemd: the datagram socket (collector.socket) and the admin listener
+    // (collector-admin.socket, named "admin"), so the service needs no Internet sockets of its
+    // own.
+    let mut passed =
+        shared::systemd::Passed::take().map_err(crate::ingest::socket::OpenError::Io)?;
+    let admin = listen_admin(passed.named("admin"), config.admin_listen, Arc::new(admin))
+        .await
+        .map_err(|source| Fatal::Admin {
+            addr: config.admin_listen,
+            source,
+        })?;
+    vitals.hold_while("the admin listener", admin);
+    let passed: Vec<OwnedFd> = passed.rest().into_iter().map(|(_, fd)| fd).collect();
+    crate::ingest::socket::check_passed(&passed)?;
+    let mirror = open_mirror(config, &passed)?;
+    let stop = Box::pin(shared::stop_signal().map_err(Fatal::Signals)?);
+    // Ready for systemd once the sockets are in hand, before the database: redirector.service
+    // is ordered after this unit (for the stop: it drains into a running collector), and a
+    // start job of this one still under way held every start of the redirector behind it
+    // (another host's collector holding this instance's lock, a migration, a commit waiting
+    // for a standby), though the redirector needs nothing of the collector to serve. The
+    // socket queues meanwhile; /healthz says when it writes.
+    shared::systemd::notify_or_log("READY=1");
+    Ok(Opened {
+        passed,
+        mirror,
+        stop,
+    })
+}
+
+/// Looks at the sessions of start-up and then of the writer from one of its own while a
+/// commit takes long, for as long as the process runs (a vital part): a commit that waits
+/// for a standby is named as such.
+fn start_watch(db: &Db, config: &Config, metrics: &Metrics, vitals: &Vitals) -> Arc<Watch> {
+    let watch = Watch::new(metrics.write.clone());
+    let watching = tokio::spawn(
+        watch
+            .clone()
+            .run(db.clone(), config.write_timeout)
+            .instrument(tracing::info_span!("replication")),
+    );
+    vitals.hold_while("the replication watch", watching);
+    watch
+}
+
+/// Says, in the metrics, /healthz and the log, that the collector writes.
+fn announce(config: &Config, start: &Start, metrics: &Metrics, shared: &Shared) {
     maintenance::show(&metrics.upkeep, &start.backlog);
     shared.health.writes.store(true, Relaxed);
     shared.health.upkeep.store(true, Relaxed);
@@ -173,86 +243,77 @@ pub async fn run(database_url: &str, config: Config) -> Result<(), Fatal> {
         config.instance,
         start.senders.len()
     );
+}
 
-    // Below 2^63: a positive bigint.
+/// The clicks' counts written but not yet folded, bounded by `--compact-memory`, under this
+/// writer's id.
+fn new_unfolded(config: &Config, metrics: &Metrics) -> Arc<Unfolded> {
     let meters = Meters {
         bytes: metrics.upkeep.unfolded_bytes.clone(),
         dropped: metrics.upkeep.unfolded_dropped.clone(),
     };
+    // Below 2^63: a positive bigint.
     let writer_id = protocol::wire::random_sender() as i64;
-    let unfolded = Arc::new(Unfolded::bounded(writer_id, config.compact_memory, meters));
-    let (handoff, writer) = start_writer(
-        &db,
-        (start.conn, start.committed, watch),
-        &config,
-        &unfolded,
-        &metrics,
-        &shared,
-    );
-    let receiver = Receiver::new(
-        inbox,
-        start.senders,
-        mirror,
-        metrics.ingest.clone(),
-        shared.clone(),
-        Settings {
-            batch_rows: config.batch_rows as usize,
-            flush_interval: config.flush_interval,
-            window: DateWindow {
-                max_age_us: micros(config.max_click_age),
-                max_skew_us: micros(config.max_click_skew),
-            },
-            allowed_uids: config.allow_uid.clone(),
+    Arc::new(Unfolded::bounded(writer_id, config.compact_memory, meters))
+}
+
+/// What the receive loop takes from the flags.
+fn receive_settings(config: &Config) -> Settings {
+    Settings {
+        batch_rows: config.batch_rows as usize,
+        flush_interval: config.flush_interval,
+        window: DateWindow {
+            max_age_us: micros(config.max_click_age),
+            max_skew_us: micros(config.max_click_skew),
         },
-        handoff,
-    );
-    // A span per task, so that its lines can be told apart (and filtered, `RUST_LOG`).
+        allowed_uids: config.allow_uid.clone(),
+    }
+}
+
+/// Starts the partitions round and the fold, each a vital part with a span of its own (so
+/// that its lines can be told apart, and filtered: `RUST_LOG`); returns what aborts them at
+/// the stop.
+fn start_upkeep(
+    db: Db,
+    upkeep: maintenance::Policy,
+    unfolded: Arc<Unfolded>,
+    (metrics, shared): (&Metrics, &Arc<Shared>),
+    vitals: &Vitals,
+) -> [AbortHandle; 2] {
     let partitions = tokio::spawn(
         maintenance::run_partitions(db.clone(), upkeep, metrics.upkeep.clone(), shared.clone())
             .instrument(tracing::info_span!("partitions")),
     );
-    let maintenance = tokio::spawn(
-        maintenance::run(db, upkeep, unfolded, metrics.upkeep, shared)
+    let fold = tokio::spawn(
+        maintenance::run(db, upkeep, unfolded, metrics.upkeep.clone(), shared.clone())
             .instrument(tracing::info_span!("fold")),
     );
-    let upkeep_tasks = [partitions.abort_handle(), maintenance.abort_handle()];
+    let aborts = [partitions.abort_handle(), fold.abort_handle()];
     vitals.hold_while("the partitions round", partitions);
-    vitals.hold_while("the fold", maintenance);
-    let stopping = {
-        let vitals = vitals.clone();
-        async move {
-            if let Ok(signal) = vitals.until(stop).await {
-                tracing::info!(
-                    signal,
-                    "{signal}: draining the socket, writing what is pending"
-                );
-            }
-            shared::systemd::notify_or_log("STOPPING=1");
-        }
-    };
-    // A task, not the main thread's: the worker that sees the socket's readiness runs it,
-    // rather than waking the main thread whenever a datagram comes while it waits.
-    let receive = receiver
-        .run(stopping)
-        .instrument(tracing::info_span!("receive"));
-    let received = match tokio::spawn(receive).await {
-        Ok(received) => received,
-        // As if it had run here: nothing cancels it while this waits.
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    };
-    // The receiver and its channel ends are gone: the writer ends after the last batch.
+    vitals.hold_while("the fold", fold);
+    aborts
+}
+
+/// Once the receive loop has ended (and with it the writer's channel ends): waits for the
+/// writer to commit the last batch, then stops the upkeep.
+async fn wind_down(writer: JoinHandle<()>, upkeep: [AbortHandle; 2], metrics: &Metrics) {
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "the database writer failed: {e}");
     }
-    upkeep_tasks
-        .iter()
-        .for_each(tokio::task::AbortHandle::abort);
+    upkeep.iter().for_each(AbortHandle::abort);
     let written = metrics.write.clicks_written.get();
     tracing::info!(written, "collector: {written} clicks written");
-    received.map_err(Fatal::from)?;
-    vitals
-        .ended()
-        .map_or(Ok(()), |part| Err(Fatal::Ended(part)))
+}
+
+/// What the receive loop waits on for its stop: the signal, or a vital part's end.
+async fn stopping(vitals: Vitals, stop: impl Future<Output = &'static str> + Unpin) {
+    if let Ok(signal) = vitals.until(stop).await {
+        tracing::info!(
+            signal,
+            "{signal}: draining the socket, writing what is pending"
+        );
+    }
+    shared::systemd::notify_or_log("STOPPING=1");
 }
 
 /// `--allow-uid` against the user namespace the collector runs in: a uid it does not map
