@@ -131,29 +131,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         None => db.clone(),
     };
     let settings = drain_settings(&cfg);
-    // The drain's sockets, then (last) the state region.
-    let (sockets, state) = match cfg.clicks {
-        ClickMode::Pipeline => {
-            let sockets = drain::Sockets::bind(&settings)?;
-            sockets.fit(cfg.datagram_size)?;
-            let state = open_state(&cfg, &mut passed, &metrics.common)?;
-            (Some(sockets), Some(state))
-        }
-        ClickMode::Off | ClickMode::Direct => {
-            if let Some(fd) = passed.named(state::FDNAME) {
-                unused_state(&fd, "with --clicks off or direct");
-            }
-            (None, None)
-        }
-    };
+    let (sockets, state) = open_pipeline(&cfg, &settings, passed, &metrics.common)?;
     let ring = state.as_ref().map(|s| s.ring.clone());
-    for (name, _) in passed.rest() {
-        tracing::warn!(
-            "systemd passed a descriptor named {name:?}; only \"http\", \"admin\" and \"{}\" \
-             are used",
-            state::FDNAME
-        );
-    }
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let vitals = Vitals::default();
     let admin = shared::admin::spawn(
@@ -186,23 +165,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         )),
         None => None,
     };
-    let direct = match (&ring, cfg.clicks) {
-        (None, ClickMode::Direct) => Some(Arc::new(
-            Direct::connect(
-                db.clone(),
-                cfg.direct_connections as usize,
-                cfg.link_timeout,
-            )
-            .await
-            .map_err(|e| Error::Direct(e.to_string()))?,
-        )),
-        _ => None,
-    };
-    let clicks = match (&ring, &direct) {
-        (Some(ring), _) => Clicks::Pipeline(ring.clone()),
-        (None, Some(direct)) => Clicks::Direct(direct.clone()),
-        (None, None) => Clicks::Off,
-    };
+    let (clicks, direct) = clicks(&cfg, db, &ring).await?;
     let app = Arc::new(App {
         links: table.clone(),
         classifier: Classifier::new(cfg.dimensions, cfg.country_header.clone()),
@@ -217,15 +180,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         idle_timeout: cfg.idle_timeout,
         write_timeout: cfg.write_timeout,
     };
-    let (stop_http, http_stopped) = oneshot::channel::<()>();
-    let serve = http::serve(http_listener, app, limits, async {
-        let _ = http_stopped.await;
-    });
-    let serving = vitals.part("the http server");
-    let server = tokio::spawn(async move {
-        let _serving = serving;
-        serve.await
-    });
+    let (stop_http, server) = start_http(http_listener, app, limits, &vitals);
     let ready = tokio::spawn(async move {
         table.wait_loaded().await;
         shared::systemd::notify_or_log("READY=1");
@@ -249,6 +204,79 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         Some(part) => Err(Error::Ended(part)),
         None => Ok(summary),
     }
+}
+
+/// Serves redirects in a task of its own (a vital part) until the sender returned is used
+/// or dropped.
+fn start_http(
+    listener: TcpListener,
+    app: Arc<App>,
+    limits: Limits,
+    vitals: &Vitals,
+) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serve = http::serve(listener, app, limits, async {
+        let _ = stopped.await;
+    });
+    let serving = vitals.part("the http server");
+    let server = tokio::spawn(async move {
+        let _serving = serving;
+        serve.await
+    });
+    (stop, server)
+}
+
+/// With `--clicks pipeline`, the drain's sockets, then (last) the state region; with the
+/// other modes, neither, and a word on the region systemd kept, if any.
+fn open_pipeline(
+    cfg: &Config,
+    settings: &drain::Settings,
+    mut passed: shared::systemd::Passed,
+    metrics: &Common,
+) -> Result<(Option<drain::Sockets>, Option<Region>), Error> {
+    let opened = match cfg.clicks {
+        ClickMode::Pipeline => {
+            let sockets = drain::Sockets::bind(settings)?;
+            sockets.fit(cfg.datagram_size)?;
+            let state = open_state(cfg, &mut passed, metrics)?;
+            (Some(sockets), Some(state))
+        }
+        ClickMode::Off | ClickMode::Direct => {
+            if let Some(fd) = passed.named(state::FDNAME) {
+                unused_state(&fd, "with --clicks off or direct");
+            }
+            (None, None)
+        }
+    };
+    for (name, _) in passed.rest() {
+        tracing::warn!(
+            "systemd passed a descriptor named {name:?}; only \"http\", \"admin\" and \"{}\" \
+             are used",
+            state::FDNAME
+        );
+    }
+    Ok(opened)
+}
+
+/// Where a request's click goes: the ring, one INSERT of its own (`--clicks direct`, on
+/// connections opened now), or nowhere.
+async fn clicks(
+    cfg: &Config,
+    db: shared::db::Config,
+    ring: &Option<Arc<Ring>>,
+) -> Result<(Clicks, Option<Arc<Direct>>), Error> {
+    if let Some(ring) = ring {
+        return Ok((Clicks::Pipeline(ring.clone()), None));
+    }
+    if cfg.clicks != ClickMode::Direct {
+        return Ok((Clicks::Off, None));
+    }
+    let connections = cfg.direct_connections as usize;
+    let direct = Direct::connect(db, connections, cfg.link_timeout)
+        .await
+        .map_err(|e| Error::Direct(e.to_string()))?;
+    let direct = Arc::new(direct);
+    Ok((Clicks::Direct(direct.clone()), Some(direct)))
 }
 
 /// Each component's metrics, registered into a sub-registry of its own (names unchanged),
