@@ -250,9 +250,10 @@ const ACCEPT_RETRY_CAP: Duration = Duration::from_millis(500);
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (for up to `limits.grace`) and closes every connection. When it returns, no handler
-/// is running or will run again, so click counts taken after it are final; when it unwinds
-/// too (a defect in the accept loop): a connection's task dropped with the set would only be
-/// told to end, and one mid-poll could push a click after the drain's last send.
+/// is running or will run again, so click counts taken after it are final; so too when a
+/// defect in the accept loop panics: every connection's task is aborted and waited for
+/// before the panic goes on, as dropping the set would only tell each to end, and one
+/// mid-poll could still push a click after the drain's last send.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -398,7 +399,7 @@ mod tests {
         assert!(ring.is_empty());
     }
 
-    /// Once the server has ended, however it ended, no connection's task is left to run a
+    /// Once the server has ended, by its stop or by a panic in its accept loop, no connection's task is left to run a
     /// handler: here the accept loop panics with a keep-alive connection open, and by the
     /// time the panic reaches the caller, nothing but the caller holds the handlers' `App`.
     #[tokio::test]
