@@ -283,6 +283,8 @@ struct Asked<A> {
     seq: u64,
     owner: Option<Owner>,
     to: A,
+    /// When it was made: the same request is not made again within [`REPEAT_AFTER`].
+    at: Instant,
     /// The request's number, in `Senders::asked_order`.
     n: u64,
 }
@@ -372,7 +374,10 @@ impl<A: Copy + PartialEq> Senders<A> {
         let owner = Owner::of(creds);
         let Some(s) = self.map.get_mut(&sender) else {
             let (verdict, reply) = self.first(sender, (seq, clicks), from, owner, now);
-            self.note_asked(sender, owner, reply);
+            // Not remembered, an unknown sender has no `told` of its own: each datagram of a
+            // full window would be asked again, and each request answered with a resync.
+            let reply = reply.filter(|r| !self.asked_just_now(sender, r, now));
+            self.note_asked(sender, owner, reply, now);
             return (verdict, reply);
         };
         if !Self::speaks_for(s, owner, from, now) {
@@ -393,21 +398,42 @@ impl<A: Copy + PartialEq> Senders<A> {
             let owner = s.owner;
             self.used(sender, owner);
         }
-        self.note_asked(sender, owner, reply);
+        self.note_asked(sender, owner, reply, now);
         (verdict, reply)
+    }
+
+    /// Whether `reply` is the request last made to `sender`, made less than [`REPEAT_AFTER`]
+    /// ago.
+    fn asked_just_now(&self, sender: u64, reply: &Reply<A>, now: Instant) -> bool {
+        self.asked.get(&sender).is_some_and(|a| {
+            Some(a.seq) == reply.ack.resend_from && a.to == reply.to && now - a.at < REPEAT_AFTER
+        })
     }
 
     /// Remembers a resend request in `reply`, if it is one, so that a resync can be checked
     /// against it; past `MAX_ASKED`, forgets the oldest: a request outlives as many newer ones,
     /// however many fresh ids a flood brings, time enough for its sender's resync (before,
     /// whichever came first in the map went, a live sender's as soon as any).
-    fn note_asked(&mut self, sender: u64, owner: Option<Owner>, reply: Option<Reply<A>>) {
+    fn note_asked(
+        &mut self,
+        sender: u64,
+        owner: Option<Owner>,
+        reply: Option<Reply<A>>,
+        at: Instant,
+    ) {
         let Some((seq, to)) = reply.and_then(|r| Some((r.ack.resend_from?, r.to))) else {
             return;
         };
         self.asks += 1;
         let n = self.asks;
-        self.asked.insert(sender, Asked { seq, owner, to, n });
+        let request = Asked {
+            seq,
+            owner,
+            to,
+            n,
+            at,
+        };
+        self.asked.insert(sender, request);
         self.asked_order.push_back((sender, n));
         let asked = &mut self.asked;
         let current = |asked: &HashMap<u64, Asked<A>>, (id, n): (u64, u64)| {
@@ -928,6 +954,32 @@ mod tests {
             Resynced::Unasked,
             "a successor at the same address is asked first, like anyone"
         );
+    }
+
+    /// A sender this collector has no record of, its window full: its datagrams draw one
+    /// resend request, not one each (each would be answered with a resync), until the
+    /// request may be repeated.
+    #[test]
+    fn an_unknown_senders_window_is_asked_for_once() {
+        let mut s = Senders::<Addr>::default();
+        let now = Instant::now();
+        let c = creds(10);
+        let asked = (Verdict::Ahead, ack(None, Some(0)));
+        assert_eq!(s.judge(7, (500, 10), addr(), c, now), asked);
+        for seq in 501..1_012 {
+            assert_eq!(
+                s.judge(7, (seq, 10), addr(), c, now),
+                (Verdict::Ahead, None),
+                "asked already: {seq}"
+            );
+        }
+        let later = now + REPEAT_AFTER;
+        assert_eq!(s.judge(7, (500, 10), addr(), c, later), asked, "again");
+        let resync = Resync::new(7, 500, 4_990);
+        assert!(matches!(
+            s.resync(&resync, addr(), c, later),
+            Resynced::Skipped { .. }
+        ));
     }
 
     /// Resend requests past `MAX_ASKED` forget the oldest: under a flood of fresh ids, each
