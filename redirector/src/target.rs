@@ -228,11 +228,18 @@ fn merged(url: &[u8], query: &[u8]) -> Option<HeaderValue> {
     // Empty parameters name nothing: a URL without a query, or ending in `&`, has no
     // parameter named "" for a request's `=x` to be taken for.
     let params = own.split(|&b| b == b'&' || b == b';');
-    let mut names: Vec<&[u8]> = params.filter(|p| !p.is_empty()).map(name).collect();
-    names.sort_unstable_by(|a, b| root(a).cmp(root(b)));
+    let mut names: Vec<Reading> = params
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| readings(name(p)))
+        .collect();
+    names.sort_unstable_by(|a, b| a.root().cmp(b.root()));
     let known = |piece: &[u8]| {
-        let key = root(name(piece));
-        names.binary_search_by(|n| root(n).cmp(key.clone())).is_ok()
+        readings(name(piece)).any(|reading| {
+            let key = reading.root();
+            names
+                .binary_search_by(|n| n.root().cmp(key.clone()))
+                .is_ok()
+        })
     };
     for param in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
         // As the URL's own, encoded when loaded.
@@ -263,15 +270,56 @@ fn name(param: &[u8]) -> &[u8] {
     param.split(|&b| b == b'=').next().unwrap_or(param)
 }
 
-/// The root of a parameter's name as the most lenient targets read it: escapes decoded once,
-/// `+` a space; leading spaces and brackets dropped (PHP, Rack); up to a NUL (PHP) or a
-/// bracket, under which PHP and Rack nest values (`ref[]`, `ref[x]`, `ref]` are all `ref`'s,
-/// and a plain `ref` replaces what is nested under it); a space or a dot read as `_` (PHP's
-/// `utm.source` is `utm_source`); ASCII letters in lower case (ASP.NET). Compared once a
-/// parameter, without allocating.
-fn root(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
+/// A parameter's name, read one way (see [`Reading::root`]).
+#[derive(Clone, Copy)]
+struct Reading<'a> {
+    name: &'a [u8],
+    /// PHP's reading of a name whose first `[` no `]` follows: no nesting, the whole name.
+    unclosed: bool,
+}
+
+/// The ways targets read `name`: its root, and where its first `[` has no `]` after it, as
+/// PHP reads that (`utm[source` is its `utm_source`; Rack's `utm`).
+fn readings(name: &[u8]) -> impl Iterator<Item = Reading<'_>> {
+    let mut after = decoded(name)
+        .take_while(|&b| b != 0)
+        .skip_while(|&b| b != b'[');
+    let unclosed = after.next() == Some(b'[') && !after.any(|b| b == b']');
+    let plain = Reading {
+        name,
+        unclosed: false,
+    };
+    std::iter::once(plain).chain(unclosed.then_some(Reading {
+        name,
+        unclosed: true,
+    }))
+}
+
+impl<'a> Reading<'a> {
+    /// The root of the name as the most lenient targets read it: escapes decoded once, `+`
+    /// a space; leading spaces and brackets dropped (PHP, Rack); up to a NUL (PHP) or a
+    /// bracket, under which PHP and Rack nest values (`ref[]`, `ref[x]`, `ref]` are all
+    /// `ref`'s, and a plain `ref` replaces what is nested under it), but for PHP's reading of
+    /// an unclosed `[`, read as `_`; a space or a dot read as `_` (PHP's `utm.source` is
+    /// `utm_source`); ASCII letters in lower case (ASP.NET). Compared once a parameter,
+    /// without allocating.
+    fn root(self) -> impl Iterator<Item = u8> + Clone + 'a {
+        let unclosed = self.unclosed;
+        let bracket = move |b: u8| !unclosed && matches!(b, b'[' | b']');
+        decoded(self.name)
+            .skip_while(move |&b| b == b' ' || bracket(b))
+            .take_while(move |&b| b != 0 && !bracket(b))
+            .map(|b| match b {
+                b' ' | b'.' | b'[' => b'_',
+                b => b.to_ascii_lowercase(),
+            })
+    }
+}
+
+/// `name` with its escapes decoded once and `+` read as a space.
+fn decoded(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
     let mut rest = name;
-    let bytes = std::iter::from_fn(move || {
+    std::iter::from_fn(move || {
         let (&b, tail) = rest.split_first()?;
         rest = tail;
         let byte = match (b, tail) {
@@ -286,14 +334,7 @@ fn root(name: &[u8]) -> impl Iterator<Item = u8> + Clone + '_ {
             _ => b,
         };
         Some(byte)
-    });
-    bytes
-        .skip_while(|&b| matches!(b, b' ' | b'[' | b']'))
-        .take_while(|&b| !matches!(b, 0 | b'[' | b']'))
-        .map(|b| match b {
-            b' ' | b'.' => b'_',
-            b => b.to_ascii_lowercase(),
-        })
+    })
 }
 
 fn hex(digit: u8) -> Option<u8> {
@@ -378,6 +419,9 @@ mod tests {
             "utm%20source=evil",
             "utm.source=evil",
             "utm_source=evil",
+            "utm[source=evil",
+            "utm%5Bsource=evil",
+            "+utm.source[=evil",
             "utm%2bsource",
         ] {
             let kept = if query == "utm%2bsource" {
@@ -395,6 +439,11 @@ mod tests {
         assert_eq!(location(t, Some("x=1;y=2")), format!("{t}&x=1;y=2"));
         let semi = "https://e.com/?a=1;ref=partner";
         assert_eq!(location(semi, Some("ref=evil&b=2")), format!("{semi}&b=2"));
+        // PHP reads a `[` that no `]` follows as `_`: a URL's `ref_` is overridden by `ref[`,
+        // and a URL's `utm[source` (`utm_source` to PHP, `utm` to Rack) by either.
+        let php = "https://e.com/?ref_=partner&utm[source=x";
+        let query = "ref[=evil&utm_source=evil&utm=evil&utm[x]=evil&ref=1&ref[]]=2";
+        assert_eq!(location(php, Some(query)), format!("{php}&ref=1&ref[]]=2"));
         // Whatever nests under the root of a name the URL has, or replaces it, is dropped.
         let nested = "https://e.com/?filter[brand]=acme&ref[]=partner";
         let query = "filter[color]=red&filter[brand]]=x&filter=x&ref=evil&f=1";
