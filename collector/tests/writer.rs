@@ -67,6 +67,39 @@ async fn a_write_stuck_past_the_timeout_is_retried_and_lands_once() {
     assert_eq!(metrics.write.clicks_written.get(), 2_000);
 }
 
+/// A statement timeout the database sets (common on managed servers) shorter than a batch's
+/// statements take (here a trigger's second on click_senders): the writer's session runs
+/// without it, and the batch lands at its first attempt. Under it, every attempt was
+/// cancelled, and the writer held on that batch for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_the_database_sets_does_not_cancel_a_slow_batch() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION sleep_a_second_now() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+             CREATE TRIGGER slow_statement AFTER INSERT OR UPDATE ON click_senders
+             FOR EACH STATEMENT EXECUTE FUNCTION sleep_a_second_now();",
+        )
+        .await
+        .unwrap();
+    let set = format!("ALTER DATABASE \"{}\" SET statement_timeout = 300", db.name);
+    client.batch_execute(&set).await.unwrap();
+    let metrics = Arc::new(Counted::default());
+    let mut handoff = writer(&db.url, INSTANCE, Duration::from_secs(30), metrics.clone()).await;
+    let sent = clicks(100, 10, start_us(), 1_000);
+    handoff
+        .full
+        .send(batch_of(&datagrams(41, &sent)))
+        .await
+        .unwrap();
+    handed_back(&mut handoff).await;
+    assert_eq!(count(&client, "SELECT count(*) FROM clicks").await, 100);
+    let errors = metrics.shared.counts.db_errors.get();
+    assert_eq!(errors, 0, "attempts cancelled by the statement timeout");
+}
+
 /// Makes every commit that touched click_senders take a second, in the COMMIT itself: a
 /// deferred constraint trigger runs there, after every statement of the transaction.
 const SLOW_COMMIT: &str = "

@@ -51,7 +51,9 @@ async fn a_statement_timeout_the_database_sets_does_not_cancel_the_migrations() 
         let set = format!("ALTER DATABASE \"{}\" SET transaction_timeout = 5", db.name);
         admin.batch_execute(&set).await.unwrap();
     }
-    let mut client = pgtest::connect(&db.url).await;
+    // Not set up as the services' sessions are, which run without the database's timeouts:
+    // the migrations see to their own, whoever calls them.
+    let mut client = pgtest::connect_as_given(&db.url).await;
     let timeout: String = client
         .query_one("SHOW statement_timeout", &[])
         .await

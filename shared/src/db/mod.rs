@@ -131,7 +131,8 @@ impl Config {
         pg
     }
 
-    /// What every session runs first: [`SET_SEARCH_PATH`], and once [`Config::guarded`], the
+    /// What every session runs first: [`SET_SEARCH_PATH`], [`NO_SERVER_TIMEOUTS`], and once
+    /// [`Config::guarded`], the
     /// server's side of the keepalives and user timeout (ignored over a Unix socket). A
     /// backend whose client vanished from the network (its last packets lost in the outage)
     /// otherwise waits for it until the server's keepalives notice, after the kernel's two
@@ -141,11 +142,11 @@ impl Config {
     /// says what to do, rather than fail on an unknown parameter.
     fn session_setup(&self) -> String {
         let Some(timeout) = self.guard else {
-            return SET_SEARCH_PATH.to_owned();
+            return format!("{SET_SEARCH_PATH}; {NO_SERVER_TIMEOUTS}");
         };
         let user_timeout_ms = user_timeout(timeout).as_millis();
         format!(
-            "{SET_SEARCH_PATH}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
+            "{SET_SEARCH_PATH}; {NO_SERVER_TIMEOUTS}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
              SET tcp_keepalives_count = 3; \
              SELECT set_config('tcp_user_timeout', '{user_timeout_ms}', false) \
              WHERE current_setting('tcp_user_timeout', true) IS NOT NULL"
@@ -351,6 +352,14 @@ pub async fn cancel(
 ///
 /// A `SET` rather than the startup packet's `options`, which PgBouncer refuses.
 pub const SET_SEARCH_PATH: &str = "SET search_path = public";
+
+/// No statement timeout, nor (PostgreSQL 17 on) transaction timeout, of the database's or the
+/// role's (common on managed servers): the services bound their own waits (their flags; a
+/// session sets its own statement timeout after this where it wants one). One the database
+/// set shorter than a batch's statements take cancelled the batch at every attempt, and the
+/// writer held on it for good.
+pub const NO_SERVER_TIMEOUTS: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
+     WHERE name IN ('statement_timeout', 'transaction_timeout')";
 
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
 /// (or the connection fails: the client's next query then reports it). The session is set up

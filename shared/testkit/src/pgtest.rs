@@ -329,6 +329,16 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
         .unwrap_or_else(|e| panic!("connecting to {url}: {}", shared::db::describe(&e)))
 }
 
+/// A session to `url` as the database gives it, not set up as the services' sessions are
+/// (`shared::db::Config::set_up`): the database's and the role's settings, timeouts among them.
+pub async fn connect_as_given(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {}", shared::db::describe(&e)));
+    tokio::spawn(connection);
+    client
+}
+
 /// As root, the unprivileged user PostgreSQL runs as (`postgres`, or `$PGTEST_USER`); else
 /// none: it runs as we do.
 fn server_user() -> Result<Option<nix::unistd::User>, String> {
