@@ -623,12 +623,7 @@ async fn the_link_trigger_modes_enable_trigger_all_reset_are_set_back() {
     // the modes back once the writer is done).
     c.service.signal(Signal::SIGTERM);
     assert!(c.service.wait_exit(LIMIT).await.success());
-    let sessions = "SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND application_name LIKE 'collector %'";
-    eventually("the stopped collector's sessions gone", LIMIT, || async {
-        (count(&p.client, sessions).await == 0).then_some(())
-    })
-    .await;
+    await_collector_sessions_gone(&p.client).await;
     tx.rollback().await.unwrap();
 
     let epoch = "SELECT epoch FROM link_changes_state";

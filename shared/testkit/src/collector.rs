@@ -155,6 +155,20 @@ pub async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// Waits until no session of a stopped collector is left on `client`'s database: one whose
+/// client went away runs its statement to the end (a partitions round's creation of a day, a
+/// writer's commit), and could still change what the test does next.
+pub async fn await_collector_sessions_gone(client: &tokio_postgres::Client) {
+    let sessions = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND application_name LIKE 'collector %'";
+    crate::eventually(
+        "the stopped collector's sessions gone",
+        crate::LIMIT,
+        || async { (count(client, sessions).await == 0).then_some(()) },
+    )
+    .await;
+}
+
 /// Every row of `clicks` as (code, Unix microseconds), sorted.
 pub async fn stored_clicks(client: &tokio_postgres::Client) -> Vec<(String, i64)> {
     let sql = "SELECT code, (extract(epoch FROM clicked_at) * 1000000)::int8 FROM clicks";
