@@ -222,9 +222,7 @@ impl Intake {
     ) -> (Verdict, Option<Reply>) {
         let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
         let (verdict, reply) = judge(&mut self.senders);
-        if verdict == Verdict::Refused(Refusal::SenderMismatch)
-            && self.follow_move(sender, meta, now)
-        {
+        if verdict == Verdict::Refused(Refusal::SenderMismatch) && self.follow_move(sender, meta) {
             return judge(&mut self.senders);
         }
         (verdict, reply)
@@ -323,11 +321,11 @@ impl Intake {
     /// gave, which a process of a mount namespace of its own could have bound elsewhere). The
     /// address remains what proves a successor: under `PrivateUsers=` every uid reads the
     /// same. A copy of the state beside a live original is still refused.
-    fn follow_move(&mut self, sender: u64, meta: &Received, now: Instant) -> bool {
+    fn follow_move(&mut self, sender: u64, meta: &Received) -> bool {
         let (Some(from), Some(old)) = (
             meta.from,
             self.senders
-                .claimed_from_elsewhere(sender, meta.from, meta.creds, now),
+                .claimed_from_elsewhere(sender, meta.from, meta.creds),
         ) else {
             return false;
         };

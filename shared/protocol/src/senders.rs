@@ -25,8 +25,7 @@
 //! of the same user, it moves there once the transport finds nobody listening at the first,
 //! and the new one as hard to bind as the first ([`Senders::claimed_from_elsewhere`],
 //! [`Senders::moved`]): a restart with another acknowledgement socket, not a copy of the state
-//! beside a live original. The process replaced is refused the id while the id is in use,
-//! not for good: the kernel gives pids again (`REPLACED_REFUSED`). A collector that starts knows each sender's address from
+//! beside a live original. A collector that starts knows each sender's address from
 //! `click_senders` ([`Senders::replying_at`]), and until a datagram names the process, only
 //! one from that address (or one it moved to, as above) speaks for the id: not the first
 //! process to send it. Also refused is a seq further ahead than any sender could have got
@@ -106,12 +105,6 @@ pub const MAX_UNHEARD: usize = 4_096;
 /// writer's check of a new session passes over a sender committed longer ago than this, whose
 /// missing row is no sign of a failover (`Committed::behind`).
 pub const IDLE: Duration = Duration::from_secs(29 * 24 * 3600);
-/// How long the process an id was taken from stays refused it after the id was last seen (an
-/// accepted datagram, a commit): a live one (a copy of the state beside its successor) for as
-/// long as its successor sends, but not for good a later process that the kernel gave the
-/// replaced one's pid again (pids wrap at `pid_max`, 32,768 on some hosts): refused for good,
-/// it could never send, and its ring would fill until the collector restarted.
-const REPLACED_REFUSED: Duration = Duration::from_secs(30);
 /// How often idle ids are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// How long the receiver reads, after it last stopped reading, before anyone is forgotten for
@@ -224,8 +217,8 @@ struct Sender<A> {
     /// The uid that `click_senders` recorded sending from `recorded`, if any: a later process
     /// speaks for the sender only as that user, as for a known owner.
     recorded_uid: Option<u32>,
-    /// Whose it was before a later process took it over: not again while the id is in use
-    /// ([`REPLACED_REFUSED`]), so that a datagram of the one replaced does not hand it back.
+    /// Whose it was before a later process took it over: never again (a datagram of the dead
+    /// one still in flight must not hand it back).
     replaced: Option<Owner>,
     /// Pushed out of its process's ids, with an address: forgotten a minute or two after its
     /// datagrams are committed (see [`Senders::bind`]).
@@ -251,12 +244,6 @@ impl<A: Copy> Sender<A> {
             unheard: false,
             seen: now,
         }
-    }
-
-    /// Whether `claimed` is the process this id was taken from, refused it while the id is in
-    /// use ([`REPLACED_REFUSED`]).
-    fn refuses_replaced(&self, claimed: Owner, now: Instant) -> bool {
-        self.replaced == Some(claimed) && now - self.seen < REPLACED_REFUSED
     }
 
     /// Whether every datagram of it accepted is committed.
@@ -380,7 +367,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             self.note_asked(sender, owner, reply, now);
             return (verdict, reply);
         };
-        if !Self::speaks_for(s, owner, from, now) {
+        if !Self::speaks_for(s, owner, from) {
             return (Verdict::Refused(Refusal::SenderMismatch), None);
         }
         let took_over = s.owner.is_some() && s.owner != owner;
@@ -499,7 +486,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             return Resynced::Refused(Refusal::BadResync);
         }
         let s = self.map.get(&sender);
-        if s.is_some_and(|s| !Self::speaks_for(s, owner, from, now)) {
+        if s.is_some_and(|s| !Self::speaks_for(s, owner, from)) {
             return Resynced::Refused(Refusal::SenderMismatch);
         }
         if s.is_some_and(|s| s.accepted.is_some_and(|a| a >= last)) {
@@ -548,7 +535,7 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// address, which took the id over with the state region it adopted. Whose a sender is
     /// not known yet (loaded at start) is anyone's of its recorded user, if any, at its
     /// recorded address, if it has one.
-    fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>, now: Instant) -> bool {
+    fn speaks_for(s: &Sender<A>, owner: Option<Owner>, from: Option<A>) -> bool {
         match (s.owner, owner) {
             (None, claimed) => {
                 s.recorded.is_none() || (s.recorded == from && Self::recorded_user(s, claimed))
@@ -558,7 +545,7 @@ impl<A: Copy + PartialEq> Senders<A> {
                 from.is_some()
                     && s.reply == from
                     && known.uid == claimed.uid
-                    && !s.refuses_replaced(claimed, now)
+                    && s.replaced != Some(claimed)
             }
             (Some(_), None) => false,
         }
@@ -586,7 +573,6 @@ impl<A: Copy + PartialEq> Senders<A> {
         sender: u64,
         from: Option<A>,
         creds: Option<Creds>,
-        now: Instant,
     ) -> Option<A> {
         let s = self.map.get(&sender)?;
         let claimed = Owner::of(creds)?;
@@ -596,7 +582,7 @@ impl<A: Copy + PartialEq> Senders<A> {
             None => (s.recorded, Self::recorded_user(s, Some(claimed))),
         };
         let elsewhere = from.is_some() && at.is_some() && at != from;
-        (elsewhere && successor && !s.refuses_replaced(claimed, now))
+        (elsewhere && successor && s.replaced != Some(claimed))
             .then_some(at)
             .flatten()
     }
@@ -1288,44 +1274,6 @@ mod tests {
         assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);
     }
 
-    /// Pids are given again: a process with the pid of the one its predecessor replaced is
-    /// refused while the id is in use, and goes on with it once the id has been quiet for
-    /// [`REPLACED_REFUSED`] (its predecessor killed); the predecessor is refused in turn.
-    #[test]
-    fn a_later_process_with_a_replaced_pid_takes_the_id_once_it_is_quiet() {
-        let mut s = Senders::<Addr>::default();
-        let start = Instant::now();
-        let at = |secs| start + Duration::from_secs(secs);
-        let (accepted, mismatch) = (
-            Verdict::Accept { lost: 0 },
-            Verdict::Refused(Refusal::SenderMismatch),
-        );
-        assert_eq!(s.judge(7, (0, 1), addr(), creds(10), start).0, accepted);
-        assert_eq!(s.judge(7, (1, 1), addr(), creds(11), start).0, accepted);
-        assert_eq!(s.judge(7, (2, 1), addr(), creds(11), at(20)).0, accepted);
-        assert_eq!(
-            s.judge(7, (3, 1), addr(), creds(10), at(40)).0,
-            mismatch,
-            "the id was in use 20 s ago"
-        );
-        s.commit(7, 2, at(40));
-        assert_eq!(
-            s.judge(7, (3, 1), addr(), creds(10), at(69)).0,
-            mismatch,
-            "a commit is a sign of life"
-        );
-        assert_eq!(
-            s.judge(7, (3, 1), addr(), creds(10), at(70)).0,
-            accepted,
-            "quiet for 30 s: pid 10 is a later process"
-        );
-        assert_eq!(
-            s.judge(7, (4, 1), addr(), creds(11), at(71)).0,
-            mismatch,
-            "the process it replaced"
-        );
-    }
-
     /// A later process of the same user, at another address: the address it replaces is
     /// named, so that the transport can look whether anyone still listens there; once moved,
     /// the claim takes the id over from its own address, and the process replaced cannot
@@ -1337,12 +1285,12 @@ mod tests {
         let (first, next, elsewhere) = (creds(10), creds(11), Some("elsewhere"));
         s.judge(7, (0, 1), addr(), first, now);
         assert_eq!(
-            s.claimed_from_elsewhere(7, addr(), next, now),
+            s.claimed_from_elsewhere(7, addr(), next),
             None,
             "the same address"
         );
         assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, first, now),
+            s.claimed_from_elsewhere(7, elsewhere, first),
             None,
             "its owner"
         );
@@ -1351,16 +1299,16 @@ mod tests {
             ..next.unwrap()
         });
         assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, other_uid, now),
+            s.claimed_from_elsewhere(7, elsewhere, other_uid),
             None,
             "another user"
         );
         assert_eq!(
-            s.claimed_from_elsewhere(8, elsewhere, next, now),
+            s.claimed_from_elsewhere(8, elsewhere, next),
             None,
             "unknown"
         );
-        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, next, now), addr());
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, next), addr());
         let mismatch = Verdict::Refused(Refusal::SenderMismatch);
         assert_eq!(s.judge(7, (1, 1), elsewhere, next, now).0, mismatch);
         s.moved(7, "elsewhere");
@@ -1374,11 +1322,7 @@ mod tests {
             !s.by_process.contains_key(&replaced),
             "the process replaced holds no ids any more"
         );
-        assert_eq!(
-            s.claimed_from_elsewhere(7, addr(), first, now),
-            None,
-            "replaced"
-        );
+        assert_eq!(s.claimed_from_elsewhere(7, addr(), first), None, "replaced");
         assert_eq!(s.judge(7, (2, 1), addr(), first, now).0, mismatch);
     }
 
@@ -1446,15 +1390,9 @@ mod tests {
         // Restarted elsewhere while the collector restarted too: moved, as a known one.
         let mut s = loaded();
         let elsewhere = Some("elsewhere");
-        assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, other_user, now),
-            None
-        );
-        assert_eq!(
-            s.claimed_from_elsewhere(7, elsewhere, redirector, now),
-            addr()
-        );
-        assert_eq!(s.claimed_from_elsewhere(7, None, redirector, now), None);
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, other_user), None);
+        assert_eq!(s.claimed_from_elsewhere(7, elsewhere, redirector), addr());
+        assert_eq!(s.claimed_from_elsewhere(7, None, redirector), None);
         s.moved(7, "elsewhere");
         assert_eq!(s.judge(7, (5, 1), elsewhere, redirector, now).0, accepted);
     }
