@@ -202,8 +202,9 @@ pub(crate) const MAX_FORWARDED: usize = 2048;
 /// `url` with the request's `query` merged into its own: the URL's parameters first, kept as
 /// they are, then the request's in their order, less those whose name the URL already has;
 /// the fragment stays last; `None` where that would add more than [`MAX_FORWARDED`] bytes.
-/// Names compare by their roots as lenient targets read them ([`root`]): `%72ef`, `REF` or
-/// `ref[]` is the URL's `ref` to some server, and `filter` or `filter[color]` touches the
+/// Names compare by their roots as lenient targets read them ([`Reading::root`], a name with
+/// an unclosed `[` both as Rack and as PHP reads it): `%72ef`, `REF`, `ref[]` or (beside a
+/// `ref_`) `ref[` is the URL's `ref` or `ref_` to some server, and `filter` or `filter[color]` touches the
 /// URL's `filter[brand]`: none may override it there. Parameters are split on `;` as on `&`
 /// where Rack 2 and older Python frameworks split them: a request's parameter goes only if no
 /// piece of it between `;`s names one the URL has.

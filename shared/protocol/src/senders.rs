@@ -393,7 +393,9 @@ impl<A: Copy + PartialEq> Senders<A> {
     /// ago.
     fn asked_just_now(&self, sender: u64, reply: &Reply<A>, now: Instant) -> bool {
         self.asked.get(&sender).is_some_and(|a| {
-            Some(a.seq) == reply.ack.resend_from && a.to == reply.to && now - a.at < REPEAT_AFTER
+            Some(a.seq) == reply.ack.resend_from
+                && a.to == reply.to
+                && now.saturating_duration_since(a.at) < REPEAT_AFTER
         })
     }
 

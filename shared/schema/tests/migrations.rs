@@ -35,9 +35,6 @@ async fn applying_twice_changes_nothing() {
     assert_eq!(before, after);
 }
 
-/// A migration waits for a table's lock at most `LOCK_WAIT`: behind a session that holds
-/// `links` (migration 21 makes triggers on it), it fails with the lock's timeout, the schema as
-/// it was, and applies once that session has ended.
 /// A statement timeout the database sets (and from PostgreSQL 17 on a transaction timeout)
 /// does not cut the migrations short: a long one would be cancelled at every start. A
 /// millisecond outlasts none of them whole, and 5 ms not all of them together.
@@ -66,6 +63,9 @@ async fn a_statement_timeout_the_database_sets_does_not_cancel_the_migrations() 
     );
 }
 
+/// A migration waits for a table's lock at most `LOCK_WAIT`: behind a session that holds
+/// `links` (migration 21 makes triggers on it), it fails with the lock's timeout, the schema as
+/// it was, and applies once that session has ended.
 #[tokio::test]
 async fn a_migration_behind_a_held_table_gives_up_and_applies_later() {
     let db = pgtest::cluster().fresh_database().await;
