@@ -269,14 +269,11 @@ pub(crate) async fn serve(
         (&graceful, &mut connections),
         shutdown,
     );
-    if let Err(panic) = AssertUnwindSafe(accepting).catch_unwind().await {
-        connections.abort_all();
-        while connections.join_next().await.is_some() {}
-        std::panic::resume_unwind(panic);
-    }
-    if tokio::time::timeout(limits.grace, graceful.shutdown())
-        .await
-        .is_err()
+    let accepted = AssertUnwindSafe(accepting).catch_unwind().await;
+    if accepted.is_ok()
+        && tokio::time::timeout(limits.grace, graceful.shutdown())
+            .await
+            .is_err()
     {
         tracing::warn!(
             "{} connections still open after {:?}; closing them",
@@ -286,6 +283,9 @@ pub(crate) async fn serve(
     }
     connections.abort_all();
     while connections.join_next().await.is_some() {}
+    if let Err(panic) = accepted {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// Accepts connections into `connections`, each watched by `graceful`, until `shutdown`.

@@ -270,7 +270,8 @@ struct Asked<A> {
     seq: u64,
     owner: Option<Owner>,
     to: A,
-    /// When it was made: the same request is not made again within [`REPEAT_AFTER`].
+    /// When it was made: the same request to a sender not remembered (its `told`) is not
+    /// made again within [`REPEAT_AFTER`].
     at: Instant,
     /// The request's number, in `Senders::asked_order`.
     n: u64,
@@ -361,9 +362,6 @@ impl<A: Copy + PartialEq> Senders<A> {
         let owner = Owner::of(creds);
         let Some(s) = self.map.get_mut(&sender) else {
             let (verdict, reply) = self.first(sender, (seq, clicks), from, owner, now);
-            // Not remembered, an unknown sender has no `told` of its own: each datagram of a
-            // full window would be asked again, and each request answered with a resync.
-            let reply = reply.filter(|r| !self.asked_just_now(sender, r, now));
             self.note_asked(sender, owner, reply, now);
             return (verdict, reply);
         };
@@ -387,16 +385,6 @@ impl<A: Copy + PartialEq> Senders<A> {
         }
         self.note_asked(sender, owner, reply, now);
         (verdict, reply)
-    }
-
-    /// Whether `reply` is the request last made to `sender`, made less than [`REPEAT_AFTER`]
-    /// ago.
-    fn asked_just_now(&self, sender: u64, reply: &Reply<A>, now: Instant) -> bool {
-        self.asked.get(&sender).is_some_and(|a| {
-            Some(a.seq) == reply.ack.resend_from
-                && a.to == reply.to
-                && now.saturating_duration_since(a.at) < REPEAT_AFTER
-        })
     }
 
     /// Remembers a resend request in `reply`, if it is one, so that a resync can be checked
@@ -451,6 +439,14 @@ impl<A: Copy + PartialEq> Senders<A> {
         now: Instant,
     ) -> (Verdict, Option<Reply<A>>) {
         let mut s = Sender::new(now);
+        // Not remembered until accepted, it is told what the last request to it there said:
+        // without, each datagram of a full window was asked for again, each request answered
+        // with a resync.
+        s.told = self
+            .asked
+            .get(&sender)
+            .filter(|a| Some(a.to) == from)
+            .map(|a| (Ack::new(sender, None, Some(a.seq)), a.at));
         let (verdict, reply) = judge_known(&mut s, sender, seq, from, now);
         if let Verdict::Accept { .. } = verdict {
             (s.accepted, s.owner, s.clicks) = (Some(seq), owner, clicks);

@@ -132,21 +132,21 @@ impl Config {
     }
 
     /// What every session runs first: [`SET_SEARCH_PATH`], [`NO_SERVER_TIMEOUTS`], and once
-    /// [`Config::guarded`], the
-    /// server's side of the keepalives and user timeout (ignored over a Unix socket). A
-    /// backend whose client vanished from the network (its last packets lost in the outage)
-    /// otherwise waits for it until the server's keepalives notice, after the kernel's two
+    /// [`Config::guarded`], the server's side of the keepalives and user timeout (ignored over
+    /// a Unix socket). A backend whose client vanished from the network (its last packets lost
+    /// in the outage) otherwise waits for it until the server's keepalives notice, after the kernel's two
     /// hours, holding what it holds: the collector's writer lock of its instance among them.
     /// `tcp_user_timeout` is set only where the server has it (12 and later): on an older one
     /// the session must get as far as the collector's check of the server's version, which
     /// says what to do, rather than fail on an unknown parameter.
     fn session_setup(&self) -> String {
+        let always = format!("{SET_SEARCH_PATH}; {NO_SERVER_TIMEOUTS}");
         let Some(timeout) = self.guard else {
-            return format!("{SET_SEARCH_PATH}; {NO_SERVER_TIMEOUTS}");
+            return always;
         };
         let user_timeout_ms = user_timeout(timeout).as_millis();
         format!(
-            "{SET_SEARCH_PATH}; {NO_SERVER_TIMEOUTS}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
+            "{always}; SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
              SET tcp_keepalives_count = 3; \
              SELECT set_config('tcp_user_timeout', '{user_timeout_ms}', false) \
              WHERE current_setting('tcp_user_timeout', true) IS NOT NULL"
@@ -358,7 +358,7 @@ pub const SET_SEARCH_PATH: &str = "SET search_path = public";
 /// session sets its own statement timeout after this where it wants one). One the database
 /// set shorter than a batch's statements take cancelled the batch at every attempt, and the
 /// writer held on it for good.
-pub const NO_SERVER_TIMEOUTS: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
+const NO_SERVER_TIMEOUTS: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
      WHERE name IN ('statement_timeout', 'transaction_timeout')";
 
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
