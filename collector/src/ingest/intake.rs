@@ -1,7 +1,8 @@
 //! What the collector does with one received datagram, apart from its I/O: check who sent it,
 //! decode it, judge its sender's seq, and add its clicks to the batch being filled. Pure but
 //! for one look at the file system (`follow_move`, only for a sender id claimed from another
-//! address), so that it is tested (and fuzzed) alone; the receive loop (`receive`) does the
+//! address) and one at whether a process exists (`release_replaced`, only for an id taken
+//! over), so that it is tested (and fuzzed) alone; the receive loop (`receive`) does the
 //! I/O and turns each outcome into metrics and log lines.
 
 use protocol::wire::Reject;
@@ -221,11 +222,32 @@ impl Intake {
         now: Instant,
     ) -> (Verdict, Option<Reply>) {
         let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
-        let (verdict, reply) = judge(&mut self.senders);
-        if verdict == Verdict::Refused(Refusal::SenderMismatch) && self.follow_move(sender, meta) {
-            return judge(&mut self.senders);
+        let (verdict, reply) = match judge(&mut self.senders) {
+            (Verdict::Refused(Refusal::SenderMismatch), _) if self.follow_move(sender, meta) => {
+                judge(&mut self.senders)
+            }
+            judged => judged,
+        };
+        if let Verdict::Accept { .. } = verdict {
+            self.release_replaced(sender);
         }
         (verdict, reply)
+    }
+
+    /// Lets the process `sender` was taken from go, once no process has its pid: looked at
+    /// with each datagram of `sender` accepted (its successor's, the first one that took it
+    /// over included), so that a later redirector the kernel gives that pid (after the process
+    /// replaced was killed, as it usually was) is a successor like any other, not refused
+    /// until the collector restarts. A zombie still has its pid, and `EPERM` (another user's
+    /// process, or the call filtered) counts as one that exists: the side that refuses.
+    fn release_replaced(&mut self, sender: u64) {
+        let Some(pid) = self.senders.replaced(sender) else {
+            return;
+        };
+        let signal_none = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
+        if signal_none == Err(nix::errno::Errno::ESRCH) {
+            self.senders.replaced_gone(sender);
+        }
     }
 
     /// A datagram `why` rejects whole, from a sender that resends until acknowledged (it has
@@ -658,6 +680,25 @@ mod tests {
         );
     }
 
+    /// A fresh intake, and what it makes of datagram `seq` of sender 5 (a click), sent by
+    /// process `pid` of uid 1000 from `from`.
+    fn claims_of_sender_5() -> impl FnMut(u64, i32, UnixAddr) -> Outcome {
+        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
+        let mut batch = Batch::default();
+        let now = Instant::now();
+        move |seq, pid, from| {
+            let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
+            enc.resume_as(5, seq);
+            enc.push("abc", 1_000_000).unwrap();
+            let bytes = enc.datagram();
+            let m = Received {
+                from: Some(from),
+                ..meta(pid, 1000, bytes.len())
+            };
+            intake.take(bytes, &m, &mut batch, now, 0).0
+        }
+    }
+
     /// What `a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over` damages.
     #[derive(Clone, Copy)]
     enum Damage {
@@ -675,20 +716,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let other = tempfile::tempdir().unwrap();
         let at = |d: &tempfile::TempDir, name| UnixAddr::new(&d.path().join(name)).unwrap();
-        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
-        let mut batch = Batch::default();
-        let now = Instant::now();
-        let mut take = |seq: u64, pid: i32, from: UnixAddr| {
-            let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
-            enc.resume_as(5, seq);
-            enc.push("abc", 1_000_000).unwrap();
-            let bytes = enc.datagram();
-            let m = Received {
-                from: Some(from),
-                ..meta(pid, 1000, bytes.len())
-            };
-            intake.take(bytes, &m, &mut batch, now, 0).0
-        };
+        let mut take = claims_of_sender_5();
         assert!(matches!(
             take(0, 10, at(&dir, "a")),
             Outcome::Accepted { .. }
@@ -719,6 +747,43 @@ mod tests {
             take(2, 10, at(&dir, "a")),
             mismatch,
             "the first does not take it back"
+        );
+    }
+
+    /// The process an id was taken from is refused it while it lives, and once it is gone its
+    /// pid is a later process's, which takes the id over as any successor does: pids are
+    /// given again, and a redirector given a replaced one's was refused until the collector
+    /// restarted. A child process (`sleep`) stands for the process replaced.
+    #[test]
+    fn the_process_an_id_was_taken_from_is_refused_only_while_it_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = UnixAddr::new(&dir.path().join("ack")).unwrap();
+        let mut claim = claims_of_sender_5();
+        let mut take = |seq, pid: u32| claim(seq, pid as i32, at);
+        let mut replaced = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let successor = std::process::id();
+        assert!(matches!(take(0, replaced.id()), Outcome::Accepted { .. }));
+        assert!(matches!(take(1, successor), Outcome::Accepted { .. }));
+        let mismatch = Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
+        assert_eq!(
+            take(2, replaced.id()),
+            mismatch,
+            "the process replaced lives"
+        );
+        replaced.kill().unwrap();
+        replaced.wait().unwrap();
+        assert!(matches!(take(2, successor), Outcome::Accepted { .. }));
+        assert!(
+            matches!(take(3, replaced.id()), Outcome::Accepted { .. }),
+            "its pid is a later process's now"
+        );
+        assert_eq!(
+            take(4, successor),
+            mismatch,
+            "the process replaced in turn lives"
         );
     }
 

@@ -25,7 +25,9 @@
 //! of the same user, it moves there once the transport finds nobody listening at the first,
 //! and the new one as hard to bind as the first ([`Senders::claimed_from_elsewhere`],
 //! [`Senders::moved`]): a restart with another acknowledgement socket, not a copy of the state
-//! beside a live original. A collector that starts knows each sender's address from
+//! beside a live original. The process an id was taken from is refused it for as long as it
+//! lives, no longer: the transport looks ([`Senders::replaced`], [`Senders::replaced_gone`]),
+//! as the kernel gives its pid to later processes. A collector that starts knows each sender's address from
 //! `click_senders` ([`Senders::replying_at`]), and until a datagram names the process, only
 //! one from that address (or one it moved to, as above) speaks for the id: not the first
 //! process to send it. Also refused is a seq further ahead than any sender could have got
@@ -217,8 +219,9 @@ struct Sender<A> {
     /// The uid that `click_senders` recorded sending from `recorded`, if any: a later process
     /// speaks for the sender only as that user, as for a known owner.
     recorded_uid: Option<u32>,
-    /// Whose it was before a later process took it over: never again (a datagram of the dead
-    /// one still in flight must not hand it back).
+    /// Whose it was before a later process took it over: refused it while it lives (a copy of
+    /// the state beside its successor must not take it back), until the transport finds it
+    /// gone ([`Senders::replaced_gone`]).
     replaced: Option<Owner>,
     /// Pushed out of its process's ids, with an address: forgotten a minute or two after its
     /// datagrams are committed (see [`Senders::bind`]).
@@ -591,6 +594,24 @@ impl<A: Copy + PartialEq> Senders<A> {
     pub fn moved(&mut self, sender: u64, to: A) {
         if let Some(s) = self.map.get_mut(&sender) {
             (s.reply, s.recorded) = (Some(to), s.recorded.and(Some(to)));
+        }
+    }
+
+    /// The pid of the process `sender` was taken from, refused the id until the transport finds
+    /// it gone and says so ([`Senders::replaced_gone`]); none for a process of a pid namespace
+    /// the collector cannot see (its pid reads as 0).
+    pub fn replaced(&self, sender: u64) -> Option<i32> {
+        let pid = self.map.get(&sender)?.replaced?.pid;
+        (pid > 0).then_some(pid)
+    }
+
+    /// The process `sender` was taken from no longer exists (the transport looked): its pid is
+    /// no longer refused the id. The kernel gives pids again (they wrap at `pid_max`, 32,768 on
+    /// some hosts); refused for good, a later redirector given that pid would be refused until
+    /// the collector restarted, its clicks held until its ring filled.
+    pub fn replaced_gone(&mut self, sender: u64) {
+        if let Some(s) = self.map.get_mut(&sender) {
+            s.replaced = None;
         }
     }
 
@@ -1270,6 +1291,15 @@ mod tests {
         );
         let successor = Owner::of(creds(11)).unwrap();
         assert_eq!(s.by_process.keys().collect::<Vec<_>>(), [&successor]);
+        assert_eq!(s.replaced(7), Some(10));
+        s.replaced_gone(7);
+        assert_eq!(s.replaced(7), None);
+        assert_eq!(
+            s.judge(7, (2, 1), addr(), creds(10), now).0,
+            Verdict::Accept { lost: 0 },
+            "once the process replaced is gone, its pid is a later process's"
+        );
+        assert_eq!(s.replaced(7), Some(11), "whose successor it is, in turn");
     }
 
     /// A later process of the same user, at another address: the address it replaces is
