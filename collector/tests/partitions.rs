@@ -579,6 +579,33 @@ async fn a_day_retention_failed_to_detach_is_kept_once_an_operator_detaches_it()
     assert_eq!(count(&client, &exists).await, 1, "{old} kept");
 }
 
+/// A host whose clock is days ahead of the database's reckons retention from the database's
+/// day: it drops what is past the retention by that day, not the days every host still writes
+/// to, which its own clock puts past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_clock_days_ahead_drops_only_what_the_database_day_expires() {
+    let db = testkit::pgtest::test_db().await;
+    let client = pgtest::connect(&db.url).await;
+    let old = partitions_ten_days_ago(&client).await;
+    let now = protocol::now_us();
+    maintenance::keep_partitions(&client, &policy(None), &Metrics::default(), now)
+        .await
+        .unwrap();
+    let (today, yesterday) = (
+        name_of(&client, now).await,
+        name_of(&client, now - DAY_US).await,
+    );
+    let ahead = now + 8 * DAY_US;
+    maintenance::keep_partitions(&client, &policy(Some(3)), &Metrics::default(), ahead)
+        .await
+        .unwrap();
+    let names = partitions(&client).await;
+    assert!(!names.contains(&old), "{old} dropped: {names:?}");
+    for kept in [&today, &yesterday] {
+        assert!(names.contains(kept), "{kept} kept: {names:?}");
+    }
+}
+
 /// Makes the partitions of ten days ago (and around): past a retention of 3 days. The name of
 /// that day's.
 async fn partitions_ten_days_ago(client: &tokio_postgres::Client) -> String {

@@ -324,6 +324,14 @@ pub async fn keep_partitions(
             done.created
         );
     }
+    if done.clock_ahead > 0 {
+        tracing::warn!(
+            days = done.clock_ahead,
+            "this host's clock is {} days ahead of the database's: retention is reckoned from \
+             the database's day, not this host's",
+            done.clock_ahead
+        );
+    }
     for (name, took) in &done.dropped {
         tracing::info!(
             partition = %name,

@@ -73,7 +73,13 @@ pub(crate) struct Done {
     pub(crate) settled: Vec<String>,
     /// The steps that failed, the first first.
     pub(crate) failed: Vec<Failed>,
+    /// Days this host's clock was ahead of the database's, which retention was reckoned from
+    /// instead (`retention_day`).
+    pub(crate) clock_ahead: i32,
 }
+
+/// The database's day, as a number of days since 2000-01-01 (UTC).
+const DATABASE_DAY: &str = "SELECT (now() AT TIME ZONE 'UTC')::date - date '2000-01-01'";
 
 /// How long creating a partition waits for its lock on `clicks`. `CREATE TABLE ... PARTITION
 /// OF` takes the strongest lock there is on it, which waits for every transaction that read
@@ -309,7 +315,15 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32, builds: B
     if done.cut_off(client) {
         return done;
     }
-    if let Some(day) = plan.drop_before {
+    let drop = match plan.drop_before {
+        Some(day) => done.ok(
+            "reading the database's day",
+            retention_day(client, day, today).await,
+        ),
+        None => None,
+    };
+    if let Some((day, ahead)) = drop {
+        done.clock_ahead = ahead;
         drop_before(client, day, &mut done).await;
         let expired = |sql| async move {
             let row = client.query_one(sql, &[&day]).await?;
@@ -334,6 +348,21 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32, builds: B
         index_closed_days(client, today, builds, &mut done).await;
     }
     done
+}
+
+/// The first day retention keeps, `day` by this host's `today`, moved back by as many days as
+/// this host's clock is ahead of the database's (and those days): on a clock stepped days
+/// ahead (a virtual machine restored, a bad clock chip, an NTP step) the days every host still
+/// writes to would be dropped, for the whole fleet, with their breakdowns. A host's clock
+/// behind the database's only keeps more.
+async fn retention_day(
+    client: &Client,
+    day: i32,
+    today: i32,
+) -> Result<(i32, i32), tokio_postgres::Error> {
+    let database_day: i32 = client.query_one(DATABASE_DAY, &[]).await?.get(0);
+    let ahead = (today - database_day).max(0);
+    Ok((day - ahead, ahead))
 }
 
 /// A step of a round that failed; the round went on without it.
