@@ -353,13 +353,19 @@ pub async fn cancel(
 /// A `SET` rather than the startup packet's `options`, which PgBouncer refuses.
 pub const SET_SEARCH_PATH: &str = "SET search_path = public";
 
-/// No statement timeout, nor (PostgreSQL 17 on) transaction timeout, of the database's or the
-/// role's (common on managed servers): the services bound their own waits (their flags; a
-/// session sets its own statement timeout after this where it wants one). One the database
-/// set shorter than a batch's statements take cancelled the batch at every attempt, and the
-/// writer held on it for good.
+/// No statement, lock or idle session timeout, nor (PostgreSQL 17 on) transaction timeout, of
+/// the database's or the role's (common on managed servers): the services bound their own
+/// waits (their flags; a session sets its own statement or lock timeout after this where it
+/// wants one). A statement timeout the database set shorter than a batch's statements take
+/// cancelled the batch at every attempt, and the writer held on it for good; a lock timeout
+/// failed every index build of a closed day at its wait for older transactions (not a
+/// cancel, so never given up: dropped and built again each round); an idle session timeout
+/// closes a writer's session between quiet batches, each a database error.
+/// (`idle_in_transaction_session_timeout` stays: no session sits idle inside a transaction,
+/// and it frees what a stopped process holds.)
 const NO_SERVER_TIMEOUTS: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
-     WHERE name IN ('statement_timeout', 'transaction_timeout')";
+     WHERE name IN ('statement_timeout', 'transaction_timeout', 'lock_timeout', \
+                    'idle_session_timeout')";
 
 /// Connects, and drives the connection on a spawned task that ends when the client is dropped
 /// (or the connection fails: the client's next query then reports it). The session is set up
@@ -472,6 +478,28 @@ mod tests {
         assert_eq!(ms(Duration::from_micros(100)), 1);
         assert_eq!(ms(Duration::from_secs(9 * 24 * 3600)), i32::MAX as u128);
         assert_eq!(ms(Duration::MAX), i32::MAX as u128);
+    }
+
+    /// The timeouts a database or role sets (common on managed servers) are not the
+    /// sessions': each sets its own where it wants one.
+    #[tokio::test]
+    async fn a_session_runs_without_the_timeouts_the_database_sets() {
+        let db = testkit::pgtest::test_db().await;
+        let names = ["statement_timeout", "lock_timeout", "idle_session_timeout"];
+        let given = testkit::pgtest::connect_as_given(&db.url).await;
+        for name in names {
+            let set = format!("ALTER DATABASE \"{}\" SET {name} = 700", db.name);
+            given.batch_execute(&set).await.unwrap();
+        }
+        let config: super::Config = db.url.parse().unwrap();
+        let client = super::connect(&config).await.unwrap();
+        for name in names {
+            let row = client
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap();
+            assert_eq!(row.get::<_, String>(0), "0", "{name}");
+        }
     }
 
     #[test]
