@@ -133,6 +133,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "link_reader_reads_links_only",
         include_str!("../migrations/0023_link_reader_reads_links_only.sql"),
     ),
+    (
+        24,
+        "partition_bounds_in_utc",
+        include_str!("../migrations/0024_partition_bounds_in_utc.sql"),
+    ),
 ];
 
 /// Every version this build knows, in order.

@@ -617,7 +617,8 @@ async fn migration_23_takes_back_the_old_read_grants_of_the_redirector() {
             .unwrap();
     }
 
-    assert_eq!(schema::apply(&mut collector).await.unwrap(), [23]);
+    let applied = schema::apply(&mut collector).await.unwrap();
+    assert_eq!(applied, (23..=schema::LATEST).collect::<Vec<_>>());
     let made: bool = collector
         .query_one(new_partition, &[])
         .await
@@ -947,5 +948,30 @@ async fn migrations_refuse_a_server_older_than_the_oldest_supported_and_no_other
     refused(
         &e.expect_err("a bar past this server refuses it"),
         next_major,
+    );
+}
+
+/// A day's partition holds that UTC day whatever the database's `DateStyle` and `TimeZone`:
+/// its bounds were written as the session renders a time, and under `SQL, DMY` in Dublin's
+/// summer that is "IST", which PostgreSQL reads as Israel's: every day an hour early, and its
+/// last hour's clicks refused by the partition a batch writes to.
+#[tokio::test]
+async fn a_days_partition_holds_the_utc_day_whatever_the_sessions_date_style() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    schema::apply(&mut client).await.unwrap();
+    let local = "SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Europe/Dublin';
+                 SELECT ensure_click_partition(date '2030-07-01')";
+    client.batch_execute(local).await.unwrap();
+    client
+        .batch_execute("SET DateStyle = ISO; SET TimeZone = UTC")
+        .await
+        .unwrap();
+    let bound = "SELECT pg_get_expr(relpartbound, oid) FROM pg_class
+                 WHERE relname = 'clicks_p20300701'";
+    let bound = pgtest::strings(&client, bound).await;
+    assert_eq!(
+        bound,
+        ["FOR VALUES FROM ('2030-07-01 00:00:00+00') TO ('2030-07-02 00:00:00+00')"]
     );
 }
