@@ -130,11 +130,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         Some(url) => url.parse().map_err(Error::LinksDatabaseUrl)?,
         None => db.clone(),
     };
+    let vitals = Vitals::default();
+    let options = links::Options {
+        poll: cfg.reload_interval,
+        timeout: cfg.link_timeout,
+    };
+    let loader = metrics.links.clone();
+    let loading = vitals.part("the link loader");
+    links::spawn(links_db, table.clone(), loader, options, loading).map_err(Error::Loader)?;
     let settings = drain_settings(&cfg);
+    // The one step that can fail after the adoption: the send buffer fitted to a region laid
+    // out with a larger datagram size than configured (`Drain::new`), known once adopted.
     let (sockets, state) = open_pipeline(&cfg, &settings, passed, &metrics.common)?;
     let ring = state.as_ref().map(|s| s.ring.clone());
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let vitals = Vitals::default();
     let admin = shared::admin::spawn(
         admin_listener,
         Arc::new(AdminView {
@@ -146,13 +155,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<Summ
         }),
     );
     vitals.hold_while("the admin listener", admin);
-    let options = links::Options {
-        poll: cfg.reload_interval,
-        timeout: cfg.link_timeout,
-    };
-    let loader = metrics.links.clone();
-    let loading = vitals.part("the link loader");
-    links::spawn(links_db, table.clone(), loader, options, loading).map_err(Error::Loader)?;
 
     let (stop_drain, drain_stopped) = watch::channel(None);
     let kept = state.as_ref().map(|s| s.kept.clone());
