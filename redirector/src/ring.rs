@@ -245,8 +245,17 @@ impl Ring {
                     Err(now) => pos = now,
                 }
             } else if stamp < free(pos) {
-                // The cell still holds the click of the last lap: the ring is full.
-                return Err(PushError::Full);
+                // The cell still holds the click of the last lap: the ring is full, unless the
+                // stamp is older than `pos` (a relaxed load may be satisfied after a later
+                // acquire one, on a weakly ordered CPU) and the drain freed the cell since.
+                // Full only if `head` says so after a fence, as crossbeam's `ArrayQueue` has it.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if self.head() + self.cells.len() as u64 <= pos {
+                    return Err(PushError::Full);
+                }
+                // Or the drain is freeing it (it moves `head` first): a moment.
+                std::hint::spin_loop();
+                pos = self.tail.0.load(Ordering::Relaxed);
             } else {
                 pos = self.tail.0.load(Ordering::Relaxed);
             }
