@@ -22,7 +22,8 @@ shared::metrics! {
             "Partitions of clicks dropped for being older than --retention.";
         partitions_deferred: Counter = "partitions_deferred",
             "Rounds of the partitions task whose creation of partitions ahead gave up waiting \
-             for its lock on clicks (a long transaction reads clicks): tried again next round.";
+             for its lock on clicks (another session attaches, detaches or analyzes clicks): \
+             tried again next round.";
         partitions_blocked: Gauge = "partitions_blocked",
             "Days from the window's first to two past its last whose partition's name is held by \
              a table that is not a partition of clicks (one detached and kept, or made by hand): \

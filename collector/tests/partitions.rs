@@ -76,13 +76,14 @@ async fn partitions_are_there_ahead_of_time_across_a_day_boundary() {
     assert_eq!(stored.len(), 2_000);
 }
 
-/// Creating a day's partition takes the strongest lock on `clicks`, which waits for every
-/// transaction that read it (a long report, a `pg_dump`), and every later request for a lock
-/// on it queues behind that wait, a batch's COPY too: so the creation gives up after a short
-/// wait, and the round goes on without it (the next round, days ahead, tries again), rather
-/// than hold ingest up behind the reader, or retry at once and hold it up again.
+/// Making a day's partition takes no lock a reader of `clicks` holds (a long report, a
+/// `pg_dump`): before, it took the strongest lock there is on `clicks`, waited for the reader,
+/// and every batch's COPY queued behind it. Behind what it does wait for (another attach or
+/// detach, an ANALYZE of `clicks`: here a session holding that lock) it gives up after a short
+/// wait, and the round goes on without it (the next round, days ahead, tries again); a batch
+/// lands meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
+async fn a_partition_is_made_behind_a_long_reader_and_a_held_attach_holds_no_batch_up() {
     let db = testkit::pgtest::test_db().await;
     let client = pgtest::connect(&db.url).await;
     let mut handoff = writer(&db.url, "reader", LIMIT, Arc::new(Counted::default())).await;
@@ -93,6 +94,21 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
         .unwrap();
     // Thirty days on: days to create.
     let later = midnight() + 30 * DAY_US;
+    let (metrics, keep_all) = (Metrics::default(), policy(None));
+    let round = maintenance::keep_partitions(&client, &keep_all, &metrics, later);
+    tokio::time::timeout(LIMIT, round)
+        .await
+        .expect("made behind the reader")
+        .unwrap();
+    assert!(metrics.partitions_created.get() > 0);
+    assert_eq!(metrics.partitions_deferred.get(), 0);
+
+    let holder = pgtest::connect(&db.url).await;
+    holder
+        .batch_execute("BEGIN; LOCK TABLE ONLY clicks IN SHARE UPDATE EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let later = later + 30 * DAY_US;
     let creating = {
         let url = db.url.clone();
         tokio::spawn(async move {
@@ -104,7 +120,7 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
         })
     };
     let waiting = "SELECT count(*) FROM pg_locks
-                   WHERE relation = 'clicks'::regclass AND mode = 'AccessExclusiveLock'
+                   WHERE relation = 'clicks'::regclass AND mode = 'ShareUpdateExclusiveLock'
                      AND NOT granted";
     testkit::eventually("the creation waiting for its lock", LIMIT, || async {
         (count(&client, waiting).await > 0).then_some(())
@@ -115,22 +131,24 @@ async fn creating_a_partition_behind_a_long_reader_does_not_hold_up_a_batch() {
     assert_eq!(stored_clicks(&client).await.len(), 100);
     let (round, created, deferred) = creating.await.unwrap();
     round.expect("the round goes on without the creation");
-    assert_eq!(created, 0, "given up behind the reader");
+    assert_eq!(created, 0, "given up behind the held lock");
     assert_eq!(deferred, 1, "the round that gave up is counted");
-    reader.batch_execute("COMMIT").await.unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
     let metrics = Metrics::default();
     maintenance::keep_partitions(&client, &policy(None), &metrics, later)
         .await
         .unwrap();
     assert!(metrics.partitions_created.get() > 0);
     assert_eq!(metrics.partitions_deferred.get(), 0);
+    reader.batch_execute("COMMIT").await.unwrap();
 }
 
-/// A start behind a long reader: when only a spare day ahead lacks its partition, giving up
-/// on creating it does not keep the collector from starting (the partitions task tries
-/// again); it did, retried every few seconds, each attempt holding batches up behind the lock.
+/// A start behind a held lock on `clicks` (another attach or detach, an ANALYZE of it): when
+/// only a spare day ahead lacks its partition, giving up on creating it does not keep the
+/// collector from starting (the partitions task tries again); it did, retried every few
+/// seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_behind_a_long_reader_lacking_only_a_spare_day_is_ready() {
+async fn a_start_behind_a_held_lock_lacking_only_a_spare_day_is_ready() {
     let p = place().await;
     let mut first = start_collector(&p.db, &p.path, &[]).await;
     first.service.signal(nix::sys::signal::Signal::SIGTERM);
@@ -143,9 +161,9 @@ async fn a_start_behind_a_long_reader_lacking_only_a_spare_day_is_ready() {
         .batch_execute(&format!("DROP TABLE {last}"))
         .await
         .unwrap();
-    let reader = pgtest::connect(&p.db.url).await;
-    reader
-        .batch_execute("BEGIN; SELECT 1 FROM clicks LIMIT 1")
+    let holder = pgtest::connect(&p.db.url).await;
+    holder
+        .batch_execute("BEGIN; LOCK TABLE ONLY clicks IN SHARE UPDATE EXCLUSIVE MODE")
         .await
         .unwrap();
     let next = start_collector(&p.db, &p.path, &[]).await;
@@ -157,7 +175,7 @@ async fn a_start_behind_a_long_reader_lacking_only_a_spare_day_is_ready() {
         .await;
     send_all(&p.path, datagrams(1, &clicks(10, 2, start_us(), 1))).await;
     await_rows(&p.client, None, 10).await;
-    reader.batch_execute("COMMIT").await.unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
 }
 
 /// A partition as its day's end leaves it: autovacuum kept off, an index by code, pages all

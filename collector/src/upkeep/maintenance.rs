@@ -370,8 +370,8 @@ pub async fn keep_partitions(
     if done.creation_deferred {
         metrics.partitions_deferred.inc();
         tracing::warn!(
-            "creating partitions of clicks waited for its lock on clicks and gave up (a long \
-             transaction reads clicks): tried again next round"
+            "creating partitions of clicks waited for its lock on clicks and gave up (another \
+             session attaches, detaches or analyzes clicks): tried again next round"
         );
     }
     for name in &done.indexed {

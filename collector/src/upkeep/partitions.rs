@@ -81,12 +81,14 @@ pub(crate) struct Done {
 /// The database's day, as a number of days since 2000-01-01 (UTC).
 const DATABASE_DAY: &str = "SELECT (now() AT TIME ZONE 'UTC')::date - date '2000-01-01'";
 
-/// How long creating a partition waits for its lock on `clicks`. `CREATE TABLE ... PARTITION
-/// OF` takes the strongest lock there is on it, which waits for every transaction that read
-/// it (a long report, a `pg_dump`), and every later request for a lock on `clicks` queues
-/// behind that wait, a batch's COPY too: past this it gives up, to be tried again next round
-/// (days are created `SPARE_DAYS` ahead; `maintain`), rather than hold ingest up behind the
-/// reader.
+/// How long creating a partition waits for its lock on `clicks`. Attaching a day's table
+/// (migration 24) takes SHARE UPDATE EXCLUSIVE on it, which no reader or writer conflicts
+/// with: only another session attaching or detaching a partition (a detach concurrently
+/// waiting for old snapshots holds it), or a VACUUM or ANALYZE of `clicks` itself. Past this
+/// it gives up, to be tried again next round (days are created `SPARE_DAYS` ahead;
+/// `maintain`). (`CREATE TABLE ... PARTITION OF`, before, took the strongest lock there is,
+/// which waited for every transaction that had read `clicks`, with every batch's COPY queued
+/// behind the wait.)
 const CREATE_LOCK_WAIT: &str = "2s";
 
 /// The lock wait is set for this statement's transaction alone (`set_config(..., true)`, the
@@ -269,7 +271,8 @@ pub(crate) async fn create_at_start(
     }
     tracing::warn!(
         "creating the spare partitions of clicks ahead waited for its lock on clicks and gave \
-         up (a long transaction reads clicks): the partitions task tries again"
+         up (another session attaches, detaches or analyzes clicks): the partitions task \
+         tries again"
     );
     Ok(0)
 }

@@ -135,8 +135,8 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (
         24,
-        "partition_bounds_in_utc",
-        include_str!("../migrations/0024_partition_bounds_in_utc.sql"),
+        "partitions_attached",
+        include_str!("../migrations/0024_partitions_attached.sql"),
     ),
 ];
 

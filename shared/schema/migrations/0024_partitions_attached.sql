@@ -1,0 +1,44 @@
+-- A day's partition is made as a table of its own and then attached, instead of with
+-- CREATE TABLE ... PARTITION OF: that takes the strongest lock there is on clicks, which waits
+-- for every transaction that read it (a long report, a pg_dump), and every batch's COPY
+-- queued behind the wait, so the collector gave up after its lock timeout and tried again
+-- each round, and a reader that outlasted the days made ahead stopped ingest. ATTACH
+-- PARTITION takes SHARE UPDATE EXCLUSIVE on clicks, which readers and writers do not
+-- conflict with (only another attach or detach, a VACUUM or an ANALYZE of clicks itself).
+--
+-- Its bounds are written into the statement as text (format's %L), which renders a time as
+-- the session's DateStyle and TimeZone have it: under 'SQL' or 'Postgres' with a zone whose
+-- abbreviation PostgreSQL reads as another zone's (Dublin's summer time, 'IST', read as
+-- Israel's), every day was made an hour off, and the last hour's clicks of each were refused
+-- by the partition named for their day. The function now renders them in ISO, in UTC. Days
+-- made before keep their bounds.
+--
+-- CREATE OR REPLACE drops what ALTER FUNCTION set: the search path (migration 13) is set
+-- again here.
+CREATE OR REPLACE FUNCTION ensure_click_partition(day date) RETURNS boolean LANGUAGE plpgsql
+SET search_path = public, pg_temp
+SET DateStyle = 'ISO, YMD'
+SET TimeZone = 'UTC'
+AS $$
+DECLARE
+    name  text := 'clicks_p' || to_char(day, 'YYYYMMDD');
+    lower timestamptz := (day::timestamp AT TIME ZONE 'UTC');
+    upper timestamptz := ((day + 1)::timestamp AT TIME ZONE 'UTC');
+    start timestamptz := (SELECT p.start FROM click_partitions_start AS p);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('clicks partitions', 0));
+    IF to_regclass(name) IS NOT NULL OR upper <= start THEN
+        RETURN false;
+    END IF;
+    -- Its columns, defaults and checks as clicks has them (an attach wants them all), not
+    -- its comment: retention marks a day by its table's comment.
+    EXECUTE format('CREATE TABLE %I (LIKE clicks INCLUDING DEFAULTS INCLUDING CONSTRAINTS
+                                     INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE
+                                     INCLUDING COMPRESSION)
+                    WITH (autovacuum_enabled = false)', name);
+    EXECUTE format('ALTER TABLE %I OWNER TO clicks_collector', name);
+    EXECUTE format('ALTER TABLE clicks ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                   name, greatest(lower, start), upper);
+    RETURN true;
+END
+$$;
