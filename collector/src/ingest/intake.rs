@@ -221,6 +221,9 @@ impl Intake {
         meta: &Received,
         now: Instant,
     ) -> (Verdict, Option<Reply>) {
+        if self.claimed_by_the_dead(sender, meta) {
+            return (Verdict::Refused(Refusal::SenderMismatch), None);
+        }
         let judge = |s: &mut Senders| s.judge(sender, (seq, clicks), meta.from, meta.creds, now);
         let (verdict, reply) = match judge(&mut self.senders) {
             (Verdict::Refused(Refusal::SenderMismatch), _) if self.follow_move(sender, meta) => {
@@ -238,16 +241,26 @@ impl Intake {
     /// with each datagram of `sender` accepted (its successor's, the first one that took it
     /// over included), so that a later redirector the kernel gives that pid (after the process
     /// replaced was killed, as it usually was) is a successor like any other, not refused
-    /// until the collector restarts. A zombie still has its pid, and `EPERM` (another user's
-    /// process, or the call filtered) counts as one that exists: the side that refuses.
+    /// until the collector restarts (see [`exists`]).
     fn release_replaced(&mut self, sender: u64) {
         let Some(pid) = self.senders.replaced(sender) else {
             return;
         };
-        let signal_none = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
-        if signal_none == Err(nix::errno::Errno::ESRCH) {
+        if !exists(pid) {
             self.senders.replaced_gone(sender);
         }
+    }
+
+    /// Whether `meta`'s datagram would take `sender` over from its owner but its process no
+    /// longer exists: one it sent before it died, read after its successor's (a copy of the
+    /// state beside the original, say). Refused: the id would go to the dead process once
+    /// that is let go (`release_replaced`), and its live successor be refused it for as long
+    /// as it lives. Looked at only for a claim of another's id, not for every datagram.
+    fn claimed_by_the_dead(&self, sender: u64, meta: &Received) -> bool {
+        let Some(pid) = meta.creds.map(|c| c.pid).filter(|&pid| pid > 0) else {
+            return false;
+        };
+        self.senders.would_take_over(sender, meta.creds) && !exists(pid)
     }
 
     /// A datagram `why` rejects whole, from a sender that resends until acknowledged (it has
@@ -376,6 +389,9 @@ impl Intake {
             Ok(resync) => resync,
             Err(reject) => return Outcome::Rejected(Why::Wire(reject)),
         };
+        if self.claimed_by_the_dead(resync.sender, meta) {
+            return Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
+        }
         match self.senders.resync(&resync, meta.from, meta.creds, now) {
             Resynced::Refused(refusal) => Outcome::Rejected(Why::Refused(refusal)),
             Resynced::Stale => Outcome::StaleResync,
@@ -414,6 +430,14 @@ impl Intake {
     pub(crate) fn senders(&mut self) -> &mut Senders {
         &mut self.senders
     }
+}
+
+/// Whether a process has pid `pid` (> 0; a zombie too): `kill(pid, 0)` fails with ESRCH only
+/// if none does. EPERM (another user's process, or the call filtered) counts as one that
+/// exists: the side that refuses.
+fn exists(pid: i32) -> bool {
+    let signal_none = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
+    signal_none != Err(nix::errno::Errno::ESRCH)
 }
 
 /// What a batch notes of the sender of `meta`'s datagram, accepted up to `seq`.
@@ -680,23 +704,44 @@ mod tests {
         );
     }
 
-    /// A fresh intake, and what it makes of datagram `seq` of sender 5 (a click), sent by
-    /// process `pid` of uid 1000 from `from`.
-    fn claims_of_sender_5() -> impl FnMut(u64, i32, UnixAddr) -> Outcome {
-        let mut intake = Intake::new(Senders::default(), OPEN, None, 65_536);
-        let mut batch = Batch::default();
-        let now = Instant::now();
-        move |seq, pid, from| {
+    /// A fresh intake, taking datagrams of sender 5 (a click each) from processes of uid 1000.
+    struct Claims {
+        intake: Intake,
+        batch: Batch,
+        now: Instant,
+    }
+
+    impl Claims {
+        fn new() -> Claims {
+            Claims {
+                intake: Intake::new(Senders::default(), OPEN, None, 65_536),
+                batch: Batch::default(),
+                now: Instant::now(),
+            }
+        }
+
+        /// What the intake makes of datagram `seq`, sent by process `pid` from `from`.
+        fn take(&mut self, seq: u64, pid: u32, from: UnixAddr) -> Outcome {
             let mut enc = Encoder::new(5, DEFAULT_DATAGRAM).unwrap();
             enc.resume_as(5, seq);
             enc.push("abc", 1_000_000).unwrap();
             let bytes = enc.datagram();
             let m = Received {
                 from: Some(from),
-                ..meta(pid, 1000, bytes.len())
+                ..meta(pid as i32, 1000, bytes.len())
             };
-            intake.take(bytes, &m, &mut batch, now, 0).0
+            let (intake, batch) = (&mut self.intake, &mut self.batch);
+            intake.take(bytes, &m, batch, self.now, 0).0
         }
+    }
+
+    /// A live process of its own (`sleep`), to claim ids with: a take-over by a pid nobody
+    /// has is refused.
+    fn a_process() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap()
     }
 
     /// What `a_datagram_rejected_for_a_click_at_the_seq_awaited_is_passed_over` damages.
@@ -716,9 +761,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let other = tempfile::tempdir().unwrap();
         let at = |d: &tempfile::TempDir, name| UnixAddr::new(&d.path().join(name)).unwrap();
-        let mut take = claims_of_sender_5();
+        let mut claims = Claims::new();
+        let (mut first_process, next) = (a_process(), std::process::id());
+        let first_pid = first_process.id();
         assert!(matches!(
-            take(0, 10, at(&dir, "a")),
+            claims.take(0, first_pid, at(&dir, "a")),
             Outcome::Accepted { .. }
         ));
         let bind = |d: &tempfile::TempDir, name| {
@@ -728,62 +775,64 @@ mod tests {
         let _claims = (bind(&dir, "b"), bind(&other, "b"));
         let mismatch = Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
         assert_eq!(
-            take(1, 11, at(&dir, "b")),
+            claims.take(1, next, at(&dir, "b")),
             mismatch,
             "the first still bound"
         );
         drop(first);
         assert_eq!(
-            take(1, 11, at(&dir, "c")),
+            claims.take(1, next, at(&dir, "c")),
             mismatch,
             "nobody bound at the claim's"
         );
-        assert_eq!(take(1, 11, at(&other, "b")), mismatch, "another directory");
+        let elsewhere = claims.take(1, next, at(&other, "b"));
+        assert_eq!(elsewhere, mismatch, "another directory");
         assert!(matches!(
-            take(1, 11, at(&dir, "b")),
+            claims.take(1, next, at(&dir, "b")),
             Outcome::Accepted { .. }
         ));
         assert_eq!(
-            take(2, 10, at(&dir, "a")),
+            claims.take(2, first_pid, at(&dir, "a")),
             mismatch,
             "the first does not take it back"
         );
+        first_process.kill().unwrap();
+        first_process.wait().unwrap();
     }
 
-    /// The process an id was taken from is refused it while it lives, and once it is gone its
-    /// pid is a later process's, which takes the id over as any successor does: pids are
-    /// given again, and a redirector given a replaced one's was refused until the collector
-    /// restarted. A child process (`sleep`) stands for the process replaced.
+    /// The process an id was taken from is refused it while it lives, and let go once it is
+    /// gone, so that a later process the kernel gives its pid takes the id over as any
+    /// successor does (pids are given again, and a redirector given a replaced one's was
+    /// refused until the collector restarted); a late datagram of the dead one is refused,
+    /// not handed the id. A child process (`sleep`) stands for the process replaced.
     #[test]
     fn the_process_an_id_was_taken_from_is_refused_only_while_it_lives() {
         let dir = tempfile::tempdir().unwrap();
         let at = UnixAddr::new(&dir.path().join("ack")).unwrap();
-        let mut claim = claims_of_sender_5();
-        let mut take = |seq, pid: u32| claim(seq, pid as i32, at);
-        let mut replaced = std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap();
-        let successor = std::process::id();
-        assert!(matches!(take(0, replaced.id()), Outcome::Accepted { .. }));
-        assert!(matches!(take(1, successor), Outcome::Accepted { .. }));
+        let mut claims = Claims::new();
+        let (mut replaced, successor) = (a_process(), std::process::id());
+        let gone = replaced.id();
+        assert!(matches!(claims.take(0, gone, at), Outcome::Accepted { .. }));
+        assert!(matches!(
+            claims.take(1, successor, at),
+            Outcome::Accepted { .. }
+        ));
         let mismatch = Outcome::Rejected(Why::Refused(Refusal::SenderMismatch));
-        assert_eq!(
-            take(2, replaced.id()),
-            mismatch,
-            "the process replaced lives"
-        );
+        let lives = claims.take(2, gone, at);
+        assert_eq!(lives, mismatch, "the process replaced lives");
         replaced.kill().unwrap();
         replaced.wait().unwrap();
-        assert!(matches!(take(2, successor), Outcome::Accepted { .. }));
+        assert!(matches!(
+            claims.take(2, successor, at),
+            Outcome::Accepted { .. }
+        ));
+        let replaced_now = claims.intake.senders().replaced(5);
+        assert_eq!(replaced_now, None, "let go once gone");
+        let late = claims.take(3, gone, at);
+        assert_eq!(late, mismatch, "a datagram of the dead one, read late");
         assert!(
-            matches!(take(3, replaced.id()), Outcome::Accepted { .. }),
-            "its pid is a later process's now"
-        );
-        assert_eq!(
-            take(4, successor),
-            mismatch,
-            "the process replaced in turn lives"
+            matches!(claims.take(3, successor, at), Outcome::Accepted { .. }),
+            "the successor keeps the id"
         );
     }
 

@@ -597,6 +597,16 @@ impl<A: Copy + PartialEq> Senders<A> {
         }
     }
 
+    /// Whether a datagram of `sender` from the process of `creds` would take the id over: the
+    /// id is known and owned by another process. The transport looks whether that process
+    /// still exists first: a datagram of a process that died, read after its successor's,
+    /// would otherwise hand the id back to the dead one once it is let go
+    /// ([`Senders::replaced_gone`]), and the successor be refused it for as long as it lives.
+    pub fn would_take_over(&self, sender: u64, creds: Option<Creds>) -> bool {
+        let owner = self.map.get(&sender).and_then(|s| s.owner);
+        owner.is_some() && owner != Owner::of(creds)
+    }
+
     /// The pid of the process `sender` was taken from, refused the id until the transport finds
     /// it gone and says so ([`Senders::replaced_gone`]); none for a process of a pid namespace
     /// the collector cannot see (its pid reads as 0).
