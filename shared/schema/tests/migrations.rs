@@ -975,3 +975,56 @@ async fn a_days_partition_holds_the_utc_day_whatever_the_sessions_date_style() {
         ["FOR VALUES FROM ('2030-07-01 00:00:00+00') TO ('2030-07-02 00:00:00+00')"]
     );
 }
+
+/// Days made before migration 24 under a `DateStyle` and `TimeZone` that shifted them (3.5
+/// hours late under Kolkata's "IST", read as Israel's; an hour early under Dublin's) meet the
+/// days made after it where they end: the first day made in UTC would otherwise overlap the
+/// last one shifted late (the attach refused at every round) or leave an hour no partition
+/// holds. Each day after the last shifted one is the UTC day again.
+#[tokio::test]
+async fn days_made_after_days_shifted_by_the_date_style_leave_no_gap_nor_overlap() {
+    for zone in ["Asia/Kolkata", "Europe/Dublin"] {
+        let db = pgtest::cluster().fresh_database().await;
+        let mut client = pgtest::connect(&db.url).await;
+        schema::apply_up_to(&mut client, 23).await.unwrap();
+        let local = format!("SET DateStyle = 'SQL, DMY'; SET TimeZone = '{zone}'");
+        client.batch_execute(&local).await.unwrap();
+        let make = |day: &str| format!("SELECT ensure_click_partition(date '{day}')");
+        for day in ["2030-07-01", "2030-07-02"] {
+            client.batch_execute(&make(day)).await.unwrap();
+        }
+        schema::apply(&mut client).await.unwrap();
+        client.batch_execute(&local).await.unwrap();
+        for day in ["2030-07-03", "2030-07-04"] {
+            client.batch_execute(&make(day)).await.unwrap();
+        }
+        client
+            .batch_execute("SET DateStyle = ISO; SET TimeZone = UTC")
+            .await
+            .unwrap();
+        let bounds = pgtest::strings(
+            &client,
+            "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits AS i
+             JOIN pg_class AS c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'clicks'::regclass AND c.relname >= 'clicks_p20300701'
+             ORDER BY c.relname",
+        )
+        .await;
+        let quoted = |b: &String| -> Vec<String> {
+            b.split('\'')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        let ends: Vec<Vec<String>> = bounds.iter().map(quoted).collect();
+        for pair in ends.windows(2) {
+            assert_eq!(pair[0][1], pair[1][0], "{zone}: {bounds:?}");
+        }
+        assert_eq!(
+            ends[3],
+            ["2030-07-04 00:00:00+00", "2030-07-05 00:00:00+00"],
+            "{zone}: {bounds:?}"
+        );
+    }
+}
