@@ -39,6 +39,10 @@ pub struct Slot {
     referrer: [u8; MAX_REFERRER_LEN],
 }
 
+/// How many times a push finds its cell still holding the last lap's click while `head` says
+/// the drain has freed it, and reads again, before it counts the ring as full: the drain
+/// frees cells one after another once `head` moved, within a moment, unless preempted.
+const FULL_WAITS: u32 = 1_000;
 /// A slot's `len` when its push was cut off by the death of the process.
 const TORN: u8 = u8::MAX;
 /// A dimension not recorded.
@@ -219,6 +223,7 @@ impl Ring {
             return Err(PushError::ReferrerTooLong);
         }
         let mut pos = self.tail.0.load(Ordering::Relaxed);
+        let mut waits = 0;
         loop {
             let index = self.index(pos);
             let cell = &self.cells[index];
@@ -249,11 +254,13 @@ impl Ring {
                 // stamp is older than `pos` (a relaxed load may be satisfied after a later
                 // acquire one, on a weakly ordered CPU) and the drain freed the cell since.
                 // Full only if `head` says so after a fence, as crossbeam's `ArrayQueue` has it.
+                // Or the drain is freeing it (it moves `head` first): a moment, unless its
+                // thread was preempted there; a request does not wait on it for longer.
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if self.head() + self.cells.len() as u64 <= pos {
+                if self.head() + self.cells.len() as u64 <= pos || waits == FULL_WAITS {
                     return Err(PushError::Full);
                 }
-                // Or the drain is freeing it (it moves `head` first): a moment.
+                waits += 1;
                 std::hint::spin_loop();
                 pos = self.tail.0.load(Ordering::Relaxed);
             } else {
