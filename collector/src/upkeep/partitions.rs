@@ -4,10 +4,10 @@
 //!
 //! Days are PostgreSQL's day numbers (days since 2000-01-01, as `copy::pg_day` gives them), so
 //! that a test can pass any "today" and watch days go by. Every statement is idempotent:
-//! creating is serialized in `ensure_click_partition`, and waits for its lock, which does stop
-//! batches, only briefly (`CREATE_LOCK_WAIT`); dropping and indexing use the `CONCURRENTLY`
-//! forms and vacuuming a plain VACUUM, none of which takes a lock that would stop a batch from
-//! being written (and so they run outside any transaction). All but
+//! creating is serialized in `ensure_click_partition`, and waits for its lock (an attach's,
+//! which no batch or reader holds) only briefly (`CREATE_LOCK_WAIT`); dropping and indexing
+//! use the `CONCURRENTLY` forms and vacuuming a plain VACUUM, none of which takes a lock that
+//! would stop a batch from being written (and so they run outside any transaction). All but
 //! creating would block each other between collectors: `maintenance::run_partitions` runs
 //! them in one collector at a time.
 
@@ -251,8 +251,7 @@ const BLOCKED: &str = concat!(
 /// At start: creates what `plan` lacks, as [`create`] does. A creation that gave up on its
 /// lock fails the start only if a day a click may be dated lacks its partition: when only
 /// the spare days are missing, the partitions task (whose first round is at once) tries again,
-/// rather than the start retrying, never ready, each attempt holding batches up behind the
-/// lock.
+/// rather than the start retrying, never ready.
 pub(crate) async fn create_at_start(
     client: &Client,
     plan: &Plan,

@@ -362,7 +362,7 @@ pub const SET_SEARCH_PATH: &str = "SET search_path = public";
 /// cancel, so never given up: dropped and built again each round); an idle session timeout
 /// closes a writer's session between quiet batches, each a database error.
 /// (`idle_in_transaction_session_timeout` stays: no session sits idle inside a transaction,
-/// and it frees what a stopped process holds.)
+/// and it ends one a stopped process left inside one, with its locks.)
 const NO_SERVER_TIMEOUTS: &str = "SELECT set_config(name, '0', false) FROM pg_settings \
      WHERE name IN ('statement_timeout', 'transaction_timeout', 'lock_timeout', \
                     'idle_session_timeout')";
