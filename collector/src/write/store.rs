@@ -16,15 +16,20 @@ use crate::write::copy::{self, HEADER, TRAILER};
 use shared::metrics::Label;
 
 /// Day $1's partition (a number of days since 2000-01-01), if one by its name is attached to
-/// clicks, not being detached, and holds the whole day: its name, as a COPY may use it. (The
-/// day partitioning began on holds only the part of the day after that moment: the rest is
-/// in clicks_before_partitioning.)
+/// clicks, not being detached, and holds the whole day, no more: its name, as a COPY may use
+/// it. (The day partitioning began on holds only the part of the day after that moment: the
+/// rest is in clicks_before_partitioning. A day made before migration 24 under a DateStyle
+/// and TimeZone that shifted it, or next to one (its bounds meet the shifted ones), holds
+/// part of another day: a COPY straight into it would refuse the rest.) Its bounds are
+/// compared as the session renders them, both sides alike.
 pub const WHOLE_DAY: &str = "
     SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
     WHERE i.inhparent = 'clicks'::regclass AND NOT i.inhdetachpending
       AND c.relname = 'clicks_p' || to_char(date '2000-01-01' + $1::int, 'YYYYMMDD')
-      AND (SELECT start FROM click_partitions_start)
-          <= ((date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC')";
+      AND pg_get_expr(c.relpartbound, c.oid)
+          = format('FOR VALUES FROM (%L) TO (%L)',
+                   (date '2000-01-01' + $1::int)::timestamp AT TIME ZONE 'UTC',
+                   (date '2000-01-01' + $1::int + 1)::timestamp AT TIME ZONE 'UTC')";
 
 /// Whether the table named $1 is still a partition of clicks, not being detached. Asked after
 /// a COPY straight into it, in the same transaction: the COPY's lock keeps a plain `DETACH`
@@ -1061,6 +1066,29 @@ mod tests {
             }
         }
         (scanned, scans)
+    }
+
+    /// A day's partition is COPYed into straight only if it holds that whole day, whatever the
+    /// session's DateStyle and TimeZone: not the day partitioning began on, nor a day whose
+    /// bounds are shifted (made before migration 24 under settings that shifted them, or
+    /// next to such a day), whose clicks outside it a COPY into it would refuse.
+    #[tokio::test]
+    async fn only_a_partition_holding_its_whole_day_is_copied_into_straight() {
+        let db = testkit::pgtest::test_db().await;
+        let client = testkit::pgtest::connect(&db.url).await;
+        let shifted = "CREATE TABLE clicks_p20300701 PARTITION OF clicks
+                           FOR VALUES FROM ('2030-07-01 03:30Z') TO ('2030-07-02Z');
+                       SELECT ensure_click_partition(date '2030-07-03');
+                       SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Asia/Kolkata'";
+        client.batch_execute(shifted).await.unwrap();
+        let mut found = Vec::new();
+        for day in ["2030-07-01", "2030-07-03"] {
+            let n = format!("SELECT (date '{day}' - date '2000-01-01')::int");
+            let n: i32 = client.query_one(&n, &[]).await.unwrap().get(0);
+            let row = client.query_opt(WHOLE_DAY, &[&n]).await.unwrap();
+            found.push(row.map(|r| r.get::<_, String>(0)));
+        }
+        assert_eq!(found, [None, Some("clicks_p20300703".to_owned())]);
     }
 
     /// A fresh database whose `clicks` has a partition for 1990-01-01, and `sql` run on it.
