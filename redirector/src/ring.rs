@@ -39,10 +39,11 @@ pub struct Slot {
     referrer: [u8; MAX_REFERRER_LEN],
 }
 
-/// How many times a push finds its cell still holding the last lap's click while `head` says
-/// the drain has freed it, and reads again, before it counts the ring as full: the drain
-/// frees cells one after another once `head` moved, within a moment, unless preempted.
-const FULL_WAITS: u32 = 1_000;
+/// How long a push that finds its cell still holding the last lap's click, while `head` says
+/// the drain has freed it, reads again before it counts the ring as full: the drain frees
+/// cells one after another once `head` moved, within a moment, unless preempted (or a page
+/// of the region's file faults in).
+const FULL_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 /// A slot's `len` when its push was cut off by the death of the process.
 const TORN: u8 = u8::MAX;
 /// A dimension not recorded.
@@ -223,7 +224,7 @@ impl Ring {
             return Err(PushError::ReferrerTooLong);
         }
         let mut pos = self.tail.0.load(Ordering::Relaxed);
-        let mut waits = 0;
+        let mut waiting_since = None;
         loop {
             let index = self.index(pos);
             let cell = &self.cells[index];
@@ -257,10 +258,13 @@ impl Ring {
                 // Or the drain is freeing it (it moves `head` first): a moment, unless its
                 // thread was preempted there; a request does not wait on it for longer.
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if self.head() + self.cells.len() as u64 <= pos || waits == FULL_WAITS {
+                if self.head() + self.cells.len() as u64 <= pos {
                     return Err(PushError::Full);
                 }
-                waits += 1;
+                let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > FULL_WAIT {
+                    return Err(PushError::Full);
+                }
                 std::hint::spin_loop();
                 pos = self.tail.0.load(Ordering::Relaxed);
             } else {
