@@ -298,6 +298,10 @@ async fn fold(
     Ok(true)
 }
 
+/// How far this host's clock may be ahead of the database's before the partitions round says
+/// so: an hour, past what the round's own statements take.
+const CLOCK_AHEAD_WARNED_US: i64 = 3_600_000_000;
+
 /// Creates, drops, vacuums and indexes partitions as the policy says for the day of `now_us`;
 /// counts and logs what it did.
 pub async fn keep_partitions(
@@ -324,14 +328,15 @@ pub async fn keep_partitions(
             done.created
         );
     }
-    // One day past it is also a round that began just past midnight by a clock a moment
-    // ahead: not worth a warning (it only keeps a day more).
-    if done.clock_ahead > 1 {
+    let ahead_us = done
+        .database_now_us
+        .map_or(0, |db| now_us.saturating_sub(db));
+    if ahead_us > CLOCK_AHEAD_WARNED_US {
+        let hours = ahead_us / 3_600_000_000;
         tracing::warn!(
-            days = done.clock_ahead,
-            "this host's day is {} days past the database's: retention is reckoned from the \
-             database's day, not this host's",
-            done.clock_ahead
+            hours,
+            "this host's clock is {hours} hours ahead of the database's: retention is reckoned \
+             from the database's day where this host's is later"
         );
     }
     for (name, took) in &done.dropped {

@@ -73,13 +73,15 @@ pub(crate) struct Done {
     pub(crate) settled: Vec<String>,
     /// The steps that failed, the first first.
     pub(crate) failed: Vec<Failed>,
-    /// Days this host's clock was ahead of the database's, which retention was reckoned from
-    /// instead (`retention_day`).
-    pub(crate) clock_ahead: i32,
+    /// The database's clock (microseconds since the Unix epoch) when retention read its day
+    /// (`retention_day`), to tell a host's clock ahead of it.
+    pub(crate) database_now_us: Option<i64>,
 }
 
-/// The database's day, as a number of days since 2000-01-01 (UTC).
-const DATABASE_DAY: &str = "SELECT (now() AT TIME ZONE 'UTC')::date - date '2000-01-01'";
+/// The database's day, as a number of days since 2000-01-01 (UTC), and its clock in
+/// microseconds since the Unix epoch.
+const DATABASE_DAY: &str = "SELECT (now() AT TIME ZONE 'UTC')::date - date '2000-01-01',
+                                   (extract(epoch FROM now()) * 1000000)::int8";
 
 /// How long creating a partition waits for its lock on `clicks`. Attaching a day's table
 /// (migration 24) takes SHARE UPDATE EXCLUSIVE on it, which no reader or writer conflicts
@@ -324,8 +326,8 @@ pub(crate) async fn maintain(client: &Client, plan: &Plan, today: i32, builds: B
         ),
         None => None,
     };
-    if let Some((day, ahead)) = drop {
-        done.clock_ahead = ahead;
+    if let Some((day, database_now_us)) = drop {
+        done.database_now_us = Some(database_now_us);
         drop_before(client, day, &mut done).await;
         let expired = |sql| async move {
             let row = client.query_one(sql, &[&day]).await?;
@@ -361,10 +363,11 @@ async fn retention_day(
     client: &Client,
     day: i32,
     today: i32,
-) -> Result<(i32, i32), tokio_postgres::Error> {
-    let database_day: i32 = client.query_one(DATABASE_DAY, &[]).await?.get(0);
+) -> Result<(i32, i64), tokio_postgres::Error> {
+    let row = client.query_one(DATABASE_DAY, &[]).await?;
+    let (database_day, database_now_us): (i32, i64) = (row.get(0), row.get(1));
     let ahead = (today - database_day).max(0);
-    Ok((day - ahead, ahead))
+    Ok((day - ahead, database_now_us))
 }
 
 /// A step of a round that failed; the round went on without it.
