@@ -12,7 +12,8 @@
 -- Israel's), every day was made an hour off, and the last hour's clicks of each were refused
 -- by the partition named for their day. The function now renders them in ISO, in UTC. Days
 -- made before keep their bounds, and a day made next to one of them starts where it ends and
--- ends where the next begins (within 12 hours of its own bounds; never an empty range): such a
+-- ends where the next begins (within a day of its own bounds; none where they leave it no
+-- room): such a
 -- day holds part of another, and the collector writes it through clicks, not straight into
 -- it (WHOLE_DAY, collector/src/write/store.rs). Otherwise the first day made
 -- in UTC would overlap the last one shifted later (Kolkata's 'IST', also read as Israel's,
@@ -40,20 +41,23 @@ BEGIN
     IF to_regclass(name) IS NOT NULL OR upper <= start THEN
         RETURN false;
     END IF;
-    SELECT coalesce(max(b.ends) FILTER (WHERE b.ends > lower - interval '12 hours'
+    SELECT coalesce(max(b.ends) FILTER (WHERE b.ends > lower - interval '1 day'
                                           AND b.ends <= upper), lower),
            coalesce(min(b.starts) FILTER (WHERE b.starts >= lower
-                                            AND b.starts < upper + interval '12 hours'), upper)
+                                            AND b.starts < upper + interval '1 day'), upper)
       INTO met_from, met_to
       FROM (SELECT substring(e FROM $re$FROM \('([^']+)'\)$re$)::timestamptz AS starts,
                    substring(e FROM $re$ TO \('([^']+)'\)$re$)::timestamptz AS ends
               FROM (SELECT pg_get_expr(c.relpartbound, c.oid) AS e
                       FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
                      WHERE i.inhparent = 'clicks'::regclass) AS p) AS b;
-    IF met_from < met_to THEN
-        lower := met_from;
-        upper := met_to;
+    -- Its neighbours hold the whole of it already (days shifted more than half a day, one of
+    -- them made while this one's name was taken): nothing left to make.
+    IF met_from >= met_to THEN
+        RETURN false;
     END IF;
+    lower := met_from;
+    upper := met_to;
     -- Its columns, defaults and checks as clicks has them (an attach wants them all; not an
     -- identity column, which PostgreSQL 17 refuses to attach and the attach gives it), in
     -- its tablespace (PARTITION OF took that from clicks), not its comment: retention marks

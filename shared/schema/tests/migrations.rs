@@ -1032,3 +1032,28 @@ async fn days_made_after_days_shifted_by_the_date_style_leave_no_gap_nor_overlap
         );
     }
 }
+
+/// A day whose neighbours hold the whole of it already (days shifted by more than half a
+/// day, one of them made while this one's name was taken) is not made: no range is left for
+/// it, and an empty or overlapping one would fail every later day made in the same round.
+#[tokio::test]
+async fn a_day_its_neighbours_hold_already_is_not_made() {
+    let db = pgtest::cluster().fresh_database().await;
+    let mut client = pgtest::connect(&db.url).await;
+    schema::apply(&mut client).await.unwrap();
+    let neighbours = "
+        CREATE TABLE clicks_p20300701 PARTITION OF clicks
+            FOR VALUES FROM ('2030-07-01Z') TO ('2030-07-02 14:00Z');
+        CREATE TABLE clicks_p20300703 PARTITION OF clicks
+            FOR VALUES FROM ('2030-07-02 14:00Z') TO ('2030-07-04Z')";
+    client.batch_execute(neighbours).await.unwrap();
+    let made = "SELECT ensure_click_partition(date '2030-07-02')";
+    let made: bool = client.query_one(made, &[]).await.unwrap().get(0);
+    assert!(!made);
+    let table = "SELECT to_regclass('clicks_p20300702') IS NULL";
+    assert!(client
+        .query_one(table, &[])
+        .await
+        .unwrap()
+        .get::<_, bool>(0));
+}
