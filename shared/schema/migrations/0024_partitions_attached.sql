@@ -9,7 +9,7 @@
 -- Its bounds are written into the statement as text (format's %L), which renders a time as
 -- the session's DateStyle and TimeZone have it: under 'SQL' or 'Postgres' with a zone whose
 -- abbreviation PostgreSQL reads as another zone's (Dublin's summer time, 'IST', read as
--- Israel's), every day was made an hour off, and the last hour's clicks of each were refused
+-- Israel's before PostgreSQL 18), every day was made an hour off, and the last hour's clicks of each were refused
 -- by the partition named for their day. The function now renders them in ISO, in UTC. Days
 -- made before keep their bounds, and a day made next to one of them starts where it ends and
 -- ends where the next begins (within a day of its own bounds; none where they leave it no

@@ -953,7 +953,7 @@ async fn migrations_refuse_a_server_older_than_the_oldest_supported_and_no_other
 
 /// A day's partition holds that UTC day whatever the database's `DateStyle` and `TimeZone`:
 /// its bounds were written as the session renders a time, and under `SQL, DMY` in Dublin's
-/// summer that is "IST", which PostgreSQL reads as Israel's: every day an hour early, and its
+/// summer that is "IST", which PostgreSQL before 18 reads as Israel's: every day an hour early, and its
 /// last hour's clicks refused by the partition a batch writes to.
 #[tokio::test]
 async fn a_days_partition_holds_the_utc_day_whatever_the_sessions_date_style() {
@@ -1018,10 +1018,15 @@ async fn days_made_after_days_shifted_by_the_date_style_leave_no_gap_nor_overlap
                 .collect()
         };
         let ends: Vec<Vec<String>> = bounds.iter().map(quoted).collect();
-        assert_ne!(
-            ends[1][1], "2030-07-03 00:00:00+00",
-            "{zone}: shifted before"
-        );
+        // From PostgreSQL 18 on, an abbreviation is read as the session's zone has it first:
+        // the days before were not shifted there, and the rest still holds.
+        if schema::server_version(&client).await.unwrap() < 180_000 {
+            let shifted_end = &ends[1][1];
+            assert_ne!(
+                shifted_end, "2030-07-03 00:00:00+00",
+                "{zone}: shifted before"
+            );
+        }
         for pair in ends.windows(2) {
             assert_eq!(pair[0][1], pair[1][0], "{zone}: {bounds:?}");
         }
