@@ -300,7 +300,8 @@ async fn fold(
 
 /// How far this host's clock may be ahead of the database's before the partitions round says
 /// so: an hour, past what the round's own statements take.
-const CLOCK_AHEAD_WARNED_US: i64 = 3_600_000_000;
+const CLOCK_AHEAD_WARNED_US: i64 = HOUR_US;
+const HOUR_US: i64 = 3_600_000_000;
 
 /// Creates, drops, vacuums and indexes partitions as the policy says for the day of `now_us`;
 /// counts and logs what it did.
@@ -332,7 +333,7 @@ pub async fn keep_partitions(
         .database_now_us
         .map_or(0, |db| now_us.saturating_sub(db));
     if ahead_us > CLOCK_AHEAD_WARNED_US {
-        let hours = ahead_us / 3_600_000_000;
+        let hours = ahead_us / HOUR_US;
         tracing::warn!(
             hours,
             "this host's clock is {hours} hours ahead of the database's: retention is reckoned \

@@ -78,10 +78,8 @@ pub(crate) struct Done {
     pub(crate) database_now_us: Option<i64>,
 }
 
-/// The database's day, as a number of days since 2000-01-01 (UTC), and its clock in
-/// microseconds since the Unix epoch.
-const DATABASE_DAY: &str = "SELECT (now() AT TIME ZONE 'UTC')::date - date '2000-01-01',
-                                   (extract(epoch FROM now()) * 1000000)::int8";
+/// The database's clock, in microseconds since the Unix epoch (its day: `copy::pg_day`).
+const DATABASE_NOW: &str = "SELECT (extract(epoch FROM now()) * 1000000)::int8";
 
 /// How long creating a partition waits for its lock on `clicks`. Attaching a day's table
 /// (migration 24) takes SHARE UPDATE EXCLUSIVE on it, which no reader or writer conflicts
@@ -364,8 +362,8 @@ async fn retention_day(
     day: i32,
     today: i32,
 ) -> Result<(i32, i64), tokio_postgres::Error> {
-    let row = client.query_one(DATABASE_DAY, &[]).await?;
-    let (database_day, database_now_us): (i32, i64) = (row.get(0), row.get(1));
+    let database_now_us: i64 = client.query_one(DATABASE_NOW, &[]).await?.get(0);
+    let database_day = crate::write::copy::pg_day(database_now_us);
     let ahead = (today - database_day).max(0);
     Ok((day - ahead, database_now_us))
 }
